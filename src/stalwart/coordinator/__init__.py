@@ -1,0 +1,79 @@
+"""Coordinator: membership, generations, blocklist and commits over a ``Store``.
+
+``Store`` is an etcd-v3-shaped key-value interface; :class:`MemoryStore` is the
+in-process implementation, :class:`StoreServer`/:class:`StoreClient` serve it over
+authenticated TCP (docs/wire-protocol.md), and an etcd backend plugs in later.
+"""
+
+from __future__ import annotations
+
+from stalwart.coordinator.client import StoreClient, StoreClientConfig
+from stalwart.coordinator.errors import (
+    AlreadyCommittedError,
+    AuthenticationError,
+    BlocklistedError,
+    CompactedError,
+    CoordinatorError,
+    FrameTooLargeError,
+    LeaseNotFoundError,
+    MemberExistsError,
+    ProtocolError,
+    RendezvousTimeoutError,
+    StoreClosedError,
+    StoreError,
+    StoreUnavailableError,
+    TokenFileError,
+)
+from stalwart.coordinator.memory import MemoryStore
+from stalwart.coordinator.server import StoreServer, StoreServerConfig
+from stalwart.coordinator.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    Op,
+    Put,
+    RangeResult,
+    Store,
+    TxnResult,
+    Watch,
+    iter_events,
+    wait_for,
+)
+from stalwart.coordinator.token import create_token_file, read_token_file
+
+__all__ = [
+    "AlreadyCommittedError",
+    "AuthenticationError",
+    "BlocklistedError",
+    "CompactedError",
+    "Compare",
+    "CoordinatorError",
+    "Delete",
+    "Event",
+    "FrameTooLargeError",
+    "KeyValue",
+    "LeaseNotFoundError",
+    "MemberExistsError",
+    "MemoryStore",
+    "Op",
+    "ProtocolError",
+    "Put",
+    "RangeResult",
+    "RendezvousTimeoutError",
+    "Store",
+    "StoreClient",
+    "StoreClientConfig",
+    "StoreClosedError",
+    "StoreError",
+    "StoreServer",
+    "StoreServerConfig",
+    "StoreUnavailableError",
+    "TokenFileError",
+    "TxnResult",
+    "Watch",
+    "create_token_file",
+    "iter_events",
+    "read_token_file",
+    "wait_for",
+]

@@ -1,0 +1,365 @@
+"""``MemoryStore``: the in-process :class:`~stalwart.coordinator.store.Store`.
+
+It is the reference implementation of the Store semantics (the conformance suite
+runs against it first) and the state behind :class:`StoreServer`. Lease expiry is
+lazy and thread-free: every call first expires overdue leases, and a waiting
+watcher sleeps no longer than until the next lease deadline, so a watcher sees the
+delete events of an expired lease on time even when nobody else calls the store.
+"""
+
+from __future__ import annotations
+
+import bisect
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+
+from stalwart.coordinator.errors import CompactedError, LeaseNotFoundError, StoreClosedError
+from stalwart.coordinator.store import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    Op,
+    Put,
+    RangeResult,
+    TxnResult,
+)
+
+__all__ = ["MemoryStore"]
+
+_DEFAULT_HISTORY = 10_000
+
+
+@dataclass
+class _Lease:
+    ttl: float
+    deadline: float
+    keys: set[str] = field(default_factory=set)
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"store keys are non-empty str, got {key!r}")
+
+
+def _check_value(value: bytes) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"store values are bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+def _compare_holds(cmp: Compare, kv: KeyValue | None) -> bool:
+    actual: int | bytes
+    if cmp.target == "value":
+        if kv is None:
+            return False
+        actual = kv.value
+    elif kv is None:
+        actual = 0
+    else:
+        actual = getattr(kv, cmp.target)
+    operand = cmp.operand
+    if cmp.op == "==":
+        return actual == operand
+    if cmp.op == "!=":
+        return actual != operand
+    if cmp.op == "<":
+        return actual < operand  # type: ignore[operator]
+    return actual > operand  # type: ignore[operator]
+
+
+class MemoryStore:
+    """Thread-safe in-memory Store with revisions, leases and a bounded watch history.
+
+    ``history`` bounds how many past events a watch can replay (older ones are
+    compacted away); ``clock`` exists so that tests can drive lease expiry.
+    """
+
+    def __init__(
+        self,
+        *,
+        history: int = _DEFAULT_HISTORY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if history < 1:
+            raise ValueError(f"history must be >= 1, got {history}")
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._clock = clock
+        self._kv: dict[str, KeyValue] = {}
+        self._leases: dict[int, _Lease] = {}
+        self._revision = 0
+        self._history: list[Event] = []
+        self._history_max = history
+        self._first_watchable = 1
+        self._closed = False
+
+    # -- KV -------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        """The current store revision (0 before the first write)."""
+        with self._lock:
+            return self._revision
+
+    def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+        return self.txn((), (Put(key, value, lease),)).revision
+
+    def get(self, key: str) -> KeyValue | None:
+        _check_key(key)
+        with self._lock:
+            self._enter_locked()
+            return self._kv.get(key)
+
+    def range(self, prefix: str) -> RangeResult:
+        with self._lock:
+            self._enter_locked()
+            kvs = [kv for k, kv in self._kv.items() if k.startswith(prefix)]
+            kvs.sort(key=lambda kv: kv.key)
+            return RangeResult(kvs, self._revision)
+
+    def delete(self, key: str, *, prefix: bool = False) -> int:
+        with self._lock:
+            self._enter_locked()
+            before = len(self._kv)
+            self._apply_locked((Delete(key, prefix),))
+            return before - len(self._kv)
+
+    def txn(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Op],
+        failure: Sequence[Op] = (),
+    ) -> TxnResult:
+        for op in (*success, *failure):
+            _check_key(op.key)
+            if isinstance(op, Put):
+                _check_value(op.value)
+        with self._lock:
+            self._enter_locked()
+            ok = all(_compare_holds(c, self._kv.get(c.key)) for c in compare)
+            self._apply_locked(success if ok else failure)
+            return TxnResult(ok, self._revision)
+
+    # -- leases ---------------------------------------------------------
+
+    def grant(self, ttl: float) -> int:
+        if not ttl > 0:
+            raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
+        with self._lock:
+            self._enter_locked()
+            lease_id = secrets.randbits(62) + 1
+            while lease_id in self._leases:
+                lease_id = secrets.randbits(62) + 1
+            self._leases[lease_id] = _Lease(float(ttl), self._clock() + ttl)
+            self._cond.notify_all()  # a waiter may need to wake for the new deadline
+            return lease_id
+
+    def keepalive(self, lease: int) -> float:
+        with self._lock:
+            self._enter_locked()
+            entry = self._leases.get(lease)
+            if entry is None:
+                raise LeaseNotFoundError(
+                    f"lease {lease} not found (expired or revoked); grant a new one"
+                )
+            entry.deadline = self._clock() + entry.ttl
+            return entry.ttl
+
+    def time_to_live(self, lease: int) -> float | None:
+        with self._lock:
+            self._enter_locked()
+            entry = self._leases.get(lease)
+            return None if entry is None else max(0.0, entry.deadline - self._clock())
+
+    def revoke(self, lease: int) -> bool:
+        with self._lock:
+            self._enter_locked()
+            if lease not in self._leases:
+                return False
+            self._drop_lease_locked(lease)
+            return True
+
+    # -- watch ----------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int | None = None) -> _MemoryWatch:
+        with self._lock:
+            self._enter_locked()
+            start = self._revision + 1 if start_revision is None else start_revision
+            self._check_watchable_locked(start)
+        return _MemoryWatch(self, prefix, start)
+
+    def wait_events(
+        self,
+        prefix: str,
+        start_revision: int,
+        timeout: float | None,
+        *,
+        max_bytes: int | None = None,
+    ) -> list[Event]:
+        """Block until events under ``prefix`` at revisions >= ``start_revision`` exist.
+
+        Returns them (whole revisions only, stopping once ``max_bytes`` of values
+        are collected), or ``[]`` after ``timeout``. This is the long-poll the
+        network server exposes as its ``watch`` op.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                self._enter_locked()
+                self._check_watchable_locked(start_revision)
+                events = self._collect_locked(prefix, start_revision, max_bytes)
+                if events:
+                    return events
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    return []
+                next_expiry = min((e.deadline for e in self._leases.values()), default=None)
+                if next_expiry is not None:
+                    until_expiry = max(0.0, next_expiry - self._clock()) + 0.001
+                    wait = until_expiry if wait is None else min(wait, until_expiry)
+                self._cond.wait(wait)
+
+    def close(self) -> None:
+        """Wake every waiter; later calls raise :class:`StoreClosedError`."""
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals (lock held) ------------------------------------------
+
+    def _enter_locked(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed; create a new one")
+        now = self._clock()
+        for lease_id in [i for i, e in self._leases.items() if e.deadline <= now]:
+            self._drop_lease_locked(lease_id)
+
+    def _drop_lease_locked(self, lease_id: int) -> None:
+        entry = self._leases.pop(lease_id)
+        if entry.keys:
+            self._apply_locked([Delete(k) for k in sorted(entry.keys)])
+
+    def _check_watchable_locked(self, start: int) -> None:
+        if start < 1:
+            raise ValueError(f"start_revision must be >= 1, got {start}")
+        if start < self._first_watchable:
+            raise CompactedError(
+                f"revision {start} is compacted (oldest kept: {self._first_watchable}); "
+                "re-read the keys and watch from the revision of that read + 1"
+            )
+
+    def _collect_locked(self, prefix: str, start: int, max_bytes: int | None) -> list[Event]:
+        first = bisect.bisect_left(self._history, start, key=lambda e: e.kv.mod_revision)
+        out: list[Event] = []
+        size = 0
+        for event in self._history[first:]:
+            full = max_bytes is not None and size >= max_bytes
+            if full and out and event.kv.mod_revision != out[-1].kv.mod_revision:
+                break
+            if event.kv.key.startswith(prefix):
+                out.append(event)
+                size += len(event.kv.value) + len(event.kv.key)
+        return out
+
+    def _apply_locked(self, ops: Sequence[Op]) -> None:
+        for op in ops:
+            if isinstance(op, Put) and op.lease is not None and op.lease not in self._leases:
+                raise LeaseNotFoundError(
+                    f"lease {op.lease} not found (expired or revoked); grant a new one"
+                )
+        rev = self._revision + 1
+        events: list[Event] = []
+        for op in ops:
+            if isinstance(op, Put):
+                events.append(self._put_locked(op, rev))
+            else:
+                keys = (
+                    [k for k in self._kv if k.startswith(op.key)]
+                    if op.prefix
+                    else ([op.key] if op.key in self._kv else [])
+                )
+                for key in sorted(keys):
+                    old = self._kv.pop(key)
+                    if old.lease and old.lease in self._leases:
+                        self._leases[old.lease].keys.discard(key)
+                    events.append(Event("delete", replace(old, value=b"", mod_revision=rev)))
+        if not events:
+            return
+        self._revision = rev
+        self._history.extend(events)
+        if len(self._history) > self._history_max * 5 // 4:
+            cut = len(self._history) - self._history_max
+            self._first_watchable = self._history[cut - 1].kv.mod_revision + 1
+            del self._history[:cut]
+        self._cond.notify_all()
+
+    def _put_locked(self, op: Put, rev: int) -> Event:
+        old = self._kv.get(op.key)
+        lease = op.lease or 0
+        if old is not None and old.lease and old.lease != lease and old.lease in self._leases:
+            self._leases[old.lease].keys.discard(op.key)
+        if lease:
+            self._leases[lease].keys.add(op.key)
+        kv = KeyValue(
+            key=op.key,
+            value=_check_value(op.value),
+            mod_revision=rev,
+            create_revision=old.create_revision if old else rev,
+            version=old.version + 1 if old else 1,
+            lease=lease,
+        )
+        self._kv[op.key] = kv
+        return Event("put", kv)
+
+
+class _MemoryWatch:
+    """A :class:`~stalwart.coordinator.store.Watch` over a :class:`MemoryStore`."""
+
+    def __init__(self, store: MemoryStore, prefix: str, start: int) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._next = start
+        self._closed = False
+
+    @property
+    def next_revision(self) -> int:
+        """The first revision the next :meth:`get` can return."""
+        return self._next
+
+    def get(self, timeout: float | None = None) -> list[Event]:
+        if self._closed:
+            raise StoreClosedError("this watch is closed; open a new one")
+        events = self._store.wait_events(self._prefix, self._next, timeout)
+        if events:
+            self._next = events[-1].kv.mod_revision + 1
+        return events
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> _MemoryWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

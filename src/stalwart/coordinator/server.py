@@ -1,0 +1,430 @@
+"""``StoreServer``: the embedded coordinator store, served over TCP.
+
+Hosted by the node-rank-0 agent (as torchrun hosts its c10d store), it serves a
+:class:`MemoryStore` to :class:`StoreClient` instances with one thread per
+connection: connections are few (one pool per agent or worker) and long-poll
+watches simply block their thread. Every frame is size-bounded and authenticated
+(see docs/wire-protocol.md); a bad frame gets an error reply and costs at most its
+own connection, never the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from stalwart.coordinator import wire
+from stalwart.coordinator.errors import (
+    FrameTooLargeError,
+    ProtocolError,
+    StoreClosedError,
+)
+from stalwart.coordinator.memory import MemoryStore
+from stalwart.coordinator.store import Put
+from stalwart.errors import ConfigError
+
+__all__ = ["StoreServer", "StoreServerConfig"]
+
+_log = logging.getLogger("stalwart.coordinator.server")
+_MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke", "keepalive"})
+_WAIT_SLICE = 0.25  # long-polls re-check for server shutdown this often
+
+
+@dataclass(frozen=True)
+class StoreServerConfig:
+    """Limits and address of a :class:`StoreServer`. Loopback unless told otherwise."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port; read it back from StoreServer.port
+    max_frame_bytes: int = 4 << 20
+    max_key_bytes: int = 4096
+    max_value_bytes: int = 1536 << 10  # etcd's default request limit
+    max_connections: int = 512
+    frame_timeout: float = 10.0  # to finish a started frame, and the handshake
+    idle_timeout: float = 600.0  # an idle connection is closed; clients reconnect
+    max_watch_wait: float = 30.0  # longest a single watch long-poll blocks
+    dedup_entries: int = 10_000  # remembered request ids (exactly-once retries)
+    history: int = 10_000  # watch history kept by the store
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"store server port must be 0-65535, got {self.port}")
+        for name in ("max_frame_bytes", "max_key_bytes", "max_value_bytes", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"StoreServerConfig.{name} must be >= 1")
+        for name in ("frame_timeout", "idle_timeout", "max_watch_wait"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"StoreServerConfig.{name} must be > 0 seconds")
+        if self.max_value_bytes + self.max_key_bytes > self.max_frame_bytes // 2:
+            raise ConfigError(
+                "StoreServerConfig.max_frame_bytes must be at least twice "
+                "max_value_bytes + max_key_bytes (base64 and JSON overhead)"
+            )
+
+
+class _Pending:
+    """A mutating request being (or already) executed, keyed by its request id."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: dict[str, Any] = {}
+
+
+class StoreServer:
+    """Serve a :class:`MemoryStore` over authenticated TCP. Use as a context manager.
+
+    ``token`` is the job token (see :func:`read_token_file`); pass ``store`` to
+    serve an existing store, else the server owns a fresh one.
+    """
+
+    def __init__(
+        self,
+        token: bytes,
+        config: StoreServerConfig | None = None,
+        *,
+        store: MemoryStore | None = None,
+    ) -> None:
+        if len(token) < 16:
+            raise ConfigError("the job token must be at least 16 bytes; use create_token_file()")
+        self._token = bytes(token)
+        self.config = config or StoreServerConfig()
+        self._owns_store = store is None
+        self.store = store if store is not None else MemoryStore(history=self.config.history)
+        self._listener: socket.socket | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._accept_thread: threading.Thread | None = None
+        self._dedup: OrderedDict[str, _Pending] = OrderedDict()
+        self._stats = {"connections": 0, "requests": 0, "rejected": 0, "auth_failures": 0}
+
+    # -- lifecycle ------------------------------------------------------
+
+    def start(self) -> StoreServer:
+        """Bind and start accepting connections (returns self)."""
+        if self._listener is not None:
+            raise RuntimeError("StoreServer already started")
+        cfg = self.config
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((cfg.host, cfg.port))
+        except OSError as exc:
+            listener.close()
+            raise ConfigError(
+                f"store server cannot bind {cfg.host}:{cfg.port}: {exc.strerror}; "
+                "pick another port (0 = any free one)"
+            ) from None
+        listener.listen(128)
+        listener.settimeout(_WAIT_SLICE)
+        self._listener = listener
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="stalwart-store-accept", daemon=True
+        )
+        self._accept_thread.start()
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` the server listens on."""
+        if self._listener is None:
+            raise RuntimeError("StoreServer not started")
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: connections accepted, requests served, frames rejected, auth failures."""
+        with self._lock:
+            return dict(self._stats)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close every connection and join every thread the server started."""
+        self._stopping.set()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout)
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            conns = list(self._conns.items())
+        for conn, _ in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout
+        for _, thread in conns:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> StoreServer:
+        return self.start() if self._listener is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- connections ----------------------------------------------------
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._stats[name] += 1
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                full = len(self._conns) >= self.config.max_connections
+            if full:
+                _log.warning("store: refusing %s: %d connections open", peer, len(self._conns))
+                self._reject(conn, "too_many_connections", "server connection limit reached")
+                conn.close()
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            thread = threading.Thread(
+                target=self._serve, args=(conn, peer), name=f"stalwart-store-{peer}", daemon=True
+            )
+            with self._lock:
+                self._conns[conn] = thread
+                self._stats["connections"] += 1
+            thread.start()
+
+    def _reject(
+        self, conn: socket.socket, code: str, message: str, key: bytes = b"", seq: int = 0
+    ) -> None:
+        body = wire.encode({"ok": False, "error": {"code": code, "message": message}})
+        mac = wire.frame_mac(key, b"S", seq, body) if key else wire.ZERO_MAC
+        try:
+            conn.settimeout(1.0)
+            wire.send_frame(conn, mac, body)
+        except OSError:
+            pass
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        cfg = self.config
+        key = b""
+        wseq = 0
+        try:
+            conn.settimeout(cfg.frame_timeout)
+            key = self._handshake(conn, peer)
+            rseq = 0
+            while not self._stopping.is_set():
+                conn.settimeout(cfg.idle_timeout)
+                mac, body = wire.recv_frame(conn, cfg.max_frame_bytes, cfg.frame_timeout)
+                if not wire.mac_ok(wire.frame_mac(key, b"C", rseq, body), mac):
+                    self._count("auth_failures")
+                    _log.warning("store: bad frame MAC from %s; closing the connection", peer)
+                    self._reject(conn, "auth_failed", "frame MAC mismatch", key, wseq)
+                    return
+                rseq += 1
+                reply = self._handle(body, peer)
+                wire.send_frame(
+                    conn, wire.frame_mac(key, b"S", wseq, wire.encode(reply)), wire.encode(reply)
+                )
+                wseq += 1
+        except _HandshakeFailed:
+            return
+        except FrameTooLargeError as exc:
+            self._count("rejected")
+            _log.warning("store: %s from %s; closing the connection", exc, peer)
+            self._reject(conn, "too_large", str(exc), key, wseq)
+        except ProtocolError as exc:
+            self._count("rejected")
+            _log.warning("store: %s from %s; closing the connection", exc, peer)
+            self._reject(conn, "bad_frame", str(exc), key, wseq)
+        except (OSError, TimeoutError):
+            pass  # peer went away, idled out, or the server is stopping
+        except Exception:  # never let one connection take the server down
+            _log.exception("store: unexpected error serving %s", peer)
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _handshake(self, conn: socket.socket, peer: Any) -> bytes:
+        server_nonce = os.urandom(wire.NONCE_SIZE)
+        hello = {
+            "type": "hello",
+            "versions": list(wire.SUPPORTED_VERSIONS),
+            "nonce": wire.b64e(server_nonce),
+        }
+        wire.send_frame(conn, wire.ZERO_MAC, wire.encode(hello))
+        mac, body = wire.recv_frame(conn, 4096, self.config.frame_timeout)
+        msg = wire.decode(body)
+        if msg.get("type") != "auth":
+            raise ProtocolError(f"expected an 'auth' frame, got {msg.get('type')!r}")
+        version = msg.get("v")
+        if isinstance(version, bool) or version not in wire.SUPPORTED_VERSIONS:
+            self._count("rejected")
+            _log.warning("store: %s speaks unsupported protocol version %r", peer, version)
+            self._reject(
+                conn,
+                "unsupported_version",
+                f"protocol version {version!r} not supported; this server speaks "
+                f"{list(wire.SUPPORTED_VERSIONS)}; upgrade stalwart on both sides",
+            )
+            raise _HandshakeFailed
+        client_nonce = wire.b64d(msg.get("nonce"), "nonce")
+        if len(client_nonce) != wire.NONCE_SIZE or not wire.mac_ok(
+            wire.auth_mac(self._token, b"c", server_nonce, client_nonce, body), mac
+        ):
+            self._count("auth_failures")
+            _log.warning("store: authentication failed for %s (wrong job token?)", peer)
+            self._reject(conn, "auth_failed", "authentication failed: wrong job token")
+            raise _HandshakeFailed
+        ok = wire.encode({"type": "auth_ok", "v": version})
+        wire.send_frame(conn, wire.auth_mac(self._token, b"s", server_nonce, client_nonce, ok), ok)
+        return wire.session_key(self._token, server_nonce, client_nonce)
+
+    # -- requests -------------------------------------------------------
+
+    def _handle(self, body: bytes, peer: Any) -> dict[str, Any]:
+        try:
+            req = wire.decode(body)
+            op = wire.field(req, "op", str)
+            args = wire.field(req, "args", dict, {})
+            rid = wire.field(req, "rid", str, None)
+            handler = _HANDLERS.get(op)
+            if handler is None:
+                raise ProtocolError(f"unknown op {op!r}")
+        except ProtocolError as exc:
+            self._count("rejected")
+            _log.warning("store: rejected request from %s: %s", peer, exc)
+            return {"ok": False, "error": {"code": "bad_request", "message": str(exc)}}
+        self._count("requests")
+        if rid is None or op not in _MUTATING:
+            return self._run(handler, args)
+        with self._lock:
+            pending = self._dedup.get(rid)
+            fresh = pending is None
+            if pending is None:
+                pending = self._dedup[rid] = _Pending()
+                while len(self._dedup) > self.config.dedup_entries:
+                    self._dedup.popitem(last=False)
+        if fresh:
+            pending.reply = self._run(handler, args)
+            pending.done.set()
+        elif not pending.done.wait(self.config.frame_timeout):
+            return {
+                "ok": False,
+                "error": {"code": "internal", "message": "retried request still running"},
+            }
+        return pending.reply
+
+    def _run(
+        self, handler: Callable[[StoreServer, dict[str, Any]], dict[str, Any]], args: dict[str, Any]
+    ) -> dict[str, Any]:
+        try:
+            return {"ok": True, "result": handler(self, args)}
+        except StoreClosedError as exc:
+            return {"ok": False, "error": {"code": "shutting_down", "message": str(exc)}}
+        except Exception as exc:
+            code = wire.code_for(exc)
+            if code == "internal":
+                _log.exception("store: internal error")
+            return {"ok": False, "error": {"code": code, "message": str(exc) or type(exc).__name__}}
+
+    def _key(self, args: dict[str, Any], name: str = "key") -> str:
+        key: str = wire.field(args, name, str)
+        if len(key.encode()) > self.config.max_key_bytes:
+            raise FrameTooLargeError(f"{name} is longer than {self.config.max_key_bytes} bytes")
+        return key
+
+    def _value(self, args: dict[str, Any]) -> bytes:
+        value = wire.b64d(args.get("value"))
+        if len(value) > self.config.max_value_bytes:
+            raise FrameTooLargeError(
+                f"value of {len(value)} bytes exceeds {self.config.max_value_bytes}"
+            )
+        return value
+
+    def _op_put(self, a: dict[str, Any]) -> dict[str, Any]:
+        lease = wire.field(a, "lease", int, None)
+        return {"revision": self.store.put(self._key(a), self._value(a), lease)}
+
+    def _op_get(self, a: dict[str, Any]) -> dict[str, Any]:
+        kv = self.store.get(self._key(a))
+        return {"kv": None if kv is None else wire.kv_to_json(kv)}
+
+    def _op_range(self, a: dict[str, Any]) -> dict[str, Any]:
+        res = self.store.range(self._key(a, "prefix") if a.get("prefix") else "")
+        return {"kvs": [wire.kv_to_json(kv) for kv in res.kvs], "revision": res.revision}
+
+    def _op_delete(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "deleted": self.store.delete(self._key(a), prefix=wire.field(a, "prefix", bool, False))
+        }
+
+    def _op_txn(self, a: dict[str, Any]) -> dict[str, Any]:
+        lists = [wire.field(a, name, list, []) for name in ("compare", "success", "failure")]
+        compare = [wire.compare_from_json(c) for c in lists[0]]
+        success, failure = ([wire.op_from_json(o) for o in ops] for ops in lists[1:])
+        for op in (*success, *failure):
+            self._key({"key": op.key})
+            if isinstance(op, Put) and len(op.value) > self.config.max_value_bytes:
+                raise FrameTooLargeError(f"value exceeds {self.config.max_value_bytes} bytes")
+        res = self.store.txn(compare, success, failure)
+        return {"succeeded": res.succeeded, "revision": res.revision}
+
+    def _op_grant(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"lease": self.store.grant(float(wire.field(a, "ttl", (int, float))))}
+
+    def _op_keepalive(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"ttl": self.store.keepalive(wire.field(a, "lease", int))}
+
+    def _op_time_to_live(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"ttl": self.store.time_to_live(wire.field(a, "lease", int))}
+
+    def _op_revoke(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"revoked": self.store.revoke(wire.field(a, "lease", int))}
+
+    def _op_watch(self, a: dict[str, Any]) -> dict[str, Any]:
+        prefix = self._key(a, "prefix") if a.get("prefix") else ""
+        start = wire.field(a, "start_revision", int)
+        wait = min(float(wire.field(a, "timeout", (int, float), 0.0)), self.config.max_watch_wait)
+        deadline = time.monotonic() + max(0.0, wait)
+        budget = self.config.max_frame_bytes // 4
+        while True:  # in slices, so that stop() never waits for a long-poll
+            remaining = max(0.0, deadline - time.monotonic())
+            events = self.store.wait_events(
+                prefix, start, min(remaining, _WAIT_SLICE), max_bytes=budget
+            )
+            if events or remaining <= _WAIT_SLICE or self._stopping.is_set():
+                return {"events": [wire.event_to_json(e) for e in events]}
+
+    def _op_ping(self, a: dict[str, Any]) -> dict[str, Any]:
+        return {"revision": self.store.revision, "versions": list(wire.SUPPORTED_VERSIONS)}
+
+
+class _HandshakeFailed(Exception):
+    """The handshake was refused and the peer told why; just close."""
+
+
+_HANDLERS: dict[str, Callable[[StoreServer, dict[str, Any]], dict[str, Any]]] = {
+    name.removeprefix("_op_"): getattr(StoreServer, name)
+    for name in dir(StoreServer)
+    if name.startswith("_op_")
+}
