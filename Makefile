@@ -1,0 +1,36 @@
+# Every target creates the virtual environment it needs; nothing is installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch is pinned here (not in pyproject): 2.13.0 is the CPU build on this machine's disk;
+	# an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) bench/checkpoint.py --size-gb 0.2 --reps 2
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(VENV)/bin/pytest
+
+bench: setup
+	$(PY) bench/checkpoint.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,72 @@
+"""The checkpoint engine: snapshot -> persist -> commit -> restore.
+
+Import is lazy (PEP 562): the torch-free parts (format, storage, catalog, the persister
+process) can be used without importing torch, which is what keeps the persister's start
+at tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint._state import RNGState
+    from stalwart.checkpoint._writer import commit_step
+    from stalwart.checkpoint.catalog import VerifyReport, committed_steps, verify_step
+    from stalwart.checkpoint.manager import CheckpointConfig, CheckpointManager
+    from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
+    from stalwart.checkpoint.restore import RestoreResult, restore_state
+    from stalwart.checkpoint.retention import GcReport, RetentionPolicy, collect_garbage
+    from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
+    from stalwart.checkpoint.storage import open_storage
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointManager",
+    "GcReport",
+    "PersistConfig",
+    "PersistResult",
+    "Persister",
+    "RNGState",
+    "RestoreResult",
+    "RetentionPolicy",
+    "SnapshotConfig",
+    "SnapshotResult",
+    "Snapshotter",
+    "VerifyReport",
+    "collect_garbage",
+    "commit_step",
+    "committed_steps",
+    "open_storage",
+    "restore_state",
+    "verify_step",
+]
+
+_WHERE = {
+    "RNGState": "_state",
+    "commit_step": "_writer",
+    "VerifyReport": "catalog",
+    "committed_steps": "catalog",
+    "verify_step": "catalog",
+    "CheckpointConfig": "manager",
+    "CheckpointManager": "manager",
+    "PersistConfig": "persist",
+    "Persister": "persist",
+    "PersistResult": "persist",
+    "RestoreResult": "restore",
+    "restore_state": "restore",
+    "GcReport": "retention",
+    "RetentionPolicy": "retention",
+    "collect_garbage": "retention",
+    "SnapshotConfig": "snapshot",
+    "Snapshotter": "snapshot",
+    "SnapshotResult": "snapshot",
+    "open_storage": "storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"stalwart.checkpoint.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'stalwart.checkpoint' has no attribute {name!r}")

@@ -1,0 +1,130 @@
+"""The background persister: a process that imports no torch.
+
+It reads a complete shared-memory slot by name, writes it to storage (pack, index,
+and for the committer the manifest and GC), and answers on stdout. Why a process and not
+a thread: the training process keeps its GIL and cores for training, a crash of the
+persister cannot take training down, and without torch it starts in ~50 ms (DCP's
+writer process takes seconds). It runs at a lower CPU priority than training.
+
+Protocol: one JSON object per line on stdin, one reply per line on stdout.
+``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
+"commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` ->
+``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}`` or
+``{"id", "ok": false, "kind": "<error class>", "error": "<one line>"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from stalwart.checkpoint._shm import SlotFiles
+from stalwart.checkpoint._writer import commit_step, known_chunks, write_rank
+from stalwart.checkpoint.catalog import committed_steps, load_manifest
+from stalwart.checkpoint.format import ChunkRef
+from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
+from stalwart.checkpoint.storage import Storage, open_storage
+from stalwart.errors import CheckpointError
+
+__all__ = ["handle_persist", "main"]
+
+
+class _DedupBase:
+    """Chunks of the newest committed step, refreshed when a newer one appears."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.known: dict[str, ChunkRef] = {}
+
+    def get(self, storage: Storage) -> dict[str, ChunkRef]:
+        steps = committed_steps(storage)
+        newest = steps[-1] if steps else None
+        if newest != self.step:
+            try:
+                manifest = load_manifest(storage, newest) if newest is not None else None
+                self.known = known_chunks(storage, manifest)
+            except (CheckpointError, OSError):
+                self.known = {}  # a damaged base only costs deduplication
+            self.step = newest
+        return dict(self.known)
+
+
+_BASES: dict[str, _DedupBase] = {}
+
+
+def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    storage = open_storage(str(req["storage"]))
+    slot = SlotFiles(str(req["slot_dir"]), int(req["slot"]))
+    meta = slot.read_meta()
+    if meta is None:
+        raise CheckpointError(f"snapshot slot {slot.meta_path} is not complete; snapshot again")
+    base = _BASES.setdefault(storage.url, _DedupBase())
+    mapping = slot.map_readonly()
+    try:
+        with memoryview(mapping) as data:
+            result = write_rank(
+                storage,
+                step=meta.step,
+                rank=int(req["rank"]),
+                world_size=int(req["world_size"]),
+                tree=meta.tree,
+                layout=meta.layout,
+                data=data,
+                known=base.get(storage),
+                chunk_bytes=int(req.get("chunk_bytes", 4 << 20)),
+            )
+    finally:
+        mapping.close()
+    reply: dict[str, Any] = {
+        "ok": True,
+        "step": meta.step,
+        "written_bytes": result.written_bytes,
+        "total_bytes": result.index.nbytes,
+        "committed": False,
+    }
+    if req.get("commit"):
+        commit_step(
+            storage,
+            meta.step,
+            int(req["world_size"]),
+            generation=int(req.get("generation", 0)),
+            replicated=bool(req.get("replicated", False)),
+        )
+        reply["committed"] = True
+        policy = RetentionPolicy(int(req.get("keep_last", 3)), req.get("keep_every"))
+        gc = collect_garbage(storage, policy)
+        reply["gc_deleted_steps"] = gc.deleted_steps
+        reply["gc_freed_bytes"] = gc.freed_bytes
+    reply["seconds"] = time.perf_counter() - t0
+    return reply
+
+
+def main() -> int:
+    nice = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if nice:
+        os.nice(nice)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        if req.get("op") == "exit":
+            break
+        try:
+            reply = handle_persist(req)
+        except Exception as err:  # every failure is reported, the worker stays up
+            reply = {"ok": False, "kind": type(err).__name__, "error": str(err)}
+        reply["id"] = req.get("id")
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

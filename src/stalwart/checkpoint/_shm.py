@@ -1,0 +1,160 @@
+"""Shared-memory snapshot slots: files in /dev/shm, readable without torch.
+
+A slot is two files in ``<shm_dir>/stalwart-<namespace>/``: ``slot<i>.data`` (tensor bytes
+at fixed offsets) and ``slot<i>.json`` (what those bytes are: step, sequence number,
+tensor layout, the JSON tree of the state). The JSON is written by rename *after* the
+copy finished and removed *before* a copy starts, so a slot with a JSON file is always
+complete; a process killed mid-copy leaves that slot invisible and the other intact.
+
+The files outlive the process that wrote them: a worker crash loses no snapshot, and the
+node agent (or a persister process that imports no torch) can read them by name.
+
+Why pre-fault: on this VM the first touch of a tmpfs page costs ~15x a later copy
+(FACTS.md), so pages are allocated (fallocate) and mapped with MAP_POPULATE when a slot
+is created or grown, never during a snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SlotFiles", "SlotMeta", "slot_dir"]
+
+SLOT_FORMAT = "stalwart.shm-slot"
+SLOT_VERSION = 1
+
+
+def slot_dir(shm_dir: str, namespace: str) -> str:
+    return os.path.join(shm_dir, f"stalwart-{namespace}")
+
+
+@dataclass
+class SlotMeta:
+    """Describes a complete slot. ``layout`` entries: id, path, dtype, shape, nbytes,
+    offset, and optionally ``shard`` / ``ndarray``."""
+
+    seq: int
+    step: int
+    tree: Any
+    layout: list[dict[str, Any]]
+    data_size: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "format": SLOT_FORMAT,
+                "version": SLOT_VERSION,
+                "seq": self.seq,
+                "step": self.step,
+                "tree": self.tree,
+                "layout": self.layout,
+                "data_size": self.data_size,
+                "extra": self.extra,
+            },
+            separators=(",", ":"),
+            allow_nan=False,
+        ).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> SlotMeta | None:
+        try:
+            d = json.loads(data)
+            if d.get("format") != SLOT_FORMAT or d.get("version") != SLOT_VERSION:
+                return None
+            return SlotMeta(
+                seq=int(d["seq"]),
+                step=int(d["step"]),
+                tree=d["tree"],
+                layout=list(d["layout"]),
+                data_size=int(d["data_size"]),
+                extra=dict(d.get("extra", {})),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class SlotFiles:
+    """The two files of one slot, and a writable mapping of the data file."""
+
+    def __init__(self, directory: str, index: int) -> None:
+        self.index = index
+        self.data_path = os.path.join(directory, f"slot{index}.data")
+        self.meta_path = os.path.join(directory, f"slot{index}.json")
+        self._map: mmap.mmap | None = None
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_meta(self) -> SlotMeta | None:
+        try:
+            with open(self.meta_path, "rb") as f:
+                return SlotMeta.decode(f.read())
+        except FileNotFoundError:
+            return None
+
+    def invalidate(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.meta_path)
+
+    def publish(self, meta: SlotMeta) -> None:
+        tmp = f"{self.meta_path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(meta.encode())
+        os.replace(tmp, self.meta_path)
+
+    def map_writable(self, size: int) -> mmap.mmap:
+        """A shared writable mapping of at least ``size`` bytes, pre-faulted."""
+        if self._map is not None and self._size >= size:
+            return self._map
+        self.close()
+        size = max(size, 1)
+        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fd, 0, size)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._map = mmap.mmap(fd, size, flags=flags)
+        finally:
+            os.close(fd)
+        self._size = size
+        return self._map
+
+    def map_readonly(self) -> mmap.mmap:
+        fd = os.open(self.data_path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+            self._size = 0
+
+    def unlink(self) -> None:
+        self.close()
+        for p in (self.meta_path, self.data_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+
+def latest_complete(directory: str, slots: int) -> tuple[int, SlotMeta] | None:
+    """The complete slot with the highest sequence number, read from files only."""
+    best: tuple[int, SlotMeta] | None = None
+    for i in range(slots):
+        meta = SlotFiles(directory, i).read_meta()
+        if meta is not None and (best is None or meta.seq > best[1].seq):
+            best = (i, meta)
+    return best

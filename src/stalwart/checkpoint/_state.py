@@ -1,0 +1,130 @@
+"""Capture a tracked training state as (tree, leaves) and put a loaded one back.
+
+A tracked state is a mapping ``name -> object``; an object with ``state_dict()`` /
+``load_state_dict()`` (model, optimizer, scheduler, data loader, :class:`RNGState`, ...)
+is captured through them, anything else (tensors, dicts of tensors, numbers) as is.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from stalwart.checkpoint._tree import Leaf, flatten
+from stalwart.errors import StateMismatchError
+
+__all__ = ["RNGState", "apply_state", "capture", "deferrable_ptrs"]
+
+
+class RNGState:
+    """The process's random number generators (torch CPU and CUDA, Python, numpy) as a
+    stateful object, so that a restored run draws the same random numbers."""
+
+    def state_dict(self) -> dict[str, Any]:
+        sd: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            sd["cuda"] = torch.cuda.get_rng_state_all()
+        try:
+            import numpy as np
+
+            sd["numpy"] = np.random.get_state()
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        torch.set_rng_state(sd["torch"])
+        version, internal, gauss = sd["python"]
+        random.setstate((version, tuple(internal), gauss))
+        if "cuda" in sd and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(sd["cuda"])
+        if "numpy" in sd:
+            import numpy as np
+
+            kind, keys, pos, has_gauss, cached = sd["numpy"]
+            np.random.set_state((kind, np.asarray(keys), pos, has_gauss, cached))
+
+
+def _is_stateful(obj: Any) -> bool:
+    return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
+
+
+def capture(state: Mapping[str, Any]) -> tuple[Any, list[Leaf]]:
+    """Flatten every tracked object's current state."""
+    raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
+    return flatten(raw)
+
+
+def deferrable_ptrs(state: Mapping[str, Any]) -> set[int]:
+    """Storage addresses of tensors that change only at an optimizer step: parameters of
+    tracked modules and the state of tracked optimizers. A snapshot may copy those while
+    the next forward/backward runs; everything else (buffers such as BatchNorm's running
+    stats change during forward) is copied before the snapshot call returns."""
+    ptrs: set[int] = set()
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            ptrs.update(p.data_ptr() for p in obj.parameters())
+        elif isinstance(obj, torch.optim.Optimizer):
+            for st in obj.state.values():
+                ptrs.update(v.data_ptr() for v in st.values() if isinstance(v, torch.Tensor))
+    return ptrs
+
+
+def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
+    """Load ``loaded`` (decoded checkpoint tree) into the tracked objects."""
+    missing = [k for k in state if k not in loaded]
+    extra = [k for k in loaded if k not in state]
+    if missing or extra:
+        raise StateMismatchError(
+            "tracked state does not match the checkpoint: "
+            + (f"missing in checkpoint: {', '.join(map(str, missing))}; " if missing else "")
+            + (f"not tracked now: {', '.join(map(str, extra))}; " if extra else "")
+            + "track the same names as when the checkpoint was written"
+        )
+    for name, obj in state.items():
+        value = loaded[name]
+        if isinstance(obj, torch.nn.Module):
+            _check_module_keys(name, obj, value)
+        if _is_stateful(obj):
+            try:
+                obj.load_state_dict(value)
+            except (RuntimeError, KeyError, ValueError) as err:
+                first = str(err).strip().splitlines()[0][:300]
+                raise StateMismatchError(
+                    f"cannot load {name!r} from the checkpoint: {first}; "
+                    "check that the model/optimizer is built as when the checkpoint was saved"
+                ) from err
+        elif isinstance(obj, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or value.shape != obj.shape:
+                raise StateMismatchError(
+                    f"{name!r}: checkpoint holds {_describe(value)}, tracked tensor has shape "
+                    f"{tuple(obj.shape)}; track a tensor of the saved shape"
+                )
+            if value.data_ptr() != obj.data_ptr():
+                obj.copy_(value)
+        elif isinstance(obj, dict):
+            obj.clear()
+            obj.update(value)
+
+
+def _check_module_keys(name: str, module: torch.nn.Module, value: Any) -> None:
+    want = set(module.state_dict().keys())
+    have = set(value.keys()) if isinstance(value, dict) else set()
+    if want != have:
+        missing = sorted(want - have)[:8]
+        extra = sorted(have - want)[:8]
+        raise StateMismatchError(
+            f"{name!r}: model keys differ from the checkpoint "
+            + (f"(missing: {', '.join(missing)}) " if missing else "")
+            + (f"(unexpected: {', '.join(extra)}) " if extra else "")
+            + "; build the same model architecture as the one that was saved"
+        )
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"a tensor of shape {tuple(v.shape)}"
+    return f"a {type(v).__name__}"

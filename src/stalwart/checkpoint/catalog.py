@@ -1,0 +1,162 @@
+"""Find, list and verify committed checkpoints (no torch needed).
+
+A step is *committed* when its manifest exists; it is *valid* when the manifest, every
+rank index and every chunk it references check out. Restore and ``stalwart ckpt
+verify`` use the same checks, so what verify accepts is what restore can load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from stalwart.checkpoint.format import (
+    Manifest,
+    RankIndex,
+    TensorEntry,
+    checksum,
+    manifest_path,
+    parse_step_dir,
+)
+from stalwart.checkpoint.storage import Storage
+from stalwart.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+)
+
+__all__ = [
+    "VerifyReport",
+    "committed_steps",
+    "iter_chunks",
+    "load_index",
+    "load_manifest",
+    "require_checkpoint_root",
+    "verify_step",
+]
+
+
+def committed_steps(storage: Storage) -> list[int]:
+    """Steps with a manifest file, oldest first (validity not checked)."""
+    steps = []
+    for name in storage.listdir(""):
+        step = parse_step_dir(name)
+        if step is not None and storage.exists(manifest_path(step)):
+            steps.append(step)
+    return sorted(steps)
+
+
+def require_checkpoint_root(storage: Storage) -> list[int]:
+    """Committed steps, or a clear error when ``storage`` is not a checkpoint directory."""
+    names = storage.listdir("")
+    if not names and not storage.exists(""):
+        raise CheckpointNotFoundError(
+            f"{storage.url}: no such directory; pass the checkpoint directory of a run"
+        )
+    steps = committed_steps(storage)
+    if not steps:
+        raise CheckpointNotFoundError(
+            f"{storage.url}: no committed checkpoint here (no step_*/MANIFEST.json); "
+            "pass the checkpoint directory of a run that saved at least once"
+        )
+    return steps
+
+
+def load_manifest(storage: Storage, step: int) -> Manifest:
+    path = manifest_path(step)
+    try:
+        raw = storage.read(path)
+    except FileNotFoundError as err:
+        raise CheckpointNotFoundError(f"step {step} has no manifest ({path})") from err
+    return Manifest.decode(raw, f"{storage.url}/{path}")
+
+
+def load_index(storage: Storage, manifest: Manifest, rank: int) -> RankIndex:
+    """The rank's index, checked against the checksum the manifest recorded for it."""
+    ref = manifest.indexes[rank]
+    try:
+        raw = storage.read(ref.path)
+    except FileNotFoundError as err:
+        raise CheckpointCorruptError(
+            f"{ref.path} is missing (step {manifest.step}, rank {rank})",
+            [f"{ref.path}: missing"],
+        ) from err
+    if checksum(raw) != ref.checksum:
+        raise CheckpointCorruptError(
+            f"{ref.path} fails its checksum (step {manifest.step}, rank {rank})",
+            [f"{ref.path}: checksum mismatch"],
+        )
+    return RankIndex.decode(raw, ref.path)
+
+
+def iter_chunks(index: RankIndex) -> Iterator[tuple[TensorEntry, int]]:
+    for t in index.tensors:
+        for i in range(len(t.chunks)):
+            yield t, i
+
+
+@dataclass
+class VerifyReport:
+    step: int
+    ok: bool = True
+    problems: list[str] = field(default_factory=list)
+    chunks_checked: int = 0
+    bytes_checked: int = 0
+
+    def add(self, problem: str) -> None:
+        self.ok = False
+        self.problems.append(problem)
+
+
+def verify_step(
+    storage: Storage, step: int, *, deep: bool = True, threads: int = 4
+) -> VerifyReport:
+    """Check the manifest, every index and (``deep``) every chunk of ``step``; collects
+    every problem (file and tensor) instead of stopping at the first."""
+    report = VerifyReport(step)
+    try:
+        manifest = load_manifest(storage, step)
+    except (CheckpointFormatError, CheckpointNotFoundError) as err:
+        report.add(str(err))
+        return report
+    present = set(storage.listdir("data"))
+    for pack in manifest.packs:
+        if pack.rsplit("/", 1)[-1] not in present:
+            report.add(f"{pack}: missing pack file")
+    indexes: list[RankIndex] = []
+    for rank in range(len(manifest.indexes)):
+        try:
+            indexes.append(load_index(storage, manifest, rank))
+        except (CheckpointCorruptError, CheckpointFormatError) as err:
+            report.add(str(err))
+    if not deep:
+        return report
+    seen: dict[tuple[str, int], str] = {}
+    work: list[tuple[TensorEntry, int]] = []
+    for index in indexes:
+        for t, i in iter_chunks(index):
+            c = t.chunks[i]
+            if (c.pack, c.offset) not in seen:
+                seen[(c.pack, c.offset)] = t.path
+                work.append((t, i))
+
+    def check(item: tuple[TensorEntry, int]) -> str | None:
+        t, i = item
+        c = t.chunks[i]
+        buf = bytearray(c.length)
+        try:
+            storage.read_into(c.pack, c.offset, memoryview(buf))
+        except (FileNotFoundError, EOFError) as err:
+            return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({err})"
+        if checksum(buf) != c.hash:
+            return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum"
+        return None
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for item, problem in zip(work, pool.map(check, work), strict=True):
+            report.chunks_checked += 1
+            report.bytes_checked += item[0].chunks[item[1]].length
+            if problem is not None:
+                report.add(problem)
+    return report

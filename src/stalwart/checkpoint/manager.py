@@ -1,0 +1,112 @@
+"""One object per rank that snapshots, persists and restores a tracked state.
+
+Training calls :meth:`CheckpointManager.snapshot` (the only blocking part) and, at its
+persist cadence, :meth:`persist`, which hands the newest complete slot to the persister
+process and returns at once. The slot stays pinned until the persist is done, so later
+snapshots never overwrite bytes that are being written out.
+
+Multi-rank jobs: every rank persists its own shard with ``commit=False``; the committer
+(rank 0, or the coordinator) calls :func:`stalwart.checkpoint.commit_step` once every
+rank has finished, with its generation so that a fenced member cannot commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
+from stalwart.checkpoint.restore import RestoreResult, restore_state
+from stalwart.checkpoint.retention import RetentionPolicy
+from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
+from stalwart.checkpoint.storage import Storage, open_storage
+from stalwart.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = ["CheckpointConfig", "CheckpointManager"]
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``root`` is a str, not a Path, because it may be a remote URL (``s3://...``)."""
+
+    root: str
+    namespace: str = "default-r0"
+    rank: int = 0
+    world_size: int = 1
+    slots: int = 2
+    shm_dir: str = "/dev/shm"
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    persist: PersistConfig = field(default_factory=PersistConfig)
+    replicated: bool = False  # DDP: every rank holds the same state
+
+
+class CheckpointManager:
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self.storage: Storage = open_storage(config.root)
+        self.snapshots = Snapshotter(SnapshotConfig(config.namespace, config.slots, config.shm_dir))
+        self.persister = Persister(config.persist)
+        self._inflight: Future[PersistResult] | None = None
+
+    def snapshot(
+        self, state: Mapping[str, Any], step: int, *, blocking: bool = True
+    ) -> SnapshotResult:
+        return self.snapshots.snapshot(state, step, blocking=blocking)
+
+    def persist(self, *, commit: bool | None = None, generation: int = 0) -> Future[PersistResult]:
+        """Write the newest snapshot in the background. One persist at a time: a second
+        call waits for the first (what a slow disk costs shows up here, not in snapshot)."""
+        if self._inflight is not None:
+            self._inflight.exception()
+        found = self.snapshots.pin_latest()
+        if found is None:
+            raise CheckpointNotFoundError("nothing to persist: take a snapshot first")
+        slot, _ = found
+        cfg = self.config
+        fut = self.persister.submit(
+            {
+                "storage": self.storage.url,
+                "slot_dir": self.snapshots.directory,
+                "slot": slot,
+                "rank": cfg.rank,
+                "world_size": cfg.world_size,
+                "commit": cfg.world_size == 1 if commit is None else commit,
+                "generation": generation,
+                "replicated": cfg.replicated,
+                "keep_last": cfg.retention.keep_last,
+                "keep_every": cfg.retention.keep_every,
+            }
+        )
+        fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
+        self._inflight = fut
+        return fut
+
+    def save(self, state: Mapping[str, Any], step: int) -> PersistResult:
+        """Snapshot and persist, and wait for the commit (for scripts and tests)."""
+        self.snapshot(state, step)
+        return self.persist().result()
+
+    def wait(self) -> PersistResult | None:
+        fut, self._inflight = self._inflight, None
+        return fut.result() if fut is not None else None
+
+    def restore(self, state: Mapping[str, Any], *, step: int | None = None) -> RestoreResult:
+        return restore_state(
+            self.storage, state, rank=self.config.rank, world_size=self.config.world_size, step=step
+        )
+
+    def restore_from_memory(self, state: Mapping[str, Any]) -> int:
+        """Fastest tier: this rank's newest shared-memory snapshot."""
+        return self.snapshots.restore(state)
+
+    def close(self, *, unlink_snapshots: bool = True) -> None:
+        try:
+            if self._inflight is not None:
+                with contextlib.suppress(CheckpointError):
+                    self._inflight.result()
+        finally:
+            self.persister.close()
+            self.snapshots.close(unlink=unlink_snapshots)

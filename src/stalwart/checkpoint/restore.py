@@ -1,0 +1,177 @@
+"""Restore a tracked state from persisted checkpoints, verifying every byte read.
+
+Newest committed step first; a step whose manifest, index or any chunk fails its
+checksum (or is missing) is reported and the next older one is tried. Chunks are read
+straight into the state's existing tensors and hashed there (one pass over the bytes),
+so a corrupt newer checkpoint may leave the state partly written before the older one
+overwrites all of it; if none loads, :class:`CheckpointCorruptError` lists every problem.
+
+World size changes: replicated state (DDP) comes from any rank; DTensor shards are
+re-cut from the saved shards' boxes (global offsets recorded at save time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stalwart.checkpoint._load import SavedTensor, byte_view, load_into
+from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest
+from stalwart.checkpoint.format import RankIndex, TensorEntry, checksum
+from stalwart.checkpoint.storage import Storage
+from stalwart.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+)
+
+__all__ = ["RestoreResult", "read_tensor", "restore_state"]
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    skipped: list[str] = field(default_factory=list)  # problems of newer steps passed over
+    bytes_read: int = 0
+
+
+def _read_entry(
+    storage: Storage, t: TensorEntry, dst: torch.Tensor, pool: ThreadPoolExecutor
+) -> None:
+    view = byte_view(dst)
+    if len(view) != t.nbytes:
+        raise CheckpointFormatError(
+            f"tensor {t.path!r}: index says {t.nbytes} bytes, state has {len(view)}"
+        )
+    jobs = []
+    pos = 0
+    for c in t.chunks:
+        jobs.append((c, view[pos : pos + c.length]))
+        pos += c.length
+
+    def one(job: tuple[Any, memoryview]) -> None:
+        c, part = job
+        try:
+            storage.read_into(c.pack, c.offset, part)
+        except (FileNotFoundError, EOFError) as err:
+            raise CheckpointCorruptError(
+                f"{c.pack}: chunk of tensor {t.path!r} unreadable ({err})",
+                [f"{c.pack}: missing or truncated (tensor {t.path})"],
+            ) from err
+        if checksum(part) != c.hash:
+            raise CheckpointCorruptError(
+                f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum",
+                [f"{c.pack}: checksum mismatch at offset {c.offset} (tensor {t.path})"],
+            )
+
+    if len(jobs) == 1:
+        one(jobs[0])
+    else:
+        list(pool.map(one, jobs))
+
+
+def read_tensor(storage: Storage, t: TensorEntry, pool: ThreadPoolExecutor) -> torch.Tensor:
+    """A verified copy of one saved tensor (used by resharding and export)."""
+    out = torch.empty(t.shape, dtype=getattr(torch, t.dtype))
+    _read_entry(storage, t, out, pool)
+    return out
+
+
+def _saved(t: TensorEntry) -> SavedTensor:
+    return SavedTensor(t.id, t.path, t.dtype, t.shape, t.nbytes, t.shard)
+
+
+def _restore_step(
+    storage: Storage, state: Mapping[str, Any], step: int, rank: int, world_size: int
+) -> int:
+    manifest = load_manifest(storage, step)
+    src_rank = rank if rank < manifest.world_size else rank % manifest.world_size
+    primary = load_index(storage, manifest, src_rank)
+    others: list[RankIndex] | None = None
+    by_id = {t.id: t for t in primary.tensors}
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+
+        def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
+            _read_entry(storage, by_id[entry.id], dst, pool)
+
+        def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
+            nonlocal others
+            if others is None:
+                others = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
+            pieces = [t for idx in others for t in idx.tensors if t.path == entry.path]
+            _fill_box(storage, pieces, dst, box, pool)
+
+        load_into(state, primary.tree, [_saved(t) for t in primary.tensors], fill, reshard)
+    return primary.nbytes
+
+
+def _fill_box(
+    storage: Storage,
+    pieces: list[TensorEntry],
+    dst: torch.Tensor,
+    box: dict[str, list[int]],
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Copy into ``dst`` (the local shard at ``box``) every overlapping saved piece."""
+    covered = 0
+    for piece in pieces:
+        p_off = piece.shard["offsets"] if piece.shard else [0] * len(piece.shape)
+        src_sl, dst_sl, n = [], [], 1
+        for d in range(len(piece.shape)):
+            lo = max(p_off[d], box["offsets"][d])
+            hi = min(p_off[d] + piece.shape[d], box["offsets"][d] + dst.shape[d])
+            if hi <= lo:
+                n = 0
+                break
+            src_sl.append(slice(lo - p_off[d], hi - p_off[d]))
+            dst_sl.append(slice(lo - box["offsets"][d], hi - box["offsets"][d]))
+            n *= hi - lo
+        if n == 0:
+            continue
+        src = read_tensor(storage, piece, pool)
+        dst[tuple(dst_sl)] = src[tuple(src_sl)]
+        covered += n
+        if not piece.shard:
+            break  # a whole tensor covers everything
+    if covered < dst.numel():
+        raise CheckpointCorruptError(
+            f"saved shards of {pieces[0].path if pieces else '?'} do not cover the local shard "
+            f"at offsets {box['offsets']}; the checkpoint is missing ranks"
+        )
+
+
+def restore_state(
+    storage: Storage,
+    state: Mapping[str, Any],
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    step: int | None = None,
+) -> RestoreResult:
+    """Load the newest valid checkpoint (or exactly ``step``) into ``state``."""
+    steps = committed_steps(storage)
+    if step is not None:
+        steps = [s for s in steps if s == step]
+    if not steps:
+        raise CheckpointNotFoundError(
+            f"{storage.url}: no committed checkpoint"
+            + (f" at step {step}" if step is not None else "")
+            + "; start from scratch or pass the directory of a run that saved"
+        )
+    skipped: list[str] = []
+    for s in reversed(steps):
+        try:
+            nbytes = _restore_step(storage, state, s, rank, world_size)
+            return RestoreResult(s, skipped, nbytes)
+        except CheckpointCorruptError as err:
+            skipped.extend(f"step {s}: {p}" for p in (err.problems or [str(err)]))
+        except CheckpointFormatError as err:
+            skipped.append(f"step {s}: {err}")
+    raise CheckpointCorruptError(
+        f"no checkpoint in {storage.url} loads: " + "; ".join(skipped[:5]), skipped
+    )

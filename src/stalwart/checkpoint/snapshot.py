@@ -1,0 +1,340 @@
+"""Snapshots: copy a training state into pre-allocated shared-memory slots.
+
+This is the only part of checkpointing that blocks training, so it does the least it can:
+one ``copy_`` per tensor into memory that was allocated and pre-faulted once. With
+``blocking=False`` the tensors that change only at the optimizer step (parameters and
+optimizer state) are copied on a background thread while the next forward/backward runs;
+the caller (or the optimizer pre-step hook installed by :meth:`Snapshotter.guard`) waits
+only for what is left when the state is about to change. Everything else, model buffers
+included, is copied before ``snapshot`` returns.
+
+Slots are double-buffered (``SnapshotConfig.slots``, default 2): a copy never goes into
+the newest complete slot while an older one exists to overwrite, and never into a slot
+pinned by a persist in flight, so a crash mid-copy always leaves a complete snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stalwart.checkpoint._shm import SlotFiles, SlotMeta, latest_complete, slot_dir
+from stalwart.checkpoint._state import capture, deferrable_ptrs
+from stalwart.checkpoint._tree import Leaf
+from stalwart.errors import CheckpointNotFoundError, ConfigError
+
+__all__ = ["SnapshotConfig", "SnapshotResult", "Snapshotter", "local_and_shard"]
+
+_ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """Where and how many slots. ``namespace`` names the slot directory; use one per
+    (job, rank) so that a restarted worker finds its own snapshots again."""
+
+    namespace: str
+    slots: int = 2
+    shm_dir: str = "/dev/shm"
+
+    def __post_init__(self) -> None:
+        if self.slots < 2:
+            raise ConfigError(f"snapshot slots={self.slots}: need at least 2 (double buffer)")
+        if not self.namespace or "/" in self.namespace:
+            raise ConfigError(
+                f"snapshot namespace {self.namespace!r}: use a non-empty name without '/'"
+            )
+
+
+@dataclass
+class SnapshotResult:
+    step: int
+    slot: int
+    nbytes: int
+    blocking_s: float  # time spent inside snapshot() and wait(): the training stall
+
+
+def local_and_shard(t: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[int]] | None]:
+    """The local bytes of ``t`` and, for a DTensor, where they sit in the global tensor."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch < 2.4
+        return t, None
+    if not isinstance(t, DTensor):
+        return t, None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return t.to_local(), {"global_shape": list(t.shape), "offsets": [int(o) for o in offsets]}
+
+
+class _Plan:
+    """Offsets of every leaf in a slot; reused while dtypes and shapes stay the same."""
+
+    def __init__(self, leaves: list[tuple[torch.Tensor, Leaf]]) -> None:
+        self.key = [(t.dtype, tuple(t.shape)) for t, _ in leaves]
+        self.offsets: list[int] = []
+        pos = 0
+        for t, _ in leaves:
+            self.offsets.append(pos)
+            nbytes = t.numel() * t.element_size()
+            pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        self.size = pos
+        self.views: dict[int, list[torch.Tensor]] = {}
+
+    def dst_views(
+        self, slot: SlotFiles, leaves: list[tuple[torch.Tensor, Leaf]]
+    ) -> list[torch.Tensor]:
+        if slot.index not in self.views:
+            buf = torch.frombuffer(slot.map_writable(self.size), dtype=torch.uint8)
+            out = []
+            for (t, _), off in zip(leaves, self.offsets, strict=True):
+                n = t.numel() * t.element_size()
+                out.append(buf[off : off + n].view(t.dtype).view(t.shape))
+            self.views[slot.index] = out
+        return self.views[slot.index]
+
+
+class Snapshotter:
+    """Writes snapshots of a tracked state into shared-memory slots and reads them back."""
+
+    def __init__(self, config: SnapshotConfig) -> None:
+        self.config = config
+        self.directory = slot_dir(config.shm_dir, config.namespace)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        self._slots = [SlotFiles(self.directory, i) for i in range(config.slots)]
+        metas = [s.read_meta() for s in self._slots]
+        self._seq = max((m.seq for m in metas if m is not None), default=0)
+        self._plan: _Plan | None = None
+        self._pinned: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pending: SnapshotResult | None = None
+        self._error: BaseException | None = None
+        self._cuda_stream: Any = None
+
+    # ---------------------------------------------------------------- writing
+    def snapshot(
+        self, state: Mapping[str, Any], step: int, *, blocking: bool = True
+    ) -> SnapshotResult:
+        """Copy ``state`` into a free slot. With ``blocking=False`` the parameters and
+        optimizer state are copied in the background; call :meth:`wait` (or use
+        :meth:`guard`) before the optimizer changes them."""
+        t0 = time.perf_counter()
+        waited = self.wait()
+        tree, raw_leaves = capture(state)
+        pairs: list[tuple[torch.Tensor, Leaf]] = []
+        shards: list[dict[str, list[int]] | None] = []
+        for leaf in raw_leaves:
+            local, shard = local_and_shard(leaf.tensor)
+            pairs.append((local.detach(), leaf))
+            shards.append(shard)
+        plan = self._plan
+        if plan is None or plan.key != [(t.dtype, tuple(t.shape)) for t, _ in pairs]:
+            plan = self._plan = _Plan(pairs)
+        slot = self._choose_slot()
+        slot.invalidate()
+        dsts = plan.dst_views(slot, pairs)
+        deferred_ptrs = deferrable_ptrs(state) if not blocking else set()
+        now: list[tuple[torch.Tensor, torch.Tensor]] = []
+        later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for (src, _), dst in zip(pairs, dsts, strict=True):
+            (later if src.data_ptr() in deferred_ptrs else now).append((src, dst))
+        self._copy(now)
+        self._seq += 1
+        meta = SlotMeta(
+            seq=self._seq,
+            step=step,
+            tree=tree,
+            layout=[
+                {
+                    "id": i,
+                    "path": leaf.path,
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "shape": list(t.shape),
+                    "nbytes": t.numel() * t.element_size(),
+                    "offset": off,
+                    "shard": shard,
+                    "ndarray": leaf.is_ndarray,
+                }
+                for i, ((t, leaf), off, shard) in enumerate(
+                    zip(pairs, plan.offsets, shards, strict=True)
+                )
+            ],
+            data_size=plan.size,
+        )
+        result = SnapshotResult(step, slot.index, plan.size, 0.0)
+        if not later:
+            self._finish(slot, meta)
+            result.blocking_s = time.perf_counter() - t0 + waited
+            return result
+        self._pending = result
+        self._thread = threading.Thread(
+            target=self._background, args=(later, slot, meta), name="stalwart-snapshot", daemon=True
+        )
+        self._thread.start()
+        result.blocking_s = time.perf_counter() - t0 + waited
+        return result
+
+    def _background(
+        self, pairs: list[tuple[torch.Tensor, torch.Tensor]], slot: SlotFiles, meta: SlotMeta
+    ) -> None:
+        try:
+            self._copy(pairs)
+            self._finish(slot, meta)
+        except BaseException as err:  # surfaced by wait()
+            self._error = err
+
+    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        cuda = [(s, d) for s, d in pairs if s.device.type == "cuda"]
+        for src, dst in pairs:
+            if src.device.type != "cuda":
+                dst.copy_(src)
+        if cuda:
+            self._copy_cuda(cuda)
+
+    def _copy_cuda(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Device-to-host copies on a side stream into the shared-memory slot.
+
+        The slot's pages are registered as pinned host memory once (cudaHostRegister),
+        so the copies run as real DMA without a second staging buffer."""
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream = self._cuda_stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for src, dst in pairs:
+                _ensure_pinned(dst)
+                dst.copy_(src, non_blocking=True)
+        stream.synchronize()
+
+    def _finish(self, slot: SlotFiles, meta: SlotMeta) -> None:
+        slot.publish(meta)
+
+    def wait(self) -> float:
+        """Block until a background copy is complete; returns the seconds waited."""
+        thread = self._thread
+        if thread is None:
+            return 0.0
+        t0 = time.perf_counter()
+        thread.join()
+        self._thread = None
+        waited = time.perf_counter() - t0
+        if self._pending is not None:
+            self._pending.blocking_s += waited
+            self._pending = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return waited
+
+    def guard(self, optimizer: torch.optim.Optimizer) -> Any:
+        """Make ``optimizer.step()`` wait for a background snapshot first."""
+
+        def hook(*_: Any) -> None:
+            self.wait()
+
+        return optimizer.register_step_pre_hook(hook)
+
+    def _choose_slot(self) -> SlotFiles:
+        with self._cond:
+            while True:
+                free = [s for s in self._slots if self._pinned.get(s.index, 0) == 0]
+                if free:
+                    break
+                self._cond.wait(timeout=1.0)
+        metas = {s.index: s.read_meta() for s in free}
+        # an empty slot first, else the oldest complete one
+        return min(free, key=lambda s: (metas[s.index] is not None, (metas[s.index] or _NO).seq))
+
+    # ---------------------------------------------------------------- pinning
+    def pin_latest(self) -> tuple[int, SlotMeta] | None:
+        """Pin the newest complete slot (no snapshot overwrites it) for a persist."""
+        self.wait()
+        found = latest_complete(self.directory, self.config.slots)
+        if found is not None:
+            with self._cond:
+                self._pinned[found[0]] = self._pinned.get(found[0], 0) + 1
+        return found
+
+    def unpin(self, slot: int) -> None:
+        with self._cond:
+            self._pinned[slot] = max(0, self._pinned.get(slot, 0) - 1)
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- reading
+    def latest(self) -> SlotMeta | None:
+        found = latest_complete(self.directory, self.config.slots)
+        return found[1] if found else None
+
+    def restore(self, state: Mapping[str, Any]) -> int:
+        """Load the newest complete snapshot into ``state``; returns its step."""
+        self.wait()
+        found = latest_complete(self.directory, self.config.slots)
+        if found is None:
+            raise CheckpointNotFoundError(
+                f"no complete snapshot in {self.directory}; restore from a persisted checkpoint"
+            )
+        index, meta = found
+        from stalwart.checkpoint._load import SavedTensor, load_into
+
+        # the mapping is released with the last tensor viewing it (torch holds the buffer)
+        buf = readonly_tensor(self._slots[index].map_readonly())
+        offsets = {e["id"]: int(e["offset"]) for e in meta.layout}
+
+        def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
+            off = offsets[entry.id]
+            dst.view(-1).view(torch.uint8).copy_(buf[off : off + entry.nbytes])
+
+        saved = [
+            SavedTensor(e["id"], e["path"], e["dtype"], e["shape"], e["nbytes"], e["shard"])
+            for e in meta.layout
+        ]
+        load_into(state, meta.tree, saved, fill)
+        return meta.step
+
+    def close(self, *, unlink: bool = False) -> None:
+        """Release the mappings. ``unlink=True`` also deletes the slot files (the job's
+        owner does this at the end; a crashed worker's snapshots must survive it)."""
+        self.wait()
+        if self._plan is not None:
+            self._plan.views.clear()
+        for s in self._slots:
+            if unlink:
+                s.unlink()
+            else:
+                s.close()
+        if unlink:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.directory)
+
+
+def readonly_tensor(buffer: Any) -> torch.Tensor:
+    """A uint8 tensor over a read-only buffer (torch warns about those; we only read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+_NO = SlotMeta(seq=-1, step=-1, tree=None, layout=[], data_size=0)
+
+
+def _ensure_pinned(dst: torch.Tensor) -> None:  # pragma: no cover - needs a GPU
+    base = dst.untyped_storage()
+    key = base.data_ptr()
+    if key in _PINNED:
+        return
+    rc = torch.cuda.cudart().cudaHostRegister(key, base.nbytes(), 0)  # type: ignore[no-untyped-call]
+    if int(rc) == 0:
+        _PINNED.add(key)
+
+
+_PINNED: set[int] = set()

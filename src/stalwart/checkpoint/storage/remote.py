@@ -1,0 +1,88 @@
+"""fsspec backend for remote URLs (s3://, gs://, memory://, ...).
+
+fsspec is imported only here, so a local-only user never needs it. On an object store a
+single put is atomic and there is no rename: streams are buffered and put once at commit,
+and the manifest (written last, self-checksummed) is the commit marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+from stalwart.errors import ConfigError
+
+__all__ = ["FsspecStorage"]
+
+
+class _BufferedStream:
+    def __init__(self, fs: Any, path: str) -> None:
+        self._fs = fs
+        self._path = path
+        self._buf: io.BytesIO | None = io.BytesIO()
+
+    def write(self, data: memoryview | bytes) -> None:
+        assert self._buf is not None, "stream already closed"
+        self._buf.write(data)
+
+    def commit(self) -> None:
+        assert self._buf is not None, "stream already closed"
+        self._fs.pipe_file(self._path, self._buf.getvalue())
+        self._buf = None
+
+    def abort(self) -> None:
+        self._buf = None
+
+
+class FsspecStorage:
+    def __init__(self, url: str) -> None:
+        try:
+            import fsspec
+        except ImportError as err:
+            raise ConfigError(
+                f"checkpoint URL {url!r} needs fsspec: pip install 'stalwart[remote]'"
+            ) from err
+        self.url = url
+        self.fs, root = fsspec.core.url_to_fs(url)
+        self.root = str(root).rstrip("/")
+
+    def _p(self, path: str) -> str:
+        return f"{self.root}/{path}" if path else self.root
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(self._p(path), data)
+
+    def open_stream(self, path: str) -> _BufferedStream:
+        return _BufferedStream(self.fs, self._p(path))
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(self._p(path)))
+
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        view = buf.cast("B")
+        data = self.fs.cat_file(self._p(path), start=offset, end=offset + len(view))
+        if len(data) != len(view):
+            raise EOFError(f"{path}: file is shorter than expected (truncated)")
+        view[:] = data
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(self._p(path)))
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._p(path), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(self._p(path)))
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._p(path))
+
+    def delete_dir(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.fs.rmdir(self._p(path))

@@ -1,0 +1,67 @@
+"""Exception classes shared by every part of stalwart.
+
+Each error names the problem *and* the fix in its message, because the message is
+what a user sees: the CLI prints ``str(err)`` as one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointNotFoundError",
+    "ConfigError",
+    "DiskFullError",
+    "FencedError",
+    "StalwartError",
+    "StateMismatchError",
+    "UnsupportedStateError",
+]
+
+
+class StalwartError(Exception):
+    """Base class of every error stalwart raises on purpose."""
+
+
+class ConfigError(StalwartError, ValueError):
+    """A flag, option or config value is invalid."""
+
+
+class CheckpointError(StalwartError):
+    """Base class for checkpoint errors."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No committed checkpoint exists where one was expected."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A manifest or index cannot be parsed or has an unknown format version."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """Stored bytes do not match their checksum, or a referenced file is missing.
+
+    ``problems`` lists every bad item found (file, tensor, what is wrong).
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[str] = list(problems or [])
+
+
+class StateMismatchError(CheckpointError):
+    """The state being restored does not have the keys or shapes the checkpoint holds."""
+
+
+class UnsupportedStateError(CheckpointError, TypeError):
+    """A state leaf has a type the checkpoint format cannot store without pickle."""
+
+
+class DiskFullError(CheckpointError, OSError):
+    """The storage ran out of space (ENOSPC) during a save."""
+
+
+class FencedError(StalwartError):
+    """A member of an old generation tried to commit; it must rejoin first."""
