@@ -17,7 +17,7 @@ from stalwart.errors import StalwartError
 __all__ = ["build_parser", "main"]
 
 # Subcommand modules, imported lazily so that `stalwart --help` stays fast.
-_COMMAND_MODULES: tuple[str, ...] = ("stalwart.cli.ckpt",)
+_COMMAND_MODULES: tuple[str, ...] = ("stalwart.cli.ckpt", "stalwart.cli.sim")
 
 
 def build_parser() -> argparse.ArgumentParser:
