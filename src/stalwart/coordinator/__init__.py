@@ -8,6 +8,14 @@ authenticated TCP (docs/wire-protocol.md), and an etcd backend plugs in later.
 from __future__ import annotations
 
 from stalwart.coordinator.client import StoreClient, StoreClientConfig
+from stalwart.coordinator.coordinator import (
+    BlockEntry,
+    CheckpointRecord,
+    Coordinator,
+    CoordinatorConfig,
+    GenerationChange,
+    StepRecord,
+)
 from stalwart.coordinator.errors import (
     AlreadyCommittedError,
     AuthenticationError,
@@ -24,6 +32,7 @@ from stalwart.coordinator.errors import (
     StoreUnavailableError,
     TokenFileError,
 )
+from stalwart.coordinator.membership import Member, MemberEvent, MemberInfo, MembershipWatch
 from stalwart.coordinator.memory import MemoryStore
 from stalwart.coordinator.server import StoreServer, StoreServerConfig
 from stalwart.coordinator.store import (
@@ -45,22 +54,32 @@ from stalwart.coordinator.token import create_token_file, read_token_file
 __all__ = [
     "AlreadyCommittedError",
     "AuthenticationError",
+    "BlockEntry",
     "BlocklistedError",
+    "CheckpointRecord",
     "CompactedError",
     "Compare",
+    "Coordinator",
+    "CoordinatorConfig",
     "CoordinatorError",
     "Delete",
     "Event",
     "FrameTooLargeError",
+    "GenerationChange",
     "KeyValue",
     "LeaseNotFoundError",
+    "Member",
+    "MemberEvent",
     "MemberExistsError",
+    "MemberInfo",
+    "MembershipWatch",
     "MemoryStore",
     "Op",
     "ProtocolError",
     "Put",
     "RangeResult",
     "RendezvousTimeoutError",
+    "StepRecord",
     "Store",
     "StoreClient",
     "StoreClientConfig",

@@ -1,0 +1,180 @@
+"""Members: a lease-backed presence in the job, kept alive by heartbeats.
+
+A member's key is attached to its lease, so when the member (or its whole node)
+stops heartbeating, the store itself deletes the key at lease expiry and every
+watcher sees a delete event: lease expiry *is* the failure signal, with no
+separate failure detector to trust.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+from stalwart.coordinator.errors import LeaseNotFoundError, StoreClosedError, StoreError
+from stalwart.coordinator.store import Store, Watch
+
+__all__ = ["Member", "MemberEvent", "MemberInfo", "MembershipWatch"]
+
+_log = logging.getLogger("stalwart.coordinator.membership")
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """What a member published when it joined."""
+
+    member_id: str
+    node: str
+    joined_at: float  # wall-clock seconds (time.time()) on the member's host
+    info: dict[str, Any]
+
+    def to_bytes(self) -> bytes:
+        doc = {"member_id": self.member_id, "node": self.node, "joined_at": self.joined_at}
+        return json.dumps({**doc, "info": self.info}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MemberInfo:
+        doc = json.loads(data)
+        return cls(doc["member_id"], doc["node"], float(doc["joined_at"]), dict(doc["info"]))
+
+
+@dataclass(frozen=True)
+class MemberEvent:
+    """A member joined (its key appeared) or left (its key was deleted: lease expiry,
+    revocation or removal)."""
+
+    kind: Literal["joined", "left"]
+    member_id: str
+    revision: int
+
+
+class MembershipWatch:
+    """Join/leave events of a job's members, in revision order."""
+
+    def __init__(self, watch: Watch, prefix: str) -> None:
+        self._watch = watch
+        self._prefix = prefix
+
+    def get(self, timeout: float | None = None) -> list[MemberEvent]:
+        """Next batch of membership events, or ``[]`` after ``timeout``."""
+        return [
+            MemberEvent(
+                "joined" if e.type == "put" else "left",
+                e.kv.key[len(self._prefix) :],
+                e.kv.mod_revision,
+            )
+            for e in self._watch.get(timeout)
+        ]
+
+    def close(self) -> None:
+        self._watch.close()
+
+    def __enter__(self) -> MembershipWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Member:
+    """A joined member: its id, its lease, and an optional heartbeat thread.
+
+    Created by :meth:`Coordinator.join`. Call :meth:`heartbeat` yourself or start
+    the background thread with :meth:`start_heartbeat`; :meth:`leave` (or leaving
+    the ``with`` block) revokes the lease so the others see the departure at once.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        member_id: str,
+        lease: int,
+        ttl: float,
+        heartbeat_interval: float,
+    ) -> None:
+        self.store = store
+        self.member_id = member_id
+        self.lease = lease
+        self.ttl = ttl
+        self.heartbeat_interval = heartbeat_interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lost: BaseException | None = None
+
+    @property
+    def lost(self) -> BaseException | None:
+        """Why the background heartbeat gave up (lease gone), or ``None``."""
+        return self._lost
+
+    def heartbeat(self) -> None:
+        """Renew the lease. :class:`LeaseNotFoundError` means it expired: rejoin."""
+        self.store.keepalive(self.lease)
+
+    def start_heartbeat(self, on_lost: Callable[[BaseException], None] | None = None) -> None:
+        """Heartbeat every ``heartbeat_interval`` seconds in a thread.
+
+        Transient store errors are retried until the lease would have expired
+        anyway; then (or on :class:`LeaseNotFoundError`) ``on_lost`` is called once
+        and the thread ends.
+        """
+        if self._thread is not None:
+            raise RuntimeError("heartbeat already started")
+        self._thread = threading.Thread(
+            target=self._run, args=(on_lost,), name=f"stalwart-heartbeat-{self.member_id}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self, on_lost: Callable[[BaseException], None] | None) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                self.heartbeat()
+                last_ok = time.monotonic()
+                continue
+            except LeaseNotFoundError as exc:
+                reason: BaseException = exc
+            except StoreClosedError:
+                return
+            except StoreError as exc:
+                if time.monotonic() - last_ok < self.ttl:
+                    _log.warning("heartbeat of %s failed, retrying: %s", self.member_id, exc)
+                    continue
+                reason = exc
+            self._lost = reason
+            _log.error("member %s lost its lease: %s", self.member_id, reason)
+            if on_lost is not None:
+                on_lost(reason)
+            return
+
+    def leave(self) -> None:
+        """Stop heartbeating and revoke the lease (the member's keys vanish now)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        try:
+            self.store.revoke(self.lease)
+        except (StoreError, OSError) as exc:  # it will expire on its own
+            _log.warning("could not revoke the lease of %s: %s", self.member_id, exc)
+
+    def __enter__(self) -> Member:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.leave()
