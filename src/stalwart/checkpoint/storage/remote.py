@@ -16,6 +16,15 @@ from stalwart.errors import ConfigError
 __all__ = ["FsspecStorage"]
 
 
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """One put of the whole object; parents made first where the filesystem has
+    directories (object stores have none and ignore it)."""
+    parent = path.rsplit("/", 1)[0]
+    if parent and parent != path:
+        fs.makedirs(parent, exist_ok=True)
+    fs.pipe_file(path, data)
+
+
 class _BufferedStream:
     def __init__(self, fs: Any, path: str) -> None:
         self._fs = fs
@@ -28,7 +37,7 @@ class _BufferedStream:
 
     def commit(self) -> None:
         assert self._buf is not None, "stream already closed"
-        self._fs.pipe_file(self._path, self._buf.getvalue())
+        _put(self._fs, self._path, self._buf.getvalue())
         self._buf = None
 
     def abort(self) -> None:
@@ -51,7 +60,7 @@ class FsspecStorage:
         return f"{self.root}/{path}" if path else self.root
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(self._p(path), data)
+        _put(self.fs, self._p(path), data)
 
     def open_stream(self, path: str) -> _BufferedStream:
         return _BufferedStream(self.fs, self._p(path))
