@@ -130,6 +130,7 @@ def _scenario(args: argparse.Namespace) -> Any:
         changes["repair_s"] = args.repair_hours * 3600.0
     cluster = ClusterConfig(**{**dataclasses.asdict(cluster), **changes})
     failures = sc.failures
+    source = sc.source
     if args.mtbf_hours is not None and args.node_rate is not None:
         raise ConfigError("give --mtbf-hours or --failures-per-1000-node-days, not both")
     if args.mtbf_hours is not None:
@@ -137,9 +138,13 @@ def _scenario(args: argparse.Namespace) -> Any:
             raise ConfigError(f"--mtbf-hours must be > 0, got {args.mtbf_hours}")
         rate = 1.0 / (args.mtbf_hours * cluster.gpus)
         failures = FailureModel((FailureCause("failure", rate, "gpu-hour", "node"),))
+        source = f"failures: --mtbf-hours {args.mtbf_hours:g}; costs: preset {sc.name}"
     if args.node_rate is not None:
         failures = FailureModel(
             (FailureCause("node failure", args.node_rate / 1000.0, "node-day", "node"),)
+        )
+        source = (
+            f"failures: --failures-per-1000-node-days {args.node_rate:g}; costs: preset {sc.name}"
         )
     fchanges: dict[str, Any] = {}
     if args.distribution is not None:
@@ -175,6 +180,7 @@ def _scenario(args: argparse.Namespace) -> Any:
         job=dataclasses.replace(sc.job, **job),
         costs=dataclasses.replace(sc.costs, **costs),
         horizon_s=horizon,
+        source=source,
     )
 
 
