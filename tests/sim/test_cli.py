@@ -86,3 +86,15 @@ def test_parse_bytes() -> None:
     assert cli_sim.parse_bytes("2TB") == 2e12
     assert cli_sim.parse_bytes("1.5GiB") == 1.5 * 2**30
     assert cli_sim.parse_bytes("100") == 100
+
+
+def test_importing_the_simulator_loads_neither_matplotlib_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stalwart.sim, stalwart.cli.sim; "
+        "print(sorted({'matplotlib', 'torch'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

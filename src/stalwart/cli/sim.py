@@ -83,7 +83,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     r.add_argument("--replicas", type=int, help="Monte Carlo replicas")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    r.add_argument("--out", metavar="DIR", help="write PNG plots into DIR")
+    r.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write PNG plots into DIR (their sweeps use at most 64 and 32 replicas)",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -98,7 +102,7 @@ def register(subparsers: Any) -> None:
     sim = subparsers.add_parser(
         "simulate",
         help="Monte Carlo of a job on a failing cluster, every recovery strategy side by side",
-        description="Monte Carlo comparison of recovery strategies, with 95%% confidence.",
+        description="Monte Carlo comparison of recovery strategies, with 95% confidence intervals.",
     )
     _common(sim)
     sim.set_defaults(func=_cmd_simulate, replicas_default=200)
