@@ -352,3 +352,15 @@ def test_bind_conflict_is_a_clear_error(server: StoreServer) -> None:
 def test_protocol_error_classes_map_from_codes() -> None:
     assert isinstance(wire.error_from_reply({"code": "bad_request", "message": "m"}), ProtocolError)
     assert isinstance(wire.error_from_reply("nonsense"), ProtocolError)
+
+
+def test_frame_shorter_than_its_mac_is_bad_frame(server: StoreServer) -> None:
+    raw = RawConn(server.port)
+    try:
+        raw.handshake()
+        raw.sock.sendall((10).to_bytes(4, "big") + b"x" * 10)
+        reply = raw.reply()
+        assert _error_code(reply) == "bad_frame" and "MAC" in reply["error"]["message"]
+        assert raw.closed_by_peer()
+    finally:
+        raw.close()

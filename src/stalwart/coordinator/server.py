@@ -17,26 +17,24 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from stalwart.coordinator import wire
+from stalwart.coordinator._ops import _WAIT_SLICE, HANDLERS, Handler, OpContext
 from stalwart.coordinator.errors import (
     FrameTooLargeError,
     ProtocolError,
     StoreClosedError,
 )
 from stalwart.coordinator.memory import MemoryStore
-from stalwart.coordinator.store import Put
 from stalwart.errors import ConfigError
 
 __all__ = ["StoreServer", "StoreServerConfig"]
 
 _log = logging.getLogger("stalwart.coordinator.server")
 _MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke", "keepalive"})
-_WAIT_SLICE = 0.25  # long-polls re-check for server shutdown this often
 
 
 @dataclass(frozen=True)
@@ -104,6 +102,15 @@ class StoreServer:
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._accept_thread: threading.Thread | None = None
+        cfg = self.config
+        self._ctx = OpContext(
+            self.store,
+            cfg.max_frame_bytes,
+            cfg.max_key_bytes,
+            cfg.max_value_bytes,
+            cfg.max_watch_wait,
+            self._stopping,
+        )
         self._dedup: OrderedDict[str, _Pending] = OrderedDict()
         self._stats = {"connections": 0, "requests": 0, "rejected": 0, "auth_failures": 0}
 
@@ -155,6 +162,9 @@ class StoreServer:
     def stop(self, timeout: float = 5.0) -> None:
         """Close every connection and join every thread the server started."""
         self._stopping.set()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes a blocked accept() at once on Linux
+                self._listener.shutdown(socket.SHUT_RDWR)
         if self._accept_thread is not None:
             self._accept_thread.join(timeout)
         if self._listener is not None:
@@ -307,7 +317,7 @@ class StoreServer:
             op = wire.field(req, "op", str)
             args = wire.field(req, "args", dict, {})
             rid = wire.field(req, "rid", str, None)
-            handler = _HANDLERS.get(op)
+            handler = HANDLERS.get(op)
             if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
         except ProtocolError as exc:
@@ -334,11 +344,9 @@ class StoreServer:
             }
         return pending.reply
 
-    def _run(
-        self, handler: Callable[[StoreServer, dict[str, Any]], dict[str, Any]], args: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _run(self, handler: Handler, args: dict[str, Any]) -> dict[str, Any]:
         try:
-            return {"ok": True, "result": handler(self, args)}
+            return {"ok": True, "result": handler(self._ctx, args)}
         except StoreClosedError as exc:
             return {"ok": False, "error": {"code": "shutting_down", "message": str(exc)}}
         except Exception as exc:
@@ -347,84 +355,6 @@ class StoreServer:
                 _log.exception("store: internal error")
             return {"ok": False, "error": {"code": code, "message": str(exc) or type(exc).__name__}}
 
-    def _key(self, args: dict[str, Any], name: str = "key") -> str:
-        key: str = wire.field(args, name, str)
-        if len(key.encode()) > self.config.max_key_bytes:
-            raise FrameTooLargeError(f"{name} is longer than {self.config.max_key_bytes} bytes")
-        return key
-
-    def _value(self, args: dict[str, Any]) -> bytes:
-        value = wire.b64d(args.get("value"))
-        if len(value) > self.config.max_value_bytes:
-            raise FrameTooLargeError(
-                f"value of {len(value)} bytes exceeds {self.config.max_value_bytes}"
-            )
-        return value
-
-    def _op_put(self, a: dict[str, Any]) -> dict[str, Any]:
-        lease = wire.field(a, "lease", int, None)
-        return {"revision": self.store.put(self._key(a), self._value(a), lease)}
-
-    def _op_get(self, a: dict[str, Any]) -> dict[str, Any]:
-        kv = self.store.get(self._key(a))
-        return {"kv": None if kv is None else wire.kv_to_json(kv)}
-
-    def _op_range(self, a: dict[str, Any]) -> dict[str, Any]:
-        res = self.store.range(self._key(a, "prefix") if a.get("prefix") else "")
-        return {"kvs": [wire.kv_to_json(kv) for kv in res.kvs], "revision": res.revision}
-
-    def _op_delete(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "deleted": self.store.delete(self._key(a), prefix=wire.field(a, "prefix", bool, False))
-        }
-
-    def _op_txn(self, a: dict[str, Any]) -> dict[str, Any]:
-        lists = [wire.field(a, name, list, []) for name in ("compare", "success", "failure")]
-        compare = [wire.compare_from_json(c) for c in lists[0]]
-        success, failure = ([wire.op_from_json(o) for o in ops] for ops in lists[1:])
-        for op in (*success, *failure):
-            self._key({"key": op.key})
-            if isinstance(op, Put) and len(op.value) > self.config.max_value_bytes:
-                raise FrameTooLargeError(f"value exceeds {self.config.max_value_bytes} bytes")
-        res = self.store.txn(compare, success, failure)
-        return {"succeeded": res.succeeded, "revision": res.revision}
-
-    def _op_grant(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"lease": self.store.grant(float(wire.field(a, "ttl", (int, float))))}
-
-    def _op_keepalive(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"ttl": self.store.keepalive(wire.field(a, "lease", int))}
-
-    def _op_time_to_live(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"ttl": self.store.time_to_live(wire.field(a, "lease", int))}
-
-    def _op_revoke(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"revoked": self.store.revoke(wire.field(a, "lease", int))}
-
-    def _op_watch(self, a: dict[str, Any]) -> dict[str, Any]:
-        prefix = self._key(a, "prefix") if a.get("prefix") else ""
-        start = wire.field(a, "start_revision", int)
-        wait = min(float(wire.field(a, "timeout", (int, float), 0.0)), self.config.max_watch_wait)
-        deadline = time.monotonic() + max(0.0, wait)
-        budget = self.config.max_frame_bytes // 4
-        while True:  # in slices, so that stop() never waits for a long-poll
-            remaining = max(0.0, deadline - time.monotonic())
-            events = self.store.wait_events(
-                prefix, start, min(remaining, _WAIT_SLICE), max_bytes=budget
-            )
-            if events or remaining <= _WAIT_SLICE or self._stopping.is_set():
-                return {"events": [wire.event_to_json(e) for e in events]}
-
-    def _op_ping(self, a: dict[str, Any]) -> dict[str, Any]:
-        return {"revision": self.store.revision, "versions": list(wire.SUPPORTED_VERSIONS)}
-
 
 class _HandshakeFailed(Exception):
     """The handshake was refused and the peer told why; just close."""
-
-
-_HANDLERS: dict[str, Callable[[StoreServer, dict[str, Any]], dict[str, Any]]] = {
-    name.removeprefix("_op_"): getattr(StoreServer, name)
-    for name in dir(StoreServer)
-    if name.startswith("_op_")
-}
