@@ -58,7 +58,7 @@ def client_config(**overrides: float) -> StoreClientConfig:
 def _open_backend(name: str) -> Iterator[Backend]:
     if name == "memory":
         mem = MemoryStore()
-        yield Backend(name, mem, 0.3, lambda: mem)
+        yield Backend(name, mem, 0.5, lambda: mem)
         mem.close()
     elif name == "tcp":
         with StoreServer(TOKEN, StoreServerConfig()) as server:
@@ -67,7 +67,7 @@ def _open_backend(name: str) -> Iterator[Backend]:
             def connect() -> Store:
                 return StoreClient("127.0.0.1", port, TOKEN, client_config())
 
-            backend = Backend(name, connect(), 0.3, connect)
+            backend = Backend(name, connect(), 0.5, connect)
             try:
                 yield backend
             finally:

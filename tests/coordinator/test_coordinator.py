@@ -22,7 +22,7 @@ from stalwart.errors import ConfigError, FencedError
 
 from .conftest import Backend
 
-FAST = CoordinatorConfig(job_id="job", lease_ttl=0.4, heartbeat_interval=0.1)
+FAST = CoordinatorConfig(job_id="job", lease_ttl=0.5, heartbeat_interval=0.1)
 
 
 def run_all(fns: list[Callable[[], Any]]) -> list[Any]:

@@ -15,6 +15,7 @@ from stalwart.coordinator import (
     MemoryStore,
     Put,
     Store,
+    StoreClosedError,
     iter_events,
     wait_for,
 )
@@ -167,7 +168,7 @@ def test_keepalive_keeps_lease_past_its_ttl(backend: Backend) -> None:
     ttl = backend.short_ttl
     lease = store.grant(ttl)
     store.put("hb", b"1", lease=lease)
-    end = time.monotonic() + 3 * ttl
+    end = time.monotonic() + 2 * ttl
     while time.monotonic() < end:
         store.keepalive(lease)
         time.sleep(ttl / 4)
@@ -271,3 +272,13 @@ def test_compacted_history_is_an_error() -> None:
     latest = store.range("c").revision
     with store.watch("c", latest) as watch:
         assert [e.kv.value for e in watch.get(0.1)] == [b"19"]
+
+
+def test_closed_watch_and_store_raise(store: Store) -> None:
+    watch = store.watch("z/")
+    watch.close()
+    with pytest.raises(StoreClosedError):
+        watch.get(0.1)
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.get("z")

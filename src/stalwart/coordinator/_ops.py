@@ -21,7 +21,7 @@ from stalwart.coordinator.store import Put
 
 __all__: list[str] = []
 
-_WAIT_SLICE = 0.25  # long-polls re-check for server shutdown this often
+WAIT_SLICE = 0.25  # long-polls re-check for server shutdown this often
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ def _op_watch(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
     budget = ctx.max_frame_bytes // 4
     while True:  # in slices, so that stop() never waits for a long-poll
         remaining = max(0.0, deadline - time.monotonic())
-        events = ctx.store.wait_events(prefix, start, min(remaining, _WAIT_SLICE), max_bytes=budget)
-        if events or remaining <= _WAIT_SLICE or ctx.stopping.is_set():
+        events = ctx.store.wait_events(prefix, start, min(remaining, WAIT_SLICE), max_bytes=budget)
+        if events or remaining <= WAIT_SLICE or ctx.stopping.is_set():
             return {"events": [wire.event_to_json(e) for e in events]}
 
 

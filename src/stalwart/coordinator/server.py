@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from stalwart.coordinator import wire
-from stalwart.coordinator._ops import _WAIT_SLICE, HANDLERS, Handler, OpContext
+from stalwart.coordinator._ops import HANDLERS, WAIT_SLICE, Handler, OpContext
 from stalwart.coordinator.errors import (
     FrameTooLargeError,
     ProtocolError,
@@ -133,7 +133,7 @@ class StoreServer:
                 "pick another port (0 = any free one)"
             ) from None
         listener.listen(128)
-        listener.settimeout(_WAIT_SLICE)
+        listener.settimeout(WAIT_SLICE)
         self._listener = listener
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name="stalwart-store-accept", daemon=True
