@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ def run_all(fns: list[Callable[[], Any]]) -> list[Any]:
 def test_generation_bump_has_exactly_one_winner(backend: Backend) -> None:
     coords = [Coordinator(backend.new_client(), FAST) for _ in range(5)]
     assert coords[0].generation() == 0
-    changes = run_all([lambda c=c: c.advance_generation(0, "rank 3 died") for c in coords])
+    changes = run_all([partial(c.advance_generation, 0, "rank 3 died") for c in coords])
     assert sorted(ch.won for ch in changes) == [False] * 4 + [True]
     assert {ch.generation for ch in changes} == {1}
     assert coords[0].generation_meta()["reason"] == "rank 3 died"
@@ -164,7 +165,7 @@ def test_partitioned_halves_cannot_both_commit(backend: Backend) -> None:
         change = coord.advance_generation(3, "partition")
         return coord.commit_checkpoint(change.generation if change.won else 3, 10).generation
 
-    results = run_all([lambda c=c: bump_and_commit(c) for c in halves])
+    results = run_all([partial(bump_and_commit, c) for c in halves])
     assert sorted(type(r).__name__ for r in results) == ["FencedError", "int"]
     latest = setup.latest_checkpoint()
     assert latest is not None and latest.generation == 4
@@ -175,9 +176,9 @@ def test_rendezvous_gathers_members_and_times_out(backend: Backend) -> None:
     members = [c.join(f"w{i}") for i, c in enumerate(coords)]
     pairs = list(zip(coords, members, strict=True))
     try:
-        got = run_all([lambda c=c, m=m: c.rendezvous(m, 0, 3, timeout=10) for c, m in pairs])
+        got = run_all([partial(c.rendezvous, m, 0, 3, timeout=10) for c, m in pairs])
         assert got == [["w0", "w1", "w2"]] * 3
-        got = run_all([lambda c=c, m=m: c.barrier(m, 0, "ckpt", 3, timeout=10) for c, m in pairs])
+        got = run_all([partial(c.barrier, m, 0, "ckpt", 3, timeout=10) for c, m in pairs])
         assert got == [["w0", "w1", "w2"]] * 3
         started = time.monotonic()
         with pytest.raises(RendezvousTimeoutError, match="1 of 2 members"):
