@@ -107,7 +107,9 @@ def test_flipped_byte_detected_and_restore_falls_back(
         mgr.close()
     step2 = tmp_path / "step_000000000002"
     if target == "pack":
-        path = str(next(p for p in (tmp_path / "data").iterdir() if p.name.startswith("000000000002")))
+        path = str(
+            next(p for p in (tmp_path / "data").iterdir() if p.name.startswith("000000000002"))
+        )
         offset = os.path.getsize(path) // 2
     elif target == "index":
         path, offset = str(step2 / "rank_00000.json"), 40
@@ -141,7 +143,7 @@ def test_missing_pack_is_named(tmp_path: Path, shm_namespace: str) -> None:
         p.unlink()
     report = verify_step(open_storage(str(tmp_path)), 1)
     assert any("missing pack" in p for p in report.problems)
-    with pytest.raises(CheckpointCorruptError, match="no checkpoint .* loads"):
+    with pytest.raises(CheckpointCorruptError, match=r"no checkpoint .* loads"):
         CheckpointManager(CheckpointConfig(str(tmp_path), namespace=shm_namespace)).restore(state)
 
 

@@ -42,6 +42,8 @@ def test_truncated_and_unknown_version() -> None:
 
 
 def test_rank_index_round_trip() -> None:
-    idx = RankIndex(3, 1, 2, {"t": "tensor", "id": 0}, [TensorEntry(0, ".w", "float32", [2], 8, [])])
+    idx = RankIndex(
+        3, 1, 2, {"t": "tensor", "id": 0}, [TensorEntry(0, ".w", "float32", [2], 8, [])]
+    )
     again = RankIndex.decode(idx.encode(), "i")
     assert again.tensors[0].path == ".w" and again.world_size == 2

@@ -15,6 +15,7 @@ Protocol: one JSON object per line on stdin, one reply per line on stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -64,21 +65,24 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"snapshot slot {slot.meta_path} is not complete; snapshot again")
     base = _BASES.setdefault(storage.url, _DedupBase())
     mapping = slot.map_readonly()
+    data = memoryview(mapping)
     try:
-        with memoryview(mapping) as data:
-            result = write_rank(
-                storage,
-                step=meta.step,
-                rank=int(req["rank"]),
-                world_size=int(req["world_size"]),
-                tree=meta.tree,
-                layout=meta.layout,
-                data=data,
-                known=base.get(storage),
-                chunk_bytes=int(req.get("chunk_bytes", 4 << 20)),
-            )
+        result = write_rank(
+            storage,
+            step=meta.step,
+            rank=int(req["rank"]),
+            world_size=int(req["world_size"]),
+            tree=meta.tree,
+            layout=meta.layout,
+            data=data,
+            known=base.get(storage),
+            chunk_bytes=int(req.get("chunk_bytes", 4 << 20)),
+        )
     finally:
-        mapping.close()
+        # a traceback may still hold slices of `data`; then the mapping is freed later
+        with contextlib.suppress(BufferError):
+            data.release()
+            mapping.close()
     reply: dict[str, Any] = {
         "ok": True,
         "step": meta.step,

@@ -1,0 +1,146 @@
+"""Shared-memory snapshots: double buffering, async copy, surviving the writer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from _models import assert_same, make_state, params, train_step
+
+from stalwart.checkpoint import SnapshotConfig, Snapshotter
+from stalwart.errors import CheckpointNotFoundError, ConfigError
+
+
+def test_restore_from_memory_is_bit_exact(shm_namespace: str) -> None:
+    state = make_state()
+    train_step(state)
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        snap.snapshot(state, 3)
+        want = params(state)
+        train_step(state)
+        assert snap.restore(state) == 3
+        assert_same(params(state), want)
+    finally:
+        snap.close(unlink=True)
+
+
+def test_slots_alternate_and_crash_mid_copy_keeps_previous(
+    shm_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = make_state()
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        a = snap.snapshot(state, 1)
+        train_step(state)
+        b = snap.snapshot(state, 2)
+        assert a.slot != b.slot
+        want = params(state)
+        train_step(state)
+
+        def crash(*_: object) -> None:
+            raise KeyboardInterrupt("killed mid-copy")
+
+        monkeypatch.setattr(snap, "_copy", crash)
+        with pytest.raises(KeyboardInterrupt):
+            snap.snapshot(state, 3)
+        monkeypatch.undo()
+        latest = snap.latest()
+        assert latest is not None and latest.step == 2
+        assert snap.restore(state) == 2
+        assert_same(params(state), want)
+    finally:
+        snap.close(unlink=True)
+
+
+def test_async_snapshot_is_consistent_with_guarded_step(shm_namespace: str) -> None:
+    state = make_state()
+    train_step(state)
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    handle = snap.guard(state["optimizer"])
+    try:
+        want = params(state)
+        res = snap.snapshot(state, 7, blocking=False)
+        train_step(state)  # the optimizer step waits for the copy first
+        assert res.blocking_s >= 0
+        assert snap.restore(state) == 7
+        assert_same(params(state), want)
+    finally:
+        handle.remove()
+        snap.close(unlink=True)
+
+
+def test_pinned_slot_is_never_overwritten(shm_namespace: str) -> None:
+    state = make_state()
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        snap.snapshot(state, 1)
+        found = snap.pin_latest()
+        assert found is not None
+        pinned, meta = found
+        for step in range(2, 6):
+            train_step(state)
+            assert snap.snapshot(state, step).slot != pinned
+        assert snap._slots[pinned].read_meta() == meta
+        snap.unpin(pinned)
+    finally:
+        snap.close(unlink=True)
+
+
+def test_snapshot_survives_the_process_that_wrote_it(shm_namespace: str, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from _models import make_state, train_step
+        from stalwart.checkpoint import SnapshotConfig, Snapshotter
+        state = make_state()
+        train_step(state)
+        Snapshotter(SnapshotConfig({shm_namespace!r})).snapshot(state, 11)
+        torch.save(state["model"].state_dict(), {str(tmp_path / "want.pt")!r})
+        os._exit(0)  # no cleanup, like a crash
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    state = make_state(seed=4)
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        assert snap.restore(state) == 11
+    finally:
+        snap.close(unlink=True)
+    want = torch.load(tmp_path / "want.pt", weights_only=True)
+    for k, v in state["model"].state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
+def test_errors() -> None:
+    with pytest.raises(ConfigError, match="at least 2"):
+        SnapshotConfig("x", slots=1)
+    with pytest.raises(ConfigError, match="without '/'"):
+        SnapshotConfig("a/b")
+
+
+def test_restore_without_snapshot(shm_namespace: str) -> None:
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        with pytest.raises(CheckpointNotFoundError, match="no complete snapshot"):
+            snap.restore(make_state())
+    finally:
+        snap.close(unlink=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_go_through_side_stream(shm_namespace: str) -> None:  # pragma: no cover
+    t = torch.randn(1000, device="cuda")
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        snap.snapshot({"t": t}, 1)
+        out = torch.zeros(1000, device="cuda")
+        snap.restore({"t": out})
+        assert torch.equal(out, t)
+    finally:
+        snap.close(unlink=True)
