@@ -1,0 +1,255 @@
+"""The run's event log: one JSONL file per run, appended to by every process.
+
+Everything stalwart reports (goodput, RTO, MTBF, lost work, checkpoint overhead) is
+derived from this log alone, so every event is typed and validated when written: a
+misspelt field fails in the writer's tests, not months later in a report.
+
+Why JSONL with O_APPEND: each event is one ``write()`` of one line on a file opened with
+O_APPEND, so lines from several processes on one host never interleave and a crash
+loses at most the line being written (the reader reports a truncated tail as
+``partial``). Timestamps are wall-clock (``time.time()``, one clock per host) plus the
+writer's host name, so a report can tell which clock an event came from.
+
+The schema (kinds, fields, units) is documented in docs/events.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from stalwart.errors import StalwartError
+
+__all__ = [
+    "EVENTS_FILE",
+    "EVENT_KINDS",
+    "SCHEMA_VERSION",
+    "Event",
+    "EventLog",
+    "EventLogError",
+    "ReadResult",
+    "read_events",
+]
+
+SCHEMA_VERSION = 1
+EVENTS_FILE = "events.jsonl"
+
+_NUM = (int, float)
+_OPT_INT = (int, type(None))
+_STR = (str,)
+_INT = (int,)
+_BOOL = (bool,)
+_ANY = (object,)
+
+# kind -> field name -> accepted types. Fields not listed here are rejected.
+# Times are seconds (float), sizes bytes (int); "domain" is {"rank": .., "node": ..}.
+EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "run_start": {
+        "job": _STR,
+        "world_size": _INT,
+        "nnodes": _INT,
+        "strategy": _STR,
+        "config": (dict,),
+    },
+    "run_end": {"status": _STR, "last_step": _OPT_INT, "reason": _STR},
+    "member_join": {"member": _STR, "node": _INT, "rank": _OPT_INT, "generation": _INT},
+    "member_leave": {"member": _STR, "node": _INT, "rank": _OPT_INT, "reason": _STR},
+    "generation": {"generation": _INT, "world_size": _INT, "reason": _STR},
+    "steps": {
+        "first_step": _INT,
+        "last_step": _INT,
+        "count": _INT,
+        "busy_s": _NUM,
+        "t_first_start": _NUM,
+        "generation": _INT,
+    },
+    "snapshot": {"step": _INT, "bytes": _INT, "stall_s": _NUM, "tier": _STR},
+    "persist_begin": {"step": _INT},
+    "persist_end": {
+        "step": _INT,
+        "ok": _BOOL,
+        "bytes_written": _INT,
+        "total_bytes": _INT,
+        "seconds": _NUM,
+        "error": _STR,
+    },
+    "fault_injected": {"fault": _STR, "domain": (dict,), "spec": _STR},
+    "fault_detected": {"fault": _STR, "domain": (dict,), "latency_s": _NUM, "how": _STR},
+    "isolation": {"member": _STR, "reason": _STR, "blocklisted": _BOOL},
+    "recovery_begin": {"strategy": _STR, "generation": _INT, "cause": _STR},
+    "recovery_end": {
+        "strategy": _STR,
+        "generation": _INT,
+        "restored_step": _INT,
+        "source_tier": _STR,
+        "steps_lost": _INT,
+        "ok": _BOOL,
+    },
+    "restore": {"step": _INT, "tier": _STR, "seconds": _NUM, "bytes": _INT},
+    "waiting": {"have": _INT, "need": _INT, "reason": _STR},
+    "resize": {"world_size": _INT, "micro_batches": _INT, "lr": _NUM, "global_batch": _INT},
+    "note": {"message": _STR},
+}
+_REQUIRED: dict[str, set[str]] = {
+    "run_start": {"job", "world_size"},
+    "run_end": {"status"},
+    "member_join": {"member"},
+    "member_leave": {"member", "reason"},
+    "generation": {"generation", "world_size"},
+    "steps": {"first_step", "last_step", "count", "busy_s", "t_first_start"},
+    "snapshot": {"step", "stall_s"},
+    "persist_begin": {"step"},
+    "persist_end": {"step", "ok", "seconds"},
+    "fault_injected": {"fault", "domain"},
+    "fault_detected": {"fault", "domain", "latency_s"},
+    "isolation": {"member", "reason"},
+    "recovery_begin": {"strategy", "generation"},
+    "recovery_end": {"strategy", "generation", "restored_step", "steps_lost"},
+    "restore": {"step", "tier", "seconds"},
+    "waiting": {"have", "need"},
+    "resize": {"world_size"},
+    "note": {"message"},
+}
+_ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
+
+
+class EventLogError(StalwartError):
+    """An event does not match the schema, or a log cannot be read."""
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    t: float
+    host: str
+    pid: int
+    node: int | None
+    rank: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def _validate(kind: str, fields: dict[str, Any]) -> None:
+    spec = EVENT_KINDS.get(kind)
+    if spec is None:
+        raise EventLogError(f"unknown event kind {kind!r}; known: {', '.join(sorted(EVENT_KINDS))}")
+    missing = _REQUIRED[kind] - fields.keys()
+    if missing:
+        raise EventLogError(f"event {kind!r} lacks required field(s) {', '.join(sorted(missing))}")
+    for name, value in fields.items():
+        types = spec.get(name)
+        if types is None:
+            raise EventLogError(f"event {kind!r} has no field {name!r}; fields: {', '.join(spec)}")
+        if types is not _ANY and (
+            not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        ):
+            raise EventLogError(
+                f"event {kind!r} field {name!r} = {value!r}: expected "
+                + " or ".join(t.__name__ for t in types)
+            )
+
+
+class EventLog:
+    """Appends validated events to ``path``; safe to share between threads, and several
+    processes may append to the same file."""
+
+    def __init__(self, path: str, *, node: int | None = None, rank: int | None = None) -> None:
+        self.path = path
+        self.node = node
+        self.rank = rank
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(
+        self, kind: str, *, t: float | None = None, rank: int | None = None, **fields: Any
+    ) -> None:
+        _validate(kind, fields)
+        record = {
+            "v": SCHEMA_VERSION,
+            "t": time.time() if t is None else t,
+            "kind": kind,
+            "host": self._host,
+            "pid": os.getpid(),
+            "node": self.node,
+            "rank": self.rank if rank is None else rank,
+            **fields,
+        }
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@dataclass
+class ReadResult:
+    events: list[Event]
+    partial: bool  # the log ends in a truncated or unreadable line
+    problems: list[str]
+
+
+def read_events(path: str) -> ReadResult:
+    """Every event in ``path`` sorted by time; bad lines are reported, not fatal."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError as err:
+        raise EventLogError(
+            f"{path}: no event log here; pass the run directory of a `stalwart run`"
+        ) from err
+    events: list[Event] = []
+    problems: list[str] = []
+    lines = raw.split(b"\n")
+    partial = bool(lines and lines[-1])  # no final newline: the writer was cut off
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            if d.get("v") != SCHEMA_VERSION:
+                raise ValueError(
+                    f"schema version {d.get('v')!r}, this reader reads {SCHEMA_VERSION}"
+                )
+            fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
+            _validate(str(d["kind"]), fields)
+            events.append(
+                Event(
+                    str(d["kind"]),
+                    float(d["t"]),
+                    str(d.get("host", "")),
+                    int(d.get("pid", 0)),
+                    d.get("node"),
+                    d.get("rank"),
+                    fields,
+                )
+            )
+        except (ValueError, KeyError, TypeError, EventLogError) as err:
+            problems.append(f"{path}:{n}: {err}")
+            if n == len(lines):
+                partial = True
+    events.sort(key=lambda e: e.t)
+    return ReadResult(events, partial or bool(problems), problems)
