@@ -93,6 +93,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
     "restore": {"step": _INT, "tier": _STR, "seconds": _NUM, "bytes": _INT},
     "waiting": {"have": _INT, "need": _INT, "reason": _STR},
     "resize": {"world_size": _INT, "micro_batches": _INT, "lr": _NUM, "global_batch": _INT},
+    "loss": {"step": _INT, "value": _NUM, "generation": _INT},
     "note": {"message": _STR},
 }
 _REQUIRED: dict[str, set[str]] = {
@@ -113,6 +114,7 @@ _REQUIRED: dict[str, set[str]] = {
     "restore": {"step", "tier", "seconds"},
     "waiting": {"have", "need"},
     "resize": {"world_size"},
+    "loss": {"step", "value"},
     "note": {"message"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
