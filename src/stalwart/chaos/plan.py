@@ -1,0 +1,120 @@
+"""A deterministic fault plan and the ledger that makes each fault fire once.
+
+The plan is pure data: who fires a fault is decided by its trigger. Step-keyed rank
+faults are fired by the worker itself at the start of that step, so the fault lands at
+the same point of training in every run (what a bit-identical comparison needs);
+time-keyed faults and node faults are fired by the node agent from its clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from stalwart.chaos.spec import parse_spec
+
+__all__ = ["Fault", "FaultLedger", "FaultPlan"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: int
+    kind: str  # kill | hang | slow
+    text: str  # the spec fragment, for events
+    rank: int | None = None
+    node: int | None = None
+    at_step: int | None = None
+    at_time: float | None = None
+    factor: float = 1.0
+    duration: float | None = None  # seconds (slow, hang)
+    steps: int | None = None  # slow: number of steps
+
+    @property
+    def domain(self) -> dict[str, int | None]:
+        return {"rank": self.rank, "node": self.node}
+
+    def slows(self, step: int, elapsed_since_fire: float) -> bool:
+        """Is step ``step`` inside this (fired) slow fault's window?"""
+        if self.kind != "slow":
+            return False
+        if self.steps is not None and self.at_step is not None:
+            return step < self.at_step + self.steps
+        return self.duration is None or elapsed_since_fire < self.duration
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> FaultPlan:
+        if not spec:
+            return cls()
+        return cls(tuple(Fault(**rec) for rec in parse_spec(spec)))  # type: ignore[arg-type]
+
+    def to_json(self) -> str:
+        return json.dumps([asdict(f) for f in self.faults])
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultPlan:
+        return cls(tuple(Fault(**rec) for rec in json.loads(text)))
+
+    def worker_faults(self, rank: int, step: int) -> list[Fault]:
+        """Faults the worker of ``rank`` fires itself when it begins ``step``."""
+        return [f for f in self.faults if f.rank == rank and f.at_step == step]
+
+    def agent_faults(self, node: int, ranks: list[int]) -> list[Fault]:
+        """Faults the agent of ``node`` (hosting ``ranks``) fires: time-keyed rank
+        faults of its ranks and every fault on the node itself."""
+        return [
+            f for f in self.faults if f.node == node or (f.rank in ranks and f.at_time is not None)
+        ]
+
+
+class FaultLedger:
+    """Fired faults, as files ``RUN_DIR/chaos/fired-<id>.json`` created with O_EXCL:
+    exactly one process fires a fault, and the record (with its wall-clock time) is
+    what detection latency is measured from."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.directory = os.path.join(run_dir, "chaos")
+        os.makedirs(self.directory, exist_ok=True)
+
+    def _path(self, fault_id: int | str) -> str:
+        return os.path.join(self.directory, f"fired-{fault_id}.json")
+
+    def claim(self, fault: Fault, *, rank: int | None = None, pid: int | None = None) -> bool:
+        """Record ``fault`` as fired now; False if it already was."""
+        return self.claim_id(str(fault.id), {"kind": fault.kind, "rank": rank, "pid": pid})
+
+    def claim_id(self, key: str, record: dict[str, object]) -> bool:
+        try:
+            fd = os.open(self._path(key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump({"t": time.time(), **record}, f)
+        return True
+
+    def fired(self) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.directory):
+                if name.startswith("fired-") and name.endswith(".json"):
+                    with (
+                        contextlib.suppress(OSError, ValueError),
+                        open(os.path.join(self.directory, name)) as f,
+                    ):
+                        out[name[6:-5]] = json.load(f)
+        return out
+
+    def fired_at(self, *, pid: int) -> float | None:
+        """When a fault was fired on process ``pid`` (None if none was)."""
+        for rec in self.fired().values():
+            if rec.get("pid") == pid:
+                t = rec.get("t")
+                return float(t) if isinstance(t, (int, float)) else None
+        return None

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from stalwart.chaos import ChaosSpecError, FaultLedger, FaultPlan
+
+
+def test_issue_example_parses() -> None:
+    plan = FaultPlan.parse(
+        "kill rank=2 at=step:50; hang rank=1 at=time:40s; "
+        "slow rank=0 factor=3 at=step:20 for=30s; kill node=1 at=step:80"
+    )
+    kill, hang, slow, node = plan.faults
+    assert (kill.kind, kill.rank, kill.at_step) == ("kill", 2, 50)
+    assert (hang.kind, hang.rank, hang.at_time) == ("hang", 1, 40.0)
+    assert (slow.factor, slow.at_step, slow.duration) == (3.0, 20, 30.0)
+    assert (node.node, node.rank, node.at_step) == (1, None, 80)
+    assert plan.worker_faults(2, 50) == [kill]
+    assert plan.worker_faults(2, 51) == []
+    assert plan.agent_faults(1, [2, 3]) == [node]
+    assert plan.agent_faults(0, [0, 1]) == [hang]
+    assert FaultPlan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize(
+    ("spec", "token"),
+    [
+        ("kil rank=2 at=step:5", "'kil'"),
+        ("kill rank=x at=step:5", "'rank=x'"),
+        ("kill rank=1 at=stp:5", "'at=stp:5'"),
+        ("kill rank=1 at=step:5; hang rank=1 at=time:soon", "'at=time:soon'"),
+        ("slow rank=1 factor=0.5 at=step:3", "'factor=0.5'"),
+        ("kill rank=1 factor=2 at=step:3", "'factor=2'"),
+        ("kill rank=1", "'kill rank=1'"),
+        ("kill rank=1 node=0 at=step:1", "exactly one target"),
+        ("kill rank1 at=step:1", "'rank1'"),
+        ("", "names no fault"),
+    ],
+)
+def test_bad_specs_name_the_token(spec: str, token: str) -> None:
+    with pytest.raises(ChaosSpecError) as err:
+        FaultPlan.parse(spec or ";")
+    msg = str(err.value)
+    assert token in msg and "\n" not in msg
+
+
+def test_ledger_fires_once(tmp_path: object) -> None:
+    plan = FaultPlan.parse("kill rank=0 at=step:3")
+    ledger = FaultLedger(str(tmp_path))
+    assert ledger.claim(plan.faults[0], rank=0, pid=123)
+    assert not ledger.claim(plan.faults[0], rank=0, pid=456)
+    assert ledger.fired_at(pid=123) is not None
+    assert ledger.fired_at(pid=456) is None
