@@ -1,0 +1,240 @@
+"""A run's figures, from its event log alone: load, compute, and render as JSON or text.
+
+Why one object feeds every output: the terminal summary, the JSON document and the HTML
+report must never disagree, so all three are views of :meth:`RunReport.to_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stalwart.errors import StalwartError
+from stalwart.metrics._intervals import measure, union
+from stalwart.metrics.convergence import Convergence, convergence, loss_curve
+from stalwart.metrics.events import EVENTS_FILE, Event, read_events
+from stalwart.metrics.goodput import BUCKETS, Goodput, account
+from stalwart.metrics.stats import distribution, mtbf
+
+__all__ = ["ReportError", "RunReport", "build_report", "format_summary", "load_run"]
+
+REPORT_VERSION = 1
+
+
+class ReportError(StalwartError):
+    """The run directory holds no usable event log."""
+
+
+@dataclass
+class RunReport:
+    run_dir: str
+    events: list[Event]
+    goodput: Goodput
+    partial: bool
+    problems: list[str]
+    reference_dir: str | None = None
+    reference: dict[int, float] = field(default_factory=dict)
+    convergence: list[Convergence] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (times relative to the run's start, seconds)."""
+        g, t0 = self.goodput, self.goodput.t_start
+        wall = g.wall_s
+        start = next((e for e in self.events if e.kind == "run_start"), None)
+        end = next((e for e in reversed(self.events) if e.kind == "run_end"), None)
+        fails = g.failures
+        rtos = [i.rto_s for i in fails if i.rto_s is not None]
+        lat = [i.detection_latency_s for i in fails if i.detection_latency_s is not None]
+        m = mtbf(len(fails), wall)
+        return {
+            "report_version": REPORT_VERSION,
+            "run_dir": self.run_dir,
+            "job": None if start is None else start["job"],
+            "strategy": None if start is None else start.get("strategy"),
+            "status": None if end is None else end["status"],
+            "partial": self.partial,
+            "problems": self.problems,
+            "t_start": t0,
+            "wall_s": wall,
+            "ettr": g.ettr,
+            "capacity_ettr": g.capacity_ettr,
+            "buckets_s": dict(g.buckets),
+            "buckets_fraction": {k: (v / wall if wall > 0 else None) for k, v in g.buckets.items()},
+            "steps": {
+                "productive": g.productive_steps,
+                "lost": g.lost_steps,
+                "lost_reported": sum(
+                    int(e["steps_lost"]) for e in self.events if e.kind == "recovery_end"
+                ),
+                "last": max((w.last_step for w in g.windows), default=None),
+                "productive_per_s": g.productive_steps / wall if wall > 0 else None,
+            },
+            "lost_work_s": g.buckets["lost_progress"],
+            "incidents": [_incident(i, t0) for i in g.incidents],
+            "failures": len(fails),
+            "rto_s": asdict(distribution(rtos)),
+            "detection_latency_s": asdict(distribution(lat)),
+            "mtbf": asdict(m),
+            "checkpoint": self._checkpoint(wall),
+            "resumes": [{**asdict(r), "t": r.t - t0} for r in g.resumes],
+            "world_size": [{"t": t - t0, "world_size": n} for t, n in g.world_sizes],
+            "reference_dir": self.reference_dir,
+            "convergence": [{**asdict(c), "resume_t": c.resume_t - t0} for c in self.convergence],
+        }
+
+    def _checkpoint(self, wall: float) -> dict[str, Any]:
+        snaps = [e for e in self.events if e.kind == "snapshot"]
+        ends = [e for e in self.events if e.kind == "persist_end"]
+        busy = union((e.t - e["seconds"], e.t) for e in ends)
+        persist_s = measure(busy, -math.inf, math.inf)
+        stall = self.goodput.buckets["checkpoint_stall"]
+        n = len({int(e["step"]) for e in snaps})
+        written = sum(int(e.get("bytes_written", 0)) for e in ends if e["ok"])
+        restores = [e for e in self.events if e.kind == "restore"]
+        return {
+            "snapshots": n,
+            "stall_s": stall,
+            "stall_pct": 100 * stall / wall if wall > 0 else None,
+            "mean_stall_s": stall / n if n else None,
+            "persists_ok": sum(1 for e in ends if e["ok"]),
+            "persists_failed": sum(1 for e in ends if not e["ok"]),
+            "persist_s": persist_s,
+            "persist_pct": 100 * persist_s / wall if wall > 0 else None,
+            "bytes_written": written,
+            "write_bytes_per_s": written / persist_s if persist_s > 0 else None,
+            "restores": [
+                {"step": e["step"], "tier": e["tier"], "seconds": e["seconds"]} for e in restores
+            ],
+        }
+
+
+def _incident(i: Any, t0: float) -> dict[str, Any]:
+    return {
+        "index": i.index,
+        "fault": i.fault,
+        "domain": i.domain,
+        "injected": i.injected,
+        "t_fault": i.t_fault - t0,
+        "t_detected": None if i.t_detected is None else i.t_detected - t0,
+        "t_resume": None if i.t_resume is None else i.t_resume - t0,
+        "detection_latency_s": i.detection_latency_s,
+        "rto_s": i.rto_s,
+        "interrupted": i.interrupted,
+        "detections": i.detections,
+        "how": i.how,
+        "strategy": i.strategy,
+        "restored_step": i.restored_step,
+        "steps_lost_reported": i.steps_lost_reported,
+        "source_tier": i.source_tier,
+        "during_recovery": i.during_recovery,
+        "overlaps": i.overlaps,
+    }
+
+
+def _log_path(run_dir: str) -> str:
+    if os.path.isdir(run_dir):
+        return os.path.join(run_dir, EVENTS_FILE)
+    if os.path.isfile(run_dir):
+        return run_dir
+    raise ReportError(f"{run_dir}: no such run directory; pass the directory of a `stalwart run`")
+
+
+def build_report(
+    run_dir: str, events: list[Event], *, partial: bool = False, problems: list[str] | None = None
+) -> RunReport:
+    """Figures for ``events`` (sorted by time), marking the report partial where the log
+    does not show a whole run."""
+    probs = list(problems or [])
+    if not events:
+        raise ReportError(
+            f"{run_dir}: the event log holds no events; the run wrote nothing "
+            "(did `stalwart run` start?)"
+        )
+    if not any(e.kind == "run_start" for e in events):
+        partial = True
+        probs.append(
+            "no run_start event: the log's beginning is missing; wall time starts at "
+            "the first event"
+        )
+    if not any(e.kind == "run_end" for e in events):
+        partial = True
+        probs.append(
+            "no run_end event: the run was still going or its launcher died; "
+            "figures stop at the last event"
+        )
+    g = account(events)
+    probs.extend(g.problems)
+    return RunReport(run_dir, events, g, partial or bool(g.problems), probs)
+
+
+def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.05) -> RunReport:
+    """Read ``RUN_DIR/events.jsonl`` and compute every figure; with ``reference`` (another
+    run directory) also the loss-convergence figures."""
+    res = read_events(_log_path(run_dir))
+    rep = build_report(run_dir, res.events, partial=res.partial, problems=res.problems)
+    if reference is not None:
+        ref = loss_curve(read_events(_log_path(reference)).events)
+        if not ref:
+            raise ReportError(
+                f"{reference}: the reference run logged no loss; it needs `loss` events "
+                "(sess.log(loss=...)) to compare against"
+            )
+        rep.reference_dir, rep.reference = reference, ref
+        rep.convergence = convergence(res.events, rep.goodput.resumes, ref, rel_band=rel_band)
+    return rep
+
+
+def _f(x: float | None, fmt: str = ".1f", unit: str = "s") -> str:
+    return "-" if x is None else f"{x:{fmt}}{unit}"
+
+
+def format_summary(d: dict[str, Any]) -> str:
+    """The terminal summary of a :meth:`RunReport.to_dict` document."""
+    wall = d["wall_s"]
+    lines = [
+        f"run {d['run_dir']}  job={d['job']}  strategy={d['strategy']}  status={d['status']}",
+    ]
+    if d["partial"]:
+        lines.append("PARTIAL REPORT: " + "; ".join(d["problems"][:3]))
+    ettr = d["ettr"]
+    lines.append(
+        f"wall {wall:.1f}s  ETTR {_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
+        f"productive steps {d['steps']['productive']}  lost steps {d['steps']['lost']} "
+        f"({d['lost_work_s']:.1f}s)"
+    )
+    lines.append("time by bucket:")
+    for k in BUCKETS:
+        v = d["buckets_s"][k]
+        frac = d["buckets_fraction"][k]
+        lines.append(f"  {k:<17}{v:10.2f}s {_f(None if frac is None else 100 * frac, '6.2f', '%')}")
+    r, lat, m = d["rto_s"], d["detection_latency_s"], d["mtbf"]
+    lines.append(
+        f"failures {d['failures']}  RTO p50 {_f(r['p50'], '.2f')} p95 {_f(r['p95'], '.2f')} "
+        f"max {_f(r['max'], '.2f')}  detection p50 {_f(lat['p50'], '.2f')}"
+    )
+    lines.append(
+        f"MTBF {_f(m['mtbf_s'])} ({100 * m['confidence']:.0f}% CI {_f(m['lower_s'])} .. "
+        f"{_f(m['upper_s']) if m['upper_s'] is not None else 'unbounded'})"
+    )
+    c = d["checkpoint"]
+    lines.append(
+        f"checkpoints {c['snapshots']}  stall {_f(c['stall_pct'], '.2f', '%')} of wall  "
+        f"persist {_f(c['persist_pct'], '.2f', '%')} of wall (background)  "
+        f"failed persists {c['persists_failed']}"
+    )
+    for i in d["incidents"]:
+        lines.append(
+            f"  incident {i['index']}: {i['fault']} {i['domain']} at {i['t_fault']:.2f}s  "
+            f"detected {_f(i['detection_latency_s'], '.2f')}  RTO {_f(i['rto_s'], '.2f')}"
+            + ("  (during recovery)" if i["during_recovery"] else "")
+            + ("" if i["interrupted"] else "  (no interruption)")
+        )
+    for cv in d["convergence"]:
+        s = cv["steps_to_converge"]
+        lines.append(
+            f"  after resume at step {cv['resume_step']} ({cv['cause']}): "
+            + ("never back within the band" if s is None else f"within band after {s} steps")
+        )
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Accounting on synthetic logs whose figures were computed by hand (see conftest)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stalwart.metrics import read_events
+from stalwart.metrics.goodput import BUCKETS, Goodput, account
+
+EXPECTED: dict[str, dict[str, float]] = {
+    "never_failed": {"startup": 10, "productive": 19.5, "other": 2, "checkpoint_stall": 0.5},
+    "single_fault": {
+        "startup": 2, "productive": 20, "lost_progress": 8.5, "checkpoint_stall": 0.5,
+        "detection": 1, "recovery": 2, "restore": 1, "other": 1,
+    },
+    "overlapping": {
+        "startup": 1, "productive": 18, "lost_progress": 4.5, "checkpoint_stall": 0.5,
+        "detection": 2, "recovery": 3, "restore": 1, "other": 1,
+    },
+    "full_restart": {
+        "startup": 3, "productive": 20, "lost_progress": 10.5, "checkpoint_stall": 0.5,
+        "detection": 0.5, "recovery": 6, "restore": 1.5, "other": 1,
+    },
+    "elastic": {
+        "startup": 1, "productive": 32, "lost_progress": 0.5, "detection": 0.5,
+        "recovery": 3.5, "waiting": 3, "other": 0.5,
+    },
+}  # fmt: skip
+WALL = {
+    "never_failed": 32,
+    "single_fault": 36,
+    "overlapping": 31,
+    "full_restart": 43,
+    "elastic": 41,
+}
+
+
+def _account(run: Path) -> Goodput:
+    return account(read_events(str(run / "events.jsonl")).events)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_buckets_match_hand_computed_and_add_up(make_run: Any, name: str) -> None:
+    g = _account(make_run(name))
+    assert g.wall_s == WALL[name]
+    assert g.buckets == {k: float(EXPECTED[name].get(k, 0.0)) for k in BUCKETS}
+    assert math.fsum(g.buckets.values()) == g.wall_s  # exactly: a partition
+    assert g.ettr == EXPECTED[name]["productive"] / WALL[name]
+    assert g.problems == []
+
+
+def test_never_failed(make_run: Any) -> None:
+    g = _account(make_run("never_failed"))
+    assert g.incidents == [] and g.resumes == [] and g.failures == []
+    assert g.productive_steps == 20 and g.lost_steps == 0
+
+
+def test_single_fault_rto_and_lost_work(make_run: Any) -> None:
+    g = _account(make_run("single_fault"))
+    (inc,) = g.incidents
+    assert inc.injected and inc.t_fault == 21 and inc.t_detected == 22 and inc.t_resume == 25
+    assert inc.rto_s == 4 and inc.detection_latency_s == 1 and inc.interrupted
+    assert inc.restored_step == 10 and inc.steps_lost_reported == 8 and inc.strategy == "flash"
+    assert g.lost_steps == 8 and g.productive_steps == 20
+    assert [(r.t, r.step, r.cause) for r in g.resumes] == [(25, 11, "incident")]
+
+
+def test_overlapping_incidents_and_fault_during_recovery(make_run: Any) -> None:
+    g = _account(make_run("overlapping"))
+    a, b = g.incidents
+    assert (a.rto_s, b.rto_s) == (6, 4)
+    assert a.detections == 2 and b.detections == 1  # the duplicate detection is folded in
+    assert b.during_recovery and not a.during_recovery
+    assert a.overlaps == [1] and b.overlaps == [0]
+    assert len(g.failures) == 2 and g.lost_steps == 4
+
+
+def test_full_restart_natural_fault(make_run: Any) -> None:
+    g = _account(make_run("full_restart"))
+    (inc,) = g.incidents
+    assert not inc.injected and inc.t_fault == 24 and inc.rto_s == 8
+    assert inc.strategy == "restart" and inc.source_tier == "disk"
+    assert g.lost_steps == 10 and g.productive_steps == 20
+
+
+def test_elastic_resizes(make_run: Any) -> None:
+    g = _account(make_run("elastic"))
+    assert g.world_sizes == [(0, 4), (16, 3), (30, 4)]
+    assert [(r.t, r.step, r.world_size, r.cause) for r in g.resumes] == [
+        (17, 11, 3, "incident"),
+        (31, 21, 4, "reconfiguration"),
+    ]
+    assert g.incidents[0].rto_s == 5.5
+    assert g.capacity_ettr == (10 * 4 + 12 * 3 + 10 * 4) / (4 * 41)
+
+
+def test_detection_without_interruption_is_not_a_failure(synth: Any) -> None:
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0)
+    synth.detect(10.0, 2.0, fault="straggler", rank=1).steps(10.0, 20.0, 11, 20, 10.0).end(20.0)
+    g = _account(synth.close())
+    (inc,) = g.incidents
+    assert not inc.interrupted and g.failures == []
+    assert g.buckets["productive"] == 20 and g.buckets["detection"] == 0
+
+
+def test_run_ending_during_recovery(synth: Any) -> None:
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0)
+    synth.fault(10.0, rank=0).detect(11.0, 1.0, rank=0).rec_begin(11.0, 2).end(15.0, "failed")
+    g = _account(synth.close())
+    (inc,) = g.incidents
+    assert inc.interrupted and inc.t_resume is None and inc.rto_s is None
+    assert g.buckets["detection"] == 1 and g.buckets["recovery"] == 4
+
+
+def test_stall_counted_once_when_every_rank_reports_it(synth: Any) -> None:
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0)
+    for rank in range(4):
+        synth.emit("snapshot", 11.0, step=10, stall_s=1.0, rank=rank)
+    synth.steps(11.0, 21.0, 11, 20, 10.0).end(21.0)
+    g = _account(synth.close())
+    assert g.buckets["checkpoint_stall"] == 1 and math.fsum(g.buckets.values()) == 21
+
+
+def test_no_events_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no events"):
+        account([])
