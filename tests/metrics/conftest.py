@@ -155,10 +155,12 @@ SCENARIOS = {
 def make_run(tmp_path: Path) -> Iterator[Any]:
     made: list[Synth] = []
 
-    def make(name: str, sub: str = "run") -> Path:
+    def make(name: str, sub: str = "run", extra: Any = None) -> Path:
         s = Synth(tmp_path / sub)
         made.append(s)
         SCENARIOS[name](s)
+        if extra is not None:
+            extra(s)
         return s.close()
 
     yield make

@@ -82,6 +82,27 @@ class RunReport:
             "world_size": [{"t": t - t0, "world_size": n} for t, n in g.world_sizes],
             "reference_dir": self.reference_dir,
             "convergence": [{**asdict(c), "resume_t": c.resume_t - t0} for c in self.convergence],
+            "series": self._series(t0),
+        }
+
+    def _series(self, t0: float) -> dict[str, Any]:
+        """What the plots draw: step batches, the bucket timeline, checkpoints, losses."""
+        g = self.goodput
+        return {
+            "windows": [
+                [
+                    w.t0 - t0,
+                    w.t1 - t0,
+                    w.last_step - w.first_step + 1,
+                    w.productive_steps,
+                    w.world_size,
+                ]
+                for w in g.windows
+            ],
+            "segments": [[s.t0 - t0, s.t1 - t0, s.bucket] for s in g.segments],
+            "snapshots": [e.t - t0 for e in self.events if e.kind == "snapshot"],
+            "loss": [[e["step"], e["value"], e.t - t0] for e in self.events if e.kind == "loss"],
+            "reference_loss": sorted([s, v] for s, v in self.reference.items()),
         }
 
     def _checkpoint(self, wall: float) -> dict[str, Any]:
