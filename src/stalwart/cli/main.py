@@ -17,7 +17,11 @@ from stalwart.errors import StalwartError
 __all__ = ["build_parser", "main"]
 
 # Subcommand modules, imported lazily so that `stalwart --help` stays fast.
-_COMMAND_MODULES: tuple[str, ...] = ("stalwart.cli.ckpt", "stalwart.cli.sim")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "stalwart.cli.ckpt",
+    "stalwart.cli.sim",
+    "stalwart.cli.report",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
