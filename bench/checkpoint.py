@@ -129,8 +129,8 @@ class Ours:
         res = self.mgr.snapshot(state, 1, blocking=False)
         model = state["model"]
         model(torch.randn(8, WIDTH)).square().mean().backward()
-        waited = self.mgr.snapshots.wait()
-        return res.blocking_s + waited if res.blocking_s < waited else res.blocking_s
+        self.mgr.snapshots.wait()  # adds what it waited to res.blocking_s
+        return res.blocking_s
 
     def close(self) -> None:
         self.mgr.close()

@@ -58,6 +58,7 @@ _BASES: dict[str, _DedupBase] = {}
 
 def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
+    cpu0 = os.times()
     storage = open_storage(str(req["storage"]))
     slot = SlotFiles(str(req["slot_dir"]), int(req["slot"]))
     meta = slot.read_meta()
@@ -104,6 +105,8 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
         reply["gc_deleted_steps"] = gc.deleted_steps
         reply["gc_freed_bytes"] = gc.freed_bytes
     reply["seconds"] = time.perf_counter() - t0
+    cpu1 = os.times()
+    reply["cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return reply
 
 

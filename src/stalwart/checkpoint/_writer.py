@@ -8,6 +8,8 @@ is present, so a visible manifest never points at bytes that are not durable.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import time
 import uuid
 from collections.abc import Callable
@@ -42,6 +44,59 @@ class RankWrite:
     seconds: float
 
 
+class _PackOut:
+    """Appends chunks to a pack through a page-aligned bounce buffer.
+
+    Direct I/O needs aligned buffers, lengths and file offsets, and chunks end at
+    arbitrary byte counts. Copying every chunk into a reused, page-aligned buffer (a
+    memcpy, ~0.1 s per GB here) and writing it in whole blocks keeps the pack free of
+    padding, so every byte of a new pack belongs to a chunk and is covered by its hash;
+    the last block is padded and the file truncated back to its exact length."""
+
+    def __init__(self, stream: Any, bounce_bytes: int = 8 << 20) -> None:
+        self.stream = stream
+        self.align = int(getattr(stream, "alignment", 1))
+        self.pos = 0  # logical bytes in the pack
+        self._bounce = mmap.mmap(-1, bounce_bytes)
+        self._used = 0
+
+    def put(self, piece: memoryview) -> int:
+        """Append ``piece``; returns its offset in the pack."""
+        offset = self.pos
+        view = piece
+        while view:
+            room = len(self._bounce) - self._used
+            n = min(room, len(view))
+            self._bounce[self._used : self._used + n] = view[:n]
+            self._used += n
+            view = view[n:]
+            if self._used == len(self._bounce):
+                self._drain(self._used)
+        self.pos += len(piece)
+        return offset
+
+    def _drain(self, nbytes: int) -> None:
+        with memoryview(self._bounce) as v:
+            self.stream.write(v[:nbytes])
+        self._used = 0
+
+    def flush(self) -> None:
+        """Write what is buffered; the pack's length stays exactly ``pos``."""
+        if not self._used:
+            return
+        used = self._used
+        padded = -(-used // self.align) * self.align
+        self._bounce[used:padded] = bytes(padded - used)
+        self._drain(padded)
+        truncate = getattr(self.stream, "truncate", None)
+        if padded != used and truncate is not None:
+            truncate(self.pos)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a traceback may still hold a slice
+            self._bounce.close()
+
+
 def write_rank(
     storage: Storage,
     *,
@@ -60,7 +115,7 @@ def write_rank(
     t0 = time.perf_counter()
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
-    pos = 0
+    out = _PackOut(stream)
     total = sum(int(e["nbytes"]) for e in layout)
     done = 0
     entries: list[TensorEntry] = []
@@ -73,10 +128,8 @@ def write_rank(
                 h = checksum(piece)
                 ref = known.get(h)
                 if ref is None or ref.length != len(piece):
-                    stream.write(piece)
-                    ref = ChunkRef(h, pack, pos, len(piece))
+                    ref = ChunkRef(h, pack, out.put(piece), len(piece))
                     known[h] = ref
-                    pos += len(piece)
                 chunks.append(ref)
                 done += len(piece)
                 if progress is not None:
@@ -92,11 +145,15 @@ def write_rank(
                     shard=e.get("shard"),
                 )
             )
+        out.flush()
+        out.close()
+        pos = out.pos
         if pos:
             stream.commit()
         else:
             stream.abort()
     except BaseException:
+        out.close()
         stream.abort()
         for h in [h for h, r in known.items() if r.pack == pack]:
             del known[h]
