@@ -7,29 +7,54 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stalwart.metrics import read_events
+from stalwart.metrics import Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
 
 EXPECTED: dict[str, dict[str, float]] = {
     "never_failed": {"startup": 10, "productive": 19.5, "other": 2, "checkpoint_stall": 0.5},
     "single_fault": {
-        "startup": 2, "productive": 20, "lost_progress": 8.5, "checkpoint_stall": 0.5,
-        "detection": 1, "recovery": 2, "restore": 1, "other": 1,
+        "startup": 2,
+        "productive": 20,
+        "lost_progress": 8.5,
+        "checkpoint_stall": 0.5,
+        "detection": 1,
+        "recovery": 2,
+        "restore": 1,
+        "other": 1,
     },
     "overlapping": {
-        "startup": 1, "productive": 18, "lost_progress": 4.5, "checkpoint_stall": 0.5,
-        "detection": 2, "recovery": 3, "restore": 1, "other": 1,
+        "startup": 1,
+        "productive": 18,
+        "lost_progress": 4.5,
+        "checkpoint_stall": 0.5,
+        "detection": 2,
+        "recovery": 3,
+        "restore": 1,
+        "other": 1,
     },
     "full_restart": {
-        "startup": 3, "productive": 20, "lost_progress": 10.5, "checkpoint_stall": 0.5,
-        "detection": 0.5, "recovery": 6, "restore": 1.5, "other": 1,
+        "startup": 3,
+        "productive": 20,
+        "lost_progress": 10.5,
+        "checkpoint_stall": 0.5,
+        "detection": 0.5,
+        "recovery": 6,
+        "restore": 1.5,
+        "other": 1,
     },
     "elastic": {
-        "startup": 1, "productive": 32, "lost_progress": 0.5, "detection": 0.5,
-        "recovery": 3.5, "waiting": 3, "other": 0.5,
+        "startup": 1,
+        "productive": 32,
+        "lost_progress": 0.5,
+        "detection": 0.5,
+        "recovery": 3.5,
+        "waiting": 3,
+        "other": 0.5,
     },
-}  # fmt: skip
+}
 WALL = {
     "never_failed": 32,
     "single_fault": 36,
@@ -128,3 +153,110 @@ def test_stall_counted_once_when_every_rank_reports_it(synth: Any) -> None:
 def test_no_events_is_an_error() -> None:
     with pytest.raises(ValueError, match="no events"):
         account([])
+
+
+def test_batch_flushed_at_recovery_gives_its_idle_tail_to_the_incident(synth: Any) -> None:
+    # The launcher's survivors flush their step batch when they notice the failure: the
+    # batch [10, 14] holds 2 s of compute; its idle tail [12, 14] was lost work in flight
+    # until the fault (12.5), then detection (to 13.5), then recovery.
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0).steps(10.0, 14.0, 11, 12, 2.0)
+    synth.fault(12.5, rank=2).detect(13.5, 1.0, rank=2).rec_begin(13.5, 2)
+    synth.restore(15.0, 10, 0.5).rec_end(15.5, 2, restored=10, lost=2)
+    synth.steps(16.0, 26.0, 11, 20, 10.0).end(26.0)
+    g = _account(synth.close())
+    assert g.buckets == {
+        **dict.fromkeys(BUCKETS, 0.0),
+        "productive": 20,
+        "lost_progress": 2.5,
+        "detection": 1,
+        "recovery": 2,
+        "restore": 0.5,
+    }
+    assert g.incidents[0].rto_s == 3.5 and g.lost_steps == 2
+
+
+def test_node_fault_without_rank_matches_the_rank_detections(synth: Any) -> None:
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0)
+    synth.emit("fault_injected", 10.0, fault="node_kill", domain={"rank": None, "node": 1})
+    synth.detect(10.5, 0.5, rank=2, node=1).detect(10.6, 0.6, rank=3, node=1)
+    synth.rec_begin(10.6, 2).rec_end(12.0, 2, restored=10, lost=0)
+    synth.steps(12.0, 22.0, 11, 20, 10.0).end(22.0)
+    g = _account(synth.close())
+    (inc,) = g.incidents
+    assert inc.injected and inc.detections == 2 and inc.rto_s == 2
+
+
+@st.composite
+def _random_log(draw: st.DrawFn) -> list[Event]:
+    """A plausible but random run: batches, stalls, faults, recoveries, waits, resizes."""
+    events: list[Event] = []
+    t, step, gen = 0.0, 0, 1
+
+    def ev(kind: str, when: float, **f: Any) -> None:
+        events.append(Event(kind, when, "h", 1, 0, None, f))
+
+    ev("run_start", 0.0, job="j", world_size=4)
+    for _ in range(draw(st.integers(0, 12))):
+        action = draw(st.sampled_from(["steps", "steps", "snapshot", "fault", "wait", "gap"]))
+        dt = draw(st.floats(0.01, 5.0))
+        if action == "steps":
+            n = draw(st.integers(1, 5))
+            busy = dt * draw(st.floats(0.0, 1.2))
+            ev(
+                "steps",
+                t + dt,
+                first_step=step + 1,
+                last_step=step + n,
+                count=n,
+                busy_s=busy,
+                t_first_start=t,
+                generation=gen,
+            )
+            step += n
+        elif action == "snapshot":
+            ev("snapshot", t + dt, step=step, stall_s=dt * draw(st.floats(0.0, 1.5)))
+        elif action == "fault":
+            ev("fault_injected", t, fault="kill", domain={"rank": 1})
+            if draw(st.booleans()):
+                ev(
+                    "fault_detected",
+                    t + dt,
+                    fault="crash",
+                    domain={"rank": 1},
+                    latency_s=draw(st.floats(0.0, 2 * dt)),
+                )
+            gen += 1
+            ev("recovery_begin", t + dt, strategy="flash", generation=gen)
+            if draw(st.booleans()):
+                ev("restore", t + 1.5 * dt, step=step, tier="memory", seconds=dt)
+            back = draw(st.integers(0, step))
+            ev(
+                "recovery_end",
+                t + 2 * dt,
+                strategy="flash",
+                generation=gen,
+                restored_step=back,
+                steps_lost=step - back,
+            )
+            step = back
+            dt *= 2
+        elif action == "wait":
+            ev("waiting", t, have=3, need=4)
+            ev("resize", t + dt, world_size=draw(st.integers(1, 4)))
+        t += dt
+    if draw(st.booleans()):
+        ev("run_end", t + draw(st.floats(0.0, 2.0)), status="ok")
+    events.sort(key=lambda e: e.t)
+    return events
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(_random_log())
+def test_buckets_always_partition_the_wall_time(events: list[Event]) -> None:
+    g = account(events)
+    assert all(v >= 0 for v in g.buckets.values()), g.buckets
+    assert math.fsum(g.buckets.values()) == pytest.approx(g.wall_s, rel=1e-9, abs=1e-9)
+    busy = math.fsum(float(e["busy_s"]) for e in events if e.kind == "steps")
+    assert g.buckets["productive"] <= busy + 1e-9
+    for i in g.incidents:
+        assert i.rto_s is None or i.rto_s >= 0

@@ -41,6 +41,8 @@ _PRIORITY = (
     "lost_progress",
     "startup",
 )
+# The idle tail of a step batch (after its compute) that overlaps an incident.
+_GAP_PRIORITY = ("waiting", "detection", "recovery", "lost_progress")
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,24 @@ def _productive_counts(steps: list[Event]) -> list[int]:
     return counts
 
 
+def _classify(
+    a: float, b: float, labelled: dict[str, list[Interval]], priority: tuple[str, ...]
+) -> list[tuple[float, float, str]]:
+    """``[a, b)`` cut where any labelled interval starts or ends, each piece named by the
+    first of ``priority`` that covers it, else "other"."""
+    if b <= a:
+        return []
+    cuts = sorted({a, b} | {x for k in priority for iv in labelled[k] for x in iv if a < x < b})
+    out: list[tuple[float, float, str]] = []
+    for x, y in itertools.pairwise(cuts):
+        name = next((k for k in priority if covers(labelled[k], x, y)), "other")
+        if out and out[-1][2] == name:
+            out[-1] = (out[-1][0], y, name)
+        else:
+            out.append((x, y, name))
+    return out
+
+
 def _waiting(events: Sequence[Event], starts: list[float], t_end: float) -> list[Interval]:
     out: list[Interval] = []
     t_open: float | None = None
@@ -204,6 +224,14 @@ def account(
 
     stall = union((e.t - e["stall_s"], e.t) for e in events if e.kind == "snapshot")
     restore = union((e.t - e["seconds"], e.t) for e in events if e.kind == "restore")
+    # Per batch: stall, restore and compute amounts; the idle rest is taken to follow the
+    # compute (a batch flushed when recovery starts ends with the time spent blocked).
+    amounts: list[tuple[float, float, float]] = []
+    for a, b, e in raw:
+        st = min(measure(stall, a, b), b - a)
+        rs = min(measure(restore, a, b), b - a - st)
+        amounts.append((st, rs, min(float(e["busy_s"]), b - a - st - rs)))
+    busy_end = [a + sum(x) for (a, _, _), x in zip(raw, amounts, strict=True)]
     labelled: dict[str, list[Interval]] = {
         "checkpoint_stall": stall,
         "restore": restore,
@@ -216,12 +244,17 @@ def account(
     for inc in incidents:
         if not inc.interrupted or inc.t_detected is None:
             continue
+        f = inc.t_fault
         stop = t1 if inc.t_resume is None else inc.t_resume
-        detection.append((inc.t_fault, inc.t_detected))
+        detection.append((f, inc.t_detected))
         recovery.append((inc.t_detected, stop))
-        before = [b for _, b, _ in raw if b <= inc.t_fault]
-        if before and not any(a <= inc.t_fault < b for a, b, _ in raw):
-            lost.append((before[-1], inc.t_fault))  # steps done but never recorded
+        # Steps done (or in flight) after the last recorded one and before the fault.
+        inside = [be for (a, b, _), be in zip(raw, busy_end, strict=True) if a <= f < b]
+        before = [b for _, b, _ in raw if b <= f]
+        if inside:
+            lost.append((inside[0], f))
+        elif before:
+            lost.append((before[-1], f))
         if inc.t_resume is not None:
             resumes[inc.t_resume] = "incident"
     first_step_t = starts[0] if starts else t1
@@ -242,23 +275,21 @@ def account(
     parts: dict[str, list[float]] = {b: [] for b in BUCKETS}
     segments: list[Segment] = []
     windows: list[Window] = []
-    for (a, b, e), good in zip(raw, counts, strict=True):
-        d = b - a
-        st = min(measure(stall, a, b), d)
-        rs = min(measure(restore, a, b), d - st)
-        busy = min(float(e["busy_s"]), d - st - rs)
+    for (a, b, e), good, (st, rs, busy), be in zip(raw, counts, amounts, busy_end, strict=True):
         n = int(e["last_step"]) - int(e["first_step"]) + 1
         if n != int(e["count"]):
             problems.append(f"steps {e['first_step']}..{e['last_step']} say count={e['count']}")
-        prod = busy * good / n if n > 0 else 0.0
-        other = d - st - rs - busy
+        prod = busy if good >= n else busy * good / n
         parts["productive"].append(prod)
         parts["lost_progress"].append(busy - prod)
         parts["checkpoint_stall"].append(st)
         parts["restore"].append(rs)
-        parts["other"].append(other)
-        gen = e.get("generation")
-        ws = _ws_at(sizes, a)
+        segments.append(Segment(a, be, "productive" if prod >= busy - prod else "lost_progress"))
+        other = 0.0
+        for x, y, name in _classify(be, b, labelled, _GAP_PRIORITY):
+            parts[name].append(y - x)
+            segments.append(Segment(x, y, name))
+            other += (y - x) if name == "other" else 0.0
         windows.append(
             Window(
                 a,
@@ -266,8 +297,8 @@ def account(
                 int(e["first_step"]),
                 int(e["last_step"]),
                 busy,
-                gen,
-                ws,
+                e.get("generation"),
+                _ws_at(sizes, a),
                 good,
                 prod,
                 busy - prod,
@@ -275,7 +306,6 @@ def account(
                 other,
             )
         )
-        segments.append(Segment(a, b, "productive" if prod >= busy - prod else "lost_progress"))
 
     cuts = sorted(
         {t0, t1, *(x for a, b, _ in raw for x in (a, b))}

@@ -51,7 +51,9 @@ class Incident:
 
 
 def _domain_match(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a[k] == b[k] for k in a.keys() & b.keys())
+    """Keys both name must agree; a missing or ``None`` value (a node fault has no rank)
+    matches anything."""
+    return all(a[k] == b[k] for k in a.keys() & b.keys() if a[k] is not None and b[k] is not None)
 
 
 def recovery_spans(events: Sequence[Event], t_end: float) -> list[Interval]:
