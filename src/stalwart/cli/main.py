@@ -20,6 +20,7 @@ __all__ = ["build_parser", "main"]
 _COMMAND_MODULES: tuple[str, ...] = (
     "stalwart.cli.ckpt",
     "stalwart.cli.sim",
+    "stalwart.cli.run",
     "stalwart.cli.report",
 )
 

@@ -1,0 +1,21 @@
+"""The node agent of `stalwart run`: launcher, zygote, worker supervision, detection."""
+
+from __future__ import annotations
+
+from stalwart.agent.agent import Agent, run_agent
+from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs
+from stalwart.agent.detect import HangConfig, HangVerdict, find_hang
+from stalwart.agent.progress import ProgressBoard, Slot
+
+__all__ = [
+    "STRATEGIES",
+    "Agent",
+    "HangConfig",
+    "HangVerdict",
+    "LaunchConfig",
+    "ProgressBoard",
+    "RuntimeKnobs",
+    "Slot",
+    "find_hang",
+    "run_agent",
+]

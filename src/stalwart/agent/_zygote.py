@@ -1,0 +1,229 @@
+"""The zygote: a process that imported torch but ran no torch op, forked per worker.
+
+Why: ``import torch`` costs 1.6-3 s here, which alone would exceed the flash recovery
+target. A process that has imported torch but not yet run an op can fork, and the child
+builds a gloo group at once (FACTS.md); once an op ran, the OpenMP pool exists and a
+forked child deadlocks. So the zygote imports and never computes; every worker, first
+start or replacement, is forked from it. It also pre-forks *spares* (children parked on
+a pipe until given a rank) and hosts the job's c10d TCPStore in a forked child, because
+a store that outlives every worker is what lets survivors build the next generation's
+process group.
+
+Protocol (JSON lines): the agent writes requests to fd ``CTL`` and reads replies on fd
+``EVT`` (both passed on the command line); stdout/stderr stay the agent's, so a worker
+prints where the agent prints. Requests: ``spawn`` {id, spec}, ``prefork`` {id},
+``assign`` {pid, spec}, ``store`` {}. Replies: ``ready``, ``spawned`` {id, pid},
+``store`` {port}, ``exit`` {pid, rc, t}. ``rc`` is the exit code, or -signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+__all__ = ["main", "set_pdeathsig"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+    """Die with ``sig`` when the parent dies (Linux), so nothing outlives its agent."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def _send(fd: int, msg: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(msg) + "\n").encode())
+
+
+def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
+    """In the forked child: become the worker described by ``spec``; never returns."""
+    code = 1
+    try:
+        set_pdeathsig()
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        for fd in close_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        log = spec.get("log")
+        if log:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        os.chdir(spec["cwd"])
+        argv = list(spec["argv"])
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        import torch
+
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        import runpy
+
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            c = exc.code
+            code = c if isinstance(c, int) else (0 if c is None else 1)
+            if not isinstance(c, int) and c is not None:
+                print(c, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _host_store(reply_fd: int, close_fds: list[int], host: str) -> None:
+    """In a forked child: serve a c10d TCPStore until the zygote dies."""
+    try:
+        set_pdeathsig()
+        for fd in close_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+        from datetime import timedelta
+
+        from torch._C._distributed_c10d import TCPStore
+
+        store = TCPStore(host, 0, None, True, timedelta(seconds=300), wait_for_workers=False)
+        os.write(reply_fd, f"{store.port}\n".encode())
+        os.close(reply_fd)
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
+
+
+class _Zygote:
+    def __init__(self, ctl: int, evt: int) -> None:
+        self.ctl = ctl
+        self.evt = evt
+        self.buf = b""
+        self.spares: dict[str, int] = {}  # spare id -> write end of its assignment pipe
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+
+    def own_fds(self) -> list[int]:
+        return [self.ctl, self.evt, self.wake_r, self.wake_w, *self.spares.values()]
+
+    def fork_worker(self, spec: dict[str, Any] | None, spare_id: str | None = None) -> int:
+        assign_r = -1
+        if spare_id is not None:
+            assign_r, assign_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            if spec is None:  # a spare: wait for the assignment
+                fds = [fd for fd in self.own_fds() if fd != assign_r]
+                for fd in [*fds, assign_w]:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = os.read(assign_r, 1 << 16)
+                    if not chunk:
+                        os._exit(0)  # the zygote went away
+                    data += chunk
+                os.close(assign_r)
+                _run_worker(json.loads(data), [])
+            assert spec is not None
+            _run_worker(spec, self.own_fds())
+        if spare_id is not None:
+            os.close(assign_r)
+            self.spares[str(pid)] = assign_w
+        return pid
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "spawn":
+            pid = self.fork_worker(msg["spec"])
+            _send(self.evt, {"op": "spawned", "id": msg["id"], "pid": pid, "t": time.time()})
+        elif op == "prefork":
+            pid = self.fork_worker(None, spare_id=str(msg["id"]))
+            _send(self.evt, {"op": "spawned", "id": msg["id"], "pid": pid, "t": time.time()})
+        elif op == "assign":
+            fd = self.spares.pop(str(msg["pid"]))
+            os.write(fd, (json.dumps(msg["spec"]) + "\n").encode())
+            os.close(fd)
+        elif op == "store":
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                _host_store(w, self.own_fds(), str(msg.get("host", "127.0.0.1")))
+            os.close(w)
+            with os.fdopen(r) as f:
+                port = int(f.readline().strip() or 0)
+            _send(self.evt, {"op": "store", "port": port, "pid": pid})
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            _send(self.evt, {"op": "exit", "pid": pid, "rc": rc, "t": time.time()})
+
+    def loop(self) -> None:
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            ready, _, _ = select.select([self.ctl, self.wake_r], [], [], 1.0)
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 4096)
+            self.reap()
+            if self.ctl in ready:
+                chunk = os.read(self.ctl, 1 << 20)
+                if not chunk:
+                    return  # the agent closed the pipe: shut down
+                self.buf += chunk
+                while b"\n" in self.buf:
+                    line, self.buf = self.buf.split(b"\n", 1)
+                    if line.strip():
+                        self.handle(json.loads(line))
+
+
+def main(argv: list[str]) -> int:
+    ctl, evt = int(argv[0]), int(argv[1])
+    preload = [m for m in argv[2:] if m]
+    set_pdeathsig()
+    t0 = time.perf_counter()
+    import importlib
+
+    for name in ["torch", "torch.distributed", "torch.nn.parallel", *preload]:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    _send(evt, {"op": "ready", "import_s": time.perf_counter() - t0})
+    _Zygote(ctl, evt).loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""Configuration of a `stalwart run` node agent (one per node)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+from stalwart.agent.detect import HangConfig
+from stalwart.errors import ConfigError
+
+__all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
+
+STRATEGIES = ("restart", "flash", "spare")
+
+
+@dataclass(frozen=True)
+class RuntimeKnobs:
+    """Worker-runtime policy the agent hands to its workers (through their environment,
+    as ``STALWART_*`` variables that only the stalwart runtime reads)."""
+
+    persist_every: int = 0  # steps between persisted checkpoints (0: only for `restart`)
+    snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
+    collective_timeout_s: float = 60.0
+
+    def env(self) -> dict[str, str]:
+        return {
+            "STALWART_PERSIST_EVERY": str(self.persist_every),
+            "STALWART_SNAPSHOT_BUDGET": str(self.snapshot_budget),
+            "STALWART_COLLECTIVE_TIMEOUT": str(self.collective_timeout_s),
+        }
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    script: str
+    script_args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # host:port of the node-0 agent's store
+    job: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
+    run_dir: str = ""
+    max_restarts: int = 0
+    strategy: str = "flash"
+    spares: int = 0
+    chaos: str | None = None
+    redirect: bool = False  # worker output to RUN_DIR/logs/rank<r>.log
+    token_file: str | None = None
+    hang: HangConfig = field(default_factory=HangConfig)
+    runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
+    monitor_interval_s: float = 0.02
+    node_lease_s: float = 3.0
+    start_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ConfigError("--nproc-per-node and --nnodes must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes)"
+            )
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if self.strategy == "spare" and self.spares < 1:
+            raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
+        if self.max_restarts < 0 or self.spares < 0:
+            raise ConfigError("--max-restarts and --spares must be >= 0")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0 serves it)")
+        if not os.path.isfile(self.script):
+            raise ConfigError(f"training script {self.script!r} not found")
+        if not self.job or "/" in self.job:
+            raise ConfigError(f"--rdzv-id {self.job!r}: use a non-empty name without '/'")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def local_ranks(self) -> list[int]:
+        base = self.node_rank * self.nproc_per_node
+        return list(range(base, base + self.nproc_per_node))
+
+    def endpoint(self) -> tuple[str, int]:
+        if not self.rdzv_endpoint:
+            return "127.0.0.1", 0
+        host, sep, port = self.rdzv_endpoint.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r}: expected HOST:PORT")
+        return host or "127.0.0.1", int(port)

@@ -1,0 +1,98 @@
+"""`stalwart run`: torchrun-style launcher with detection and recovery."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from stalwart.errors import ConfigError
+
+__all__ = ["register"]
+
+
+def _nnodes(text: str) -> int:
+    # torchrun accepts MIN:MAX; the world size is fixed here, so take MAX
+    return int(text.rpartition(":")[2])
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="launch a training script on this node (torchrun-compatible flags)",
+        description=(
+            "Launch SCRIPT with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). "
+            "Scripts that call stalwart.init() recover in place (--strategy flash/spare); "
+            "plain scripts are restarted as torchrun would (--max-restarts)."
+        ),
+    )
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
+    p.add_argument("--nnodes", type=_nnodes, default=1, help="N (or MIN:MAX; MAX is used)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
+    p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="job id (default: random)")
+    p.add_argument("--standalone", action="store_true", help="single node (the default)")
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="whole-group restarts allowed (torchrun semantics; default 0)",
+    )
+    p.add_argument(
+        "--run-dir",
+        "--log-dir",
+        "--log_dir",
+        dest="run_dir",
+        default=None,
+        help="run directory: events.jsonl, token, logs (default runs/JOB)",
+    )
+    p.add_argument("--strategy", default="flash", help="restart | flash | spare")
+    p.add_argument("--spares", type=int, default=0, help="standby workers per node")
+    p.add_argument("--chaos", default=None, help='e.g. "kill rank=1 at=step:50"')
+    p.add_argument(
+        "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
+    )
+    p.add_argument("--token-file", default=None, help="job token file (nodes > 0)")
+    p.add_argument("--hang-floor", type=float, default=1.0, help="seconds (default 1)")
+    p.add_argument("--hang-k", type=float, default=3.0, help="x p99 step time (default 3)")
+    p.add_argument(
+        "--persist-every",
+        type=int,
+        default=0,
+        help="steps between persisted checkpoints (0: 20 under restart, else off)",
+    )
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from stalwart.agent import HangConfig, LaunchConfig, RuntimeKnobs, run_agent
+    from stalwart.chaos import FaultPlan
+
+    FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
+    if args.standalone and args.nnodes > 1:
+        raise ConfigError("--standalone runs one node; drop --nnodes or --standalone")
+    persist = args.persist_every or (20 if args.strategy == "restart" else 0)
+    kwargs: dict[str, Any] = {}
+    if args.rdzv_id:
+        kwargs["job"] = args.rdzv_id
+    cfg = LaunchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        nproc_per_node=args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        run_dir=args.run_dir or "",
+        max_restarts=args.max_restarts,
+        strategy=args.strategy,
+        spares=args.spares,
+        chaos=args.chaos,
+        redirect=args.redirect,
+        token_file=args.token_file,
+        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
+        runtime=RuntimeKnobs(persist_every=persist),
+        **kwargs,
+    )
+    return run_agent(cfg)

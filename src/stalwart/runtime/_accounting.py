@@ -1,0 +1,179 @@
+"""Step timing, snapshot cadence, persist cadence and the `steps` events of a session.
+
+Cadence: the first steps are snapshotted every step while stall and step time are
+measured; then rank 0 fixes ``every`` = 1 if the median stall fits the budget (default
+2% of the median step time), else the smallest k that does, and publishes it per
+generation so that every member snapshots at the same steps (a rollback target must be
+a step every member holds).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stalwart.chaos import Fault
+    from stalwart.runtime.session import Session
+
+__all__ = ["StepAccounting"]
+
+CALIBRATE = 6
+_FLUSH_S = 1.0
+
+
+class StepAccounting:
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        self.durations: deque[float] = deque(maxlen=100)
+        self.stalls: list[float] = []
+        self.every: int | None = None
+        self._batch: dict[str, Any] | None = None
+        self._last_flush = time.monotonic()
+        self._prev_snapshot: Any = None
+        self._slow: list[tuple[Fault, float]] = []
+        self._persist: Any = None
+
+    # ------------------------------------------------------------ timing
+    def p99(self) -> float:
+        if not self.durations:
+            return 0.0
+        ordered = sorted(self.durations)
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+    def slow(self, fault: Fault) -> None:
+        self._slow.append((fault, time.monotonic()))
+
+    def step_done(self, step: int, t0: float) -> None:
+        dur = time.perf_counter() - t0
+        now = time.monotonic()
+        factor = 1.0
+        for fault, fired in list(self._slow):
+            if fault.slows(step, now - fired):
+                factor = max(factor, fault.factor)
+            else:
+                self._slow.remove((fault, fired))
+        if factor > 1.0:
+            time.sleep(dur * (factor - 1.0))
+            dur *= factor
+        self.durations.append(dur)
+        if self.sess.rank != 0 or self.sess.events is None:
+            return
+        b = self._batch
+        if b is None:
+            self._batch = {
+                "first_step": step,
+                "last_step": step,
+                "count": 1,
+                "busy_s": dur,
+                "t_first_start": time.time() - dur,
+                "generation": self.sess.generation,
+            }
+        else:
+            b["last_step"], b["count"], b["busy_s"] = step, b["count"] + 1, b["busy_s"] + dur
+        if now - self._last_flush > _FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if self._batch is not None and self.sess.events is not None:
+            self.sess.events.emit("steps", **self._batch)
+        self._batch = None
+
+    def recovered(self, seconds: float) -> None:
+        self._batch = None
+
+    # ------------------------------------------------------------ snapshots
+    def _cadence(self, step: int) -> int:
+        sess = self.sess
+        if self.every is not None:
+            return self.every
+        if step < CALIBRATE:
+            return 1
+        if sess.store is None:
+            self.every = self._choose()
+            return self.every
+        prefix = f"/stalwart/{sess.env.job}/cadence/"
+        if step == CALIBRATE and sess.rank == 0:
+            sess.store.put(f"{prefix}{sess.generation:012d}", str(self._choose()).encode())
+        deadline = time.monotonic() + sess.env.hang_ceiling_s
+        while time.monotonic() < deadline:
+            kvs = sess.store.range(prefix).kvs
+            if kvs:
+                self.every = int(kvs[-1].value)
+                if sess.rank == 0 and sess.events is not None:
+                    sess.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
+                return self.every
+            time.sleep(0.002)
+        return 1
+
+    def _choose(self) -> int:
+        stalls = self.stalls[2:]  # the first snapshot into each slot allocates it
+        if not stalls or not self.durations:
+            return 1
+        stall = statistics.median(stalls)
+        step = statistics.median(self.durations)
+        budget = self.sess.env.snapshot_budget * step
+        return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
+
+    def maybe_snapshot(self, step: int) -> None:
+        persist_every = self.sess.env.persist_every
+        persist = persist_every > 0 and step % persist_every == 0 and self.sess.rank == 0
+        if persist or step % self._cadence(step) == 0:
+            self.snapshot_now(step)
+        if persist:
+            self._start_persist(step)
+
+    def snapshot_now(self, step: int) -> None:
+        sess = self.sess
+        prev = self._prev_snapshot
+        if prev is not None:
+            self.stalls.append(prev.blocking_s)
+            if sess.rank == 0 and sess.events is not None:
+                sess.events.emit(
+                    "snapshot",
+                    step=prev.step,
+                    stall_s=prev.blocking_s,
+                    bytes=prev.nbytes,
+                    tier="memory",
+                )
+        self._prev_snapshot = sess._ckpt.snapshot(sess._state, step, blocking=False)
+
+    # ------------------------------------------------------------ persist
+    def _start_persist(self, step: int) -> None:
+        sess = self.sess
+        if self._persist is not None and not self._persist.done():
+            return  # one at a time; the next cadence point will catch up
+        if sess.events is not None:
+            sess.events.emit("persist_begin", step=step)
+        fut = sess._ckpt.persist()
+        self._persist = fut
+        events = sess.events
+
+        def done(f: Any) -> None:
+            if events is None:
+                return
+            err = f.exception()
+            if err is None:
+                r = f.result()
+                events.emit(
+                    "persist_end",
+                    step=r.step,
+                    ok=True,
+                    seconds=r.seconds,
+                    bytes_written=r.written_bytes,
+                    total_bytes=r.total_bytes,
+                )
+            else:
+                events.emit(
+                    "persist_end", step=step, ok=False, seconds=0.0, error=str(err).splitlines()[0]
+                )
+
+        fut.add_done_callback(done)
+
+    def wait_persist(self) -> None:
+        if self._persist is not None:
+            self._persist.exception()

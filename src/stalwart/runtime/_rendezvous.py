@@ -1,0 +1,82 @@
+"""Joining a generation: agree on the step to resume from, then form the group.
+
+Every member publishes, under the generation's key, the steps its shared-memory
+snapshots hold and the last step it completed. When all ``world_size`` members are in,
+each computes the same answer from the same data: the newest step that *every* member
+holds in memory (a member that failed mid-step, or a replacement reading the dead
+worker's slots, holds one step less at most), else the newest persisted checkpoint,
+else a fresh start. If the generation moves on meanwhile (another failure), everyone
+starts over at the new one; nothing from an old generation is used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from stalwart.coordinator import Coordinator, Store
+
+__all__ = ["Agreement", "agree", "choose"]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    generation: int
+    target: int | None  # step to restore (None: fresh start)
+    tier: str  # memory | disk | none
+    last_done: int  # newest step any member had completed (for steps_lost)
+
+
+def choose(
+    infos: list[dict[str, object]], disk_step: int | None, use_memory: bool
+) -> tuple[int | None, str]:
+    """The restore point from every member's published info (pure; unit-tested)."""
+    if use_memory and infos:
+        held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
+        common = set.intersection(*held)
+        if common:
+            return max(common), "memory"
+    if disk_step is not None:
+        return disk_step, "disk"
+    return None, "none"
+
+
+def agree(
+    store: Store,
+    coord: Coordinator,
+    job: str,
+    rank: int,
+    world_size: int,
+    info: dict[str, object],
+    *,
+    use_memory: bool,
+    disk_step: int | None,
+    min_generation: int,
+    timeout_s: float,
+) -> Agreement:
+    """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
+    members; raises TimeoutError at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gen = coord.generation()
+        if gen < min_generation:
+            coord.advance_generation(gen, "a member saw a collective fail")
+            continue
+        prefix = f"/stalwart/{job}/rt/{gen:012d}/"
+        store.put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        while True:
+            kvs = store.range(prefix).kvs
+            if len(kvs) >= world_size:
+                infos = [json.loads(kv.value) for kv in kvs]
+                target, tier = choose(infos, disk_step, use_memory and gen > 0)
+                last = max(int(i.get("done", -1)) for i in infos)
+                return Agreement(gen, target, tier, last)
+            if coord.generation() != gen:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"generation {gen}: {len(kvs)} of {world_size} workers arrived within "
+                    f"{timeout_s:.0f}s"
+                )
+            time.sleep(0.002)

@@ -1,0 +1,72 @@
+"""What the agent tells a worker, read once from its environment.
+
+Only ``stalwart.init()`` reads these ``STALWART_*`` variables; they are set by the agent
+for its own workers and describe the job, never override a user's argument.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["WorkerEnv"]
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    node_rank: int
+    job: str
+    run_dir: str
+    store: tuple[str, int] | None  # the coordinator store (None: no agent)
+    token_file: str
+    c10d: tuple[str, int] | None  # TCPStore that outlives every worker
+    strategy: str
+    restart_count: int
+    progress: str
+    progress_slot: int
+    chaos_plan: str
+    persist_every: int
+    snapshot_budget: float
+    collective_timeout_s: float
+    hang_ceiling_s: float
+
+    @property
+    def managed(self) -> bool:
+        """Launched by `stalwart run` (else: plain python or torchrun)."""
+        return self.store is not None
+
+    @staticmethod
+    def _addr(text: str) -> tuple[str, int] | None:
+        host, sep, port = text.rpartition(":")
+        return (host, int(port)) if sep and port.isdigit() else None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> WorkerEnv:
+        e = os.environ if env is None else env
+        run_dir = e.get("STALWART_RUN_DIR", "")
+        job = e.get("STALWART_JOB", "") or e.get("TORCHELASTIC_RUN_ID", "") or "local"
+        return cls(
+            rank=int(e.get("RANK", "0")),
+            world_size=int(e.get("WORLD_SIZE", "1")),
+            local_rank=int(e.get("LOCAL_RANK", "0")),
+            node_rank=int(e.get("STALWART_NODE_RANK", e.get("GROUP_RANK", "0"))),
+            job=job,
+            run_dir=run_dir,
+            store=cls._addr(e.get("STALWART_STORE", "")),
+            token_file=e.get("STALWART_TOKEN_FILE", ""),
+            c10d=cls._addr(e.get("STALWART_C10D", ""))
+            or cls._addr(f"{e.get('MASTER_ADDR', '')}:{e.get('MASTER_PORT', '')}"),
+            strategy=e.get("STALWART_STRATEGY", "flash"),
+            restart_count=int(e.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            progress=e.get("STALWART_PROGRESS", ""),
+            progress_slot=int(e.get("STALWART_PROGRESS_SLOT", "0")),
+            chaos_plan=e.get("STALWART_CHAOS_PLAN", ""),
+            persist_every=int(e.get("STALWART_PERSIST_EVERY", "0")),
+            snapshot_budget=float(e.get("STALWART_SNAPSHOT_BUDGET", "0.02")),
+            collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "60")),
+            hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
+        )

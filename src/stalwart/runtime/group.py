@@ -1,0 +1,155 @@
+"""A process group per generation under a DDP model that is built once.
+
+DDP keeps the process group it was built with, and an exception inside a DDP comm hook
+breaks its reducer for good (FACTS.md). So the user's DDP is built over a local
+world-size-1 default group, and :class:`GenerationGroup` installs a comm hook that does
+the real allreduce over the current generation's ``ProcessGroupGloo`` (built over a
+``PrefixStore`` per generation on a TCPStore that outlives every worker). The hook never
+raises: an error is recorded, the buckets are returned as they are, and the session
+discards the step.
+
+The hook defers every bucket until the last one and allreduces all gradients as one
+flat tensor in a canonical order (the parameters' order in the model). Why: a worker
+that just joined has DDP's initial bucket layout while survivors have the rebuilt one;
+a per-bucket allreduce would then sum unrelated bytes. One ordered allreduce per step
+is layout-independent, and on CPU (where comm/compute overlap buys little) it is also
+the cheapest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket, HashStore, PrefixStore, TCPStore
+
+__all__ = ["GenerationGroup", "ensure_local_default_group"]
+
+
+def ensure_local_default_group() -> None:
+    """A world-size-1 default group, so that user code can build DDP before any peer
+    is known and keep it across generations."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+
+
+class GenerationGroup:
+    def __init__(
+        self,
+        c10d: tuple[str, int] | None,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        namespace: str,
+        *,
+        is_master: bool = False,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timedelta(seconds=timeout_s)
+        self.namespace = namespace
+        self.pg: Any = None
+        self.generation = -1
+        self.error: BaseException | None = None
+        self.on_collective: Callable[[bool], None] | None = None
+        self._store: Any = None
+        if world_size > 1:
+            assert c10d is not None, "a multi-worker job needs a c10d store address"
+            self._store = TCPStore(
+                c10d[0], c10d[1], None, is_master, timedelta(seconds=60), wait_for_workers=False
+            )
+        self._params: dict[int, int] = {}
+        self._pending: list[tuple[Any, torch.futures.Future[torch.Tensor]]] = []
+        self.last_allreduce_s = 0.0
+
+    def build(self, generation: int) -> None:
+        """Form the group of ``generation``; raises if a member is missing or fails."""
+        self.pg = None
+        self.error = None
+        if self.world_size > 1:
+            store = PrefixStore(f"{self.namespace}/gen{generation}", self._store)
+            self.pg = dist.ProcessGroupGloo(store, self.rank, self.world_size, self.timeout)
+        self.generation = generation
+
+    def allreduce_(self, flat: torch.Tensor) -> None:
+        """Sum ``flat`` over the group in place; errors are recorded, never raised."""
+        if self.error is not None or self.pg is None:
+            return
+        if self.on_collective is not None:
+            self.on_collective(True)
+        t0 = time.perf_counter()
+        try:
+            self.pg.allreduce([flat]).wait()
+        except Exception as err:
+            self.error = err
+        finally:
+            self.last_allreduce_s = time.perf_counter() - t0
+            if self.on_collective is not None:
+                self.on_collective(False)
+
+    # -- DDP -------------------------------------------------------------
+    def attach(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        self._params = {id(p): i for i, p in enumerate(ddp.module.parameters())}
+
+        def hook(state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+            return self._hook(self, bucket)
+
+        # DDP checks the annotations as objects; this module's are strings (PEP 563)
+        hook.__annotations__ = {
+            "state": object,
+            "bucket": GradBucket,
+            "return": torch.futures.Future[torch.Tensor],
+        }
+        ddp.register_comm_hook(self, hook)
+
+    @staticmethod
+    def _hook(self: GenerationGroup, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        try:
+            self._pending.append((bucket, fut))
+            if bucket.is_last():
+                self._reduce_pending()
+        except BaseException as err:  # never raise into DDP's reducer
+            self.error = self.error or err
+            self._release()
+        return fut
+
+    def _reduce_pending(self) -> None:
+        views: list[tuple[int, torch.Tensor]] = []
+        for bucket, _ in self._pending:
+            buf = bucket.buffer()
+            offset = 0
+            for p in bucket.parameters():
+                n = p.numel()
+                views.append((self._params.get(id(p), 1 << 30), buf[offset : offset + n]))
+                offset += n
+        views.sort(key=lambda v: v[0])
+        flat = torch.cat([v for _, v in views])
+        self.allreduce_(flat)
+        if self.error is None:
+            flat.div_(self.world_size)
+            offset = 0
+            for _, v in views:
+                n = v.numel()
+                v.copy_(flat[offset : offset + n])
+                offset += n
+        self._release()
+
+    def _release(self) -> None:
+        pending, self._pending = self._pending, []
+        for bucket, fut in pending:
+            if not fut.done():
+                fut.set_result(bucket.buffer())
+
+    def reset_step(self) -> BaseException | None:
+        """The error of the step that just ended (None: it succeeded); clears it."""
+        err, self.error = self.error, None
+        self._pending.clear()
+        return err
+
+    def close(self) -> None:
+        self.pg = None

@@ -1,0 +1,327 @@
+"""``stalwart.init()`` and :class:`Session`: the few lines a training script changes.
+
+    sess = stalwart.init()
+    model = DDP(build_model())                 # over a local default group
+    opt = torch.optim.AdamW(model.parameters())
+    sess.track(model=model, optimizer=opt)     # hook + snapshots + rollback
+    for step in sess.steps(total=1000):        # 1..total; recovers between steps
+        loss = train_step(model, opt, batch_for(step, sess.rank))
+
+A step is a transaction: if its allreduce fails (a peer died or was killed for a hang),
+the optimizer step is skipped, and before the next step the session joins the next
+generation, rolls the tracked state back to the newest step every member holds, rebuilds
+the process group and resumes from there. The DDP, optimizer and scheduler objects are
+kept: only their tensors are rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from stalwart.runtime._accounting import StepAccounting
+from stalwart.runtime._rendezvous import agree
+from stalwart.runtime.env import WorkerEnv
+from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
+
+__all__ = ["Session", "init"]
+
+
+_SESSION: Session | None = None
+
+
+def init() -> Session:
+    """Join the job (or run alone when not launched by `stalwart run`)."""
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = Session(WorkerEnv.from_environ())
+    return _SESSION
+
+
+class Session:
+    def __init__(self, env: WorkerEnv) -> None:
+        from stalwart.chaos import FaultLedger, FaultPlan
+        from stalwart.metrics.events import EVENTS_FILE, EventLog
+
+        self.env = env
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.generation = 0
+        self.step = 0  # last completed step
+        self.metrics: dict[str, float] = {}
+        ensure_local_default_group()
+        self.events: EventLog | None = None
+        self.store: Any = None
+        self.coord: Any = None
+        self._board: Any = None
+        self._stop = threading.Event()
+        if env.managed:
+            from stalwart.agent.progress import ProgressBoard
+            from stalwart.coordinator import Coordinator, CoordinatorConfig, StoreClient
+
+            self.events = EventLog(
+                os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
+            )
+            assert env.store is not None
+            self.store = StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
+            self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
+            if env.progress:
+                self._board = ProgressBoard(env.progress, env.progress_slot + 1)
+                threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
+        self.plan = FaultPlan()
+        self.ledger: FaultLedger | None = None
+        if env.chaos_plan and os.path.exists(env.chaos_plan):
+            with open(env.chaos_plan) as f:
+                self.plan = FaultPlan.from_json(f.read())
+            self.ledger = FaultLedger(env.run_dir)
+        self.group = GenerationGroup(
+            env.c10d,
+            env.rank,
+            env.world_size,
+            env.collective_timeout_s,
+            env.job,
+            is_master=not env.managed and env.rank == 0,
+        )
+        self.group.on_collective = self._on_collective
+        self.acct = StepAccounting(self)
+        self._state: dict[str, Any] = {}
+        self._ckpt: Any = None
+        self._phase = "starting"
+        self._t_progress = time.time()
+
+    # ------------------------------------------------------------ progress board
+    def _publish(self, phase: str | None = None) -> None:
+        if phase is not None:
+            self._phase = phase
+        if self._board is not None:
+            now = time.time()
+            self._board.write(
+                self.env.progress_slot,
+                pid=os.getpid(),
+                step=self.step,
+                phase=self._phase,
+                generation=self.generation,
+                t_progress=self._t_progress,
+                t_alive=now,
+                p99_s=self.acct.p99(),
+            )
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(0.1):
+            if self._board is not None:
+                self._board.touch(self.env.progress_slot, time.time())
+
+    def _on_collective(self, entering: bool) -> None:
+        self._publish("collective" if entering else "step")
+
+    # ------------------------------------------------------------ tracking
+    def track(self, **state: Any) -> dict[str, Any]:
+        """Register the training state (model, optimizer, scheduler, anything with
+        ``state_dict``). A DDP model gets the generation comm hook; an optimizer's
+        ``step`` is skipped in a failed step."""
+        from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState
+
+        for value in state.values():
+            if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+                self.group.attach(value)
+            if isinstance(value, torch.optim.Optimizer):
+                self._guard_optimizer(value)
+        self._state = {**state, "_rng": RNGState()}
+        run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
+        self._ckpt = CheckpointManager(
+            CheckpointConfig(
+                root=os.path.join(run_dir, "ckpt"),
+                namespace=f"{self.env.job}-r{self.rank}",
+                rank=0,
+                world_size=1,
+            )
+        )
+        for value in state.values():
+            if isinstance(value, torch.optim.Optimizer):
+                self._ckpt.snapshots.guard(value)
+        return self._state
+
+    def _guard_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        original = opt.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if self.group.error is not None:
+                return None  # the step failed somewhere: discard it everywhere
+            return original(*args, **kwargs)
+
+        opt.step = step  # type: ignore[method-assign]
+
+    def log(self, **metrics: Any) -> None:
+        """Record scalar metrics of the current step (tensors are read with .item())."""
+        for key, value in metrics.items():
+            self.metrics[key] = float(value.item() if hasattr(value, "item") else value)
+
+    # ------------------------------------------------------------ the loop
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield step numbers 1..total; between steps, snapshot, detect, recover."""
+        if not self._state:
+            raise RuntimeError("call Session.track(...) before Session.steps()")
+        self._join(min_generation=0)
+        while True:
+            if self.step >= total:
+                if self._finish(total):
+                    return
+                self._recover("finish barrier broken")
+                continue
+            step = self.step + 1
+            self._fire_chaos(step)
+            t0 = time.perf_counter()
+            self._publish("step")
+            yield step
+            err = self.group.reset_step()
+            if err is not None:
+                self._recover(f"collective failed in step {step}: {err}".splitlines()[0])
+                continue
+            self.acct.step_done(step, t0)
+            self.step = step
+            self._t_progress = time.time()
+            self.acct.maybe_snapshot(step)
+            self._publish()
+
+    def _fire_chaos(self, step: int) -> None:
+        import signal
+
+        for fault in self.plan.worker_faults(self.rank, step):
+            if self.ledger is None or not self.ledger.claim(fault, rank=self.rank, pid=os.getpid()):
+                continue
+            if self.events is not None:
+                self.events.emit(
+                    "fault_injected",
+                    fault=fault.kind,
+                    domain={"rank": self.rank, "node": self.env.node_rank},
+                    spec=fault.text,
+                )
+            if fault.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.kind == "hang":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                self.acct.slow(fault)
+
+    # ------------------------------------------------------------ recovery
+    def _join(self, min_generation: int) -> None:
+        """Agree on a restore point at the current generation, restore, form the group."""
+        self._publish("recovering")
+        t0 = time.perf_counter()
+        snap = self._ckpt.snapshots
+        from stalwart.runtime._memory import memory_steps, restore_memory_step
+
+        while True:
+            if self.coord is None:  # alone: nothing to agree on
+                self.group.build(0)
+                self.acct.snapshot_now(0)
+                self._publish("step")
+                return
+            use_memory = self.env.strategy != "restart"
+            disk = self._disk_step()
+            info = {"steps": memory_steps(snap) if use_memory else [], "done": self.step}
+            a = agree(
+                self.store,
+                self.coord,
+                self.env.job,
+                self.rank,
+                self.world_size,
+                info,
+                use_memory=use_memory,
+                disk_step=disk,
+                min_generation=min_generation,
+                timeout_s=self.env.hang_ceiling_s,
+            )
+            t_restore = time.perf_counter()
+            nbytes = 0
+            if a.tier == "memory" and a.target is not None:
+                nbytes = restore_memory_step(snap, self._state, a.target)
+            elif a.tier == "disk" and a.target is not None:
+                nbytes = self._ckpt.restore(self._state, step=a.target).nbytes
+            restored = a.target if a.target is not None else 0
+            if self.events is not None and a.tier != "none":
+                self.events.emit(
+                    "restore",
+                    step=restored,
+                    tier=a.tier,
+                    seconds=time.perf_counter() - t_restore,
+                    bytes=nbytes,
+                )
+            try:
+                self.group.build(a.generation)
+            except Exception:
+                if self.coord.generation() == a.generation:
+                    self.coord.advance_generation(a.generation, "group formation failed")
+                min_generation = a.generation + 1
+                continue
+            self.generation = a.generation
+            lost = max(0, a.last_done - restored) if a.generation > 0 else 0
+            self.step = restored
+            self._t_progress = time.time()
+            if a.target is None:
+                self.acct.snapshot_now(0)
+            if self.rank == 0 and self.events is not None and a.generation > 0:
+                self.events.emit(
+                    "recovery_end",
+                    strategy=self.env.strategy,
+                    generation=a.generation,
+                    restored_step=restored,
+                    steps_lost=lost,
+                    source_tier=a.tier,
+                    ok=True,
+                )
+            self.acct.recovered(time.perf_counter() - t0)
+            self._publish("step")
+            return
+
+    def _disk_step(self) -> int | None:
+        from stalwart.checkpoint import committed_steps
+
+        steps = committed_steps(self._ckpt.storage)
+        return steps[-1] if steps else None
+
+    def _recover(self, reason: str) -> None:
+        self.acct.flush()
+        if self.coord is None:
+            raise RuntimeError(f"a step failed and there is no agent to recover with: {reason}")
+        self.coord.advance_generation(self.generation, reason)
+        self._join(min_generation=self.generation + 1)
+
+    def _finish(self, total: int) -> bool:
+        """All members reached ``total`` in this generation (else someone failed)."""
+        self.acct.flush()
+        self.acct.wait_persist()
+        if self.store is None:
+            return True
+        prefix = f"/stalwart/{self.env.job}/done/{self.generation:012d}/"
+        self.store.put(prefix + f"{self.rank:06d}", b"1")
+        deadline = time.monotonic() + self.env.hang_ceiling_s
+        while time.monotonic() < deadline:
+            if len(self.store.range(prefix).kvs) >= self.world_size:
+                self._publish("done")
+                return True
+            if self.coord.generation() != self.generation:
+                return False
+            time.sleep(0.005)
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ckpt is not None:
+            self._ckpt.close(unlink_snapshots=False)
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+        if self.events is not None:
+            self.events.close()
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj)

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from stalwart.runtime._rendezvous import choose
+
+
+def test_newest_step_every_member_holds() -> None:
+    infos: list[dict[str, object]] = [
+        {"steps": [8, 9]},  # survivor that finished step 9
+        {"steps": [7, 8]},  # replacement reading the dead worker's slots
+        {"steps": [8, 9]},
+    ]
+    assert choose(infos, None, use_memory=True) == (8, "memory")
+
+
+def test_falls_back_to_disk_then_fresh() -> None:
+    infos: list[dict[str, object]] = [{"steps": [8]}, {"steps": []}]
+    assert choose(infos, 5, use_memory=True) == (5, "disk")
+    assert choose(infos, None, use_memory=True) == (None, "none")
+    assert choose([{"steps": [8]}], 5, use_memory=False) == (5, "disk")
