@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stalwart.metrics._intervals import Interval, covers, measure, union
 from stalwart.metrics.events import Event
@@ -84,6 +84,7 @@ class Resume:
 class Goodput:
     t_start: float
     t_end: float
+    wall_s: float  # exactly the sum of the buckets' parts (computed in run-relative time)
     buckets: dict[str, float]
     windows: list[Window]
     segments: list[Segment]
@@ -92,10 +93,6 @@ class Goodput:
     world_sizes: list[tuple[float, int]]  # (time, world size) at each change
     lost_steps: int  # step completions later redone
     problems: list[str] = field(default_factory=list)
-
-    @property
-    def wall_s(self) -> float:
-        return self.t_end - self.t_start
 
     @property
     def ettr(self) -> float | None:
@@ -187,19 +184,53 @@ def _waiting(events: Sequence[Event], starts: list[float], t_end: float) -> list
     return [(a, min([b, *(s for s in starts if s >= a)])) for a, b in out]
 
 
+def _shift(e: Event, dt: float) -> Event:
+    f = e.fields
+    if e.kind == "steps":
+        f = {**f, "t_first_start": f["t_first_start"] + dt}
+    return Event(e.kind, e.t + dt, e.host, e.pid, e.node, e.rank, f)
+
+
 def account(
     events: Sequence[Event], *, t_start: float | None = None, t_end: float | None = None
 ) -> Goodput:
     """Partition ``[t_start, t_end]`` (default: first ``run_start`` to last ``run_end``,
-    else the first and last event) into :data:`BUCKETS`. ``events`` sorted by time."""
-    problems: list[str] = []
+    else the first and last event) into :data:`BUCKETS`. ``events`` sorted by time.
+
+    Why the arithmetic runs on times relative to the start: wall-clock timestamps near
+    1.8e9 s carry only ~2e-7 s of precision, enough to make the buckets miss the wall
+    time by a few ulps; relative times keep the partition exact to ~1e-15 of the run.
+    """
     if not events:
         raise ValueError("no events to account")
-    t0 = (
+    base = (
         t_start
         if t_start is not None
         else next((e.t for e in events if e.kind == "run_start"), events[0].t)
     )
+    g = _account([_shift(e, -base) for e in events], None if t_end is None else t_end - base)
+    for inc in g.incidents:
+        inc.t_fault += base
+        inc.t_detected = None if inc.t_detected is None else inc.t_detected + base
+        inc.t_resume = None if inc.t_resume is None else inc.t_resume + base
+    return Goodput(
+        base,
+        base + g.t_end,
+        g.wall_s,
+        g.buckets,
+        [replace(w, t0=w.t0 + base, t1=w.t1 + base) for w in g.windows],
+        [replace(x, t0=x.t0 + base, t1=x.t1 + base) for x in g.segments],
+        g.incidents,
+        [replace(r, t=r.t + base) for r in g.resumes],
+        [(t + base, n) for t, n in g.world_sizes],
+        g.lost_steps,
+        g.problems,
+    )
+
+
+def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
+    problems: list[str] = []
+    t0 = 0.0
     ends = [e.t for e in events if e.kind == "run_end"]
     steps = sorted((e for e in events if e.kind == "steps"), key=lambda e: e["t_first_start"])
     t1 = (
@@ -227,10 +258,12 @@ def account(
     # Per batch: stall, restore and compute amounts; the idle rest is taken to follow the
     # compute (a batch flushed when recovery starts ends with the time spent blocked).
     amounts: list[tuple[float, float, float]] = []
+    # Compute first: busy_s is measured per step and excludes stalls, so a stall that
+    # does not fit beside it was reported at the wrong time and is clipped instead.
     for a, b, e in raw:
-        st = min(measure(stall, a, b), b - a)
-        rs = min(measure(restore, a, b), b - a - st)
-        amounts.append((st, rs, min(float(e["busy_s"]), b - a - st - rs)))
+        busy = min(float(e["busy_s"]), b - a)
+        st = min(measure(stall, a, b), b - a - busy)
+        amounts.append((st, min(measure(restore, a, b), b - a - busy - st), busy))
     busy_end = [a + sum(x) for (a, _, _), x in zip(raw, amounts, strict=True)]
     labelled: dict[str, list[Interval]] = {
         "checkpoint_stall": stall,
@@ -332,5 +365,15 @@ def account(
     ]
     lost_steps = sum(w.last_step - w.first_step + 1 - w.productive_steps for w in windows)
     return Goodput(
-        t0, t1, buckets, windows, segments, incidents, resume_list, sizes, lost_steps, problems
+        t0,
+        t1,
+        t1 - t0,
+        buckets,
+        windows,
+        segments,
+        incidents,
+        resume_list,
+        sizes,
+        lost_steps,
+        problems,
     )

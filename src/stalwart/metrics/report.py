@@ -111,6 +111,11 @@ class RunReport:
         busy = union((e.t - e["seconds"], e.t) for e in ends)
         persist_s = measure(busy, -math.inf, math.inf)
         stall = self.goodput.buckets["checkpoint_stall"]
+        reported = measure(
+            union((e.t - e["stall_s"], e.t) for e in snaps),
+            self.goodput.t_start,
+            self.goodput.t_end,
+        )
         n = len({int(e["step"]) for e in snaps})
         written = sum(int(e.get("bytes_written", 0)) for e in ends if e["ok"])
         restores = [e for e in self.events if e.kind == "restore"]
@@ -118,6 +123,7 @@ class RunReport:
             "snapshots": n,
             "stall_s": stall,
             "stall_pct": 100 * stall / wall if wall > 0 else None,
+            "stall_reported_s": reported,
             "mean_stall_s": stall / n if n else None,
             "persists_ok": sum(1 for e in ends if e["ok"]),
             "persists_failed": sum(1 for e in ends if not e["ok"]),
