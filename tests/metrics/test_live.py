@@ -17,6 +17,7 @@ import pytest
 from stalwart.errors import ConfigError
 from stalwart.metrics import EventLog, read_events
 from stalwart.metrics.console import ConsoleProgress
+from stalwart.metrics.follow import EventFollower, LiveFeed
 from stalwart.metrics.live import EventTee, LiveFigures
 from stalwart.metrics.prometheus import CONTENT_TYPE, METRICS, MetricsExporter
 
@@ -197,3 +198,69 @@ def test_importing_metrics_loads_no_plotting_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_live_feed_tails_the_log_into_exporter_and_console(tmp_path: Path) -> None:
+    """The agent's route: workers append to events.jsonl, a LiveFeed tails it into the
+    exporter and the console, and Prometheus scrapes while the run goes on."""
+    path = str(tmp_path / "events.jsonl")
+    stop = threading.Event()
+    written = [0]
+
+    def worker() -> None:  # rank 0 of a run in progress, writing the shared log
+        with EventLog(path) as log:
+            log.emit("run_start", t=0.0, job="j", world_size=2)
+            t = 0.0
+            while not stop.is_set() and written[0] < 20_000:
+                log.emit(
+                    "steps",
+                    t=t + 1,
+                    first_step=written[0] + 1,
+                    last_step=written[0] + 2,
+                    count=2,
+                    busy_s=1.0,
+                    t_first_start=t,
+                )
+                written[0] += 2
+                t += 1
+                stop.wait(0.005)
+
+    out = io.StringIO()
+    console = ConsoleProgress(out, tty=False, plain_every_s=1e9)
+    with MetricsExporter() as exporter:
+        feed = LiveFeed(path, exporter, console, interval_s=0.01).start()
+        writer = threading.Thread(target=worker)
+        writer.start()
+        try:
+            seen: set[float] = set()
+
+            def advanced() -> bool:
+                v = _scrape(exporter.url).get("stalwart_step")
+                if v is not None:
+                    seen.add(v)
+                return len(seen) >= 3
+
+            _wait_for(advanced, "the scraped step to advance as the log grows")
+        finally:
+            stop.set()
+            writer.join(timeout=30)
+            feed.close()
+        assert not writer.is_alive() and feed._thread is None
+        final = _scrape(exporter.url)
+        assert final["stalwart_step"] == written[0] == final["stalwart_steps_total"]
+        assert final["stalwart_ettr_ratio"] == 1.0
+    assert console.live.step == written[0] and out.getvalue().startswith("step 2  ")
+
+
+def test_follower_waits_for_a_line_being_written(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    f = EventFollower(str(path))
+    assert f.poll() == []  # no file yet
+    with EventLog(str(path)) as log:
+        log.emit("note", t=1.0, message="a")
+    with open(path, "ab") as fh:
+        fh.write(b'{"v":1,"t":2.0,"kind":"note","host":"h","pid":1,"node":null,"rank":null,')
+    assert [e["message"] for e in f.poll()] == ["a"]
+    with open(path, "ab") as fh:
+        fh.write(b'"message":"b"}\n')
+    assert [e["message"] for e in f.poll()] == ["b"] and f.problems == []

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from stalwart.errors import ConfigError
-from stalwart.metrics.live import LiveSnapshot
+from stalwart.metrics.live import LiveFigures, LiveSnapshot
 
 __all__ = ["CONTENT_TYPE", "METRICS", "MetricsExporter", "render_metrics"]
 
@@ -108,6 +108,8 @@ class MetricsExporter:
         self.host, self.port, self.labels = host, port, dict(labels or {})
         self._body = b"# no figures yet\n"
         self._lock = threading.Lock()
+        self.live = LiveFigures()  # fed by emit(); rendered at the next scrape
+        self._fed = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -116,12 +118,25 @@ class MetricsExporter:
         return f"http://{self.host}:{self.port}/metrics"
 
     def update(self, snapshot: LiveSnapshot) -> None:
+        """Serve these figures from now on (for a caller that keeps its own totals)."""
         body = render_metrics(snapshot, self.labels).encode()
         with self._lock:
-            self._body = body
+            self._body, self._fed = body, False
+
+    def emit(
+        self, kind: str, *, t: float | None = None, rank: int | None = None, **fields: Any
+    ) -> None:
+        """Take one event (same arguments as :meth:`EventLog.emit`), so the exporter can
+        sit in an :class:`EventTee` or a :class:`LiveFeed` directly."""
+        with self._lock:
+            self.live.emit(kind, t=t, rank=rank, **fields)
+            self._fed = True
 
     def _current(self) -> bytes:
         with self._lock:
+            if self._fed:
+                self._body = render_metrics(self.live.snapshot(), self.labels).encode()
+                self._fed = False
             return self._body
 
     def start(self) -> MetricsExporter:

@@ -1,0 +1,113 @@
+"""Follow a run's event log as it grows, and feed the live sinks from it.
+
+Why tail the file rather than hook the agent's ``emit``: the events that matter most
+live (``steps``, ``snapshot``, ``restore``, ``recovery_end``) are written by the worker
+processes, straight to the shared log; the agent never sees them in memory. Tailing the
+one file gives every sink the whole run, from any process, at the cost of one ``read``
+per poll.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from stalwart.metrics.events import SCHEMA_VERSION, Event, EventLogError, _validate
+from stalwart.metrics.live import EventSink
+
+__all__ = ["EventFollower", "LiveFeed"]
+
+_ENVELOPE = ("v", "t", "kind", "host", "pid", "node", "rank")
+
+
+class EventFollower:
+    """Returns the events appended to ``path`` since the last :meth:`poll`; a line still
+    being written (no newline yet) waits for the next poll. A missing file is empty."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self._tail = b""
+        self.problems: list[str] = []
+
+    def poll(self) -> list[Event]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self._tail + chunk
+        *lines, self._tail = data.split(b"\n")
+        out: list[Event] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                d: dict[str, Any] = json.loads(line)
+                if d.get("v") != SCHEMA_VERSION:
+                    raise ValueError(f"schema version {d.get('v')!r}")
+                fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
+                _validate(str(d["kind"]), fields)
+                out.append(
+                    Event(
+                        str(d["kind"]),
+                        float(d["t"]),
+                        str(d.get("host", "")),
+                        int(d.get("pid", 0)),
+                        d.get("node"),
+                        d.get("rank"),
+                        fields,
+                    )
+                )
+            except (ValueError, KeyError, TypeError, EventLogError) as err:
+                self.problems.append(f"{self.path}: {err}")  # live display: skip, go on
+        return out
+
+
+class LiveFeed:
+    """A thread that polls an :class:`EventFollower` every ``interval_s`` and hands each
+    new event to every sink (a :class:`ConsoleProgress`, a :class:`MetricsExporter`, a
+    :class:`LiveFigures`): ``LiveFeed(RUN_DIR/events.jsonl, exporter, console).start()``.
+    :meth:`close` feeds what is left, then stops and joins the thread."""
+
+    def __init__(self, path: str, *sinks: EventSink, interval_s: float = 0.5) -> None:
+        self.follower = EventFollower(path)
+        self.sinks = sinks
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def pump(self) -> int:
+        """Feed what is new now; returns how many events."""
+        with self._lock:
+            events = self.follower.poll()
+            for e in events:
+                for s in self.sinks:
+                    s.emit(e.kind, t=e.t, rank=e.rank, **e.fields)
+            return len(events)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.pump()
+
+    def start(self) -> LiveFeed:
+        self._thread = threading.Thread(target=self._run, name="stalwart-live-feed", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.pump()
+
+    def __enter__(self) -> LiveFeed:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
