@@ -194,3 +194,33 @@ def test_retention_keeps_last_k_and_shared_chunks(tmp_path: Path, shm_namespace:
     finally:
         mgr2.close()
     assert_same(params(fresh), want)
+
+
+def test_damaged_shared_chunk_is_quarantined_not_spread(tmp_path: Path, shm_namespace: str) -> None:
+    """A frozen layer's chunk is stored once and shared by every step; when it is
+    damaged, restore reports every step, hides them, and the next save rewrites it."""
+    state = make_state(frozen=True)
+    mgr = _mgr(tmp_path, shm_namespace)
+    try:
+        mgr.save(state, 1)
+        train_step(state)
+        mgr.save(state, 2)
+        pack1 = next(p for p in (tmp_path / "data").iterdir() if p.name.startswith("000000000001"))
+        _flip(str(pack1), 10)  # the frozen first layer's weight is at the start of step 1's pack
+        with pytest.raises(CheckpointCorruptError) as info:
+            mgr.restore(make_state(seed=2, frozen=True))
+        assert any("step 2" in p for p in info.value.problems)
+        assert any("step 1" in p for p in info.value.problems)
+        storage = open_storage(str(tmp_path))
+        assert committed_steps(storage) == []
+        assert (tmp_path / "step_000000000002" / "QUARANTINED.json").exists()
+        train_step(state)
+        result = mgr.save(state, 3)
+        assert result.written_bytes >= result.total_bytes - 64  # no reuse of old chunks
+        assert verify_step(storage, 3).ok
+        want = params(state)
+        fresh = make_state(seed=4, frozen=True)
+        assert mgr.restore(fresh).step == 3
+        assert_same(params(fresh), want)
+    finally:
+        mgr.close()

@@ -27,6 +27,7 @@ from stalwart.errors import CheckpointFormatError
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "QUARANTINE_NAME",
     "ChunkRef",
     "IndexRef",
     "Manifest",
@@ -42,6 +43,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
+QUARANTINE_NAME = "QUARANTINED.json"  # replaces the manifest of a step found damaged
 _STEP_RE = re.compile(r"^step_(\d{12})$")
 
 

@@ -94,8 +94,14 @@ class CheckpointManager:
         return fut.result() if fut is not None else None
 
     def restore(self, state: Mapping[str, Any], *, step: int | None = None) -> RestoreResult:
+        cfg = self.config
         return restore_state(
-            self.storage, state, rank=self.config.rank, world_size=self.config.world_size, step=step
+            self.storage,
+            state,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            step=step,
+            quarantine_damaged=cfg.world_size == 1,
         )
 
     def restore_from_memory(self, state: Mapping[str, Any]) -> int:

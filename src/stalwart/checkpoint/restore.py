@@ -12,6 +12,9 @@ re-cut from the saved shards' boxes (global offsets recorded at save time).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +24,14 @@ import torch
 
 from stalwart.checkpoint._load import SavedTensor, byte_view, load_into
 from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest
-from stalwart.checkpoint.format import RankIndex, TensorEntry, checksum
+from stalwart.checkpoint.format import (
+    QUARANTINE_NAME,
+    RankIndex,
+    TensorEntry,
+    checksum,
+    manifest_path,
+    step_dir,
+)
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import (
     CheckpointCorruptError,
@@ -29,7 +39,7 @@ from stalwart.errors import (
     CheckpointNotFoundError,
 )
 
-__all__ = ["RestoreResult", "read_tensor", "restore_state"]
+__all__ = ["RestoreResult", "quarantine", "read_tensor", "restore_state"]
 
 
 @dataclass
@@ -145,6 +155,20 @@ def _fill_box(
         )
 
 
+def quarantine(storage: Storage, step: int, problems: list[str]) -> None:
+    """Make a damaged step invisible, keeping a record of why.
+
+    Deduplication stores a shared chunk once, so a damaged chunk breaks every step that
+    references it; a damaged step left visible would also be the base that the next
+    save deduplicates against, and would spread the damage. Quarantined, it is neither
+    restored nor used as a base, so the next save writes those chunks afresh."""
+    record = {"step": step, "quarantined_unix": time.time(), "problems": problems}
+    with contextlib.suppress(FileNotFoundError):
+        record["manifest"] = storage.read(manifest_path(step)).decode(errors="replace")
+    storage.write_atomic(f"{step_dir(step)}/{QUARANTINE_NAME}", json.dumps(record).encode())
+    storage.delete(manifest_path(step))
+
+
 def restore_state(
     storage: Storage,
     state: Mapping[str, Any],
@@ -152,8 +176,13 @@ def restore_state(
     rank: int = 0,
     world_size: int = 1,
     step: int | None = None,
+    quarantine_damaged: bool = False,
 ) -> RestoreResult:
-    """Load the newest valid checkpoint (or exactly ``step``) into ``state``."""
+    """Load the newest valid checkpoint (or exactly ``step``) into ``state``.
+
+    ``quarantine_damaged`` hides every step found damaged (see :func:`quarantine`).
+    Only a job's single restorer should set it: ranks restoring in parallel must first
+    agree on the step, or one rank could hide a step another just loaded."""
     steps = committed_steps(storage)
     if step is not None:
         steps = [s for s in steps if s == step]
@@ -169,7 +198,10 @@ def restore_state(
             nbytes = _restore_step(storage, state, s, rank, world_size)
             return RestoreResult(s, skipped, nbytes)
         except CheckpointCorruptError as err:
-            skipped.extend(f"step {s}: {p}" for p in (err.problems or [str(err)]))
+            problems = err.problems or [str(err)]
+            skipped.extend(f"step {s}: {p}" for p in problems)
+            if quarantine_damaged:
+                quarantine(storage, s, problems)
         except CheckpointFormatError as err:
             skipped.append(f"step {s}: {err}")
     raise CheckpointCorruptError(
