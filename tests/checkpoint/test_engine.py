@@ -224,3 +224,23 @@ def test_damaged_shared_chunk_is_quarantined_not_spread(tmp_path: Path, shm_name
         assert_same(params(fresh), want)
     finally:
         mgr.close()
+
+
+def test_reshard_ignores_duplicate_pieces_and_reports_gaps() -> None:
+    """Two ranks saved the same rows (a replicated mesh dimension); rows 3..5 are
+    missing. The duplicates must not hide the gap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stalwart.checkpoint.format import TensorEntry
+    from stalwart.checkpoint.restore import _fill_box
+    from stalwart.checkpoint.storage import LocalStorage
+
+    piece = TensorEntry(
+        0, ".w", "float32", [3, 3], 36, [], {"global_shape": [6, 3], "offsets": [0, 0]}
+    )
+    dst = torch.full((6, 3), -1.0)
+    with (
+        ThreadPoolExecutor(1) as pool,
+        pytest.raises(CheckpointCorruptError, match="do not cover"),
+    ):
+        _fill_box(LocalStorage("/nonexistent"), [piece, piece], dst, {"offsets": [0, 0]}, pool)

@@ -127,9 +127,17 @@ def _fill_box(
     box: dict[str, list[int]],
     pool: ThreadPoolExecutor,
 ) -> None:
-    """Copy into ``dst`` (the local shard at ``box``) every overlapping saved piece."""
-    covered = 0
+    """Copy into ``dst`` (the local shard at ``box``) every overlapping saved piece.
+
+    Ranks that hold the same piece (replicated mesh dimensions, e.g. HSDP) saved it
+    once each; one copy per box is read, so duplicates can neither be read twice nor
+    make up for a piece that is missing."""
+    unique: dict[tuple[tuple[int, ...], tuple[int, ...]], TensorEntry] = {}
     for piece in pieces:
+        offsets = tuple(piece.shard["offsets"]) if piece.shard else (0,) * len(piece.shape)
+        unique.setdefault((offsets, tuple(piece.shape)), piece)
+    covered = 0
+    for piece in unique.values():
         p_off = piece.shard["offsets"] if piece.shard else [0] * len(piece.shape)
         src_sl, dst_sl, n = [], [], 1
         for d in range(len(piece.shape)):
