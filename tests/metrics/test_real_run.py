@@ -16,9 +16,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from stalwart.cli.main import main
 from stalwart.metrics import read_events
 from stalwart.metrics.report import load_run
 
@@ -36,7 +38,7 @@ def _launcher_missing() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_launcher_missing() is not None, reason=str(_launcher_missing()))
-def test_real_run_figures_match_wall_clock(tmp_path: Path) -> None:
+def test_real_run_figures_match_wall_clock(tmp_path: Path, capsys: Any) -> None:
     run = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -108,3 +110,10 @@ def test_real_run_figures_match_wall_clock(tmp_path: Path) -> None:
     assert d["failures"] == 1 and d["incidents"][0]["injected"]
     assert d["rto_s"]["max"] is not None and 0 < d["rto_s"]["max"] < d["wall_s"]
     assert d["steps"]["lost"] == d["steps"]["lost_reported"]
+    # Acceptance: `stalwart report` prints the summary and writes HTML with every incident.
+    page = tmp_path / "report.html"
+    assert main(["report", str(run), "--html", str(page)]) == 0
+    assert "ETTR" in capsys.readouterr().out
+    html = page.read_text()
+    for inc in d["incidents"]:
+        assert f"<td>#{inc['index']}</td>" in html
