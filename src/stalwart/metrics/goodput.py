@@ -9,12 +9,13 @@ up to the wall time by construction. Definitions and formulas: docs/goodput.md.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from stalwart.metrics._intervals import Interval, covers, measure, union
+from stalwart.metrics._intervals import Interval, add, covers, measure, overlapping, union
 from stalwart.metrics.events import Event
 from stalwart.metrics.incidents import Incident, find_incidents, resume_after
 
@@ -129,11 +130,8 @@ def _world_sizes(events: Sequence[Event], t_start: float) -> list[tuple[float, i
 
 
 def _ws_at(sizes: list[tuple[float, int]], t: float) -> int:
-    ws = sizes[0][1] if sizes else 1
-    for when, n in sizes:
-        if when <= t:
-            ws = n
-    return ws
+    i = bisect.bisect_right(sizes, (t, 1 << 62)) - 1
+    return sizes[max(i, 0)][1] if sizes else 1
 
 
 def _productive_counts(steps: list[Event]) -> list[int]:
@@ -143,8 +141,7 @@ def _productive_counts(steps: list[Event]) -> list[int]:
     counts = [0] * len(steps)
     for n in range(len(steps) - 1, -1, -1):
         a, b = int(steps[n]["first_step"]), int(steps[n]["last_step"]) + 1
-        counts[n] = (b - a) - round(measure(done, a, b))
-        done = union([*done, (a, b)])
+        counts[n] = (b - a) - round(add(done, a, b))
     return counts
 
 
@@ -155,7 +152,10 @@ def _classify(
     first of ``priority`` that covers it, else "other"."""
     if b <= a:
         return []
-    cuts = sorted({a, b} | {x for k in priority for iv in labelled[k] for x in iv if a < x < b})
+    cuts = sorted(
+        {a, b}
+        | {x for k in priority for iv in overlapping(labelled[k], a, b) for x in iv if a < x < b}
+    )
     out: list[tuple[float, float, str]] = []
     for x, y in itertools.pairwise(cuts):
         name = next((k for k in priority if covers(labelled[k], x, y)), "other")
@@ -181,7 +181,11 @@ def _waiting(events: Sequence[Event], starts: list[float], t_end: float) -> list
     if t_open is not None:
         out.append((t_open, t_end))
     # A step batch starting also ends a wait.
-    return [(a, min([b, *(s for s in starts if s >= a)])) for a, b in out]
+    ends = []
+    for a, b in out:
+        i = bisect.bisect_left(starts, a)
+        ends.append((a, min(b, starts[i]) if i < len(starts) else b))
+    return ends
 
 
 def _shift(e: Event, dt: float) -> Event:
@@ -282,18 +286,18 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
         detection.append((f, inc.t_detected))
         recovery.append((inc.t_detected, stop))
         # Steps done (or in flight) after the last recorded one and before the fault.
-        inside = [be for (a, b, _), be in zip(raw, busy_end, strict=True) if a <= f < b]
-        before = [b for _, b, _ in raw if b <= f]
-        if inside:
-            lost.append((inside[0], f))
-        elif before:
-            lost.append((before[-1], f))
+        j = bisect.bisect_right(starts, f) - 1  # the last batch starting at or before f
+        if j >= 0 and f < raw[j][1]:
+            lost.append((busy_end[j], f))
+        elif j >= 0:
+            lost.append((raw[j][1], f))
         if inc.t_resume is not None:
             resumes[inc.t_resume] = "incident"
     first_step_t = starts[0] if starts else t1
     for e in events:  # reconfigurations: recoveries and resizes without a fault
         if e.kind in ("recovery_begin", "generation", "resize") and e.t > first_step_t:
-            if any(a <= e.t < b for a, b, _ in raw):
+            j = bisect.bisect_right(starts, e.t) - 1
+            if j >= 0 and e.t < raw[j][1]:
                 continue
             r = resume_after(e.t, starts, spans)
             recovery.append((e.t, t1 if r is None else r))
@@ -357,11 +361,11 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
     for k in BUCKETS:
         buckets[k] = math.fsum(parts[k])
     segments.sort(key=lambda s: s.t0)
+    by_start = {w.t0: w for w in windows}
     resume_list = [
-        Resume(t, w.first_step, w.world_size, resumes[t])
+        Resume(t, by_start[t].first_step, by_start[t].world_size, resumes[t])
         for t in sorted(resumes)
-        for w in windows
-        if w.t0 == t
+        if t in by_start
     ]
     lost_steps = sum(w.last_step - w.first_step + 1 - w.productive_steps for w in windows)
     return Goodput(
