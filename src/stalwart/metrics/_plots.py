@@ -27,6 +27,55 @@ COLORS: dict[str, str] = {
 }
 
 
+_MAX_BATCHES = 1000  # above this, throughput is drawn in time bins
+_MAX_SEGMENTS = 1500  # above this, the bucket strip is drawn as this many columns
+_MAX_POINTS = 2000  # loss points drawn at most (every k-th beyond)
+
+
+def _binned_rate(windows: list[list[Any]], wall: float, n: int) -> tuple[list[float], list[float]]:
+    """Steps per second in ``n`` equal time bins: a batch's steps spread over its span."""
+    width = wall / n
+    done = [0.0] * n
+    for t0, t1, steps, _good, _ws in windows:
+        span = max(t1 - t0, 1e-12)
+        i = max(int(t0 // width), 0)
+        while i < n and i * width < t1:
+            lo, hi = max(t0, i * width), min(t1, (i + 1) * width)
+            if hi > lo:
+                done[i] += steps * (hi - lo) / span
+            i += 1
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, v in enumerate(done):
+        xs += [i * width, (i + 1) * width]
+        ys += [v / width, v / width]
+    return xs, ys
+
+
+def _columns(segments: list[list[Any]], wall: float, n: int) -> list[list[Any]]:
+    """The bucket strip as ``n`` columns, each showing its dominant bucket; runs of one
+    bucket merged. Why: a long run has more segments than the plot has pixels."""
+    width = wall / n
+    share: list[dict[str, float]] = [{} for _ in range(n)]
+    for a, b, name in segments:
+        i = max(int(a // width), 0)
+        while i < n and i * width < b:
+            lo, hi = max(a, i * width), min(b, (i + 1) * width)
+            if hi > lo:
+                share[i][name] = share[i].get(name, 0.0) + hi - lo
+            i += 1
+    out: list[list[Any]] = []
+    for i, col in enumerate(share):
+        if not col:
+            continue
+        name = max(col, key=lambda k: col[k])
+        if out and out[-1][2] == name and out[-1][1] == i * width:
+            out[-1][1] = (i + 1) * width
+        else:
+            out.append([i * width, (i + 1) * width, name])
+    return out
+
+
 def _svg(fig: Figure) -> str:
     from matplotlib.backends.backend_svg import FigureCanvasSVG
 
@@ -46,10 +95,14 @@ def timeline(d: dict[str, Any]) -> str:
     ax, strip = fig.subplots(2, 1, sharex=True, height_ratios=[4, 1])
     xs: list[float] = []
     ys: list[float] = []
-    for t0, t1, n, _good, _ws in s["windows"]:
-        rate = n / (t1 - t0) if t1 > t0 else 0.0
-        xs += [t0, t1, t1]
-        ys += [rate, rate, float("nan")]
+    wall = max(d["wall_s"], 1e-9)
+    if len(s["windows"]) > _MAX_BATCHES:
+        xs, ys = _binned_rate(s["windows"], wall, _MAX_BATCHES // 2)
+    else:
+        for t0, t1, n, _good, _ws in s["windows"]:
+            rate = n / (t1 - t0) if t1 > t0 else 0.0
+            xs += [t0, t1, t1]
+            ys += [rate, rate, float("nan")]
     ax.plot(xs, ys, color=COLORS["productive"], linewidth=1.5, label="steps/s")
     for i in d["incidents"]:
         if not i["interrupted"]:
@@ -57,6 +110,8 @@ def timeline(d: dict[str, Any]) -> str:
         end = i["t_resume"] if i["t_resume"] is not None else d["wall_s"]
         ax.axvspan(i["t_fault"], end, color=COLORS["lost_progress"], alpha=0.18, linewidth=0)
         ax.axvline(i["t_fault"], color=COLORS["lost_progress"], linewidth=1)
+        if len(d["incidents"]) > 20:
+            continue  # labels would overlap; the incident table names them
         ax.annotate(
             f"#{i['index']} {i['fault']}",
             (i["t_fault"], 1.0),
@@ -67,10 +122,13 @@ def timeline(d: dict[str, Any]) -> str:
             ha="right",
             color=COLORS["lost_progress"],
         )
-    if s["snapshots"]:  # one artist however many checkpoints: a rug along the bottom
+    # One artist however many checkpoints: a rug along the bottom, one tick per column.
+    col = wall / (4 * _MAX_SEGMENTS)
+    ticks = sorted({round(t / col) * col for t in s["snapshots"]})
+    if ticks:
         ax.plot(
-            sorted(set(s["snapshots"])),
-            [0.0] * len(set(s["snapshots"])),
+            ticks,
+            [0.0] * len(ticks),
             "|",
             color=COLORS["checkpoint_stall"],
             markersize=10,
@@ -83,8 +141,11 @@ def timeline(d: dict[str, Any]) -> str:
     ax.set_ylabel("steps / s")
     ax.set_ylim(bottom=0)
     ax.set_title("throughput (red: incidents, fault to resume; ticks: checkpoints)", fontsize=9)
+    segs = s["segments"]
+    if len(segs) > _MAX_SEGMENTS:
+        segs = _columns(segs, wall, _MAX_SEGMENTS)
     for name in COLORS:
-        spans = [(a, b - a) for a, b, k in s["segments"] if k == name]
+        spans = [(a, b - a) for a, b, k in segs if k == name]
         if spans:
             strip.broken_barh(spans, (0, 1), color=COLORS[name], label=name)
     strip.set_yticks([])
@@ -146,12 +207,14 @@ def loss(d: dict[str, Any]) -> str:
     fig = Figure(figsize=(7.0, 3.6), layout="constrained")
     ax = fig.add_subplot()
     if s["reference_loss"]:
-        rs, rv = zip(*s["reference_loss"], strict=True)
+        ref = s["reference_loss"][:: max(1, len(s["reference_loss"]) // _MAX_POINTS)]
+        rs, rv = zip(*ref, strict=True)
         ax.plot(rs, rv, color="black", linewidth=1, label="reference")
-    if s["loss"]:
+    pts = s["loss"][:: max(1, len(s["loss"]) // _MAX_POINTS)]
+    if pts:
         ax.plot(
-            [p[0] for p in s["loss"]],
-            [p[1] for p in s["loss"]],
+            [p[0] for p in pts],
+            [p[1] for p in pts],
             ".",
             color=COLORS["productive"],
             markersize=3,

@@ -57,12 +57,13 @@ def render_html(d: dict[str, Any]) -> str:
     """The whole HTML document for a :meth:`RunReport.to_dict` document."""
     e = html.escape
     wall = d["wall_s"]
+    job = e(str(d["job"] or "-"))
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-        f"<title>stalwart report: {e(str(d['job']))}</title><style>{_CSS}</style></head><body>",
-        f"<h1>stalwart report &mdash; {e(str(d['job']))}</h1>",
-        f"<p>run <code>{e(d['run_dir'])}</code> &middot; strategy {e(str(d['strategy']))} "
-        f"&middot; status {e(str(d['status']))}</p>",
+        f"<title>stalwart report: {job}</title><style>{_CSS}</style></head><body>",
+        f"<h1>stalwart report &mdash; {job}</h1>",
+        f"<p>run <code>{e(d['run_dir'])}</code> &middot; strategy {e(str(d['strategy'] or '-'))} "
+        f"&middot; status {e(str(d['status'] or 'unknown (no run_end)'))}</p>",
     ]
     if d["partial"]:
         items = "".join(f"<li>{e(p)}</li>" for p in d["problems"])

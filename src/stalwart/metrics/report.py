@@ -221,7 +221,8 @@ def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document."""
     wall = d["wall_s"]
     lines = [
-        f"run {d['run_dir']}  job={d['job']}  strategy={d['strategy']}  status={d['status']}",
+        f"run {d['run_dir']}  job={d['job'] or '-'}  strategy={d['strategy'] or '-'}  "
+        f"status={d['status'] or 'unknown (no run_end)'}",
     ]
     if d["partial"]:
         lines.append("PARTIAL REPORT: " + "; ".join(d["problems"][:3]))
