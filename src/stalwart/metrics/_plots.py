@@ -139,7 +139,21 @@ def timeline(d: dict[str, Any]) -> str:
         if r["cause"] == "reconfiguration":
             ax.axvline(r["t"], color=COLORS["recovery"], linewidth=1, linestyle="--")
     ax.set_ylabel("steps / s")
-    ax.set_ylim(bottom=0)
+    sizes = d["world_size"]
+    if len({w["world_size"] for w in sizes}) > 1:  # elastic: show the world size too
+        ws = ax.twinx()
+        ws.step(
+            [w["t"] for w in sizes] + [wall],
+            [w["world_size"] for w in sizes] + [sizes[-1]["world_size"]],
+            where="post",
+            color="black",
+            linewidth=0.8,
+            linestyle="--",
+        )
+        ws.set_ylabel("world size (dashed)")
+        ws.set_ylim(0, max(w["world_size"] for w in sizes) * 1.15)
+    top = max((y for y in ys if y == y), default=0.0)  # y == y: not NaN
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_title("throughput (red: incidents, fault to resume; ticks: checkpoints)", fontsize=9)
     segs = s["segments"]
     if len(segs) > _MAX_SEGMENTS:

@@ -232,6 +232,9 @@ def format_summary(d: dict[str, Any]) -> str:
         f"productive steps {d['steps']['productive']}  lost steps {d['steps']['lost']} "
         f"({d['lost_work_s']:.1f}s)"
     )
+    cap = d["capacity_ettr"]
+    if cap is not None and len({w["world_size"] for w in d["world_size"]}) > 1:
+        lines.append(f"capacity ETTR {100 * cap:.1f}% (productive time x world size / max)")
     lines.append("time by bucket:")
     for k in BUCKETS:
         v = d["buckets_s"][k]
