@@ -1,8 +1,9 @@
-"""Run `stalwart run` as a bounded subprocess for the multi-process tests."""
+"""Run `stalwart run` as bounded subprocesses for the multi-process tests."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -10,14 +11,11 @@ from pathlib import Path
 
 from stalwart.metrics.events import read_events
 
-__all__ = ["events_of", "stalwart_run"]
+__all__ = ["events_of", "stalwart_run", "stalwart_run_nodes"]
 
 
-def stalwart_run(
-    run_dir: Path, args: list[str], *, timeout: float = 90.0
-) -> subprocess.CompletedProcess[str]:
-    job = f"test-{uuid.uuid4().hex[:8]}"
-    cmd = [
+def _cmd(job: str, run_dir: Path, args: list[str]) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "stalwart.cli.main",
@@ -28,13 +26,64 @@ def stalwart_run(
         str(run_dir),
         *args,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(run_dir.parent)
-    )
+
+
+def _check_shm(job: str) -> None:
     leftovers = [p for p in os.listdir("/dev/shm") if job in p]
     assert not leftovers, f"shared memory left behind: {leftovers}"
+
+
+def stalwart_run(
+    run_dir: Path, args: list[str], *, timeout: float = 90.0
+) -> subprocess.CompletedProcess[str]:
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        _cmd(job, run_dir, args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(run_dir.parent),
+    )
+    _check_shm(job)
     return proc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stalwart_run_nodes(
+    run_dir: Path, nnodes: int, args: list[str], *, timeout: float = 120.0
+) -> list[tuple[int, str]]:
+    """One agent per node on loopback; returns (returncode, stderr) per node."""
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    common = ["--nnodes", str(nnodes), "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    procs = [
+        subprocess.Popen(
+            _cmd(job, run_dir, [*common, "--node-rank", str(n), *args]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(run_dir.parent),
+        )
+        for n in range(nnodes)
+    ]
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    _check_shm(job)
+    return out
 
 
 def events_of(run_dir: Path) -> list[tuple[str, dict[str, object]]]:

@@ -41,6 +41,13 @@ def test_recovery_resets_the_clock() -> None:
     assert find_hang(slots, 100.0, CFG, since=99.5) is None
 
 
+def test_waiting_for_a_remote_peer_is_not_a_local_hang() -> None:
+    slots = {0: slot("collective", 98.0, 99.95), 1: slot("collective", 98.0, 99.95)}
+    assert find_hang(slots, 100.0, CFG) is None
+    verdict = find_hang(slots, 98.0 + CFG.ceiling_s + 1, CFG)
+    assert verdict is not None and verdict.ranks == [0, 1]
+
+
 def test_unknown_step_time_waits_for_the_ceiling() -> None:
     slots = {0: slot("step", 0.0, 0.0, p99=0.0)}
     assert find_hang(slots, 100.0, CFG) is None

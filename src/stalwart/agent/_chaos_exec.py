@@ -38,7 +38,7 @@ class AgentChaos:
         board = self.agent._board
         assert board is not None and fault.at_step is not None
         return any(
-            board.read(w.local).step >= fault.at_step
+            board.read(w.slot).step >= fault.at_step
             for w in self.agent.workers.values()
             if w.state == "running"
         )

@@ -22,18 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stalwart.agent._chaos_exec import AgentChaos
+from stalwart.agent._cluster import Cluster
+from stalwart.agent._env import WorkerSpec, worker_env
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detect import find_hang
 from stalwart.agent.progress import ProgressBoard
 from stalwart.chaos import FaultLedger, FaultPlan
-from stalwart.coordinator import (
-    Coordinator,
-    CoordinatorConfig,
-    StoreServer,
-    StoreServerConfig,
-    create_token_file,
-)
 from stalwart.errors import StalwartError
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
@@ -43,7 +38,8 @@ __all__ = ["Agent", "run_agent"]
 @dataclass
 class _Worker:
     rank: int
-    local: int
+    local: int  # LOCAL_RANK
+    slot: int  # progress-board index
     pid: int = 0
     state: str = "starting"  # starting | running | done | dead
     cause: str = ""  # why the agent killed it: hang | restart | chaos | shutdown
@@ -69,13 +65,13 @@ class Agent:
         self.events = EventLog(os.path.join(self.run_dir, EVENTS_FILE), node=config.node_rank)
         self.ledger = FaultLedger(self.run_dir)
         self.plan = FaultPlan.parse(config.chaos)
-        self.workers = {r: _Worker(r, i) for i, r in enumerate(config.local_ranks)}
+        self.workers = {r: _Worker(r, i, i) for i, r in enumerate(config.local_ranks)}
         self.restarts = 0
         self.generation = 0
         self.master_port = _free_port()
         self.spares: list[int] = []
         self._pending_spawn: dict[str, int] = {}
-        self._server: StoreServer | None = None
+        self.cluster = Cluster(config, self.run_dir)
         self._zygote: ZygoteClient | None = None
         self._board: ProgressBoard | None = None
         self._t0 = time.time()
@@ -85,35 +81,39 @@ class Agent:
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
         cfg = self.cfg
-        token_path = cfg.token_file or os.path.join(self.run_dir, "token")
-        if cfg.node_rank == 0 and not os.path.exists(token_path):
-            create_token_file(token_path)
-        self.token_file = token_path
-        with open(token_path, "rb") as f:
-            token = f.read().strip()
-        host, port = cfg.endpoint()
-        self._server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
-        self.store_addr = f"{host}:{self._server.port}"
-        self.coord = Coordinator(
-            self._server.store,
-            CoordinatorConfig(
-                job_id=cfg.job, lease_ttl=cfg.node_lease_s, heartbeat_interval=cfg.node_lease_s / 3
-            ),
-        )
+        self.cluster.start()
+        self.coord = self.cluster.coord
         self.generation = self.coord.generation()
         board = f"/dev/shm/stalwart-{cfg.job}-progress-n{cfg.node_rank}"
-        self._board = ProgressBoard(board, len(self.workers), create=True)
+        # room for every rank: a node may adopt the ranks of a lost node
+        self._board = ProgressBoard(board, cfg.world_size, create=True)
         os.makedirs(os.path.join(self.run_dir, "chaos"), exist_ok=True)
         self.plan_path = os.path.join(self.run_dir, "chaos", "plan.json")
-        with open(self.plan_path, "w") as f:
-            f.write(self.plan.to_json())
+        if cfg.node_rank == 0:
+            with open(self.plan_path, "w") as f:
+                f.write(self.plan.to_json())
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         self._zygote = ZygoteClient(["stalwart.runtime.session"], env)
         ready = self._zygote.wait_for("ready", cfg.start_timeout_s)
-        self._zygote.send({"op": "store", "host": "127.0.0.1"})
-        self.c10d_addr = f"127.0.0.1:{self._zygote.wait_for('store', 30)['port']}"
+        host = cfg.endpoint()[0]
+        if cfg.node_rank == 0:
+            self._zygote.send({"op": "store", "host": host})
+            port = self._zygote.wait_for("store", 30)["port"]
+            self.cluster.publish(
+                "c10d", {"addr": f"{host}:{port}", "master_port": self.master_port}
+            )
+        launch = self.cluster.read("c10d", cfg.start_timeout_s)
+        self.c10d_addr = str(launch["addr"])
+        self.master_port = int(launch["master_port"])
         self.chaos = AgentChaos(self, self.plan.agent_faults(cfg.node_rank, list(self.workers)))
+        if cfg.node_rank == 0:
+            self._emit_run_start(ready)
+        for _ in range(cfg.spares):
+            self._prefork()
+
+    def _emit_run_start(self, ready: dict[str, Any]) -> None:
+        cfg = self.cfg
         self.events.emit(
             "run_start",
             job=cfg.job,
@@ -134,45 +134,23 @@ class Agent:
         self.events.emit(
             "generation", generation=self.generation, world_size=cfg.world_size, reason="start"
         )
-        for _ in range(cfg.spares):
-            self._prefork()
 
     # ---------------------------------------------------------------- spawning
     def _spec(self, w: _Worker) -> dict[str, Any]:
         cfg = self.cfg
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.update(
-            {
-                "RANK": str(w.rank),
-                "LOCAL_RANK": str(w.local),
-                "WORLD_SIZE": str(cfg.world_size),
-                "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
-                "GROUP_RANK": str(cfg.node_rank),
-                "GROUP_WORLD_SIZE": str(cfg.nnodes),
-                "ROLE_RANK": str(w.rank),
-                "ROLE_WORLD_SIZE": str(cfg.world_size),
-                "ROLE_NAME": "default",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(self.master_port),
-                "TORCHELASTIC_RESTART_COUNT": str(self.restarts),
-                "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
-                "TORCHELASTIC_RUN_ID": cfg.job,
-                "TORCHELASTIC_USE_AGENT_STORE": "False",
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        env = worker_env(
+            cfg,
+            WorkerSpec(w.rank, w.local, w.slot),
+            restarts=self.restarts,
+            master_port=self.master_port,
+            extra={
                 "STALWART_RUN_DIR": self.run_dir,
-                "STALWART_JOB": cfg.job,
-                "STALWART_STORE": self.store_addr,
-                "STALWART_TOKEN_FILE": self.token_file,
+                "STALWART_STORE": self.cluster.address,
+                "STALWART_TOKEN_FILE": os.path.abspath(self.cluster.token_file),
                 "STALWART_C10D": self.c10d_addr,
-                "STALWART_STRATEGY": cfg.strategy,
-                "STALWART_NODE_RANK": str(cfg.node_rank),
                 "STALWART_PROGRESS": self._board.path if self._board else "",
-                "STALWART_PROGRESS_SLOT": str(w.local),
                 "STALWART_CHAOS_PLAN": self.plan_path,
-                "STALWART_HANG_CEILING": str(cfg.hang.ceiling_s),
-                **cfg.runtime.env(),
-            }
+            },
         )
         log = None
         if cfg.redirect:
@@ -182,7 +160,7 @@ class Agent:
 
     def _spawn(self, w: _Worker) -> None:
         assert self._zygote is not None and self._board is not None
-        self._board.clear(w.local)
+        self._board.clear(w.slot)
         w.state, w.cause, w.pid, w.t_spawn = "starting", "", 0, time.time()
         if self.cfg.strategy == "spare" and self.spares and self.generation > 0:
             spare = self.spares.pop(0)
@@ -277,22 +255,81 @@ class Agent:
             if self.restarts >= cfg.max_restarts:
                 _say(f"rank {failed.rank} failed and --max-restarts={cfg.max_restarts} is spent")
                 raise _RunFailed(f"rank {failed.rank} failed ({cause}); no restarts left")
-            self.restarts += 1
-            self._stop_all("restart")
+            self.cluster.publish("last-done", {"step": self.last_step() or 0})
             self.master_port = _free_port()
+            self.cluster.publish(f"master-{self.generation + 1}", {"port": self.master_port})
             self._bump(f"restart after {cause} of rank {failed.rank}")
             self.events.emit(
                 "recovery_begin", strategy="restart", generation=self.generation, cause=cause
             )
-            _say(f"restarting all workers (restart {self.restarts}/{cfg.max_restarts})")
-            for w in self.workers.values():
-                self._spawn(w)
+            self._restart_local()
             return
         self._bump(f"{cause} of rank {failed.rank}")
         self.events.emit(
             "recovery_begin", strategy=strategy, generation=self.generation, cause=cause
         )
         self._spawn(failed)
+
+    def _restart_local(self) -> None:
+        """torchrun's route: every local worker is killed and started again."""
+        self.restarts += 1
+        self._stop_all("restart")
+        _say(f"restarting all workers (restart {self.restarts}/{self.cfg.max_restarts})")
+        for w in self.workers.values():
+            self._spawn(w)
+
+    def _follow_generation(self) -> None:
+        """Another node bumped the generation: restart here too if it was a restart."""
+        gen = self.coord.generation()
+        if gen <= self.generation:
+            return
+        self.generation = gen
+        if str(self.coord.generation_meta().get("reason", "")).startswith("restart"):
+            if self.restarts >= self.cfg.max_restarts:
+                raise _RunFailed("another node restarted the job and no restarts are left")
+            self.master_port = int(self.cluster.read(f"master-{gen}", 30)["port"])
+            self._restart_local()
+
+    def _adopt_lost_nodes(self) -> None:
+        """Node 0 takes over the ranks of a node whose lease expired."""
+        for node in self.cluster.lost_nodes():
+            now = time.time()
+            fired = [
+                float(str(r["t"])) for r in self.ledger.fired().values() if r.get("node") == node
+            ]
+            latency = now - fired[0] if fired else self.cfg.node_lease_s
+            domain = {"rank": None, "node": node}
+            self.events.emit(
+                "fault_detected",
+                fault="node_loss",
+                domain=domain,
+                latency_s=latency,
+                how=f"agent lease expired (ttl {self.cfg.node_lease_s:.1f}s)",
+            )
+            _say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
+            self.coord.block(f"node{node}", "lease expired: node lost")
+            self.events.emit(
+                "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
+            )
+            self._t_recovery = now
+            base = node * self.cfg.nproc_per_node
+            adopted = []
+            for local in range(self.cfg.nproc_per_node):
+                rank = base + local
+                # a lost node's memory is gone: its ranks restore from a peer's snapshot
+                shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{rank}", ignore_errors=True)
+                w = _Worker(rank, local, len(self.workers), attached=True)
+                self.workers[rank] = w
+                adopted.append(w)
+            self._bump(f"node {node} lost")
+            self.events.emit(
+                "recovery_begin",
+                strategy=self.cfg.strategy,
+                generation=self.generation,
+                cause="node_loss",
+            )
+            for w in adopted:
+                self._spawn(w)
 
     def _stop_all(self, cause: str, timeout: float = 10.0) -> None:
         """SIGKILL every live local worker and wait until the zygote reaped them."""
@@ -313,7 +350,7 @@ class Agent:
     def _check_hang(self, now: float) -> None:
         assert self._board is not None
         slots = {
-            w.rank: self._board.read(w.local)
+            w.rank: self._board.read(w.slot)
             for w in self.workers.values()
             if w.state == "running" and w.pid and not w.cause
         }
@@ -346,6 +383,7 @@ class Agent:
         assert self._zygote is not None
         for w in self.workers.values():
             self._spawn(w)
+        last_poll = 0.0
         try:
             while True:
                 for msg in self._zygote.events(self.cfg.monitor_interval_s):
@@ -356,6 +394,10 @@ class Agent:
                 now = time.time()
                 self._check_hang(now)
                 self.chaos.tick(now - self._t0)
+                if now - last_poll > 0.1:  # store round trips: a few per second
+                    last_poll = now
+                    self._adopt_lost_nodes()
+                    self._follow_generation()
         except _RunFailed as err:
             self._end_reason = str(err)
             return 1
@@ -366,28 +408,33 @@ class Agent:
     def last_step(self) -> int | None:
         if self._board is None:
             return None
-        steps = [self._board.read(w.local).step for w in self.workers.values()]
+        steps = [self._board.read(w.slot).step for w in self.workers.values()]
         return max(steps) if steps else None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._stop_all("shutdown", timeout=5.0)
-        self.events.emit(
-            "run_end",
-            status=self.status,
-            last_step=self.last_step(),
-            reason=getattr(self, "_end_reason", ""),
-        )
+        if self.cfg.node_rank == 0:
+            self.events.emit(
+                "run_end",
+                status=self.status,
+                last_step=self.last_step(),
+                reason=getattr(self, "_end_reason", ""),
+            )
         if self._zygote is not None:
             self._zygote.close()
-        if self._server is not None:
-            self._server.stop()
+        self.cluster.close()
         if self._board is not None:
             self._board.close(unlink=True)
         for w in self.workers.values():
             shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{w.rank}", ignore_errors=True)
-        for path in glob.glob(f"/dev/shm/stalwart-{self.cfg.job}-spare*"):
-            shutil.rmtree(path, ignore_errors=True)
+        if self.cfg.node_rank == 0:  # what lost nodes left behind on this host, too
+            for path in glob.glob(f"/dev/shm/stalwart-{self.cfg.job}-*"):
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
         self.events.close()
 
 

@@ -4,8 +4,9 @@ A job is hung when no worker finished a step for ``max(floor, k x p99)`` seconds
 where p99 is the recent p99 step time the workers publish (so a job with 10 s steps is
 not declared hung after 1 s, and one with 10 ms steps does not wait a minute). The
 culprit is then the worker whose heartbeat went stale (stopped or frozen); if every
-heartbeat is fresh (a live deadlock), the workers still computing while others wait in
-a collective; if that does not single anyone out either, every stalled worker.
+heartbeat is fresh (a live deadlock), the workers that are not waiting in a collective.
+If every local worker waits in a collective, the culprit is on another node and its
+agent acts; these are killed only after the ceiling.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def find_hang(
     if stalled <= threshold:
         return None
     computing = sorted(r for r, s in active.items() if s.phase == "step")
-    waiting = [r for r, s in active.items() if s.phase == "collective"]
-    if computing and waiting:
-        return HangVerdict(computing, stalled, threshold, "no progress while peers wait")
-    return HangVerdict(sorted(active), stalled, threshold, "no progress on any worker")
+    if computing:
+        return HangVerdict(computing, stalled, threshold, "no progress, not in a collective")
+    if stalled > config.ceiling_s:
+        return HangVerdict(sorted(active), stalled, threshold, "no progress until the ceiling")
+    return None  # every local worker waits for a peer: the culprit is on another node

@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
     p.add_argument("--hang-floor", type=float, default=1.0, help="seconds (default 1)")
     p.add_argument("--hang-k", type=float, default=3.0, help="x p99 step time (default 3)")
     p.add_argument(
+        "--node-lease",
+        type=float,
+        default=3.0,
+        help="seconds without a heartbeat before a node counts as lost (default 3)",
+    )
+    p.add_argument(
         "--persist-every",
         type=int,
         default=0,
@@ -93,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
         runtime=RuntimeKnobs(persist_every=persist),
+        node_lease_s=args.node_lease,
         **kwargs,
     )
     return run_agent(cfg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from stalwart.coordinator import Coordinator, Store
 
@@ -24,8 +25,9 @@ __all__ = ["Agreement", "agree", "choose"]
 class Agreement:
     generation: int
     target: int | None  # step to restore (None: fresh start)
-    tier: str  # memory | disk | none
+    tier: str  # memory | peer | disk | none
     last_done: int  # newest step any member had completed (for steps_lost)
+    infos: tuple[dict[str, Any], ...] = ()
 
 
 def choose(
@@ -34,9 +36,14 @@ def choose(
     """The restore point from every member's published info (pure; unit-tested)."""
     if use_memory and infos:
         held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
-        common = set.intersection(*held)
-        if common:
+        holders = [h for h in held if h]
+        common = set.intersection(*holders) if holders else set()
+        if common and len(holders) == len(held):
             return max(common), "memory"
+        # members that lost their memory (a lost node) copy a peer's snapshot, which is
+        # the same state when every member holds a replica (DDP)
+        if common and all(i.get("replicated") for i in infos):
+            return max(common), "peer"
     if disk_step is not None:
         return disk_step, "disk"
     return None, "none"
@@ -71,7 +78,10 @@ def agree(
                 infos = [json.loads(kv.value) for kv in kvs]
                 target, tier = choose(infos, disk_step, use_memory and gen > 0)
                 last = max(int(i.get("done", -1)) for i in infos)
-                return Agreement(gen, target, tier, last)
+                kv = store.get(f"/stalwart/{job}/launch/last-done")
+                if kv is not None:  # a restart: the relaunched workers start from nothing
+                    last = max(last, int(json.loads(kv.value)["step"]))
+                return Agreement(gen, target, tier, last, tuple(infos))
             if coord.generation() != gen:
                 break
             if time.monotonic() > deadline:

@@ -86,6 +86,9 @@ class GenerationGroup:
             self.pg.allreduce([flat]).wait()
         except Exception as err:
             self.error = err
+            # drop the group now: its sockets close, so the peers that are not our ring
+            # neighbours fail within milliseconds too instead of waiting for a timeout
+            self.pg = None
         finally:
             self.last_allreduce_s = time.perf_counter() - t0
             if self.on_collective is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from stalwart.runtime._accounting import StepAccounting
+from stalwart.runtime._memory import memory_steps, restore_memory_step
 from stalwart.runtime._rendezvous import agree
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
@@ -93,6 +95,7 @@ class Session:
         self.acct = StepAccounting(self)
         self._state: dict[str, Any] = {}
         self._ckpt: Any = None
+        self._replicated = False
         self._phase = "starting"
         self._t_progress = time.time()
 
@@ -134,6 +137,9 @@ class Session:
             if isinstance(value, torch.optim.Optimizer):
                 self._guard_optimizer(value)
         self._state = {**state, "_rng": RNGState()}
+        self._replicated = any(
+            isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
+        )
         run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
         self._ckpt = CheckpointManager(
             CheckpointConfig(
@@ -216,8 +222,6 @@ class Session:
         self._publish("recovering")
         t0 = time.perf_counter()
         snap = self._ckpt.snapshots
-        from stalwart.runtime._memory import memory_steps, restore_memory_step
-
         while True:
             if self.coord is None:  # alone: nothing to agree on
                 self.group.build(0)
@@ -226,7 +230,13 @@ class Session:
                 return
             use_memory = self.env.strategy != "restart"
             disk = self._disk_step()
-            info = {"steps": memory_steps(snap) if use_memory else [], "done": self.step}
+            info = {
+                "steps": memory_steps(snap) if use_memory else [],
+                "done": self.step,
+                "rank": self.rank,
+                "host": socket.gethostname(),
+                "replicated": self._replicated,
+            }
             a = agree(
                 self.store,
                 self.coord,
@@ -241,16 +251,19 @@ class Session:
             )
             t_restore = time.perf_counter()
             nbytes = 0
-            if a.tier == "memory" and a.target is not None:
-                nbytes = restore_memory_step(snap, self._state, a.target)
+            tier = a.tier
+            if a.tier in ("memory", "peer") and a.target is not None:
+                source = self._memory_source(a, snap)
+                tier = "memory" if source is snap else "peer"
+                nbytes = restore_memory_step(source, self._state, a.target)
             elif a.tier == "disk" and a.target is not None:
-                nbytes = self._ckpt.restore(self._state, step=a.target).nbytes
+                nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
             restored = a.target if a.target is not None else 0
             if self.events is not None and a.tier != "none":
                 self.events.emit(
                     "restore",
                     step=restored,
-                    tier=a.tier,
+                    tier=tier,
                     seconds=time.perf_counter() - t_restore,
                     bytes=nbytes,
                 )
@@ -280,6 +293,19 @@ class Session:
             self.acct.recovered(time.perf_counter() - t0)
             self._publish("step")
             return
+
+    def _memory_source(self, a: Any, snap: Any) -> Any:
+        """Our own slots if they hold the target, else the lowest-ranked peer on this
+        host that does (the peer tier; across hosts it would need a transfer)."""
+        from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+        if a.target in memory_steps(snap):
+            return snap
+        host = socket.gethostname()
+        for info in sorted(a.infos, key=lambda i: int(i.get("rank", 0))):
+            if a.target in info.get("steps", []) and info.get("host") == host:
+                return Snapshotter(SnapshotConfig(f"{self.env.job}-r{info['rank']}"))
+        raise RuntimeError(f"no snapshot of step {a.target} reachable from rank {self.rank}")
 
     def _disk_step(self) -> int | None:
         from stalwart.checkpoint import committed_steps
