@@ -260,3 +260,9 @@ def test_buckets_always_partition_the_wall_time(events: list[Event]) -> None:
     assert g.buckets["productive"] <= busy + 1e-9
     for i in g.incidents:
         assert i.rto_s is None or i.rto_s >= 0
+
+
+def test_run_end_before_run_start_is_a_problem_not_a_negative_wall(synth: Any) -> None:
+    synth.start(10.0).end(9.0)
+    g = _account(synth.close())
+    assert g.wall_s == 0 and g.problems and "clock skew" in g.problems[0]

@@ -242,6 +242,9 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
         if t_end is not None
         else (ends[-1] if ends else max([events[-1].t, *(e.t for e in steps)]))
     )
+    if t1 < t0:
+        problems.append(f"the run ends {t0 - t1:.3f}s before it starts (clock skew?)")
+        t1 = t0
     sizes = _world_sizes(events, t0)
 
     # Step batches, clipped to the run and to each other.
