@@ -17,7 +17,7 @@ import pytest
 from stalwart.errors import ConfigError
 from stalwart.metrics import EventLog, read_events
 from stalwart.metrics.console import ConsoleProgress
-from stalwart.metrics.follow import EventFollower, LiveFeed
+from stalwart.metrics.follow import EventFollower, LiveFeed, start_live
 from stalwart.metrics.live import EventTee, LiveFigures
 from stalwart.metrics.prometheus import CONTENT_TYPE, METRICS, MetricsExporter
 
@@ -264,3 +264,17 @@ def test_follower_waits_for_a_line_being_written(tmp_path: Path) -> None:
     with open(path, "ab") as fh:
         fh.write(b'"message":"b"}\n')
     assert [e["message"] for e in f.poll()] == ["b"] and f.problems == []
+
+
+def test_start_live_serves_and_prints_then_stops(tmp_path: Path, capsys: Any) -> None:
+    with EventLog(str(tmp_path / "events.jsonl")) as log:
+        _feed_single_fault(log)
+    feed = start_live(str(tmp_path), metrics_port=0, interval_s=0.01)
+    exporter = next(s for s in feed.sinks if isinstance(s, MetricsExporter))
+    try:
+        _wait_for(lambda: _scrape(exporter.url).get("stalwart_step") == 20, "the live step")
+        assert _scrape(exporter.url)["stalwart_last_rto_seconds"] == 4
+    finally:
+        feed.close()
+    assert exporter._thread is None and feed._thread is None
+    assert "run ended: ok" in capsys.readouterr().err

@@ -10,13 +10,14 @@ per poll.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
 from stalwart.metrics.events import SCHEMA_VERSION, Event, EventLogError, _validate
 from stalwart.metrics.live import EventSink
 
-__all__ = ["EventFollower", "LiveFeed"]
+__all__ = ["EventFollower", "LiveFeed", "start_live"]
 
 _ENVELOPE = ("v", "t", "kind", "host", "pid", "node", "rank")
 
@@ -73,9 +74,12 @@ class LiveFeed:
     :class:`LiveFigures`): ``LiveFeed(RUN_DIR/events.jsonl, exporter, console).start()``.
     :meth:`close` feeds what is left, then stops and joins the thread."""
 
-    def __init__(self, path: str, *sinks: EventSink, interval_s: float = 0.5) -> None:
+    def __init__(
+        self, path: str, *sinks: EventSink, interval_s: float = 0.5, owned: tuple[Any, ...] = ()
+    ) -> None:
         self.follower = EventFollower(path)
         self.sinks = sinks
+        self.owned = owned  # closed (their close()) after the last pump
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,9 +109,39 @@ class LiveFeed:
             self._thread.join()
             self._thread = None
         self.pump()
+        for thing in self.owned:
+            thing.close()
+        self.owned = ()
 
     def __enter__(self) -> LiveFeed:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def start_live(
+    run_dir: str,
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    console: bool = True,
+    total_steps: int | None = None,
+    labels: dict[str, str] | None = None,
+    interval_s: float = 0.5,
+) -> LiveFeed:
+    """What ``stalwart run`` needs in one call: a console progress line (stderr) and, with
+    ``metrics_port`` (0 picks a free one), a Prometheus endpoint, both fed from
+    ``RUN_DIR/events.jsonl``. ``close()`` on the result feeds the last events and stops
+    everything it started."""
+    from stalwart.metrics.console import ConsoleProgress
+    from stalwart.metrics.events import EVENTS_FILE
+    from stalwart.metrics.prometheus import MetricsExporter
+
+    sinks: list[Any] = []
+    if metrics_port is not None:
+        sinks.append(MetricsExporter(metrics_port, metrics_host, labels).start())
+    if console:
+        sinks.append(ConsoleProgress(total_steps=total_steps))
+    path = os.path.join(run_dir, EVENTS_FILE)
+    return LiveFeed(path, *sinks, interval_s=interval_s, owned=tuple(sinks)).start()
