@@ -278,3 +278,19 @@ def test_start_live_serves_and_prints_then_stops(tmp_path: Path, capsys: Any) ->
         feed.close()
     assert exporter._thread is None and feed._thread is None
     assert "run ended: ok" in capsys.readouterr().err
+
+
+class _Broken:
+    def emit(
+        self, kind: str, *, t: float | None = None, rank: int | None = None, **fields: Any
+    ) -> None:
+        raise OSError("stream closed")
+
+
+def test_a_failing_sink_does_not_starve_the_others(tmp_path: Path) -> None:
+    with EventLog(str(tmp_path / "events.jsonl")) as log:
+        _feed_single_fault(log)
+    live = LiveFigures()
+    feed = LiveFeed(str(tmp_path / "events.jsonl"), _Broken(), live)
+    assert feed.pump() == 14
+    assert live.step == 20 and len(feed.errors) == 10 and "stream closed" in feed.errors[0]

@@ -80,6 +80,7 @@ class LiveFeed:
         self.follower = EventFollower(path)
         self.sinks = sinks
         self.owned = owned  # closed (their close()) after the last pump
+        self.errors: list[str] = []  # the first few failures of sinks, kept for the caller
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,7 +92,11 @@ class LiveFeed:
             events = self.follower.poll()
             for e in events:
                 for s in self.sinks:
-                    s.emit(e.kind, t=e.t, rank=e.rank, **e.fields)
+                    try:
+                        s.emit(e.kind, t=e.t, rank=e.rank, **e.fields)
+                    except Exception as err:  # a display must never stop the others
+                        if len(self.errors) < 10:
+                            self.errors.append(f"{type(s).__name__}: {err!r}")
             return len(events)
 
     def _run(self) -> None:
