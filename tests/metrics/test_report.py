@@ -141,3 +141,12 @@ def test_reference_without_loss_is_a_clear_error(make_run: Any) -> None:
     run, ref = make_run("elastic", "a"), make_run("never_failed", "b")
     with pytest.raises(ReportError, match="logged no loss"):
         load_run(str(run), reference=str(ref))
+
+
+def test_inconsistent_batches_warn_without_marking_partial(synth: Any, capsys: Any) -> None:
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0).steps(9.0, 20.0, 11, 20, 10.0).end(20.0)
+    d = _json(synth.close(), capsys)
+    assert not d["partial"] and any("overlap the batch before" in p for p in d["problems"])
+    assert math.fsum(d["buckets_s"].values()) == d["wall_s"] == 20
+    assert main(["report", str(synth.dir)]) == 0
+    assert "warnings: steps 11..20 overlap" in capsys.readouterr().out

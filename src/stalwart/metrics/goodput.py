@@ -262,11 +262,11 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
 
     stall = union((e.t - e["stall_s"], e.t) for e in events if e.kind == "snapshot")
     restore = union((e.t - e["seconds"], e.t) for e in events if e.kind == "restore")
-    # Per batch: stall, restore and compute amounts; the idle rest is taken to follow the
-    # compute (a batch flushed when recovery starts ends with the time spent blocked).
+    # Per batch: stall, restore and compute amounts. Compute first: busy_s is measured per
+    # step and excludes stalls, so a stall that does not fit beside it was reported at the
+    # wrong time and is clipped instead. The idle rest is taken to follow the compute (a
+    # batch flushed when recovery starts ends with the time spent blocked).
     amounts: list[tuple[float, float, float]] = []
-    # Compute first: busy_s is measured per step and excludes stalls, so a stall that
-    # does not fit beside it was reported at the wrong time and is clipped instead.
     for a, b, e in raw:
         busy = min(float(e["busy_s"]), b - a)
         st = min(measure(stall, a, b), b - a - busy)

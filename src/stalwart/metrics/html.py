@@ -71,6 +71,9 @@ def render_html(d: dict[str, Any]) -> str:
             f'<div class="partial" id="partial"><b>Partial report.</b> The event log does not '
             f"show a whole run; figures cover what it shows.<ul>{items}</ul></div>"
         )
+    elif d["problems"]:
+        items = "".join(f"<li>{e(p)}</li>" for p in d["problems"])
+        parts.append(f'<div class="partial" id="warnings"><b>Warnings.</b><ul>{items}</ul></div>')
     ettr, m, r = d["ettr"], d["mtbf"], d["rto_s"]
     kpis = [
         ("ETTR", _num(None if ettr is None else 100 * ettr, ".1f", "%")),

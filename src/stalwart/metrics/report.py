@@ -192,8 +192,8 @@ def build_report(
             "figures stop at the last event"
         )
     g = account(events)
-    probs.extend(g.problems)
-    return RunReport(run_dir, events, g, partial or bool(g.problems), probs)
+    probs.extend(g.problems)  # inconsistencies: warned about, but the log is whole
+    return RunReport(run_dir, events, g, partial, probs)
 
 
 def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.05) -> RunReport:
@@ -226,6 +226,8 @@ def format_summary(d: dict[str, Any]) -> str:
     ]
     if d["partial"]:
         lines.append("PARTIAL REPORT: " + "; ".join(d["problems"][:3]))
+    elif d["problems"]:
+        lines.append("warnings: " + "; ".join(d["problems"][:3]))
     ettr = d["ettr"]
     lines.append(
         f"wall {wall:.1f}s  ETTR {_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
