@@ -31,9 +31,15 @@ class Synth:
         self, t0: float, t1: float, first: int, last: int, busy: float, gen: int = 1
     ) -> Synth:
         return self.emit(
-            "steps", t1, first_step=first, last_step=last, count=last - first + 1,
-            busy_s=busy, t_first_start=t0, generation=gen,
-        )  # fmt: skip
+            "steps",
+            t1,
+            first_step=first,
+            last_step=last,
+            count=last - first + 1,
+            busy_s=busy,
+            t_first_start=t0,
+            generation=gen,
+        )
 
     def snapshot(self, t: float, step: int, stall: float) -> Synth:
         return self.emit("snapshot", t, step=step, stall_s=stall, bytes=1 << 20, tier="memory")
@@ -41,9 +47,14 @@ class Synth:
     def persist(self, t0: float, t1: float, step: int, ok: bool = True) -> Synth:
         self.emit("persist_begin", t0, step=step)
         return self.emit(
-            "persist_end", t1, step=step, ok=ok, seconds=t1 - t0, bytes_written=1 << 20,
+            "persist_end",
+            t1,
+            step=step,
+            ok=ok,
+            seconds=t1 - t0,
+            bytes_written=1 << 20,
             total_bytes=1 << 20,
-        )  # fmt: skip
+        )
 
     def fault(self, t: float, **domain: int) -> Synth:
         return self.emit("fault_injected", t, fault="kill", domain=domain, spec="test")
@@ -58,9 +69,15 @@ class Synth:
 
     def rec_end(self, t: float, gen: int, restored: int, lost: int, tier: str = "memory") -> Synth:
         return self.emit(
-            "recovery_end", t, strategy="flash", generation=gen, restored_step=restored,
-            steps_lost=lost, source_tier=tier, ok=True,
-        )  # fmt: skip
+            "recovery_end",
+            t,
+            strategy="flash",
+            generation=gen,
+            restored_step=restored,
+            steps_lost=lost,
+            source_tier=tier,
+            ok=True,
+        )
 
     def restore(self, t: float, step: int, seconds: float, tier: str = "memory") -> Synth:
         return self.emit("restore", t, step=step, tier=tier, seconds=seconds)
