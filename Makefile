@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) bench/checkpoint.py --size-gb 0.2 --reps 2
+	$(PY) examples/demo.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

@@ -122,7 +122,9 @@ class Session:
                 self._board.touch(self.env.progress_slot, time.time())
 
     def _on_collective(self, entering: bool) -> None:
-        self._publish("collective" if entering else "step")
+        # a failed collective means recovery is next: never look like a stuck computation
+        failed = not entering and self.group.error is not None
+        self._publish("collective" if entering else "recovering" if failed else "step")
 
     # ------------------------------------------------------------ tracking
     def track(self, **state: Any) -> dict[str, Any]:
