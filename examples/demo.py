@@ -42,10 +42,29 @@ def run_job(run_dir: Path, train_args: list[str], chaos: str | None, out: Path) 
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     job = f"demo-{uuid.uuid4().hex[:6]}"
-    common = [sys.executable, "-m", "stalwart.cli.main", "run", "--nnodes", "2",
-              "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-              "--rdzv-id", job, "--run-dir", str(run_dir), "--redirect", "--node-lease", "2",
-              "--strategy", "flash", "--max-restarts", "3"]
+    common = [
+        sys.executable,
+        "-m",
+        "stalwart.cli.main",
+        "run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--rdzv-id",
+        job,
+        "--run-dir",
+        str(run_dir),
+        "--redirect",
+        "--node-lease",
+        "2",
+        "--strategy",
+        "flash",
+        "--max-restarts",
+        "3",
+    ]
     if chaos:
         common += ["--chaos", chaos]
     t0 = time.time()
@@ -105,8 +124,12 @@ def report(run_dir: Path) -> float | None:
             f"from {inc.source_tier or '?'}"
         )
     ettr = g.ettr
-    print(f"  ETTR {ettr:.3f}: {g.buckets['productive']:.1f} s productive of {g.wall_s:.1f} s "
-          "wall (startup included)" if ettr is not None else "  ETTR: n/a")
+    print(
+        f"  ETTR {ettr:.3f}: {g.buckets['productive']:.1f} s productive of {g.wall_s:.1f} s "
+        "wall (startup included)"
+        if ettr is not None
+        else "  ETTR: n/a"
+    )
     return ettr
 
 
@@ -117,15 +140,19 @@ def main() -> int:
     p.add_argument("--fresh", action="store_true", help="recompute the fault-free run")
     args = p.parse_args()
     s = args.steps
-    chaos = (f"kill rank=1 at=step:{s // 4}; hang rank=2 at=step:{s // 2}; "
-             f"kill node=1 at=step:{3 * s // 4}")
+    chaos = (
+        f"kill rank=1 at=step:{s // 4}; hang rank=2 at=step:{s // 2}; "
+        f"kill node=1 at=step:{3 * s // 4}"
+    )
     train = ["--steps", str(s)]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256((EXAMPLE.read_bytes() + " ".join(train).encode())).hexdigest()[:12]
+    key = hashlib.sha256(EXAMPLE.read_bytes() + " ".join(train).encode()).hexdigest()[:12]
     ref = out / f"reference-{key}.pt"
-    print("stalwart demo: 2 nodes x 2 workers (4 ranks, gloo on CPU), a small transformer LM "
-          "on synthetic data, --strategy flash")
+    print(
+        "stalwart demo: 2 nodes x 2 workers (4 ranks, gloo on CPU), a small transformer LM "
+        "on synthetic data, --strategy flash"
+    )
     if args.fresh or not ref.exists():
         print("[1/2] fault-free run ...", end=" ", flush=True)
         took = run_job(out / "reference", train, None, ref)
@@ -141,13 +168,17 @@ def main() -> int:
     import torch
 
     same = ref_state.keys() == got_state.keys() and all(
-        torch.equal(ref_state[k], got_state[k]) for k in ref_state  # type: ignore[arg-type]
+        torch.equal(ref_state[k], got_state[k]) for k in ref_state
     )
     verdict = "BIT-IDENTICAL" if same else "DIFFERENT"
-    print(f"verdict: final parameters {verdict} to the fault-free run "
-          f"(sha256 {got_hash[:16]} vs {ref_hash[:16]})")
-    print(f"details: stalwart report {_rel(out / 'chaos')}  "
-          f"(events: {_rel(out / 'chaos' / 'events.jsonl')})")
+    print(
+        f"verdict: final parameters {verdict} to the fault-free run "
+        f"(sha256 {got_hash[:16]} vs {ref_hash[:16]})"
+    )
+    print(
+        f"details: stalwart report {_rel(out / 'chaos')}  "
+        f"(events: {_rel(out / 'chaos' / 'events.jsonl')})"
+    )
     return 0 if same else 1
 
 
