@@ -150,3 +150,17 @@ def test_inconsistent_batches_warn_without_marking_partial(synth: Any, capsys: A
     assert math.fsum(d["buckets_s"].values()) == d["wall_s"] == 20
     assert main(["report", str(synth.dir)]) == 0
     assert "warnings: steps 11..20 overlap" in capsys.readouterr().out
+
+
+def test_persist_cost_is_the_slowdown_of_steps_while_persisting(synth: Any, capsys: Any) -> None:
+    # 1.0 s/step normally; 1.2 s/step in the batch that ran during the persist [10, 22].
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0).persist(10.0, 22.0, 10)
+    synth.steps(10.0, 22.0, 11, 20, 12.0).steps(22.0, 32.0, 21, 30, 10.0).end(32.0)
+    c = _json(synth.close(), capsys)["checkpoint"]
+    assert c["persist_slowdown"] == pytest.approx(0.2) and c["persist_overhead_s"] == 2
+    assert c["persist_overhead_pct"] == 100 * 2 / 32 and c["persist_pct"] == 100 * 12 / 32
+
+
+def test_persist_cost_unknown_without_a_baseline(make_run: Any, capsys: Any) -> None:
+    c = _json(make_run("never_failed"), capsys)["checkpoint"]  # the persist covers < half
+    assert c["persist_slowdown"] is None and c["persist_overhead_pct"] is None

@@ -119,6 +119,7 @@ def render_html(d: dict[str, Any]) -> str:
                 "stall % of wall",
                 "persist (background)",
                 "persist % of wall",
+                "persist cost % of wall",
                 "failed persists",
                 "written",
             ],
@@ -129,6 +130,7 @@ def render_html(d: dict[str, Any]) -> str:
                     _num(c["stall_pct"]),
                     _num(c["persist_s"], ".2f", " s"),
                     _num(c["persist_pct"]),
+                    _num(c["persist_overhead_pct"]),
                     str(c["persists_failed"]),
                     f"{c['bytes_written']:,} B",
                 ]

@@ -16,7 +16,7 @@ from stalwart.metrics._intervals import measure, union
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
-from stalwart.metrics.stats import distribution, mtbf
+from stalwart.metrics.stats import distribution, mtbf, percentile
 
 __all__ = ["ReportError", "RunReport", "build_report", "format_summary", "load_run"]
 
@@ -119,6 +119,7 @@ class RunReport:
         n = len({int(e["step"]) for e in snaps})
         written = sum(int(e.get("bytes_written", 0)) for e in ends if e["ok"])
         restores = [e for e in self.events if e.kind == "restore"]
+        slow, slow_s = _persist_interference(self.goodput, busy)
         return {
             "snapshots": n,
             "stall_s": stall,
@@ -131,10 +132,44 @@ class RunReport:
             "persist_pct": 100 * persist_s / wall if wall > 0 else None,
             "bytes_written": written,
             "write_bytes_per_s": written / persist_s if persist_s > 0 else None,
+            "persist_slowdown": slow,
+            "persist_overhead_s": slow_s,
+            "persist_overhead_pct": None if slow_s is None or wall <= 0 else 100 * slow_s / wall,
             "restores": [
                 {"step": e["step"], "tier": e["tier"], "seconds": e["seconds"]} for e in restores
             ],
         }
+
+
+def _persist_interference(
+    g: Goodput, persisting: list[tuple[float, float]]
+) -> tuple[float | None, float | None]:
+    """Step-time slowdown while a persist is in flight, and the training time it cost.
+
+    Why measured this way: persisting runs in the background, so its cost is not a stall
+    but slower steps (shared CPU, memory bandwidth, disk). Batches mostly inside a persist
+    are compared with the median per-step time of the batches outside any; the cost is
+    their compute beyond that baseline. None when either side has no batch.
+    """
+    inside: list[tuple[float, int]] = []
+    outside: list[float] = []
+    for w in g.windows:
+        n = w.last_step - w.first_step + 1
+        if n <= 0 or w.t1 <= w.t0:
+            continue
+        share = measure(persisting, w.t0, w.t1) / (w.t1 - w.t0)
+        if share > 0.5:
+            inside.append((w.busy_s, n))
+        elif share == 0:
+            outside.append(w.busy_s / n)
+    if not inside or not outside:
+        return None, None
+    base = percentile(outside, 50)
+    if base <= 0:
+        return None, None
+    per_step = math.fsum(b for b, _ in inside) / sum(n for _, n in inside)
+    cost = math.fsum(max(b - n * base, 0.0) for b, n in inside)
+    return per_step / base - 1.0, cost
 
 
 def _incident(i: Any, t0: float) -> dict[str, Any]:
@@ -254,7 +289,8 @@ def format_summary(d: dict[str, Any]) -> str:
     c = d["checkpoint"]
     lines.append(
         f"checkpoints {c['snapshots']}  stall {_f(c['stall_pct'], '.2f', '%')} of wall  "
-        f"persist {_f(c['persist_pct'], '.2f', '%')} of wall (background)  "
+        f"persist {_f(c['persist_pct'], '.2f', '%')} of wall (background, costing "
+        f"{_f(c['persist_overhead_pct'], '.2f', '%')})  "
         f"failed persists {c['persists_failed']}"
     )
     for i in d["incidents"]:
