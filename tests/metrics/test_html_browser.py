@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,17 @@ def _screenshot(page: Path, out: Path, tmp_path: Path) -> None:
         f"--screenshot={out}",
         page.as_uri(),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
-    assert proc.returncode == 0 and out.exists(), proc.stderr[-2000:]
+    # Its own session, so that a hang kills the browser's helper processes too.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0 and out.exists(), err[-2000:]
 
 
 def _pixels(png: Path) -> dict[tuple[int, int, int], int]:
