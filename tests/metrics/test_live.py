@@ -20,6 +20,7 @@ from stalwart.metrics.console import ConsoleProgress
 from stalwart.metrics.follow import EventFollower, LiveFeed, start_live
 from stalwart.metrics.live import EventTee, LiveFigures
 from stalwart.metrics.prometheus import CONTENT_TYPE, METRICS, MetricsExporter
+from stalwart.metrics.report import load_run
 
 
 def _feed_single_fault(sink: Any) -> None:
@@ -294,3 +295,17 @@ def test_a_failing_sink_does_not_starve_the_others(tmp_path: Path) -> None:
     feed = LiveFeed(str(tmp_path / "events.jsonl"), _Broken(), live)
     assert feed.pump() == 14
     assert live.step == 20 and len(feed.errors) == 10 and "stream closed" in feed.errors[0]
+
+
+@pytest.mark.parametrize(
+    "name", ["never_failed", "single_fault", "overlapping", "full_restart", "elastic"]
+)
+def test_live_figures_end_where_the_report_does(make_run: Any, name: str) -> None:
+    run = make_run(name)
+    live = LiveFigures()
+    for e in read_events(str(run / "events.jsonl")).events:
+        live.emit(e.kind, t=e.t, rank=e.rank, **e.fields)
+    s, d = live.snapshot(), load_run(str(run)).to_dict()
+    assert s.ettr == pytest.approx(d["ettr"], rel=1e-12)
+    assert s.lost_steps == d["steps"]["lost"] and s.step == d["steps"]["last"]
+    assert s.last_rto_s == d["rto_s"]["max"]  # the outage of the last (here: only) one
