@@ -166,6 +166,11 @@ class Session:
 
         opt.step = step  # type: ignore[method-assign]
 
+    @property
+    def step_ok(self) -> bool:
+        """False while the current step is failed (it will be discarded and redone)."""
+        return self.group.error is None
+
     def log(self, **metrics: Any) -> None:
         """Record scalar metrics of the current step (tensors are read with .item())."""
         for key, value in metrics.items():

@@ -1,0 +1,258 @@
+"""Recovery benchmark: one kill -9 (and one hang) of one of 4 workers, torchrun vs stalwart.
+
+The same 4-worker gloo DDP job (bench/_recovery_job.py: the demo's transformer LM) runs
+under (a) torchrun --max-restarts with a torch.save/torch.load resume every 20 steps,
+(b) stalwart --strategy restart, (c) flash, (d) spare; rank 1 is killed at the start of
+step 50. Then rank 1 is stopped (SIGSTOP) under torchrun and under stalwart, and both
+run fault-free for the steady-state overhead. Prints a table and a final JSON line.
+
+Definitions (from the rank-0 step log, wall clock): RTO = fault -> end of the first
+step completed after it; progress = fault -> end of the first step beyond the last step
+completed before the fault; steps lost = steps completed before the fault and redone.
+torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: in its default mode it did not
+recover at all on this machine (gloo connectFullMesh errors, FACTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "_recovery_job.py"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> int:
+    with open(cwd / "launcher.log", "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole launcher tree we started
+            proc.wait()
+            return -9
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+
+
+def run_torchrun(work: Path, steps: int, fault: str, timeout: float) -> tuple[int, Path]:
+    log = work / "steps.jsonl"
+    cmd = [
+        str(VENV_BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "3",
+        str(JOB),
+        "--mode",
+        "torchrun",
+        "--steps",
+        str(steps),
+        "--step-log",
+        str(log),
+        "--ckpt",
+        str(work / "ckpt.pt"),
+        "--fault",
+        fault,
+    ]
+    return _run(cmd, work, timeout, _env()), log
+
+
+def run_stalwart(
+    work: Path, steps: int, strategy: str, chaos: str, timeout: float
+) -> tuple[int, Path]:
+    log = work / "steps.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli.main",
+        "run",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-id",
+        f"bench-{uuid.uuid4().hex[:6]}",
+        "--run-dir",
+        str(work / "run"),
+        "--strategy",
+        strategy,
+        "--max-restarts",
+        "3",
+        "--redirect",
+    ]
+    if strategy == "spare":
+        cmd += ["--spares", "1"]
+    if strategy == "restart":
+        cmd += ["--persist-every", "20"]
+    if chaos:
+        cmd += ["--chaos", chaos]
+    cmd += [str(JOB), "--mode", "stalwart", "--steps", str(steps), "--step-log", str(log)]
+    return _run(cmd, work, timeout, _env()), log
+
+
+def _fault_time(work: Path, log: list[dict[str, Any]]) -> float | None:
+    for rec in log:
+        if "fault" in rec:
+            return float(rec["fault"])
+    events = work / "run" / "events.jsonl"
+    if events.exists():
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            if e["kind"] == "fault_injected":
+                return float(e["t"])
+    return None
+
+
+def recovery_figures(work: Path, log_path: Path, fault_step: int = 50) -> dict[str, float | None]:
+    """RTO, progress and lost steps from the rank-0 step log. A record after the fault
+    belongs to the recovered run once it is a rollback (a step not after the newest one
+    seen) or reaches the fault step (which needs the failed rank); records before that
+    are steps already in flight when the fault struck."""
+    log = _read_log(log_path)
+    t_fault = _fault_time(work, log)
+    steps = [(int(r["step"]), float(r["t"])) for r in log if "step" in r]
+    if t_fault is None:
+        return {}
+    out: dict[str, float | None] = {"rto_s": None, "progress_s": None, "steps_lost": None}
+    newest = 0
+    for i, (s, t) in enumerate(steps):
+        if t > t_fault and (s <= newest or s >= fault_step):
+            out["rto_s"] = t - t_fault
+            out["steps_lost"] = float(newest - (s - 1))
+            beyond = [t2 for s2, t2 in steps[i:] if s2 > newest]
+            out["progress_s"] = beyond[0] - t_fault if beyond else None
+            break
+        newest = max(newest, s)
+    events = work / "run" / "events.jsonl"
+    if events.exists():
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            if e["kind"] == "fault_detected":
+                out["detect_s"] = float(e["latency_s"])
+                break
+    return out
+
+
+def steady_step_s(log_path: Path, skip: int = 20) -> float | None:
+    """Mean wall time per step (snapshot stalls included) after ``skip`` warm-up steps."""
+    steps = [(int(r["step"]), float(r["t"])) for r in _read_log(log_path) if "step" in r]
+    steps = [x for x in steps if x[0] > skip]
+    if len(steps) < 2:
+        return None
+    return (steps[-1][1] - steps[0][1]) / (steps[-1][0] - steps[0][0])
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=90)
+    p.add_argument("--hang-cap", type=float, default=30.0, help="longest wait for torchrun")
+    p.add_argument("--timeout", type=float, default=240.0)
+    args = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="stalwart-bench-recovery-"))
+    result: dict[str, Any] = {"reps": args.reps, "steps": args.steps, "kill_at_step": 50}
+    cases = ["torchrun", "restart", "flash", "spare"]
+    figures: dict[str, list[dict[str, float | None]]] = {c: [] for c in cases}
+    for rep in range(args.reps):
+        for case in cases:
+            work = root / f"{case}-{rep}"
+            work.mkdir()
+            if case == "torchrun":
+                rc, log = run_torchrun(work, args.steps, "kill", args.timeout)
+            else:
+                rc, log = run_stalwart(
+                    work, args.steps, case, "kill rank=1 at=step:50", args.timeout
+                )
+            fig = recovery_figures(work, log)
+            fig["rc"] = rc
+            figures[case].append(fig)
+            print(
+                f"rep {rep} {case:<8} rc={rc} "
+                + " ".join(
+                    f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fig.items()
+                ),
+                flush=True,
+            )
+    for case in cases:
+        for key in ("rto_s", "progress_s", "steps_lost"):
+            name = f"steps_lost_{case}" if key == "steps_lost" else f"{case}_{key}"
+            result[name] = _median([f.get(key) for f in figures[case]])
+    result["crash_detect_s"] = _median([f.get("detect_s") for c in cases[1:] for f in figures[c]])
+
+    # hangs: SIGSTOP of rank 1 at step 50
+    hang_s: list[float | None] = []
+    for rep in range(args.reps):
+        work = root / f"hang-stalwart-{rep}"
+        work.mkdir()
+        _, log = run_stalwart(work, args.steps, "flash", "hang rank=1 at=step:50", args.timeout)
+        fig = recovery_figures(work, log)
+        hang_s.append(fig.get("detect_s"))
+        result.setdefault("hang_flash_rto_s_all", []).append(fig.get("rto_s"))
+    result["hang_detect_s"] = _median(hang_s)
+    work = root / "hang-torchrun"
+    work.mkdir()
+    rc, log = run_torchrun(work, args.steps, "hang", args.hang_cap)
+    restarted = [r for r in _read_log(log) if r.get("restart", 0) > 0]
+    fault = _fault_time(work, _read_log(log))
+    if restarted and fault is not None:
+        result["torchrun_hang_detect_s"] = float(restarted[0]["start"]) - fault
+    else:
+        result["torchrun_hang_detect_s"] = None
+        result["torchrun_hang_note"] = f"not noticed within the {args.hang_cap:.0f} s cap"
+    result["torchrun_hang_cap_s"] = args.hang_cap
+
+    # steady state: plain DDP under torchrun vs stalwart (default snapshot policy)
+    plain, ours = [], []
+    for rep in range(args.reps):
+        w1, w2 = root / f"plain-{rep}", root / f"ours-{rep}"
+        w1.mkdir()
+        w2.mkdir()
+        _, l1 = run_torchrun(w1, args.steps + 60, "", args.timeout)
+        plain.append(steady_step_s(l1))
+        _, l2 = run_stalwart(w2, args.steps + 60, "flash", "", args.timeout)
+        ours.append(steady_step_s(l2))
+        ev = w2 / "run" / "events.jsonl"
+        notes = [
+            json.loads(x)["message"]
+            for x in ev.read_text().splitlines()
+            if '"note"' in x and "cadence" in x
+        ]
+        if notes:
+            result["snapshot_cadence"] = notes[-1]
+    p_med, o_med = _median(plain), _median(ours)
+    result["plain_step_s"], result["stalwart_step_s"] = p_med, o_med
+    result["overhead_ratio"] = o_med / p_med if p_med and o_med else None
+    if result.get("torchrun_rto_s") and result.get("flash_rto_s"):
+        result["flash_vs_torchrun"] = result["flash_rto_s"] / result["torchrun_rto_s"]
+    result["work_dir"] = str(root)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
