@@ -72,22 +72,22 @@ def main() -> None:
             start = int(ck["step"])
         steps = iter(range(start + 1, args.steps + 1))
     for step in steps:
-        if args.mode == "torchrun" and rank == 1 and restart == 0 and step == args.fault_step:
-            if args.fault:
-                log.write(json.dumps({"fault": time.time()}) + "\n")
-                log.flush()
-                os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
+        first_try = args.mode == "torchrun" and rank == 1 and restart == 0
+        if first_try and args.fault and step == args.fault_step:
+            log.write(json.dumps({"fault": time.time()}) + "\n")
+            log.flush()
+            os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
         x, y = batch(step, rank, size, args.seq, vocab)
         loss = F.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if args.mode == "torchrun" and args.ckpt and args.ckpt_every and rank == 0:
-            if step % args.ckpt_every == 0:
-                tmp = args.ckpt + ".tmp"
-                state = {"model": ddp.module.state_dict(), "optimizer": opt.state_dict()}
-                torch.save({**state, "step": step}, tmp)
-                os.replace(tmp, args.ckpt)
+        saving = args.mode == "torchrun" and args.ckpt and args.ckpt_every and rank == 0
+        if saving and step % args.ckpt_every == 0:
+            tmp = args.ckpt + ".tmp"
+            state = {"model": ddp.module.state_dict(), "optimizer": opt.state_dict()}
+            torch.save({**state, "step": step}, tmp)
+            os.replace(tmp, args.ckpt)
         if rank == 0 and (args.mode == "torchrun" or sess.step_ok):
             log.write(json.dumps({"step": step, "t": time.time()}) + "\n")
             log.flush()
