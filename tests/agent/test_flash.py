@@ -3,6 +3,7 @@ parameters, bit for bit, as a run without faults (CPU, deterministic ops)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,56 @@ def test_two_nodes_kill_hang_node_loss(tmp_path: Path) -> None:
     assert detected == ["crash", "hang", "node_loss"]
     tiers = [f["source_tier"] for k, f in events if k == "recovery_end"]
     assert tiers[-1] == "peer"
+
+
+@pytest.mark.timeout(180)
+def test_live_chaos_against_a_running_job(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from stalwart.cli.chaos import queue_faults
+    from stalwart.errors import ConfigError
+
+    run_dir = tmp_path / "live"
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli.main",
+        "run",
+        "--rdzv-id",
+        job,
+        "--run-dir",
+        str(run_dir),
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLE),
+        *ARGS[:1],
+        "100000",
+        *ARGS[2:],
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        events = run_dir / "events.jsonl"
+        while not (events.exists() and '"steps"' in events.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        with pytest.raises(ConfigError, match="'rank=one'"):
+            queue_faults(str(run_dir), "kill rank=one")
+        queue_faults(str(run_dir), "kill rank=1")
+        while "recovery_end" not in events.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        kinds = [k for k, _ in events_of(run_dir)]
+        assert "fault_injected" in kinds and "fault_detected" in kinds
+    finally:
+        proc.terminate()  # the agent we started: SIGTERM ends its run
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    assert not [p for p in os.listdir("/dev/shm") if job in p]

@@ -9,13 +9,16 @@ process, plain scripts included, without its cooperation.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from stalwart.chaos import Fault
+from stalwart.chaos import Fault, FaultPlan
+from stalwart.errors import StalwartError
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -31,6 +34,7 @@ class AgentChaos:
         self.pending = list(faults)
         self.slowing: list[tuple[Fault, int, float]] = []  # fault, pid, fired at
         self._stopped: set[int] = set()
+        self._seen: set[str] = set()
 
     def _due(self, fault: Fault, elapsed: float) -> bool:
         if fault.at_time is not None:
@@ -40,8 +44,32 @@ class AgentChaos:
         return any(
             board.read(w.slot).step >= fault.at_step
             for w in self.agent.workers.values()
-            if w.state == "running"
+            if w.state == "running" and (fault.rank is None or fault.rank == w.rank)
         )
+
+    def poll_requests(self) -> None:
+        """Faults queued by `stalwart chaos RUN_DIR ...` for this node's ranks."""
+        directory = os.path.join(self.agent.run_dir, "chaos", "requests")
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name in self._seen:
+                continue
+            self._seen.add(name)
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    spec = str(json.load(fh)["spec"])
+                plan = FaultPlan.parse(spec)
+            except (OSError, ValueError, KeyError, StalwartError) as err:
+                print(f"stalwart: chaos request {name} ignored: {err}", file=sys.stderr)
+                continue
+            base = int(name.split(".")[0])  # unique per request: the ledger key
+            node, ranks = self.agent.cfg.node_rank, list(self.agent.workers)
+            for fault in plan.faults:
+                if fault.node == node or fault.rank in ranks:
+                    self.pending.append(replace(fault, id=base + fault.id))
 
     def tick(self, elapsed: float) -> None:
         for fault in list(self.pending):

@@ -398,6 +398,7 @@ class Agent:
                     last_poll = now
                     self._adopt_lost_nodes()
                     self._follow_generation()
+                    self.chaos.poll_requests()
         except _RunFailed as err:
             self._end_reason = str(err)
             return 1
@@ -442,8 +443,16 @@ class _RunFailed(StalwartError):
     pass
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM: end the run like Ctrl-C, cleaning up
+
+
 def run_agent(config: LaunchConfig) -> int:
     """Run one node's agent to the end of the job; returns the exit code."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     agent = Agent(config)
     try:
         return agent.run()

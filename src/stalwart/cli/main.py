@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "stalwart.cli.ckpt",
     "stalwart.cli.sim",
     "stalwart.cli.run",
+    "stalwart.cli.chaos",
     "stalwart.cli.report",
 )
 
