@@ -144,3 +144,20 @@ def test_cuda_tensors_go_through_side_stream(shm_namespace: str) -> None:  # pra
         assert torch.equal(out, t)
     finally:
         snap.close(unlink=True)
+
+
+def test_restore_a_given_step(shm_namespace: str) -> None:
+    state = make_state()
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        snap.snapshot(state, 1)
+        older = params(state)
+        train_step(state)
+        snap.snapshot(state, 2)
+        assert snap.steps() == [1, 2]
+        assert snap.restore(state, step=1) == 1
+        assert_same(params(state), older)
+        with pytest.raises(CheckpointNotFoundError, match="of step 9"):
+            snap.restore(state, step=9)
+    finally:
+        snap.close(unlink=True)

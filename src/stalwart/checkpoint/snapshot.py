@@ -275,15 +275,26 @@ class Snapshotter:
         found = latest_complete(self.directory, self.config.slots)
         return found[1] if found else None
 
-    def restore(self, state: Mapping[str, Any]) -> int:
-        """Load the newest complete snapshot into ``state``; returns its step."""
+    def steps(self) -> list[int]:
+        """Steps held by complete slots, oldest first (after any background copy)."""
         self.wait()
-        found = latest_complete(self.directory, self.config.slots)
-        if found is None:
+        metas = (s.read_meta() for s in self._slots)
+        return sorted({m.step for m in metas if m is not None})
+
+    def restore(self, state: Mapping[str, Any], *, step: int | None = None) -> int:
+        """Load the newest complete snapshot (or the newest one of ``step``: flash
+        recovery rolls back to the last step every member completed) into ``state``;
+        returns its step."""
+        self.wait()
+        complete = [(s.index, m) for s in self._slots if (m := s.read_meta()) is not None]
+        if step is not None:
+            complete = [(i, m) for i, m in complete if m.step == step]
+        if not complete:
             raise CheckpointNotFoundError(
-                f"no complete snapshot in {self.directory}; restore from a persisted checkpoint"
+                f"no complete snapshot{'' if step is None else f' of step {step}'} in "
+                f"{self.directory}; restore from a persisted checkpoint"
             )
-        index, meta = found
+        index, meta = max(complete, key=lambda im: im[1].seq)
         from stalwart.checkpoint._load import SavedTensor, load_into
 
         # the mapping is released with the last tensor viewing it (torch holds the buffer)
