@@ -244,3 +244,47 @@ def test_reshard_ignores_duplicate_pieces_and_reports_gaps() -> None:
         pytest.raises(CheckpointCorruptError, match="do not cover"),
     ):
         _fill_box(LocalStorage("/nonexistent"), [piece, piece], dst, {"offsets": [0, 0]}, pool)
+
+
+def test_replicated_state_restores_into_another_world_size(
+    tmp_path: Path, shm_namespace: str
+) -> None:
+    """DDP state saved by 2 ranks loads on any rank of a world of 3 (and of 1)."""
+    from stalwart.checkpoint import commit_step
+
+    state = make_state()
+    train_step(state)
+    want = params(state)
+    mgrs = [
+        CheckpointManager(
+            CheckpointConfig(
+                str(tmp_path),
+                namespace=f"{shm_namespace}{r}",
+                rank=r,
+                world_size=2,
+                replicated=True,
+            )
+        )
+        for r in range(2)
+    ]
+    try:
+        for m in mgrs:
+            m.snapshot(state, 4)
+            assert not m.persist().result(timeout=60).committed
+        assert committed_steps(open_storage(str(tmp_path))) == []  # not before the commit
+        commit_step(mgrs[0].storage, 4, 2, replicated=True)
+    finally:
+        for m in mgrs:
+            m.close()
+    for world, rank in ((3, 2), (1, 0)):
+        fresh = make_state(seed=rank + 7)
+        mgr = CheckpointManager(
+            CheckpointConfig(
+                str(tmp_path), namespace=f"{shm_namespace}x", rank=rank, world_size=world
+            )
+        )
+        try:
+            assert mgr.restore(fresh).step == 4
+        finally:
+            mgr.close()
+        assert_same(params(fresh), want)
