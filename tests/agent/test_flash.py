@@ -38,7 +38,7 @@ def _train(run_dir: Path, extra: list[str]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-def test_flash_and_restart_recover_bit_identical(tmp_path: Path) -> None:
+def test_flash_spare_restart_recover_bit_identical(tmp_path: Path) -> None:
     reference = _train(tmp_path / "ref", [])
     chaos = ["--chaos", "kill rank=1 at=step:5; hang rank=0 at=step:15"]
     _same(reference, _train(tmp_path / "flash", chaos))
@@ -56,13 +56,13 @@ def test_flash_and_restart_recover_bit_identical(tmp_path: Path) -> None:
         "--persist-every",
         "4",
         "--chaos",
-        "kill rank=0 at=step:10",
+        "kill rank=0 at=step:14",
     ]
     _same(reference, _train(tmp_path / "restart", restart))
     ends = [f for k, f in events_of(tmp_path / "restart") if k == "recovery_end"]
     # the newest persisted step at the kill: a multiple of 4 (a persist may be in flight)
     assert [f["source_tier"] for f in ends] == ["disk"]
-    assert ends[0]["restored_step"] in (4, 8)
+    assert ends[0]["restored_step"] in (4, 8, 12)
 
 
 @pytest.mark.timeout(300)

@@ -9,11 +9,14 @@ a step every member holds).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
+
+from stalwart.errors import StalwartError
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
@@ -79,9 +82,14 @@ class StepAccounting:
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
-        if self._batch is not None and self.sess.events is not None:
-            self.sess.events.emit("steps", **self._batch)
-        self._batch = None
+        batch, self._batch = self._batch, None
+        if batch is None or self.sess.events is None:
+            return
+        self.sess.events.emit("steps", **batch)
+        if self.sess.coord is not None:
+            # fenced: a member of an old generation cannot record progress
+            with contextlib.suppress(StalwartError):
+                self.sess.coord.commit_step(batch["generation"], batch["last_step"], "rank0")
 
     def recovered(self, seconds: float) -> None:
         self._batch = None
@@ -149,21 +157,27 @@ class StepAccounting:
             return  # one at a time; the next cadence point will catch up
         if sess.events is not None:
             sess.events.emit("persist_begin", step=step)
-        fut = sess._ckpt.persist()
+        t0 = time.perf_counter()
+        generation = sess.generation
+        # written uncommitted, then committed here with the generation fence: a member
+        # of an old generation (the job moved on meanwhile) cannot make it visible
+        fut = sess._ckpt.persist(commit=sess.coord is None)
         self._persist = fut
         events = sess.events
 
         def done(f: Any) -> None:
+            err = f.exception()
+            if err is None and sess.coord is not None:
+                err = self._commit(step, generation)
             if events is None:
                 return
-            err = f.exception()
             if err is None:
                 r = f.result()
                 events.emit(
                     "persist_end",
                     step=r.step,
                     ok=True,
-                    seconds=r.seconds,
+                    seconds=time.perf_counter() - t0,
                     bytes_written=r.written_bytes,
                     total_bytes=r.total_bytes,
                 )
@@ -173,6 +187,23 @@ class StepAccounting:
                 )
 
         fut.add_done_callback(done)
+
+    def _commit(self, step: int, generation: int) -> BaseException | None:
+        from stalwart.checkpoint import commit_step
+
+        sess = self.sess
+        try:
+            commit_step(
+                sess._ckpt.storage,
+                step,
+                1,
+                generation=generation,
+                is_current=lambda g: bool(sess.coord.generation() == g),
+            )
+            sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
+        except Exception as err:  # FencedError, storage errors: reported, never raised
+            return err
+        return None
 
     def wait_persist(self) -> None:
         if self._persist is not None:
