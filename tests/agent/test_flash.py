@@ -140,6 +140,20 @@ def test_live_chaos_against_a_running_job(tmp_path: Path) -> None:
             time.sleep(0.05)
         with pytest.raises(ConfigError, match="'rank=one'"):
             queue_faults(str(run_dir), "kill rank=one")
+        # garbage and an unauthenticated frame on the store's port: rejected, run goes on
+        import json
+        import socket
+
+        host, port = json.loads((run_dir / "agent.json").read_text())["store"].split(":")
+        for junk in (b"GET / HTTP/1.0\r\n\r\n", b"\x00\x00\x00\x10" + b"x" * 16):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(junk)
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
         queue_faults(str(run_dir), "kill rank=1")
         while "recovery_end" not in events.read_text():
             assert time.monotonic() < deadline and proc.poll() is None

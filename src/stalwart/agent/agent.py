@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import signal
@@ -109,6 +110,8 @@ class Agent:
         self.chaos = AgentChaos(self, self.plan.agent_faults(cfg.node_rank, list(self.workers)))
         if cfg.node_rank == 0:
             self._emit_run_start(ready)
+            with open(os.path.join(self.run_dir, "agent.json"), "w") as f:
+                json.dump({"job": cfg.job, "store": self.cluster.address, "pid": os.getpid()}, f)
         for _ in range(cfg.spares):
             self._prefork()
 
