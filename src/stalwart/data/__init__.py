@@ -1,0 +1,27 @@
+"""Data: a resumable, reshardable loader and the global batch policy.
+
+``stalwart.data.loader(dataset, batch_size=32)`` replaces a DataLoader + sampler: its
+state (seed, epoch, position in the epoch's global permutation) is checkpointed with the
+rest of the training state, and a world-size change re-partitions what is left of the
+epoch (no sample seen twice or skipped). See docs/data.md.
+"""
+
+from __future__ import annotations
+
+from stalwart.data.batch import BatchConfig, BatchPlan, Policy, compatible_global_batch, plan_batch
+from stalwart.data.loader import Loader, loader
+from stalwart.data.sampler import Round, SamplerState, Tail, epoch_permutation
+
+__all__ = [
+    "BatchConfig",
+    "BatchPlan",
+    "Loader",
+    "Policy",
+    "Round",
+    "SamplerState",
+    "Tail",
+    "compatible_global_batch",
+    "epoch_permutation",
+    "loader",
+    "plan_batch",
+]
