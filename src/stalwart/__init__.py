@@ -24,4 +24,8 @@ def __getattr__(name: str) -> Any:
         import stalwart.runtime
 
         return getattr(stalwart.runtime, name)
+    if name == "data":  # `stalwart.data.loader(...)` after a bare `import stalwart`
+        import stalwart.data
+
+        return stalwart.data
     raise AttributeError(f"module 'stalwart' has no attribute {name!r}")
