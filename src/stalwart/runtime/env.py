@@ -33,6 +33,7 @@ class WorkerEnv:
     snapshot_budget: float
     collective_timeout_s: float
     hang_ceiling_s: float
+    agent_store: bool = False  # torchrun hosts the c10d store at MASTER_ADDR:MASTER_PORT
 
     @property
     def managed(self) -> bool:
@@ -69,4 +70,5 @@ class WorkerEnv:
             snapshot_budget=float(e.get("STALWART_SNAPSHOT_BUDGET", "0.02")),
             collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "60")),
             hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
+            agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
         )

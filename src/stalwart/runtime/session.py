@@ -89,7 +89,8 @@ class Session:
             env.world_size,
             env.collective_timeout_s,
             env.job,
-            is_master=not env.managed and env.rank == 0,
+            # under plain torchrun, rank 0 hosts the store unless torchrun's agent does
+            is_master=not env.managed and env.rank == 0 and not env.agent_store,
         )
         self.group.on_collective = self._on_collective
         self.acct = StepAccounting(self)
@@ -350,7 +351,8 @@ class Session:
     def close(self) -> None:
         self._stop.set()
         if self._ckpt is not None:
-            self._ckpt.close(unlink_snapshots=False)
+            # under `stalwart run` the agent owns the slots (a replacement needs them)
+            self._ckpt.close(unlink_snapshots=not self.env.managed)
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
