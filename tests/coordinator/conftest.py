@@ -1,8 +1,10 @@
 """Fixtures for the coordinator tests, including the Store backends of the conformance suite.
 
-To add a backend (issue 7: etcd), append its name to ``STORE_BACKENDS`` and add a
-branch to ``_open_backend`` that starts it (skipping with a clear reason only when
-its server binary is absent locally) and yields a ``Backend``.
+To add a backend, append its name to ``STORE_BACKENDS`` and add a branch to
+``_open_backend`` that starts it (skipping with a clear reason only when its server
+binary is absent locally) and yields a ``Backend``. The etcd backend starts a fresh
+etcd per test (etcd_server.py): revisions are global in etcd, and the suite checks
+exact revision arithmetic.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from stalwart.coordinator import (
     StoreServer,
     StoreServerConfig,
 )
+from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig
+
+from .etcd_server import running_etcd
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
-STORE_BACKENDS = ["memory", "tcp"]  # issue 7: add "etcd" here
+STORE_BACKENDS = ["memory", "tcp", "etcd"]
 
 
 @dataclass
@@ -54,6 +59,13 @@ def client_config(**overrides: float) -> StoreClientConfig:
     return StoreClientConfig(**base)  # type: ignore[arg-type]
 
 
+def etcd_config(**overrides: float) -> EtcdStoreConfig:
+    base: dict[str, float] = {"connect_timeout": 2.0, "request_timeout": 10.0}
+    base["reconnect_timeout"] = 10.0
+    base.update(overrides)
+    return EtcdStoreConfig(**base)  # type: ignore[arg-type]
+
+
 @contextlib.contextmanager
 def _open_backend(name: str) -> Iterator[Backend]:
     if name == "memory":
@@ -68,6 +80,18 @@ def _open_backend(name: str) -> Iterator[Backend]:
                 return StoreClient("127.0.0.1", port, TOKEN, client_config())
 
             backend = Backend(name, connect(), 0.5, connect)
+            try:
+                yield backend
+            finally:
+                for client in [backend.store, *backend._opened]:
+                    client.close()
+    elif name == "etcd":
+        with running_etcd() as etcd:
+
+            def connect_etcd() -> Store:
+                return EtcdStore([("127.0.0.1", etcd.client_port)], "/t/", etcd_config())
+
+            backend = Backend(name, connect_etcd(), 1.0, connect_etcd)
             try:
                 yield backend
             finally:

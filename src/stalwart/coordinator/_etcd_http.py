@@ -1,0 +1,284 @@
+"""HTTP/1.1 transport to etcd's JSON gateway: pooled unary calls and streaming reads.
+
+Unary calls (``/v3/kv/*``, ``/v3/lease/*``) go through :class:`GatewayClient`,
+which keeps a few keep-alive connections and retries *every* failure that may
+be transient (refused connection, reset, timeout, etcd's "no leader"/"leader
+changed") until ``reconnect_timeout``, rotating over the endpoints. Retrying
+blindly is only safe because every body sent through it is idempotent: reads,
+keep-alives, grants with a client-chosen lease id, and writes wrapped in a
+transaction guarded by a request marker (see :mod:`stalwart.coordinator.etcd`).
+
+Watches are streamed responses (chunked JSON lines) that must be read with a
+timeout and no helper thread, so :func:`open_stream` speaks HTTP on a raw
+socket and :class:`ChunkedLines` decodes the chunked body incrementally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stalwart.coordinator._etcd_wire import EtcdApiError, error_from_body
+from stalwart.coordinator.errors import (
+    ProtocolError,
+    StoreClosedError,
+    StoreError,
+    StoreUnavailableError,
+)
+
+__all__ = ["ChunkedLines", "Endpoint", "GatewayClient", "Reply", "open_stream"]
+
+_MAX_HEADER = 64 << 10
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A gateway answer: the JSON body, or the error it maps to. ``resent`` tells
+    whether an earlier attempt of the same request may have reached etcd."""
+
+    doc: dict[str, Any]
+    error: StoreError | None
+    resent: bool
+
+
+class _Unavailable(Exception):
+    """One attempt failed in a way worth retrying."""
+
+
+class GatewayClient:
+    """Pooled, retrying POSTs of JSON bodies to the gateway. Thread-safe."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        *,
+        connect_timeout: float,
+        request_timeout: float,
+        reconnect_timeout: float,
+        max_idle: int = 4,
+    ) -> None:
+        self.endpoints = endpoints
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._current = 0
+        self.closed = threading.Event()
+
+    def post(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """POST and return the body; raise the mapped error on an etcd error."""
+        reply = self.call(path, body, what)
+        if reply.error is not None:
+            raise reply.error
+        return reply.doc
+
+    def call(self, path: str, body: dict[str, Any], what: str) -> Reply:
+        payload = json.dumps(body).encode()
+        deadline: float | None = None
+        backoff = 0.02
+        resent = False
+        while True:
+            self.check_open()
+            try:
+                doc, error = self._attempt(path, payload, what)
+                if error is not None and isinstance(error, EtcdApiError) and error.retryable:
+                    raise _Unavailable(str(error))
+                return Reply(doc, error, resent)
+            except (OSError, http.client.HTTPException, _Unavailable) as exc:
+                resent = True
+                now = time.monotonic()
+                deadline = now + self.reconnect_timeout if deadline is None else deadline
+                if now >= deadline:
+                    self.check_open()
+                    raise StoreUnavailableError(
+                        f"etcd at {self.describe()} unreachable for "
+                        f"{self.reconnect_timeout:.1f}s during {what} ({_brief(exc)}); is etcd "
+                        "running and the address in --rdzv right?"
+                    ) from None
+                self.closed.wait(min(backoff, deadline - now))
+                backoff = min(backoff * 2, 0.5)
+
+    def check_open(self) -> None:
+        if self.closed.is_set():
+            raise StoreClosedError("the etcd store is closed; create a new one")
+
+    def describe(self) -> str:
+        return ",".join(str(e) for e in self.endpoints)
+
+    def endpoint(self) -> Endpoint:
+        with self._lock:
+            return self.endpoints[self._current % len(self.endpoints)]
+
+    def rotate(self) -> None:
+        """Move to the next endpoint (after a connection failure)."""
+        with self._lock:
+            self._current += 1
+
+    def close(self) -> None:
+        self.closed.set()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _attempt(
+        self, path: str, payload: bytes, what: str
+    ) -> tuple[dict[str, Any], StoreError | None]:
+        conn = self._acquire()
+        try:
+            conn.timeout = self.request_timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(self.request_timeout)
+            conn.request("POST", path, payload, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except BaseException:
+            conn.close()
+            self.rotate()
+            raise
+        try:
+            doc = json.loads(data) if data else {}
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            conn.close()
+            if resp.status >= 500:
+                raise _Unavailable(f"HTTP {resp.status} from the gateway")
+            raise ProtocolError(
+                f"{what}: etcd gateway sent HTTP {resp.status} with a non-JSON body; "
+                "is this an etcd >= 3.4 client URL?"
+            )
+        self._release(conn)
+        if resp.status == 200 and "error" not in doc:
+            return doc, None
+        return doc, error_from_body(doc, what)
+
+    def _acquire(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        ep = self.endpoint()
+        conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.connect_timeout)
+        try:
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self.closed.is_set() and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class ChunkedLines:
+    """Incremental decoder: HTTP/1.1 chunked body in, complete ``\\n``-ended lines out."""
+
+    def __init__(self, max_line: int = 64 << 20) -> None:
+        self._raw = b""
+        self._body = b""
+        self._data_left = 0  # bytes of the current chunk's data still to come
+        self._crlf_left = 0  # bytes of the CRLF after a chunk's data still to skip
+        self._max_line = max_line
+        self.finished = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._raw += data
+        while self._raw and not self.finished:
+            if self._data_left:
+                take = self._raw[: self._data_left]
+                self._body += take
+                self._raw = self._raw[len(take) :]
+                self._data_left -= len(take)
+            elif self._crlf_left:
+                skip = min(self._crlf_left, len(self._raw))
+                self._raw = self._raw[skip:]
+                self._crlf_left -= skip
+            else:
+                head, sep, rest = self._raw.partition(b"\r\n")
+                if not sep:
+                    break
+                try:
+                    size = int(head.split(b";")[0], 16)
+                except ValueError:
+                    raise ProtocolError(f"bad chunk header from etcd: {head[:40]!r}") from None
+                self._raw = rest
+                self.finished = size == 0
+                self._data_left, self._crlf_left = size, 2
+        *lines, self._body = self._body.split(b"\n")
+        if len(self._body) > self._max_line:
+            raise ProtocolError("etcd watch message exceeds the size limit")
+        return [line for line in lines if line.strip()]
+
+
+def open_stream(
+    endpoint: Endpoint, path: str, body: dict[str, Any], timeout: float
+) -> tuple[socket.socket, list[bytes], ChunkedLines]:
+    """POST ``body`` and read the response head; return the socket, lines already
+    received, and the decoder for the rest. Raises OSError/ProtocolError."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    try:
+        sock.settimeout(timeout)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + payload)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("etcd closed the watch stream before answering")
+            buf += data
+            if len(buf) > _MAX_HEADER:
+                raise ProtocolError("etcd watch response head is too large")
+        header, _, rest = buf.partition(b"\r\n\r\n")
+        status_line, *fields = header.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or parts[1] != "200":
+            raise ProtocolError(f"etcd watch request failed: {status_line!r}")
+        chunked = any(
+            f.lower().startswith("transfer-encoding:") and "chunked" in f.lower() for f in fields
+        )
+        if not chunked:
+            raise ProtocolError("etcd watch response is not a chunked stream; etcd >= 3.4?")
+        decoder = ChunkedLines()
+        lines = decoder.feed(rest)
+        return sock, lines, decoder
+    except BaseException:
+        close_socket(sock)
+        raise
+
+
+def close_socket(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

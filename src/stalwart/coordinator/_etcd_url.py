@@ -1,0 +1,75 @@
+"""Parsing of ``etcd://host[:port][,host[:port]...]/job-id`` rendezvous URLs.
+
+Kept apart from the store so the launcher can validate a ``--rdzv`` value (and
+print a one-line error) before it starts anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stalwart.errors import ConfigError
+
+__all__ = ["DEFAULT_PORT", "EtcdTarget", "parse_etcd_url"]
+
+DEFAULT_PORT = 2379
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_EXAMPLE = "etcd://host:2379/job-id (several endpoints: etcd://h1:2379,h2:2379/job-id)"
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """Where a job's coordinator state lives: etcd endpoints and the job's key prefix."""
+
+    endpoints: list[tuple[str, int]]
+    job_id: str
+
+    @property
+    def namespace(self) -> str:
+        return f"/stalwart/{self.job_id}/"
+
+
+def _bad(url: str, problem: str) -> ConfigError:
+    return ConfigError(f"bad etcd URL {url!r}: {problem}; expected {_EXAMPLE}")
+
+
+def _endpoint(url: str, text: str) -> tuple[str, int]:
+    if text.startswith("["):  # [ipv6]:port
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not host or (rest and not rest.startswith(":")):
+            raise _bad(url, f"endpoint {text!r} is not [ipv6]:port")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = text.partition(":")
+        if not _HOST.fullmatch(host):
+            raise _bad(url, f"endpoint {text!r} has no valid host name")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise _bad(url, f"port {port_text!r} is not a number in 1..65535")
+    return host, int(port_text)
+
+
+def parse_etcd_url(url: str) -> EtcdTarget:
+    """Split an etcd rendezvous URL; ConfigError naming the problem if it is malformed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "etcd":
+        raise _bad(url, "the scheme must be etcd://")
+    netloc, slash, path = rest.partition("/")
+    if not netloc:
+        raise _bad(url, "no etcd host")
+    if "@" in netloc:
+        raise _bad(url, "credentials in the URL are not supported")
+    endpoints = [_endpoint(url, part.strip()) for part in netloc.split(",")]
+    job_id = path.rstrip("/") if slash else ""
+    if not job_id:
+        raise _bad(url, "no job id after the host")
+    if not _JOB_ID.fullmatch(job_id):
+        raise _bad(
+            url,
+            f"job id {job_id!r} must be 1-128 letters, digits, '.', '_' or '-' "
+            "(no '/'), starting with a letter or digit",
+        )
+    return EtcdTarget(endpoints, job_id)

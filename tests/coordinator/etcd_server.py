@@ -1,0 +1,157 @@
+"""A real etcd server for tests: free loopback ports, a private data dir, reaped after.
+
+``require_etcd()`` skips a test when the ``etcd`` binary is absent locally, and
+fails it instead when ``CI`` is set (CI installs Debian's ``etcd-server``), so
+the etcd backend can never silently go untested in CI.
+
+Timing flags: a 25 ms heartbeat and 250 ms election timeout make etcd's minimum
+lease TTL 1 s (it is ``ceil(1.5 * election timeout)`` seconds) and its first
+election quick; they are for one loopback member, not for a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["EtcdServer", "etcd_binary", "require_etcd", "running_etcd"]
+
+_INSTALL_HINT = (
+    "install Debian's etcd-server (apt-get install -y --no-install-recommends etcd-server) "
+    "or put an etcd >= 3.4 binary on PATH"
+)
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd")
+
+
+def require_etcd() -> str:
+    """The etcd binary's path; skip (locally) or fail (CI) when it is missing."""
+    path = etcd_binary()
+    if path is None:
+        reason = f"etcd server binary not found on PATH; {_INSTALL_HINT}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the etcd tests: {reason}", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd process on 127.0.0.1; :meth:`kill` and :meth:`start` again reuse the
+    same ports and data dir, as a restarted etcd member would."""
+
+    def __init__(self, binary: str, data_dir: Path) -> None:
+        self.binary = binary
+        self.data_dir = data_dir
+        self.client_port = _free_port()
+        self.peer_port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / "etcd.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        assert self.proc is None, "etcd already running"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        args = [
+            self.binary,
+            "--name=default",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--heartbeat-interval=25",
+            "--election-timeout=250",
+            "--log-level=warn",
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise RuntimeError(f"etcd exited with {code} at start; log: {self._log_tail()}")
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise RuntimeError(f"etcd not healthy within {timeout}s; log: {self._log_tail()}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the server (by the PID this object started) and reap it."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def _healthy(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
+        try:
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            return resp.status == 200 and b'"true"' in resp.read()
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no log)"
+
+
+@contextlib.contextmanager
+def running_etcd() -> Iterator[EtcdServer]:
+    """Start a fresh etcd in a unique temporary directory; stop, reap and remove it after."""
+    binary = require_etcd()
+    with tempfile.TemporaryDirectory(prefix="stalwart-etcd-") as tmp:
+        for attempt in range(3):  # a free port can be taken between probe and bind
+            server = EtcdServer(binary, Path(tmp) / f"data{attempt}")
+            try:
+                server.start()
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -1,0 +1,285 @@
+"""EtcdStore beyond the shared conformance suite: URLs, clear errors, compaction,
+exactly-once writes when replies are lost, and an etcd server killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from stalwart.coordinator import (
+    CompactedError,
+    Compare,
+    Coordinator,
+    CoordinatorConfig,
+    LeaseNotFoundError,
+    Put,
+    StoreUnavailableError,
+)
+from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, parse_etcd_url
+from stalwart.errors import ConfigError, FencedError
+
+from .conftest import etcd_config
+from .etcd_server import EtcdServer, _free_port, running_etcd
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdServer]:
+    with running_etcd() as server:
+        yield server
+
+
+def connect(server: EtcdServer, **overrides: float) -> EtcdStore:
+    return EtcdStore([("127.0.0.1", server.client_port)], "/t/", etcd_config(**overrides))
+
+
+# -- URLs and configuration (no server needed) ---------------------------------
+
+
+def test_parse_url() -> None:
+    target = parse_etcd_url("etcd://10.0.0.5:2380/job7")
+    assert (target.endpoints, target.job_id, target.namespace) == (
+        [("10.0.0.5", 2380)],
+        "job7",
+        "/stalwart/job7/",
+    )
+    many = parse_etcd_url("etcd://h1,h2:12379,[::1]:3379/run-2.b/")
+    assert many.endpoints == [("h1", 2379), ("h2", 12379), ("::1", 3379)]
+    assert many.job_id == "run-2.b"
+    store = EtcdStore.from_url("etcd://127.0.0.1:1/j")
+    assert (store.job_id, store.namespace) == ("j", "/stalwart/j/")
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("http://h:2379/job", "scheme must be etcd://"),
+        ("etcd://h:2379", "no job id"),
+        ("etcd://h:2379/", "no job id"),
+        ("etcd:///job", "no etcd host"),
+        ("etcd://h:99999/job", "port '99999'"),
+        ("etcd://h:x/job", "port 'x'"),
+        ("etcd://h/a/b", "job id 'a/b'"),
+        ("etcd://u:p@h/job", "credentials"),
+        ("etcd://h_1/job", "no valid host"),
+    ],
+)
+def test_bad_url_is_one_clear_line(url: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_etcd_url(url)
+    message = str(err.value)
+    assert needle in message and "etcd://host:2379/job-id" in message and "\n" not in message
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError, match="reconnect_timeout"):
+        EtcdStoreConfig(reconnect_timeout=0)
+    with pytest.raises(ConfigError, match="marker_ttl"):
+        EtcdStoreConfig(reconnect_timeout=200, marker_ttl=300)
+
+
+def test_unreachable_server_names_address_and_deadline() -> None:
+    port = _free_port()
+    store = EtcdStore([("127.0.0.1", port)], "/t/", etcd_config(reconnect_timeout=0.5))
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as err:
+        store.put("k", b"v")
+    assert 0.5 <= time.monotonic() - started < 3.0
+    assert f"127.0.0.1:{port} unreachable for 0.5s" in str(err.value)
+    store.close()
+
+
+# -- against a real etcd ------------------------------------------------------------
+
+
+def test_compacted_history_is_an_error(etcd: EtcdServer) -> None:
+    store = connect(etcd)
+    for i in range(10):
+        store.put("c", str(i).encode())
+    latest = store.range("").revision
+    store.compact(latest - 2)
+    with pytest.raises(CompactedError):
+        store.watch("c", 1)
+    with store.watch("c", latest) as watch:
+        assert [e.kv.value for e in watch.get(5.0)] == [b"9"]
+    store.close()
+
+
+def lose_replies(store: EtcdStore, path: str, count: int) -> list[int]:
+    """Make the next ``count`` calls to ``path`` reach etcd but lose their reply."""
+    real: Callable[..., Any] = store._http._attempt
+    lost = [0]
+
+    def attempt(p: str, payload: bytes, what: str) -> Any:
+        result = real(p, payload, what)
+        if p == path and lost[0] < count:
+            lost[0] += 1
+            raise ConnectionResetError("reply lost (injected by the test)")
+        return result
+
+    store._http._attempt = attempt  # type: ignore[method-assign]
+    return lost
+
+
+def test_lost_replies_do_not_apply_writes_twice(etcd: EtcdServer) -> None:
+    store = connect(etcd)
+    lost = lose_replies(store, "/v3/kv/txn", 1)
+    rev = store.put("k", b"1")
+    kv = store.get("k")
+    assert lost == [1] and kv is not None and (kv.version, kv.mod_revision) == (1, rev)
+    assert store.range("").revision == rev
+
+    # a CAS whose reply is lost still reports that it won
+    lose_replies(store, "/v3/kv/txn", 1)
+    res = store.txn([Compare("k", "value", "==", b"1")], [Put("k", b"2")], [Put("lost", b"")])
+    assert res.succeeded and res.revision == rev + 1 and store.get("lost") is None
+    # ... and a failed one that it lost
+    lose_replies(store, "/v3/kv/txn", 1)
+    res = store.txn([Compare("k", "value", "==", b"1")], [Put("k", b"3")], [Put("lost", b"")])
+    lost_kv = store.get("lost")
+    assert not res.succeeded and lost_kv is not None and lost_kv.version == 1
+
+    for i in range(3):
+        store.put(f"d/{i}", b"")
+    lose_replies(store, "/v3/kv/txn", 1)
+    rev = store.range("").revision
+    assert store.delete("d/", prefix=True) == 3
+    assert store.range("").revision == rev + 1
+
+    lose_replies(store, "/v3/lease/grant", 1)
+    lease = store.grant(30)
+    assert store.time_to_live(lease) is not None
+    lose_replies(store, "/v3/lease/revoke", 1)
+    assert store.revoke(lease) is True
+    store.close()
+
+
+def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
+    """SIGKILL etcd three times mid-sequence and restart it on the same data dir: each
+    step commits exactly once, in order, and the client just pauses."""
+    store = connect(etcd, reconnect_timeout=20.0)
+    coord = Coordinator(store, CoordinatorConfig(job_id="job"))
+    gen = coord.advance_generation(0, "start").generation
+    start_rev = store.range("").revision + 1
+    steps, kill_after = 45, (10, 20, 30)
+    done: list[float] = []
+    progressed = threading.Condition()
+    errors: list[BaseException] = []
+
+    def commit_all() -> None:
+        try:
+            for step in range(1, steps + 1):
+                coord.commit_step(gen, step, by="w0")
+                with progressed:
+                    done.append(time.monotonic())
+                    progressed.notify_all()
+        except BaseException as exc:
+            errors.append(exc)
+            with progressed:
+                progressed.notify_all()
+
+    worker = threading.Thread(target=commit_all)
+    worker.start()
+    kills: list[float] = []
+    try:
+        for after in kill_after:
+            with progressed:
+                assert progressed.wait_for(lambda a=after: len(done) >= a or errors, 30)
+            kills.append(time.monotonic())
+            etcd.kill()
+            etcd.start()
+    finally:
+        worker.join(60)
+    assert not errors, errors
+    pauses = [min(t for t in done if t > k) - k for k in kills]
+    print(f"etcd failover pauses (kill -> next commit): {[f'{p:.2f}s' for p in pauses]}")
+    last = coord.last_step()
+    assert last is not None and last.step == steps
+    with store.watch(coord._k("step"), start_rev) as watch:
+        events: list[Any] = []
+        while len(events) < steps:
+            batch = watch.get(5.0)
+            assert batch, f"only {len(events)} step events"
+            events += batch
+        assert watch.get(0.3) == []
+    assert [json.loads(e.kv.value)["step"] for e in events] == list(range(1, steps + 1))
+    store.close()
+
+
+def test_watch_resumes_after_restart_without_gaps_or_repeats(etcd: EtcdServer) -> None:
+    store = connect(etcd)
+    with store.watch("w/") as watch:
+        store.put("w/1", b"")
+        assert [e.kv.key for e in watch.get(5.0)] == ["w/1"]
+        etcd.kill()
+        etcd.start()
+        store.put("w/2", b"")
+        store.put("w/3", b"")
+        seen = watch.get(10.0)
+        seen += watch.get(0.5)
+        assert [e.kv.key for e in seen] == ["w/2", "w/3"]
+    store.close()
+
+
+def test_outage_beyond_the_deadline_raises_then_recovers(etcd: EtcdServer) -> None:
+    store = connect(etcd, reconnect_timeout=1.0)
+    store.put("k", b"1")
+    watch = store.watch("k")
+    etcd.kill()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=r"unreachable for 1\.0s"):
+        store.put("k", b"2")
+    assert 1.0 <= time.monotonic() - started < 4.0
+    with pytest.raises(StoreUnavailableError):
+        while time.monotonic() - started < 10:
+            watch.get(0.5)
+    etcd.start()
+    assert store.get("k") is not None  # the same client works again
+    watch.close()
+    store.close()
+
+
+def test_expired_member_is_fenced_across_coordinators(etcd: EtcdServer) -> None:
+    """Two coordinators on one etcd: a member that stops heartbeating loses its lease,
+    the other bumps the generation, and the stale member's commits are refused."""
+    cfg = CoordinatorConfig(job_id="job", lease_ttl=1.0, heartbeat_interval=0.2)
+    store_a, store_b = connect(etcd), connect(etcd)
+    a, b = Coordinator(store_a, cfg), Coordinator(store_b, cfg)
+    gen = a.advance_generation(0, "start").generation
+    member_a = a.join("a")
+    member_b = b.join("b")
+    member_b.start_heartbeat()
+    a.commit_step(gen, 1, by="a")
+    with b.watch_members(store_b.range("").revision + 1) as members:
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:  # alive past its TTL while it heartbeats
+            member_a.heartbeat()
+            time.sleep(0.2)
+        assert set(a.members()) == {"a", "b"}
+        # "a" stops heartbeating (a partition); its lease expires in etcd
+        deadline = time.monotonic() + 10.0
+        events: list[Any] = []
+        while not any(e.kind == "left" and e.member_id == "a" for e in events):
+            assert time.monotonic() < deadline, "lease of 'a' never expired"
+            events += members.get(deadline - time.monotonic())
+    change = b.advance_generation(gen, "member a lost its lease")
+    assert change.won and change.generation == gen + 1
+    b.commit_step(change.generation, 2, by="b")
+    with pytest.raises(FencedError, match="stale"):
+        a.commit_step(gen, 2, by="a")
+    with pytest.raises(FencedError):
+        a.commit_checkpoint(gen, 2, by="a")
+    with pytest.raises(LeaseNotFoundError):
+        member_a.heartbeat()
+    last = b.last_step()
+    assert last is not None and (last.step, last.by) == (2, "b")
+    with a.join("a"):  # rejoins cleanly, then commits in the new generation
+        a.commit_step(change.generation, 3, by="a")
+    member_b.leave()
+    store_a.close()
+    store_b.close()
