@@ -48,7 +48,7 @@ def require_etcd() -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -61,8 +61,8 @@ class EtcdServer:
     def __init__(self, binary: str, data_dir: Path) -> None:
         self.binary = binary
         self.data_dir = data_dir
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / "etcd.log"
 

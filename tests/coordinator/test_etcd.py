@@ -20,11 +20,12 @@ from stalwart.coordinator import (
     Put,
     StoreUnavailableError,
 )
+from stalwart.coordinator._etcd_wire import EtcdApiError, error_from_body
 from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, parse_etcd_url
 from stalwart.errors import ConfigError, FencedError
 
 from .conftest import etcd_config
-from .etcd_server import EtcdServer, _free_port, running_etcd
+from .etcd_server import EtcdServer, free_port, running_etcd
 
 
 @pytest.fixture
@@ -84,7 +85,7 @@ def test_config_validation() -> None:
 
 
 def test_unreachable_server_names_address_and_deadline() -> None:
-    port = _free_port()
+    port = free_port()
     store = EtcdStore([("127.0.0.1", port)], "/t/", etcd_config(reconnect_timeout=0.5))
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError) as err:
@@ -283,3 +284,13 @@ def test_expired_member_is_fenced_across_coordinators(etcd: EtcdServer) -> None:
     member_b.leave()
     store_a.close()
     store_b.close()
+
+
+def test_gateway_errors_map_to_store_errors() -> None:
+    unary = {"error": "etcdserver: requested lease not found", "code": 5}
+    assert isinstance(error_from_body(unary, "put"), LeaseNotFoundError)
+    stream = {"error": {"grpc_code": 14, "http_code": 503, "message": "etcdserver: no leader"}}
+    err = error_from_body(stream, "keepalive")
+    assert isinstance(err, EtcdApiError) and err.retryable and "no leader" in str(err)
+    compacted = {"message": "etcdserver: mvcc: required revision has been compacted", "code": 11}
+    assert isinstance(error_from_body(compacted, "watch"), CompactedError)

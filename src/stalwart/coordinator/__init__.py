@@ -2,7 +2,8 @@
 
 ``Store`` is an etcd-v3-shaped key-value interface; :class:`MemoryStore` is the
 in-process implementation, :class:`StoreServer`/:class:`StoreClient` serve it over
-authenticated TCP (docs/wire-protocol.md), and an etcd backend plugs in later.
+authenticated TCP (docs/wire-protocol.md), and :class:`EtcdStore` keeps it in a real
+etcd cluster (docs/etcd.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stalwart.coordinator.errors import (
     StoreUnavailableError,
     TokenFileError,
 )
+from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, EtcdTarget, parse_etcd_url
 from stalwart.coordinator.membership import Member, MemberEvent, MemberInfo, MembershipWatch
 from stalwart.coordinator.memory import MemoryStore
 from stalwart.coordinator.server import StoreServer, StoreServerConfig
@@ -63,6 +65,9 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorError",
     "Delete",
+    "EtcdStore",
+    "EtcdStoreConfig",
+    "EtcdTarget",
     "Event",
     "FrameTooLargeError",
     "GenerationChange",
@@ -93,6 +98,7 @@ __all__ = [
     "Watch",
     "create_token_file",
     "iter_events",
+    "parse_etcd_url",
     "read_token_file",
     "wait_for",
 ]

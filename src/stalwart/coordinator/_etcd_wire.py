@@ -136,9 +136,16 @@ def ops_json(ops: Sequence[Op], keys: Sequence[bytes]) -> list[dict[str, Any]]:
 
 
 def error_from_body(doc: dict[str, Any], what: str) -> StoreError:
-    """Map a gateway error body (``{"error", "code", "message"}``) to a Store error."""
-    message = str(doc.get("message") or doc.get("error") or doc)
-    code = doc.get("code")
+    """Map a gateway error body to a Store error. Unary calls answer
+    ``{"error", "code", "message"}``; streams (keepalive, watch) send
+    ``{"error": {"grpc_code", "http_code", "message"}}``."""
+    inner = doc.get("error")
+    if isinstance(inner, dict):
+        message = str(inner.get("message") or inner)
+        code = inner.get("grpc_code")
+    else:
+        message = str(doc.get("message") or inner or doc)
+        code = doc.get("code")
     code = code if isinstance(code, int) else -1
     if "lease not found" in message:
         return LeaseNotFoundError(
