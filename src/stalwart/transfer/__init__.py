@@ -1,0 +1,38 @@
+"""Live snapshot transfer: stream a complete shared-memory slot to another process.
+
+Used by elastic joins (a joiner receives the survivors' state from memory, issue 4) and
+by peer memory replicas (an agent streams its node's snapshots to a buddy node in the
+background under a bandwidth cap, issue 7). TCP, chunked, xxh3-128 per chunk,
+authenticated with the job token, nothing unpickled; protocol in docs/transfer.md.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+from stalwart.transfer._wire import PROTOCOL, VERSION, Pacer
+from stalwart.transfer.errors import (
+    ChunkMismatchError,
+    SourceChangedError,
+    TransferAuthError,
+    TransferError,
+    TransferProtocolError,
+)
+from stalwart.transfer.receiver import ReceiverConfig, ReceiveResult, SlotReceiver
+from stalwart.transfer.sender import SendConfig, SendResult, send_slot
+
+__all__ = [
+    "PROTOCOL",
+    "VERSION",
+    "ChunkMismatchError",
+    "Pacer",
+    "ReceiveResult",
+    "ReceiverConfig",
+    "SendConfig",
+    "SendResult",
+    "SlotReceiver",
+    "SourceChangedError",
+    "TransferAuthError",
+    "TransferError",
+    "TransferProtocolError",
+    "send_slot",
+]

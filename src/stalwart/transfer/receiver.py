@@ -1,0 +1,364 @@
+"""Receive snapshot slots into local shared-memory slot directories.
+
+A :class:`SlotReceiver` listens (127.0.0.1 by default), authenticates each sender with
+the job token, and writes the offered snapshot straight into a slot of
+``<shm_dir>/stalwart-<namespace>/`` with ``recv_into`` on the slot's mapping. Why it is
+safe to read there at any time: the target slot is never the newest complete one
+(double buffering, as the Snapshotter does), its meta is removed before the first byte
+and written (by rename) only after every chunk matched its xxh3-128. So the directory
+always holds the previous complete copy or the new one, never a torn one, and
+``Snapshotter.restore`` / the persister read the received slot like a local snapshot.
+
+Checksums are computed on a helper thread while the next chunk arrives (xxhash releases
+the GIL), so verification adds only the last chunk's hash to the transfer time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+from stalwart.checkpoint._shm import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint.format import checksum
+from stalwart.errors import ConfigError
+from stalwart.transfer import _wire
+from stalwart.transfer.errors import ChunkMismatchError, TransferError, TransferProtocolError
+
+__all__ = ["ReceiveResult", "ReceiverConfig", "SlotReceiver"]
+
+_log = logging.getLogger(__name__)
+_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Where received slots go and what a sender may ask for."""
+
+    shm_dir: str = "/dev/shm"
+    slots: int = 2
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_bytes: int = 64 << 30  # largest snapshot accepted
+    max_meta_bytes: int = 64 << 20
+    io_timeout_s: float = 60.0  # a stalled sender loses its connection after this
+
+    def __post_init__(self) -> None:
+        if self.slots < 2:
+            raise ConfigError(f"receiver slots={self.slots}: need at least 2 (double buffer)")
+
+
+@dataclass(frozen=True)
+class ReceiveResult:
+    """One incoming transfer, successful or not (``error`` says why, ``bad_chunks``
+    which chunks failed their checksum)."""
+
+    ok: bool
+    peer: str
+    namespace: str | None = None
+    slot: int | None = None
+    step: int | None = None
+    seq: int | None = None
+    nbytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    bad_chunks: tuple[int, ...] = ()
+
+
+class _Target:
+    """The slots of one namespace; one transfer at a time writes into them."""
+
+    def __init__(self, directory: str, slots: int) -> None:
+        self.lock = threading.Lock()
+        self.slots = [SlotFiles(directory, i) for i in range(slots)]
+
+    def choose(self) -> SlotFiles:
+        metas = {s.index: s.read_meta() for s in self.slots}
+        return min(self.slots, key=lambda s: (metas[s.index] is not None, _seq(metas[s.index])))
+
+
+def _seq(meta: SlotMeta | None) -> int:
+    return -1 if meta is None else meta.seq
+
+
+def _hash_range(mm: mmap.mmap, offset: int, length: int) -> str:
+    with memoryview(mm) as whole, whole[offset : offset + length] as part:
+        return checksum(part)
+
+
+class SlotReceiver:
+    """TCP server that stores authenticated snapshot transfers as complete slots."""
+
+    def __init__(
+        self,
+        token: bytes,
+        config: ReceiverConfig | None = None,
+        on_result: Callable[[ReceiveResult], None] | None = None,
+    ) -> None:
+        self.config = config or ReceiverConfig()
+        self._token = token
+        self._on_result = on_result
+        self._targets: dict[str, _Target] = {}
+        self._results: deque[ReceiveResult] = deque(maxlen=1000)
+        self._cond = threading.Condition()
+        self._conns: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> tuple[str, int]:
+        sock = socket.create_server((self.config.host, self.config.port))
+        self._listener = sock
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name="stalwart-xfer-accept", daemon=True
+        )
+        self._acceptor.start()
+        return self.address
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._listener is None:
+            raise TransferError("receiver not started; call start() first")
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    def close(self) -> None:
+        """Stop listening, cut transfers in flight (they publish nothing), join threads."""
+        with self._cond:
+            self._closing = True
+            conns = list(self._conns)
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        if self._acceptor is not None:
+            self._acceptor.join()
+        for t in list(self._threads):
+            t.join()
+        for target in self._targets.values():
+            for s in target.slots:
+                s.close()
+
+    def __enter__(self) -> SlotReceiver:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ results
+    def results(self) -> list[ReceiveResult]:
+        with self._cond:
+            return list(self._results)
+
+    def wait_results(self, count: int, timeout_s: float) -> list[ReceiveResult]:
+        """Block until ``count`` transfers ended (or raise TimeoutError at the deadline)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while len(self._results) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(self._results)} of {count} transfers ended")
+                self._cond.wait(left)
+            return list(self._results)
+
+    def _record(self, result: ReceiveResult) -> None:
+        with self._cond:
+            self._results.append(result)
+            self._cond.notify_all()
+        if not result.ok:
+            _log.warning("transfer from %s rejected: %s", result.peer, result.error)
+        if self._on_result is not None:
+            self._on_result(result)
+
+    # ------------------------------------------------------------ serving
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._cond:
+                if self._closing:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                t = threading.Thread(
+                    target=self._serve, args=(conn, f"{peer[0]}:{peer[1]}"), daemon=True
+                )
+                self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        t0 = time.perf_counter()
+        ch: _wire.Channel | None = None
+        state: dict[str, Any] = {}
+        try:
+            conn.settimeout(self.config.io_timeout_s)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ch = _wire.server_handshake(conn, self._token)
+            result = self._receive(ch, peer, state)
+            self._record(replace(result, seconds=time.perf_counter() - t0))
+        except (TransferError, OSError) as err:
+            message = _describe(err)
+            bad = tuple(err.chunks) if isinstance(err, ChunkMismatchError) else ()
+            if ch is not None and not isinstance(err, OSError):
+                code = "checksum_mismatch" if bad else "rejected"
+                with contextlib.suppress(OSError):
+                    ch.send(
+                        {
+                            "type": "result",
+                            "ok": False,
+                            "code": code,
+                            "message": message,
+                            "chunks": list(bad),
+                        }
+                    )
+            self._record(
+                ReceiveResult(
+                    False,
+                    peer,
+                    state.get("namespace"),
+                    error=message,
+                    bad_chunks=bad,
+                    seconds=time.perf_counter() - t0,
+                )
+            )
+        except Exception as err:  # a bug must not kill the server thread silently
+            _log.exception("transfer from %s failed", peer)
+            self._record(
+                ReceiveResult(
+                    False, peer, state.get("namespace"), error=f"internal error: {err!r}"[:300]
+                )
+            )
+        finally:
+            with self._cond:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _receive(self, ch: _wire.Channel, peer: str, state: dict[str, Any]) -> ReceiveResult:
+        cfg = self.config
+        offer = ch.recv("offer")
+        ns = _wire.field(offer, "namespace", str)
+        if not _NAMESPACE.match(ns):
+            raise TransferProtocolError(f"namespace {ns[:80]!r}: use letters, digits, . _ -")
+        state["namespace"] = ns
+        size = _wire.field(offer, "data_size", int)
+        chunk = _wire.field(offer, "chunk_bytes", int)
+        count = _wire.field(offer, "chunks", int)
+        meta_len = _wire.field(offer, "meta_bytes", int)
+        if not 0 <= size <= cfg.max_bytes:
+            raise TransferProtocolError(
+                f"offer of {size} bytes; this receiver takes <= {cfg.max_bytes}"
+            )
+        if chunk < 1 or count != -(-size // chunk) or not 0 < meta_len <= cfg.max_meta_bytes:
+            raise TransferProtocolError(
+                f"inconsistent offer: {size} bytes, {count} chunks of {chunk}"
+            )
+        meta = SlotMeta.decode(ch.recv_raw(meta_len))
+        if meta is None or meta.data_size != size or not _layout_fits(meta, size):
+            raise TransferProtocolError("the offered slot meta is not a valid stalwart slot meta")
+        target = self._target(ns)
+        with target.lock:
+            slot = target.choose()
+            slot.invalidate()  # from here until publish, this slot is not a snapshot
+            mm = slot.map_writable(size)
+            ch.send({"type": "ready", "slot": slot.index})
+            bad = self._chunks(ch, mm, size, chunk, count)
+            end = ch.recv(("commit", "abort"))
+            if end["type"] == "abort":
+                raise TransferError(f"sender aborted: {str(end.get('reason'))[:200]}")
+            if end.get("seq") != meta.seq:
+                raise TransferProtocolError(
+                    f"commit of seq {end.get('seq')!r}, offer was {meta.seq}"
+                )
+            if bad:
+                raise ChunkMismatchError(_mismatch(bad, chunk, size), bad)
+            slot.publish(meta)
+        ch.send({"type": "result", "ok": True, "namespace": ns, "slot": slot.index})
+        return ReceiveResult(True, peer, ns, slot.index, meta.step, meta.seq, size)
+
+    def _chunks(
+        self, ch: _wire.Channel, mm: mmap.mmap, size: int, chunk: int, count: int
+    ) -> list[int]:
+        """Receive every chunk into ``mm``; return the indices whose xxh3 differs."""
+        claims: list[str] = []
+        with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-verify") as pool:
+            futures: list[Future[str]] = []
+            with memoryview(mm) as whole:
+                for i in range(count):
+                    head = ch.recv("chunk")
+                    offset = _wire.field(head, "offset", int)
+                    length = _wire.field(head, "length", int)
+                    digest = _wire.field(head, "xxh3", str)
+                    if (_wire.field(head, "i", int), offset, length) != (
+                        i,
+                        i * chunk,
+                        min(chunk, size - i * chunk),
+                    ) or not _HEX32.match(digest):
+                        raise TransferProtocolError(f"chunk header {i} does not follow the offer")
+                    with whole[offset : offset + length] as part:
+                        _wire.recv_into_exact(ch.sock, part)
+                    claims.append(digest)
+                    futures.append(pool.submit(_hash_range, mm, offset, length))
+            return [
+                i for i, (f, c) in enumerate(zip(futures, claims, strict=True)) if f.result() != c
+            ]
+
+    def _target(self, namespace: str) -> _Target:
+        with self._cond:
+            target = self._targets.get(namespace)
+            if target is None:
+                directory = slot_dir(self.config.shm_dir, namespace)
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                target = self._targets[namespace] = _Target(directory, self.config.slots)
+            return target
+
+
+def _layout_fits(meta: SlotMeta, size: int) -> bool:
+    try:
+        return all(
+            0 <= int(e["offset"]) <= int(e["offset"]) + int(e["nbytes"]) <= size
+            for e in meta.layout
+        )
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _mismatch(bad: list[int], chunk: int, size: int) -> str:
+    first = bad[0]
+    end = min(size, (first + 1) * chunk)
+    more = f" and {len(bad) - 1} more ({', '.join(map(str, bad[1:6]))}...)" if len(bad) > 1 else ""
+    return (
+        f"chunk {first} (bytes {first * chunk}..{end}) does not match its xxh3-128{more}; "
+        "the bytes were damaged in transit or at the source; resend"
+    )
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, TimeoutError | socket.timeout):
+        return "the sender stalled past io_timeout_s; connection dropped"
+    if isinstance(err, OSError) and not isinstance(err, TransferError):
+        return f"connection lost: {err.strerror or err}"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__

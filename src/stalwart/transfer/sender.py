@@ -1,0 +1,223 @@
+"""Send the newest complete shared-memory snapshot slot to a receiver.
+
+Why it is shaped this way:
+
+- The bytes go from the slot's data file to the socket with ``os.sendfile`` (tmpfs page
+  cache -> socket buffer in the kernel, no Python copy), in large chunks (16 MiB).
+- Each chunk's xxh3-128 is computed on a helper thread *ahead* of the send (xxhash
+  releases the GIL), so hashing overlaps with the kernel copy of the previous chunk.
+- The source slot may be overwritten by a later snapshot (double buffering). The
+  Snapshotter removes a slot's meta before it writes into it, so the sender re-reads the
+  meta after the last byte left: the same sequence number means every byte sent was the
+  complete snapshot; otherwise it aborts (SourceChangedError) and the receiver publishes
+  nothing. Optimistic, so the sender never blocks training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from stalwart.checkpoint._shm import SlotFiles, latest_complete
+from stalwart.checkpoint.format import checksum
+from stalwart.transfer import _wire
+from stalwart.transfer._wire import Pacer
+from stalwart.transfer.errors import (
+    ChunkMismatchError,
+    SourceChangedError,
+    TransferError,
+    TransferProtocolError,
+)
+
+__all__ = ["SendConfig", "SendResult", "send_slot"]
+
+_SLOT_RE = re.compile(r"^slot(\d+)\.data$")
+
+
+@dataclass(frozen=True)
+class SendConfig:
+    """``rate_bytes_per_s`` caps the bandwidth (background replication); None: no cap."""
+
+    chunk_bytes: int = 16 << 20
+    rate_bytes_per_s: float | None = None
+    connect_timeout_s: float = 10.0
+    io_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 4096 <= self.chunk_bytes <= 1 << 30:
+            raise TransferError(f"chunk_bytes={self.chunk_bytes}: use 4 KiB .. 1 GiB")
+
+
+@dataclass(frozen=True)
+class SendResult:
+    namespace: str  # where the receiver stored it
+    slot: int  # receiver's slot index
+    step: int
+    seq: int
+    nbytes: int
+    chunks: int
+    seconds: float
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def _slot_count(directory: str) -> int:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        raise TransferError(f"no snapshot slots in {directory}; nothing to send") from None
+    found = [int(m.group(1)) for n in names if (m := _SLOT_RE.match(n))]
+    return max(found) + 1 if found else 0
+
+
+def _hash_range(mm: mmap.mmap, offset: int, length: int) -> str:
+    with memoryview(mm) as whole, whole[offset : offset + length] as part:
+        return checksum(part)
+
+
+def send_slot(
+    address: tuple[str, int],
+    token: bytes,
+    source_dir: str,
+    namespace: str,
+    *,
+    config: SendConfig | None = None,
+    pacer: Pacer | None = None,
+) -> SendResult:
+    """Send the newest complete slot of ``source_dir`` (a Snapshotter's slot directory)
+    to the receiver at ``address``, to be stored under ``namespace`` there."""
+    cfg = config or SendConfig()
+    if pacer is None and cfg.rate_bytes_per_s is not None:
+        pacer = Pacer(cfg.rate_bytes_per_s)
+    found = latest_complete(source_dir, _slot_count(source_dir))
+    if found is None:
+        raise TransferError(f"no complete snapshot in {source_dir}; take a snapshot first")
+    index, meta = found
+    slot = SlotFiles(source_dir, index)
+    t0 = time.perf_counter()
+    try:
+        with contextlib.ExitStack() as stack:
+            src = stack.enter_context(open(slot.data_path, "rb"))
+            if os.fstat(src.fileno()).st_size < meta.data_size:
+                raise SourceChangedError(f"{slot.data_path} is shorter than its meta says; retry")
+            mm = None
+            if meta.data_size:
+                mm = mmap.mmap(src.fileno(), meta.data_size, prot=mmap.PROT_READ)
+                stack.callback(mm.close)
+            sock = stack.enter_context(
+                socket.create_connection(address, timeout=cfg.connect_timeout_s)
+            )
+            sock.settimeout(cfg.io_timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ch = _wire.client_handshake(sock, token)
+            reply = _send(
+                ch,
+                src,
+                mm,
+                slot,
+                meta.encode(),
+                meta.seq,
+                meta.data_size,
+                namespace,
+                cfg.chunk_bytes,
+                pacer,
+            )
+    except OSError as err:
+        raise TransferError(
+            f"transfer to {address[0]}:{address[1]} failed: {err.strerror or err}; "
+            "is the receiver running at that address?"
+        ) from err
+    return SendResult(
+        namespace=str(reply["namespace"]),
+        slot=int(reply["slot"]),
+        step=meta.step,
+        seq=meta.seq,
+        nbytes=meta.data_size,
+        chunks=-(-meta.data_size // cfg.chunk_bytes),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _send(
+    ch: _wire.Channel,
+    src: BinaryIO,
+    mm: mmap.mmap | None,
+    slot: SlotFiles,
+    meta_bytes: bytes,
+    seq: int,
+    size: int,
+    namespace: str,
+    chunk: int,
+    pacer: Pacer | None,
+) -> dict[str, Any]:
+    ranges = [(o, min(chunk, size - o)) for o in range(0, size, chunk)]
+    ch.send(
+        {
+            "type": "offer",
+            "namespace": namespace,
+            "data_size": size,
+            "chunk_bytes": chunk,
+            "chunks": len(ranges),
+            "meta_bytes": len(meta_bytes),
+        }
+    )
+    ch.send_raw(meta_bytes)
+    _reply(ch.recv(("ready", "result")))
+    with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-hash") as pool:
+        hashes: list[Future[str]] = (
+            [pool.submit(_hash_range, mm, o, n) for o, n in ranges] if mm is not None else []
+        )
+        try:
+            for i, (o, n) in enumerate(ranges):
+                ch.send(
+                    {"type": "chunk", "i": i, "offset": o, "length": n, "xxh3": hashes[i].result()}
+                )
+                _sendfile(ch.sock, src, o, n, pacer)
+        finally:
+            for h in hashes:
+                h.cancel()
+    now = slot.read_meta()
+    if now is None or now.seq != seq:
+        ch.send({"type": "abort", "reason": "source slot overwritten during the transfer"})
+        raise SourceChangedError(
+            f"snapshot seq {seq} in {slot.meta_path} was overwritten while being sent; "
+            "send the newer one (or lower the snapshot cadence during the transfer)"
+        )
+    ch.send({"type": "commit", "seq": seq})
+    return _reply(ch.recv("result"))
+
+
+def _reply(obj: dict[str, Any]) -> dict[str, Any]:
+    if obj.get("type") == "ready" or obj.get("ok") is True:
+        return obj
+    code, message = str(obj.get("code", "error")), str(obj.get("message", "no message"))[:500]
+    if code == "checksum_mismatch":
+        bad = obj.get("chunks")
+        chunks = [int(c) for c in bad] if isinstance(bad, list) else []
+        raise ChunkMismatchError(f"receiver: {message}", chunks)
+    raise TransferProtocolError(f"receiver refused the transfer: {message} [{code}]")
+
+
+def _sendfile(
+    sock: socket.socket, src: BinaryIO, offset: int, length: int, pacer: Pacer | None
+) -> None:
+    # socket.sendfile: os.sendfile with the socket's timeout honoured (the fd is
+    # non-blocking under a timeout, so a bare os.sendfile would fail with EAGAIN)
+    piece = length if pacer is None else pacer.piece
+    end = offset + length
+    while offset < end:
+        n = min(piece, end - offset)
+        if pacer is not None:
+            pacer.take(n)
+        if sock.sendfile(src, offset, n) != n:
+            raise TransferProtocolError("receiver closed the connection mid-chunk")
+        offset += n

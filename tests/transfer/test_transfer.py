@@ -1,0 +1,209 @@
+"""Snapshot transfer: bit-for-bit copies, rejection of bad peers, nothing torn visible."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Any, BinaryIO
+
+import pytest
+
+from stalwart.checkpoint._shm import latest_complete
+from stalwart.checkpoint.format import checksum
+from stalwart.coordinator import wire
+from stalwart.transfer import (
+    ChunkMismatchError,
+    Pacer,
+    SendConfig,
+    SlotReceiver,
+    SourceChangedError,
+    TransferAuthError,
+    TransferProtocolError,
+    _wire,
+    send_slot,
+    sender,
+)
+
+from .conftest import Spaces, read_slot, write_slot
+
+CHUNK = 64 * 1024
+DATA = os.urandom(3 * CHUNK + 1234)  # 4 chunks, the last one short
+
+
+def _send(receiver: SlotReceiver, token: bytes, sp: Spaces, **kw: Any) -> Any:
+    cfg = SendConfig(chunk_bytes=CHUNK)
+    return send_slot(receiver.address, token, sp.src_dir, sp.dst, config=cfg, **kw)
+
+
+def test_received_slot_equals_the_source_bit_for_bit(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    meta = write_slot(spaces.src_dir, 0, seq=5, data=DATA, step=40)
+    write_slot(spaces.src_dir, 1, seq=4, data=b"older" * 10, step=39)  # not the newest
+    res = _send(receiver, token, spaces)
+    assert (res.step, res.seq, res.nbytes, res.chunks) == (40, 5, len(DATA), 4)
+    (got,) = receiver.wait_results(1, timeout_s=10)
+    assert got.ok and got.slot == res.slot and got.namespace == spaces.dst
+    rmeta, rdata = read_slot(spaces.dst_dir, res.slot)
+    assert rmeta is not None and rmeta.encode() == meta.encode()
+    assert checksum(rdata) == checksum(DATA)
+    # the next transfer goes to the other slot: the first copy stays complete meanwhile
+    meta2 = write_slot(spaces.src_dir, 1, seq=6, data=DATA[::-1], step=41)
+    res2 = _send(receiver, token, spaces)
+    assert res2.slot != res.slot
+    found = latest_complete(spaces.dst_dir, 2)
+    assert found is not None and found[1].encode() == meta2.encode()
+    assert read_slot(spaces.dst_dir, res.slot)[0] is not None
+
+
+def test_snapshotter_restores_a_received_state(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    import torch
+
+    from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7))
+    src = Snapshotter(SnapshotConfig(namespace=spaces.src))
+    dst = Snapshotter(SnapshotConfig(namespace=spaces.dst))
+    try:
+        src.snapshot({"model": model, "step_count": 12}, step=12)
+        res = _send(receiver, token, spaces)
+        copy = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7))
+        state: dict[str, Any] = {"model": copy, "step_count": 0}
+        assert dst.restore(state) == 12 and res.step == 12
+        for a, b in zip(model.state_dict().values(), copy.state_dict().values(), strict=True):
+            assert checksum(a.numpy().tobytes()) == checksum(b.numpy().tobytes())
+    finally:
+        src.close()
+        dst.close()
+
+
+def test_corrupted_chunk_is_named_and_nothing_becomes_visible(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    first = _send(receiver, token, spaces)
+    write_slot(spaces.src_dir, 1, seq=2, data=DATA[::-1])
+
+    def flip(sock: socket.socket, src: BinaryIO, offset: int, n: int, pacer: Any) -> None:
+        src.seek(offset)
+        data = bytearray(src.read(n))
+        if offset == 2 * CHUNK:  # damage chunk 2 on the wire
+            data[100] ^= 0xFF
+        sock.sendall(data)
+
+    monkeypatch.setattr(sender, "_sendfile", flip)
+    with pytest.raises(ChunkMismatchError, match=r"chunk 2 \(bytes 131072\.\.196608\)") as info:
+        _send(receiver, token, spaces)
+    assert info.value.chunks == [2]
+    results = receiver.wait_results(2, timeout_s=10)
+    assert not results[1].ok and results[1].bad_chunks == (2,)
+    # the slot written into has no meta; the previous copy is still the newest complete
+    assert read_slot(spaces.dst_dir, 1 - first.slot)[0] is None
+    found = latest_complete(spaces.dst_dir, 2)
+    assert found is not None and found[1].seq == 1
+
+
+def test_wrong_token_is_rejected_both_ways(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    with pytest.raises(TransferAuthError, match="refused our job token"):
+        send_slot(receiver.address, b"x" * 64, spaces.src_dir, spaces.dst)
+    (got,) = receiver.wait_results(1, timeout_s=10)
+    assert not got.ok and "job token" in (got.error or "")
+    assert not os.path.exists(spaces.dst_dir)
+    # a receiver that does not hold the token is not trusted by the sender either
+    with SlotReceiver(b"y" * 64) as impostor, pytest.raises(TransferAuthError):
+        send_slot(impostor.address, token, spaces.src_dir, spaces.dst)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\n\r\n",  # length field of 1.2 GB: refused before reading it
+        b"\x00\x00\x00\x30" + bytes(48),  # a frame of the right size with a zero MAC
+        b"\x00\x00\x00\x05hi",  # shorter than a MAC, then silence: closed below
+    ],
+)
+def test_malformed_peer_is_rejected(receiver: SlotReceiver, garbage: bytes) -> None:
+    with socket.create_connection(receiver.address, timeout=10) as s:
+        s.recv(4096)  # the hello
+        s.sendall(garbage)
+        with contextlib.suppress(OSError):  # the receiver may have hung up already
+            s.shutdown(socket.SHUT_WR)
+        (got,) = receiver.wait_results(1, timeout_s=10)
+    assert not got.ok and got.error
+    assert "\n" not in got.error
+
+
+def test_bad_offer_is_refused_with_a_reason(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    with pytest.raises(TransferProtocolError, match=r"namespace '\.\./evil'"):
+        send_slot(receiver.address, token, spaces.src_dir, "../evil")
+    assert not receiver.wait_results(1, timeout_s=10)[0].ok
+
+
+def test_cut_transfer_publishes_nothing(token: bytes, spaces: Spaces) -> None:
+    """An authenticated sender stops half-way through a chunk and the receiver shuts
+    down: the slot it was writing into stays invisible."""
+    meta = write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    from stalwart.transfer import ReceiverConfig
+
+    receiver = SlotReceiver(token, ReceiverConfig(io_timeout_s=30))
+    receiver.start()
+    try:
+        with socket.create_connection(receiver.address, timeout=10) as s:
+            ch = _wire.client_handshake(s, token)
+            body = meta.encode()
+            ch.send({"type": "offer", "namespace": spaces.dst, "data_size": len(DATA),
+                     "chunk_bytes": CHUNK, "chunks": 4, "meta_bytes": len(body)})  # fmt: skip
+            ch.send_raw(body)
+            assert ch.recv("ready")["slot"] in (0, 1)
+            ch.send({"type": "chunk", "i": 0, "offset": 0, "length": CHUNK,
+                     "xxh3": checksum(DATA[:CHUNK])})  # fmt: skip
+            s.sendall(DATA[: CHUNK // 2])
+            receiver.close()
+            (got,) = receiver.results()
+    finally:
+        receiver.close()
+    assert not got.ok
+    assert latest_complete(spaces.dst_dir, 2) is None
+
+
+def test_source_overwritten_mid_transfer_aborts(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    clock = [0.0]
+
+    def sleep(dt: float) -> None:  # a snapshot starts overwriting the slot meanwhile
+        clock[0] += dt
+        os.unlink(os.path.join(spaces.src_dir, "slot0.json"))
+        write_slot(spaces.src_dir, 0, seq=3, data=DATA)
+
+    pacer = Pacer(len(DATA) / 2, burst_s=0.01, clock=lambda: clock[0], sleep=sleep)
+    with pytest.raises(SourceChangedError, match="overwritten while being sent"):
+        _send(receiver, token, spaces, pacer=pacer)
+    (got,) = receiver.wait_results(1, timeout_s=10)
+    assert not got.ok and "sender aborted" in (got.error or "")
+    assert latest_complete(spaces.dst_dir, 2) is None
+
+
+def test_unreachable_receiver_is_a_clear_error(token: bytes, spaces: Spaces) -> None:
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connection refused
+        with pytest.raises(Exception, match="is the receiver running"):
+            send_slot(("127.0.0.1", port), token, spaces.src_dir, spaces.dst)
+
+
+def test_frames_are_the_coordinator_framing() -> None:
+    # one framing for the project: length | MAC | JSON body (docs/wire-protocol.md)
+    assert wire.MAC_SIZE == 32 and _wire.PROTOCOL == "stalwart-transfer"
