@@ -25,7 +25,14 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["EtcdServer", "etcd_binary", "require_etcd", "running_etcd"]
+__all__ = [
+    "EtcdServer",
+    "etcd_binary",
+    "free_port",
+    "require_etcd",
+    "running_etcd",
+    "running_etcd_cluster",
+]
 
 _INSTALL_HINT = (
     "install Debian's etcd-server (apt-get install -y --no-install-recommends etcd-server) "
@@ -58,30 +65,36 @@ class EtcdServer:
     """One etcd process on 127.0.0.1; :meth:`kill` and :meth:`start` again reuse the
     same ports and data dir, as a restarted etcd member would."""
 
-    def __init__(self, binary: str, data_dir: Path) -> None:
+    def __init__(self, binary: str, data_dir: Path, name: str = "default") -> None:
         self.binary = binary
         self.data_dir = data_dir
+        self.name = name
         self.client_port = free_port()
         self.peer_port = free_port()
+        self.initial_cluster = f"{name}={self.peer_url}"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / "etcd.log"
+        self.log_path = data_dir.parent / f"etcd-{name}.log"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 20.0, *, wait: bool = True) -> None:
         assert self.proc is None, "etcd already running"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = self.peer_url
         args = [
             self.binary,
-            "--name=default",
+            f"--name={self.name}",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={self.url}",
             f"--advertise-client-urls={self.url}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}",
+            f"--initial-cluster={self.initial_cluster}",
             "--heartbeat-interval=25",
             "--election-timeout=250",
             "--log-level=warn",
@@ -90,6 +103,11 @@ class EtcdServer:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
+        if wait:
+            self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        assert self.proc is not None, "etcd not started"
         deadline = time.monotonic() + timeout
         while not self._healthy():
             if self.proc.poll() is not None:
@@ -155,3 +173,23 @@ def running_etcd() -> Iterator[EtcdServer]:
             yield server
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def running_etcd_cluster(size: int = 3) -> Iterator[list[EtcdServer]]:
+    """A ``size``-member etcd cluster on loopback (members start together: a member
+    is healthy only once a quorum has elected a leader)."""
+    binary = require_etcd()
+    with tempfile.TemporaryDirectory(prefix="stalwart-etcd-") as tmp:
+        members = [EtcdServer(binary, Path(tmp) / f"m{i}", f"m{i}") for i in range(size)]
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+        try:
+            for member in members:
+                member.initial_cluster = initial
+                member.start(wait=False)
+            for member in members:
+                member.wait_healthy()
+            yield members
+        finally:
+            for member in members:
+                member.stop()

@@ -4,9 +4,15 @@ exactly-once writes when replies are lost, and an etcd server killed mid-run."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +31,7 @@ from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, parse_etcd_url
 from stalwart.errors import ConfigError, FencedError
 
 from .conftest import etcd_config
-from .etcd_server import EtcdServer, free_port, running_etcd
+from .etcd_server import EtcdServer, free_port, running_etcd, running_etcd_cluster
 
 
 @pytest.fixture
@@ -160,14 +166,15 @@ def test_lost_replies_do_not_apply_writes_twice(etcd: EtcdServer) -> None:
     store.close()
 
 
-def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
-    """SIGKILL etcd three times mid-sequence and restart it on the same data dir: each
-    step commits exactly once, in order, and the client just pauses."""
-    store = connect(etcd, reconnect_timeout=20.0)
+def commit_steps_through_faults(
+    store: EtcdStore, steps: int, faults: dict[int, Callable[[], None]]
+) -> list[float]:
+    """Commit steps 1..``steps`` in a thread; run ``faults[k]`` once step k is committed.
+    Check every step was committed exactly once, in order; return each fault's pause
+    (fault start -> the next commit)."""
     coord = Coordinator(store, CoordinatorConfig(job_id="job"))
     gen = coord.advance_generation(0, "start").generation
     start_rev = store.range("").revision + 1
-    steps, kill_after = 45, (10, 20, 30)
     done: list[float] = []
     progressed = threading.Condition()
     errors: list[BaseException] = []
@@ -186,19 +193,16 @@ def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
 
     worker = threading.Thread(target=commit_all)
     worker.start()
-    kills: list[float] = []
+    started: list[float] = []
     try:
-        for after in kill_after:
+        for after, fault in sorted(faults.items()):
             with progressed:
                 assert progressed.wait_for(lambda a=after: len(done) >= a or errors, 30)
-            kills.append(time.monotonic())
-            etcd.kill()
-            etcd.start()
+            started.append(time.monotonic())
+            fault()
     finally:
         worker.join(60)
     assert not errors, errors
-    pauses = [min(t for t in done if t > k) - k for k in kills]
-    print(f"etcd failover pauses (kill -> next commit): {[f'{p:.2f}s' for p in pauses]}")
     last = coord.last_step()
     assert last is not None and last.step == steps
     with store.watch(coord._k("step"), start_rev) as watch:
@@ -209,7 +213,49 @@ def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
             events += batch
         assert watch.get(0.3) == []
     assert [json.loads(e.kv.value)["step"] for e in events] == list(range(1, steps + 1))
+    return [min(t for t in done if t > s) - s for s in started]
+
+
+def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
+    """SIGKILL etcd three times mid-sequence and restart it on the same data dir: each
+    step commits exactly once, in order, and the client just pauses."""
+    store = connect(etcd, reconnect_timeout=20.0)
+
+    def restart() -> None:
+        etcd.kill()
+        etcd.start()
+
+    pauses = commit_steps_through_faults(store, 45, {10: restart, 20: restart, 30: restart})
+    print(f"etcd failover pauses (kill -> next commit): {[f'{p:.2f}s' for p in pauses]}")
     store.close()
+
+
+def leader_index(members: list[EtcdServer]) -> int:
+    for i, member in enumerate(members):
+        status = EtcdStore([("127.0.0.1", member.client_port)], "/t/", etcd_config())
+        try:
+            doc = status._http.post("/v3/maintenance/status", {}, "status")
+        finally:
+            status.close()
+        if doc.get("leader") == doc["header"]["member_id"]:
+            return i
+    raise AssertionError("no etcd member is the leader")
+
+
+def test_commits_fail_over_when_the_etcd_leader_dies() -> None:
+    """A 3-member cluster: kill the leader (the client's first endpoint), go on through
+    the others, restart it later; every step is committed exactly once."""
+    with running_etcd_cluster(3) as members:
+        leader = members[leader_index(members)]
+        ordered = [leader, *(m for m in members if m is not leader)]
+        endpoints = [("127.0.0.1", m.client_port) for m in ordered]
+        store = EtcdStore(endpoints, "/t/", etcd_config(reconnect_timeout=20.0))
+        faults = {10: leader.kill, 25: lambda: leader.start(wait=False)}
+        pauses = commit_steps_through_faults(store, 40, faults)
+        print(f"leader loss pause: {pauses[0]:.2f}s")
+        assert leader.proc is not None
+        leader.wait_healthy()
+        store.close()
 
 
 def test_watch_resumes_after_restart_without_gaps_or_repeats(etcd: EtcdServer) -> None:
@@ -294,3 +340,72 @@ def test_gateway_errors_map_to_store_errors() -> None:
     assert isinstance(err, EtcdApiError) and err.retryable and "no leader" in str(err)
     compacted = {"message": "etcdserver: mvcc: required revision has been compacted", "code": 11}
     assert isinstance(error_from_body(compacted, "watch"), CompactedError)
+
+
+class _Child:
+    """A subprocess speaking one reply line per command line, read with deadlines."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+
+    def read_line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"no reply from the member process within {timeout}s"
+        return self.proc.stdout.readline().decode().strip()
+
+    def ask(self, command: str, timeout: float = 15.0) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.read_line(timeout)
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # in case the test left it stopped
+            self.proc.kill()
+        self.proc.wait(10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_sigstopped_member_is_fenced_and_rejoins(etcd: EtcdServer) -> None:
+    """A member process frozen (SIGSTOP) past its 1 s lease, as in a partition: the
+    others see it leave and move to a new generation; once resumed it cannot commit
+    with its old generation, learns its lease is gone, and rejoins cleanly."""
+    store = connect(etcd)
+    coord = Coordinator(store, CoordinatorConfig(job_id="job"))
+    gen = coord.advance_generation(0, "start").generation
+    script = str(Path(__file__).with_name("_partition_member.py"))
+    child = _Child([sys.executable, script, str(etcd.client_port)])
+    try:
+        assert child.read_line(30) == "joined"
+        assert child.ask(f"commit {gen} 1") == "ok"
+        with coord.watch_members(store.range("").revision + 1) as members:
+            os.kill(child.proc.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 10.0
+            left = False
+            while not left:
+                assert time.monotonic() < deadline, "the stopped member's lease never expired"
+                batch = members.get(deadline - time.monotonic())
+                left = any(e.kind == "left" and e.member_id == "a" for e in batch)
+        change = coord.advance_generation(gen, "member a partitioned")
+        assert change.won
+        coord.commit_step(change.generation, 2, by="survivor")
+        os.kill(child.proc.pid, signal.SIGCONT)
+        assert child.ask(f"commit {gen} 3").startswith("fenced ")
+        deadline = time.monotonic() + 10.0
+        while child.ask("lost") != "LeaseNotFoundError":
+            assert time.monotonic() < deadline, "the resumed member never noticed its lost lease"
+        assert child.ask("rejoin") == "ok"
+        assert "a" in coord.members()
+        assert child.ask(f"commit {change.generation} 3") == "ok"
+        last = coord.last_step()
+        assert last is not None and (last.step, last.generation, last.by) == (3, 2, "a")
+        assert child.ask("exit") == "bye"
+    finally:
+        child.end()
+    store.close()
