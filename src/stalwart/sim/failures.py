@@ -7,7 +7,8 @@ A :class:`FailureModel` is a list of :class:`FailureCause`. Each cause has a rat
 domain (``gpu`` and ``node`` take one node out of the job, ``switch`` takes
 ``ClusterConfig.nodes_per_switch`` nodes), whether a process restart cures it (``replace=False``)
 or the node must leave the job until it is repaired (``replace=True``), and how it shows itself
-(``crash``: a process exits or a socket closes; ``hang``: only a watchdog notices).
+(``crash``: a process exits or a socket closes; ``hang``: only a watchdog notices; ``lease``: a
+whole node vanishes and only the expiry of its lease tells).
 
 Trade-offs
 ----------
@@ -53,13 +54,13 @@ __all__ = [
 ]
 
 FaultDomain = Literal["gpu", "node", "switch"]
-FaultKind = Literal["crash", "hang"]
+FaultKind = Literal["crash", "hang", "lease"]
 RateUnit = Literal["gpu-hour", "node-day"]
 Distribution = Literal["exponential", "weibull"]
 RepairDistribution = Literal["fixed", "exponential"]
 
 _DOMAINS = ("gpu", "node", "switch")
-_KINDS = ("crash", "hang")
+_KINDS = ("crash", "hang", "lease")
 _UNITS = ("gpu-hour", "node-day")
 
 
@@ -190,6 +191,7 @@ class FailureTrace:
     spare_ok: NDArray[np.bool_]
     uniform: NDArray[np.float64]
     count: NDArray[np.int64]
+    lease: NDArray[np.bool_] | None = None  # detected by lease expiry (None: no such failure)
 
     @property
     def replicas(self) -> int:
@@ -294,6 +296,7 @@ def sample_failures(
     nodes_lost = np.minimum(domain_nodes[cause], cluster.nodes).astype(np.int64)
     replace = np.array([c.replace for c in model.causes], dtype=bool)[cause] & finite
     hang = np.array([c.kind == "hang" for c in model.causes], dtype=bool)[cause] & finite
+    lease = np.array([c.kind == "lease" for c in model.causes], dtype=bool)[cause] & finite
     if cluster.repair_distribution == "fixed":
         repair = np.full(times.shape, cluster.repair_s)
     else:
@@ -310,4 +313,5 @@ def sample_failures(
         spare_ok=spare_ok,
         uniform=rng.random(times.shape),
         count=finite.sum(axis=1).astype(np.int64),
+        lease=lease if lease.any() else None,
     )

@@ -46,6 +46,7 @@ class RecoveryCosts:
 
     detect_crash_s: float = 10.0
     detect_hang_s: float = 120.0
+    detect_lease_s: float = 60.0
     restart_s: float = 300.0
     flash_restart_s: float = 30.0
     spare_takeover_s: float = 10.0

@@ -104,6 +104,8 @@ def event_costs(
 ) -> EventCosts:
     """Pause, rollback target and capacity deficit of every failure in ``trace``."""
     detect = np.where(trace.hang, costs.detect_hang_s, costs.detect_crash_s)
+    if trace.lease is not None:
+        detect = np.where(trace.lease, costs.detect_lease_s, detect)
     single = trace.nodes_lost <= 1
     zeros = np.zeros(trace.times.shape)
     share = np.minimum(trace.nodes_lost / cluster.nodes, 1.0)
