@@ -75,8 +75,9 @@ def test_workers_rollback_and_resize_read_each_sample_once() -> None:
 
 
 def test_persistent_workers_survive_a_restore() -> None:
-    ld = loader(_Indices(30), batch_size=5, world_size=1, rank=0, num_workers=2,
-                persistent_workers=True)  # fmt: skip
+    ld = loader(
+        _Indices(30), batch_size=5, world_size=1, rank=0, num_workers=2, persistent_workers=True
+    )
     try:
         sd = ld.state_dict()
         a = _take(ld, 3)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import socket
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 
@@ -70,11 +71,19 @@ def test_snapshotter_restores_a_received_state(
     dst = Snapshotter(SnapshotConfig(namespace=spaces.dst))
     try:
         src.snapshot({"model": model, "step_count": 12}, step=12)
-        res = _send(receiver, token, spaces)
+        pinned = src.pin_latest()  # a survivor sends step 12 while it keeps training
+        assert pinned is not None
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        for step in (13, 14):
+            with torch.no_grad():
+                model[0].weight.add_(1.0)
+            src.snapshot({"model": model, "step_count": step}, step=step)
+        res = _send(receiver, token, spaces, slot=pinned[0])
+        src.unpin(pinned[0])
         copy = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7))
         state: dict[str, Any] = {"model": copy, "step_count": 0}
         assert dst.restore(state) == 12 and res.step == 12
-        for a, b in zip(model.state_dict().values(), copy.state_dict().values(), strict=True):
+        for a, b in zip(expected.values(), copy.state_dict().values(), strict=True):
             assert checksum(a.numpy().tobytes()) == checksum(b.numpy().tobytes())
     finally:
         src.close()
@@ -88,14 +97,13 @@ def test_corrupted_chunk_is_named_and_nothing_becomes_visible(
     first = _send(receiver, token, spaces)
     write_slot(spaces.src_dir, 1, seq=2, data=DATA[::-1])
 
-    def flip(sock: socket.socket, src: BinaryIO, offset: int, n: int, pacer: Any) -> None:
-        src.seek(offset)
-        data = bytearray(src.read(n))
+    def flip(sock: socket.socket, mm: mmap.mmap, offset: int, n: int, pacer: Any) -> None:
+        data = bytearray(mm[offset : offset + n])
         if offset == 2 * CHUNK:  # damage chunk 2 on the wire
             data[100] ^= 0xFF
         sock.sendall(data)
 
-    monkeypatch.setattr(sender, "_sendfile", flip)
+    monkeypatch.setattr(sender, "_send_range", flip)
     with pytest.raises(ChunkMismatchError, match=r"chunk 2 \(bytes 131072\.\.196608\)") as info:
         _send(receiver, token, spaces)
     assert info.value.chunks == [2]

@@ -23,7 +23,7 @@ import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from stalwart.checkpoint._shm import SlotFiles, latest_complete
 from stalwart.checkpoint.format import checksum
@@ -92,23 +92,33 @@ def send_slot(
     *,
     config: SendConfig | None = None,
     pacer: Pacer | None = None,
+    slot: int | None = None,
 ) -> SendResult:
     """Send the newest complete slot of ``source_dir`` (a Snapshotter's slot directory)
-    to the receiver at ``address``, to be stored under ``namespace`` there."""
+    to the receiver at ``address``, to be stored under ``namespace`` there.
+
+    ``slot`` sends that slot instead: inside a training process, pin it first
+    (``Snapshotter.pin_latest()`` ... ``unpin``) so that snapshots keep going into the
+    other slot while it is sent and the transfer cannot be overtaken."""
     cfg = config or SendConfig()
     if pacer is None and cfg.rate_bytes_per_s is not None:
         pacer = Pacer(cfg.rate_bytes_per_s)
-    found = latest_complete(source_dir, _slot_count(source_dir))
+    if slot is None:
+        found = latest_complete(source_dir, _slot_count(source_dir))
+    else:
+        chosen = SlotFiles(source_dir, slot).read_meta()
+        found = None if chosen is None else (slot, chosen)
     if found is None:
-        raise TransferError(f"no complete snapshot in {source_dir}; take a snapshot first")
+        which = "" if slot is None else f" in slot {slot}"
+        raise TransferError(f"no complete snapshot{which} of {source_dir}; take a snapshot first")
     index, meta = found
-    slot = SlotFiles(source_dir, index)
+    files = SlotFiles(source_dir, index)
     t0 = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
-            src = stack.enter_context(open(slot.data_path, "rb"))
+            src = stack.enter_context(open(files.data_path, "rb"))
             if os.fstat(src.fileno()).st_size < meta.data_size:
-                raise SourceChangedError(f"{slot.data_path} is shorter than its meta says; retry")
+                raise SourceChangedError(f"{files.data_path} is shorter than its meta says; retry")
             mm = None
             if meta.data_size:
                 mm = mmap.mmap(src.fileno(), meta.data_size, prot=mmap.PROT_READ)
@@ -121,9 +131,8 @@ def send_slot(
             ch = _wire.client_handshake(sock, token)
             reply = _send(
                 ch,
-                src,
                 mm,
-                slot,
+                files,
                 meta.encode(),
                 meta.seq,
                 meta.data_size,
@@ -149,7 +158,6 @@ def send_slot(
 
 def _send(
     ch: _wire.Channel,
-    src: BinaryIO,
     mm: mmap.mmap | None,
     slot: SlotFiles,
     meta_bytes: bytes,
@@ -172,19 +180,18 @@ def _send(
     )
     ch.send_raw(meta_bytes)
     _reply(ch.recv(("ready", "result")))
-    with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-hash") as pool:
-        hashes: list[Future[str]] = (
-            [pool.submit(_hash_range, mm, o, n) for o, n in ranges] if mm is not None else []
-        )
-        try:
-            for i, (o, n) in enumerate(ranges):
-                ch.send(
-                    {"type": "chunk", "i": i, "offset": o, "length": n, "xxh3": hashes[i].result()}
-                )
-                _sendfile(ch.sock, src, o, n, pacer)
-        finally:
-            for h in hashes:
-                h.cancel()
+    if mm is not None:
+        with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-hash") as pool:
+            # hashing runs ahead of the sends: chunk i+1 is hashed while chunk i is sent
+            hashes: list[Future[str]] = [pool.submit(_hash_range, mm, o, n) for o, n in ranges]
+            try:
+                for i, (o, n) in enumerate(ranges):
+                    digest = hashes[i].result()
+                    ch.send({"type": "chunk", "i": i, "offset": o, "length": n, "xxh3": digest})
+                    _send_range(ch.sock, mm, o, n, pacer)
+            finally:
+                for h in hashes:
+                    h.cancel()
     now = slot.read_meta()
     if now is None or now.seq != seq:
         ch.send({"type": "abort", "reason": "source slot overwritten during the transfer"})
@@ -207,17 +214,18 @@ def _reply(obj: dict[str, Any]) -> dict[str, Any]:
     raise TransferProtocolError(f"receiver refused the transfer: {message} [{code}]")
 
 
-def _sendfile(
-    sock: socket.socket, src: BinaryIO, offset: int, length: int, pacer: Pacer | None
+def _send_range(
+    sock: socket.socket, mm: mmap.mmap, offset: int, length: int, pacer: Pacer | None
 ) -> None:
-    # socket.sendfile: os.sendfile with the socket's timeout honoured (the fd is
-    # non-blocking under a timeout, so a bare os.sendfile would fail with EAGAIN)
+    """``sendall`` straight from the slot's mapping (no copy in Python). Measured here
+    faster than ``sendfile`` from tmpfs over loopback (bench/transfer.py reports both)."""
     piece = length if pacer is None else pacer.piece
     end = offset + length
-    while offset < end:
-        n = min(piece, end - offset)
-        if pacer is not None:
-            pacer.take(n)
-        if sock.sendfile(src, offset, n) != n:
-            raise TransferProtocolError("receiver closed the connection mid-chunk")
-        offset += n
+    with memoryview(mm) as whole:
+        while offset < end:
+            n = min(piece, end - offset)
+            if pacer is not None:
+                pacer.take(n)
+            with whole[offset : offset + n] as part:
+                sock.sendall(part)
+            offset += n
