@@ -128,7 +128,7 @@ def test_replay_of_a_real_flash_run_predicts_its_ettr(
     cal = load_calibration(out)
     assert cal.measured is not None and cal.measured.ettr == pytest.approx(measured)
     assert cal.replay is not None
-    assert [f.step for f in cal.replay.faults][:3] == [s // 4, s // 2, 3 * s // 4]
+    assert [f.step for f in cal.replay.faults if f.step is not None] == [s // 4, s // 2, 3 * s // 4]
     assert {"detect_crash_s", "detect_hang_s", "detect_lease_s"} <= set(cal.costs)
     assert {"flash_restart_s", "restore_memory_s", "snapshot_stall_s"} <= set(cal.costs)
 

@@ -412,6 +412,11 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
         source=f"replay of {cal.source.get('run_dir', '?')}",
     )
     sc = apply_calibration(sc, cal)
+    if strategy == "spare" and "restore_peer_s" not in cal.costs:
+        # The engine restores a taken-over rank from the peer tier; a standby on the failed
+        # rank's own node reads the node's shared memory, which is what the run measured.
+        mem = cal.costs.get("restore_memory_s", 0.0)
+        sc = replace(sc, costs=replace(sc.costs, restore_peer_s=mem))
     if strategy == "restart":
         remote = cal.costs.get("restore_remote_s", cal.costs.get("restore_disk_s", 0.0))
         sc = replace(
