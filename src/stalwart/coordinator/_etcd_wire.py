@@ -10,7 +10,6 @@ this module is the only place that knows those rules.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
 from typing import Any
 
 from stalwart.coordinator.errors import (
@@ -31,7 +30,6 @@ __all__ = [
     "int_field",
     "kv_from_json",
     "op_json",
-    "ops_json",
     "prefix_end",
     "unb64",
 ]
@@ -129,10 +127,6 @@ def op_json(op: Op, key: bytes, lease: int | None = None) -> dict[str, Any]:
     if op.prefix:
         rng["range_end"] = b64(prefix_end(key))
     return {"request_delete_range": rng}
-
-
-def ops_json(ops: Sequence[Op], keys: Sequence[bytes]) -> list[dict[str, Any]]:
-    return [op_json(op, key) for op, key in zip(ops, keys, strict=True)]
 
 
 def error_from_body(doc: dict[str, Any], what: str) -> StoreError:
