@@ -91,9 +91,17 @@ def _make_source(directory: str, size: int) -> None:
         n = min(len(block), size - off)
         mm[off : off + n] = block[:n]
     layout = [
-        {"id": 0, "path": "blob", "dtype": "uint8", "shape": [size], "nbytes": size,
-         "offset": 0, "shard": None, "ndarray": False}
-    ]  # fmt: skip
+        {
+            "id": 0,
+            "path": "blob",
+            "dtype": "uint8",
+            "shape": [size],
+            "nbytes": size,
+            "offset": 0,
+            "shard": None,
+            "ndarray": False,
+        }
+    ]
     tree = {"t": "dict", "items": [["blob", {"t": "tensor", "id": 0}]]}
     slot.publish(SlotMeta(seq=1, step=1, tree=tree, layout=layout, data_size=size))
     slot.close()

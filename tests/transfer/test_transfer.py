@@ -66,7 +66,8 @@ def test_snapshotter_restores_a_received_state(
     from stalwart.checkpoint import SnapshotConfig, Snapshotter
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7))
+    first = torch.nn.Linear(64, 300)
+    model = torch.nn.Sequential(first, torch.nn.Linear(300, 7))
     src = Snapshotter(SnapshotConfig(namespace=spaces.src))
     dst = Snapshotter(SnapshotConfig(namespace=spaces.dst))
     try:
@@ -76,7 +77,7 @@ def test_snapshotter_restores_a_received_state(
         expected = {k: v.clone() for k, v in model.state_dict().items()}
         for step in (13, 14):
             with torch.no_grad():
-                model[0].weight.add_(1.0)
+                first.weight.add_(1.0)
             src.snapshot({"model": model, "step_count": step}, step=step)
         res = _send(receiver, token, spaces, slot=pinned[0])
         src.unpin(pinned[0])
@@ -169,12 +170,27 @@ def test_cut_transfer_publishes_nothing(token: bytes, spaces: Spaces) -> None:
         with socket.create_connection(receiver.address, timeout=10) as s:
             ch = _wire.client_handshake(s, token)
             body = meta.encode()
-            ch.send({"type": "offer", "namespace": spaces.dst, "data_size": len(DATA),
-                     "chunk_bytes": CHUNK, "chunks": 4, "meta_bytes": len(body)})  # fmt: skip
+            ch.send(
+                {
+                    "type": "offer",
+                    "namespace": spaces.dst,
+                    "data_size": len(DATA),
+                    "chunk_bytes": CHUNK,
+                    "chunks": 4,
+                    "meta_bytes": len(body),
+                }
+            )
             ch.send_raw(body)
             assert ch.recv("ready")["slot"] in (0, 1)
-            ch.send({"type": "chunk", "i": 0, "offset": 0, "length": CHUNK,
-                     "xxh3": checksum(DATA[:CHUNK])})  # fmt: skip
+            ch.send(
+                {
+                    "type": "chunk",
+                    "i": 0,
+                    "offset": 0,
+                    "length": CHUNK,
+                    "xxh3": checksum(DATA[:CHUNK]),
+                }
+            )
             s.sendall(DATA[: CHUNK // 2])
             receiver.close()
             (got,) = receiver.results()
