@@ -71,7 +71,7 @@ def lose_replies(store: EtcdStore, path: str, count: int) -> list[int]:
             raise ConnectionResetError("reply lost (injected by the test)")
         return result
 
-    store._http._attempt = attempt  # type: ignore[method-assign]
+    setattr(store._http, "_attempt", attempt)  # noqa: B010 - patching a method on purpose
     return lost
 
 
@@ -138,8 +138,12 @@ def commit_steps_through_faults(
     started: list[float] = []
     try:
         for after, fault in sorted(faults.items()):
+
+            def reached(a: int = after) -> bool:
+                return len(done) >= a or bool(errors)
+
             with progressed:
-                assert progressed.wait_for(lambda a=after: len(done) >= a or errors, 30)
+                assert progressed.wait_for(reached, 30)
             started.append(time.monotonic())
             fault()
     finally:
