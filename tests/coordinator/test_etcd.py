@@ -197,8 +197,17 @@ def test_commits_fail_over_when_the_etcd_leader_dies() -> None:
         endpoints = [("127.0.0.1", m.client_port) for m in ordered]
         store = EtcdStore(endpoints, "/t/", etcd_config(reconnect_timeout=20.0))
         faults = {10: leader.kill, 25: lambda: leader.start(wait=False)}
+        watch = store.watch("/stalwart/job/step")
+        assert watch.get(0.05) == []  # its stream is open on the leader now
         pauses = commit_steps_through_faults(store, 40, faults)
         print(f"leader loss pause: {pauses[0]:.2f}s")
+        seen: list[Any] = []
+        while len(seen) < 40:  # the broken stream reopens on another member, no gap
+            batch = watch.get(5.0)
+            assert batch, f"the watch stopped after {len(seen)} steps"
+            seen += batch
+        assert [json.loads(e.kv.value)["step"] for e in seen] == list(range(1, 41))
+        watch.close()
         assert leader.proc is not None
         leader.wait_healthy()
         store.close()
