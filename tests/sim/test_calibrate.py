@@ -274,3 +274,36 @@ def test_restart_run_calibrates_restart_disk_restore_and_persist(tmp_path: Path)
     result = replay(res.calibration)
     assert result.interval_s == pytest.approx(20 * rp.step_s)
     assert result.error_pp is not None and abs(result.error_pp) <= 5.0
+
+
+def test_spare_run_with_a_lost_snapshot_event(tmp_path: Path) -> None:
+    """tests/sim/data/spare_kill_hang_events.jsonl: a real single-node run, 2 workers + 1
+    standby, examples/train_lm.py --steps 140, `--strategy spare --spares 1`, chaos
+    "kill rank=1 at=step:50; hang rank=0 at=step:90". Rank 0 writes the snapshot events and
+    was the one hung (then killed), so the snapshot of step 68 has no event; the recovery
+    that restored step 68 still tells the cadence (34 steps)."""
+    run = tmp_path / "spare"
+    run.mkdir()
+    shutil.copy(DEMO_LOG.parent / "spare_kill_hang_events.jsonl", run / "events.jsonl")
+    res = calibrate(str(run))
+    assert {"spare_takeover_s", "detect_crash_s", "detect_hang_s"} <= set(res.calibration.costs)
+    rp = res.calibration.replay
+    assert rp is not None and rp.strategy == "spare" and rp.snapshot_every == 34
+    result = replay(res.calibration)
+    assert result.error_pp is not None and abs(result.error_pp) <= 5.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "every"),
+    [
+        ([0, 1, 2, 3, 4, 5, 14, 28, 42, 56], 14),  # warm-up at every step, then the cadence
+        ([0, 1, 2, 3, 4, 5, 31], 31),  # one steady snapshot: its step
+        ([0, 1, 2, 3], 1),  # every step
+        ([0, 1, 2, 3, 4, 5, 16, 20, 32, 40, 48, 60, 64, 80], 9),  # restart: 16s and persists
+        ([], None),
+    ],
+)
+def test_cadence(steps: list[int], every: int | None) -> None:
+    from stalwart.sim.calibrate import _cadence
+
+    assert _cadence(steps) == every

@@ -37,11 +37,9 @@ logging) is the measured share ``1 - efficiency`` of training time.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -146,13 +144,25 @@ def _is_node_fault(inc: Incident) -> bool:
 
 
 def _cadence(steps: list[int]) -> int | None:
-    """Steps between snapshots: the gap between consecutive snapshot steps that covers the
-    most steps (a run's first snapshots come at every step while it measures its own
-    cadence; the steady cadence spans the rest)."""
-    gaps = Counter(b - a for a, b in itertools.pairwise(steps) if b > a)
-    if not gaps:
+    """Steps per snapshot, from the sorted steps snapshots were taken at.
+
+    A run takes its first snapshots at every step while it measures its own cadence; that
+    leading run of consecutive steps is left out. The rest are spread evenly: their mean
+    spacing is the cadence (under restart, snapshots and persists interleave, and the mean
+    spacing is what the stall costs). With one steady snapshot its step is the cadence
+    (snapshots fall on multiples of it).
+    """
+    if not steps:
         return None
-    return max(gaps, key=lambda g: (g * gaps[g], g))
+    n = 1
+    while n < len(steps) and steps[n] == steps[n - 1] + 1:
+        n += 1
+    steady = steps[n:]
+    if len(steady) >= 2:
+        return max(round((steady[-1] - steady[0]) / (len(steady) - 1)), 1)
+    if steady:
+        return max(steady[0], 1)
+    return 1 if n >= 2 else None
 
 
 def calibrate(run_dir: str) -> CalibrationRun:
@@ -277,7 +287,12 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
             persist_bytes_per_s=ck["write_bytes_per_s"],
         )
     replay_cfg: Replay | None = None
-    snap_steps = [int(e["step"]) for e in events if e.kind == "snapshot"]
+    # Snapshot steps: the snapshots logged, and the steps recoveries restored (a snapshot
+    # each, even when its event was lost with the process that would have written it).
+    snap_steps = sorted(
+        {int(e["step"]) for e in events if e.kind == "snapshot"}
+        | {int(e["restored_step"]) for e in events if e.kind == "recovery_end"}
+    )
     every = _cadence(snap_steps)
     if not wins or nsteps == 0 or busy <= 0:
         warnings.append("no step batches: step time, cadence and the replay are not measured")
