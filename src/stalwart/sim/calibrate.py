@@ -200,7 +200,8 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
             counts[key] = len(values)
 
     # Checkpointing.
-    ck = rep.to_dict()["checkpoint"]
+    doc = rep.to_dict()
+    ck = doc["checkpoint"]
     if ck["snapshots"]:
         costs["snapshot_stall_s"] = float(ck["mean_stall_s"])
         counts["snapshot_stall_s"] = int(ck["snapshots"])
@@ -265,7 +266,7 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
     # The run's shape and its replay.
     measured: MeasuredRun | None = None
     ettr = g.ettr
-    m = rep.to_dict()["mtbf"]
+    m = doc["mtbf"]
     wins = g.windows
     nsteps = sum(w.last_step - w.first_step + 1 for w in wins)
     busy = math.fsum(w.busy_s for w in wins)
