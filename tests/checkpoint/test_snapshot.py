@@ -161,3 +161,25 @@ def test_restore_a_given_step(shm_namespace: str) -> None:
             snap.restore(state, step=9)
     finally:
         snap.close(unlink=True)
+
+
+def test_device_tensors_are_routed_to_the_side_stream_copy(
+    shm_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a GPU: check that CUDA sources take the pinned side-stream path and CPU
+    sources the plain copy (the CUDA path itself runs in the GPU check)."""
+
+    class FakeCuda:
+        device = torch.device("meta")
+
+    fake = FakeCuda()
+    monkeypatch.setattr(fake, "device", type("D", (), {"type": "cuda"})())
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    seen: list[object] = []
+    monkeypatch.setattr(snap, "_copy_cuda", lambda pairs: seen.extend(s for s, _ in pairs))
+    cpu_src, cpu_dst = torch.ones(3), torch.zeros(3)
+    try:
+        snap._copy([(cpu_src, cpu_dst), (fake, torch.zeros(3))])  # type: ignore[list-item]
+    finally:
+        snap.close(unlink=True)
+    assert seen == [fake] and torch.equal(cpu_dst, cpu_src)
