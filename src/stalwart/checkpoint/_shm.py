@@ -20,10 +20,12 @@ import contextlib
 import json
 import mmap
 import os
+import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SlotFiles", "SlotMeta", "slot_dir"]
+__all__ = ["SlotFiles", "SlotMeta", "pin_slot", "pinned_slots", "slot_dir", "unpin_slot"]
 
 SLOT_FORMAT = "stalwart.shm-slot"
 SLOT_VERSION = 1
@@ -158,3 +160,43 @@ def latest_complete(directory: str, slots: int) -> tuple[int, SlotMeta] | None:
         if meta is not None and (best is None or meta.seq > best[1].seq):
             best = (i, meta)
     return best
+
+
+# -- pins held by other processes ------------------------------------------------------
+# A process that reads a slot for a long time (the agent streaming it to a buddy node,
+# stalwart.transfer) creates ``slot<i>.pin-<pid>-<nonce>``; the Snapshotter does not
+# choose a slot pinned by a live process (a pin of a dead process is ignored), exactly as
+# it skips a slot pinned in-process by a persist.
+
+_PIN_RE = re.compile(r"^slot(\d+)\.pin-(\d+)-[0-9a-f]+$")
+
+
+def pin_slot(directory: str, index: int) -> str:
+    """Pin slot ``index`` of ``directory`` for this process; returns the pin's path."""
+    path = os.path.join(directory, f"slot{index}.pin-{os.getpid()}-{secrets.token_hex(4)}")
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return path
+
+
+def unpin_slot(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def pinned_slots(directory: str) -> set[int]:
+    """Indices of the slots of ``directory`` pinned by a live process."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return set()
+    return {int(m.group(1)) for n in names if (m := _PIN_RE.match(n)) and _alive(int(m.group(2)))}

@@ -26,7 +26,13 @@ from typing import Any
 
 import torch
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, latest_complete, slot_dir
+from stalwart.checkpoint._shm import (
+    SlotFiles,
+    SlotMeta,
+    latest_complete,
+    pinned_slots,
+    slot_dir,
+)
 from stalwart.checkpoint._state import capture, deferrable_ptrs
 from stalwart.checkpoint._tree import Leaf
 from stalwart.errors import CheckpointNotFoundError, ConfigError
@@ -247,7 +253,12 @@ class Snapshotter:
     def _choose_slot(self) -> SlotFiles:
         with self._cond:
             while True:
-                free = [s for s in self._slots if self._pinned.get(s.index, 0) == 0]
+                elsewhere = pinned_slots(self.directory)  # e.g. a transfer from the agent
+                free = [
+                    s
+                    for s in self._slots
+                    if self._pinned.get(s.index, 0) == 0 and s.index not in elsewhere
+                ]
                 if free:
                     break
                 self._cond.wait(timeout=1.0)
