@@ -231,3 +231,52 @@ def test_unreachable_receiver_is_a_clear_error(token: bytes, spaces: Spaces) -> 
 def test_frames_are_the_coordinator_framing() -> None:
     # one framing for the project: length | MAC | JSON body (docs/wire-protocol.md)
     assert wire.MAC_SIZE == 32 and _wire.PROTOCOL == "stalwart-transfer"
+
+
+def test_snapshots_taken_during_a_transfer_skip_the_pinned_slot(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    """The agent's case: the sender (another process in production) pins the newest slot
+    with a pin file; snapshots taken meanwhile all go into the other slot."""
+    import torch
+
+    from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+    state = {"w": torch.zeros(100_000)}
+    snaps = Snapshotter(SnapshotConfig(namespace=spaces.src))
+    clock = [0.0]
+
+    def sleep(dt: float) -> None:  # training goes on while the capped transfer waits
+        clock[0] += dt
+        state["w"] += 1
+        snaps.snapshot(state, step=int(state["w"][0]) + 1)
+
+    try:
+        snaps.snapshot(state, step=1)
+        state["w"] += 1
+        snaps.snapshot(state, step=2)
+        pacer = Pacer(100_000.0, clock=lambda: clock[0], sleep=sleep)
+        res = _send(receiver, token, spaces, pacer=pacer)
+        assert res.step == 2 and clock[0] > 0  # several snapshots ran; step 2 arrived intact
+        assert snaps.steps()[-1] > 3
+        assert not [n for n in os.listdir(spaces.src_dir) if ".pin-" in n]  # unpinned
+        out = {"w": torch.empty(100_000)}
+        Snapshotter(SnapshotConfig(namespace=spaces.dst)).restore(out)
+        assert torch.equal(out["w"], torch.ones(100_000))
+    finally:
+        snaps.close()
+
+
+def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
+    import subprocess
+    import sys
+
+    from stalwart.checkpoint._shm import pin_slot, pinned_slots, unpin_slot
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    open(os.path.join(spaces.src_dir, f"slot1.pin-{dead.pid}-abcd"), "w").close()
+    mine = pin_slot(spaces.src_dir, 0)
+    assert pinned_slots(spaces.src_dir) == {0}
+    unpin_slot(mine)
+    assert pinned_slots(spaces.src_dir) == set()
