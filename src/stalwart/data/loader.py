@@ -41,10 +41,23 @@ class _RoundSource:
         self._owner = owner
 
     def __iter__(self) -> Iterator[list[int]]:
+        # read the committed state now (iter() time), not at the generator's first next()
         o = self._owner
         state, ahead = o._sampler, o._ahead
-        epoch, position = state.epoch, state.position
-        world_size, rank, batch_size = o.world_size, o.rank, o.batch_size
+        return self._rounds(
+            state, ahead, state.epoch, state.position, o.world_size, o.rank, o.batch_size
+        )
+
+    @staticmethod
+    def _rounds(
+        state: SamplerState,
+        ahead: deque[tuple[int, int]],
+        epoch: int,
+        position: int,
+        world_size: int,
+        rank: int,
+        batch_size: int,
+    ) -> Iterator[list[int]]:
         while True:
             r = state.round_at(epoch, position, world_size, rank, batch_size)
             epoch, position = r.epoch, r.position
