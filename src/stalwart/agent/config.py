@@ -19,7 +19,7 @@ class RuntimeKnobs:
     """Worker-runtime policy the agent hands to its workers (through their environment,
     as ``STALWART_*`` variables that only the stalwart runtime reads)."""
 
-    persist_every: int = 0  # steps between persisted checkpoints (0: only for `restart`)
+    persist_every: int = 0  # steps between persisted checkpoints (0: off; -1: auto)
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
     collective_timeout_s: float = 60.0
 

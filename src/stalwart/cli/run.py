@@ -15,6 +15,16 @@ def _nnodes(text: str) -> int:
     return int(text.rpartition(":")[2])
 
 
+def _persist_every(text: str | None, strategy: str) -> int:
+    if text is None:
+        return 20 if strategy == "restart" else 0
+    if text == "auto":
+        return -1
+    if not text.isdigit():
+        raise ConfigError(f"--persist-every {text!r}: use a number of steps or 'auto'")
+    return int(text)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
@@ -63,9 +73,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--persist-every",
-        type=int,
-        default=0,
-        help="steps between persisted checkpoints (0: 20 under restart, else off)",
+        default=None,
+        help="steps between persisted checkpoints, 0 (off) or 'auto' (Young/Daly from the "
+        "observed persist time and MTBF); default 20 under --strategy restart, else 0",
     )
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -79,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
     if args.standalone and args.nnodes > 1:
         raise ConfigError("--standalone runs one node; drop --nnodes or --standalone")
-    persist = args.persist_every or (20 if args.strategy == "restart" else 0)
+    persist = _persist_every(args.persist_every, args.strategy)
     kwargs: dict[str, Any] = {}
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id

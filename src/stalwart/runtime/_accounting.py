@@ -39,6 +39,9 @@ class StepAccounting:
         self._prev_snapshot: Any = None
         self._slow: list[tuple[Fault, float]] = []
         self._persist: Any = None
+        self._t_start = time.monotonic()
+        self._last_persist = time.monotonic()
+        self._persist_s = 1.0  # the last persist's duration (a guess before the first)
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -127,9 +130,26 @@ class StepAccounting:
         budget = self.sess.env.snapshot_budget * step
         return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
 
+    def _persist_due(self, step: int) -> bool:
+        every = self.sess.env.persist_every
+        if self.sess.rank != 0 or every == 0:
+            return False
+        if every > 0:
+            return step % every == 0
+        return time.monotonic() - self._last_persist >= self.auto_interval()
+
+    def auto_interval(self) -> float:
+        """Daly's optimum interval from the last persist's duration and the MTBF seen so
+        far (failures = generations; a 1 h prior before the first)."""
+        from stalwart.sim.analytic import daly_interval
+
+        elapsed = time.monotonic() - self._t_start
+        failures = self.sess.generation
+        mtbf = elapsed / failures if failures else max(3600.0, elapsed)
+        return daly_interval(max(self._persist_s, 1e-3), max(mtbf, 1e-3))
+
     def maybe_snapshot(self, step: int) -> None:
-        persist_every = self.sess.env.persist_every
-        persist = persist_every > 0 and step % persist_every == 0 and self.sess.rank == 0
+        persist = self._persist_due(step)
         if persist or step % self._cadence(step) == 0:
             self.snapshot_now(step)
         if persist:
@@ -157,6 +177,7 @@ class StepAccounting:
             return  # one at a time; the next cadence point will catch up
         if sess.events is not None:
             sess.events.emit("persist_begin", step=step)
+        self._last_persist = time.monotonic()
         t0 = time.perf_counter()
         generation = sess.generation
         # written uncommitted, then committed here with the generation fence: a member
@@ -173,6 +194,7 @@ class StepAccounting:
                 return
             if err is None:
                 r = f.result()
+                self._persist_s = time.perf_counter() - t0
                 events.emit(
                     "persist_end",
                     step=r.step,

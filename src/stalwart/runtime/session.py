@@ -155,7 +155,7 @@ class Session:
         for value in state.values():
             if isinstance(value, torch.optim.Optimizer):
                 self._ckpt.snapshots.guard(value)
-        if self.env.persist_every > 0 and self.rank == 0:
+        if self.env.persist_every != 0 and self.rank == 0:
             self._ckpt.persister.start()  # now, not at the first persist (process start)
         return self._state
 

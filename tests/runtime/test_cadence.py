@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from stalwart.runtime._accounting import StepAccounting
+
+
+def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
+    env = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02)
+    sess: Any = SimpleNamespace(env=env, rank=rank, generation=generation, store=None)
+    return StepAccounting(sess)
+
+
+def test_fixed_persist_cadence_on_rank0_only() -> None:
+    acct = _acct(5)
+    assert [s for s in range(1, 16) if acct._persist_due(s)] == [5, 10, 15]
+    assert not any(_acct(5, rank=1)._persist_due(s) for s in range(1, 16))
+    assert not any(_acct(0)._persist_due(s) for s in range(1, 16))
+
+
+def test_auto_interval_shrinks_as_failures_are_seen() -> None:
+    calm, stormy = _acct(-1, generation=0), _acct(-1, generation=4)
+    for a in (calm, stormy):
+        a._t_start = time.monotonic() - 100.0
+        a._persist_s = 1.0
+    assert stormy.auto_interval() < calm.auto_interval()
+    assert 60 < calm.auto_interval() < 120  # Daly with a 1 h prior MTBF, 1 s persists
+    stormy._last_persist = time.monotonic() - 3600.0
+    assert stormy._persist_due(7)
+
+
+def test_snapshot_cadence_fits_the_stall_budget() -> None:
+    acct = _acct(0)
+    acct.durations.extend([0.1] * 10)
+    acct.stalls = [0.5, 0.5, 0.001, 0.001, 0.001]  # the first two allocate the slots
+    assert acct._choose() == 1
+    acct.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
+    assert acct._choose() == 5
