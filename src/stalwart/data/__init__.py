@@ -9,10 +9,12 @@ epoch (no sample seen twice or skipped). See docs/data.md.
 from __future__ import annotations
 
 from stalwart.data.batch import BatchConfig, BatchPlan, Policy, compatible_global_batch, plan_batch
+from stalwart.data.elastic import LR_SCALE_KEY, apply_plan
 from stalwart.data.loader import Loader, loader
 from stalwart.data.sampler import Round, SamplerState, Tail, epoch_permutation
 
 __all__ = [
+    "LR_SCALE_KEY",
     "BatchConfig",
     "BatchPlan",
     "Loader",
@@ -20,6 +22,7 @@ __all__ = [
     "Round",
     "SamplerState",
     "Tail",
+    "apply_plan",
     "compatible_global_batch",
     "epoch_permutation",
     "loader",
