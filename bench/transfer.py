@@ -122,14 +122,12 @@ def _raw_copy(address: tuple[str, int], path: str, size: int, use_sendfile: bool
     return size / (time.perf_counter() - t0) / 1e9
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=512, help="slot size in MiB")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--chunk-mb", type=int, default=16)
-    ap.add_argument("--cap-mbps", type=float, default=200.0, help="cap for the paced run")
-    args = ap.parse_args()
-    size = args.mb << 20
+def measure(
+    mb: int = 512, reps: int = 5, chunk_mb: int = 16, cap_mbps: float = 200.0
+) -> dict[str, Any]:
+    """Run the benchmark; the dict is the final JSON line (bench/elastic.py reuses it for
+    its ``transfer_gbps`` / ``loopback_gbps`` keys)."""
+    size = mb << 20
     tag = uuid.uuid4().hex[:8]
     src_ns, dst_ns = f"bench-xsrc-{tag}", f"bench-xdst-{tag}"
     src_dir = slot_dir(SHM, src_ns)
@@ -149,7 +147,7 @@ def main() -> None:
         procs += [recv, raw]
         address, raw_address = (addr[0], int(addr[1])), (raw_addr[0], int(raw_addr[1]))
         data_path = SlotFiles(src_dir, 0).data_path
-        cfg = SendConfig(chunk_bytes=args.chunk_mb << 20)
+        cfg = SendConfig(chunk_bytes=chunk_mb << 20)
 
         def transfer() -> float:
             return send_slot(address, token, src_dir, dst_ns, config=cfg).gbps
@@ -158,20 +156,20 @@ def main() -> None:
             transfer()
             _raw_copy(raw_address, data_path, size, True)
         runs: dict[str, list[float]] = {"transfer": [], "sendfile": [], "sendall": []}
-        for _ in range(args.reps):
+        for _ in range(reps):
             runs["sendfile"].append(_raw_copy(raw_address, data_path, size, True))
             runs["transfer"].append(transfer())
             runs["sendall"].append(_raw_copy(raw_address, data_path, size, False))
         med = {k: statistics.median(v) for k, v in runs.items()}
         loopback = max(med["sendfile"], med["sendall"])
-        cap = args.cap_mbps * 1e6
+        cap = cap_mbps * 1e6
         capped = SendConfig(chunk_bytes=cfg.chunk_bytes, rate_bytes_per_s=cap)
         capped_res = send_slot(address, token, src_dir, dst_ns, config=capped)
         result = {
             "bench": "transfer",
             "bytes": size,
             "chunk_bytes": cfg.chunk_bytes,
-            "reps": args.reps,
+            "reps": reps,
             "transfer_gbps": round(med["transfer"], 3),
             "loopback_gbps": round(loopback, 3),
             "ratio": round(med["transfer"] / loopback, 3),
@@ -187,7 +185,7 @@ def main() -> None:
             f"(ratio {result['ratio']}); capped at {cap / 1e9:.2f}: {capped_res.gbps:.3f} GB/s",
             file=sys.stderr,
         )
-        print(json.dumps(result))
+        return result
     finally:
         if raw_address is not None:  # the raw receiver waits in accept(): a bare close ends it
             with contextlib.suppress(OSError), socket.create_connection(raw_address):
@@ -204,6 +202,16 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
         if os.path.exists(raw_path):
             os.unlink(raw_path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=512, help="slot size in MiB")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--chunk-mb", type=int, default=16)
+    ap.add_argument("--cap-mbps", type=float, default=200.0, help="cap for the paced run")
+    args = ap.parse_args()
+    print(json.dumps(measure(args.mb, args.reps, args.chunk_mb, args.cap_mbps)))
 
 
 if __name__ == "__main__":
