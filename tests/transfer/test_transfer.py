@@ -280,3 +280,20 @@ def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
     assert pinned_slots(spaces.src_dir) == {0}
     unpin_slot(mine)
     assert pinned_slots(spaces.src_dir) == set()
+
+
+def test_receiver_never_overwrites_a_pinned_copy(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    from stalwart.checkpoint._shm import pin_slot, unpin_slot
+
+    write_slot(spaces.src_dir, 0, seq=1, data=DATA)
+    first = _send(receiver, token, spaces)
+    second = _send(receiver, token, spaces)
+    assert {first.slot, second.slot} == {0, 1}
+    pins = [pin_slot(spaces.dst_dir, i) for i in (0, 1)]  # e.g. persists of both copies
+    with pytest.raises(TransferProtocolError, match="pinned by a reader"):
+        _send(receiver, token, spaces)
+    unpin_slot(pins[first.slot])
+    assert _send(receiver, token, spaces).slot == first.slot
+    unpin_slot(pins[second.slot])

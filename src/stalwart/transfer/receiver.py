@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint._shm import SlotFiles, SlotMeta, pinned_slots, slot_dir
 from stalwart.checkpoint.format import checksum
 from stalwart.errors import ConfigError
 from stalwart.transfer import _wire
@@ -82,11 +82,20 @@ class _Target:
 
     def __init__(self, directory: str, slots: int) -> None:
         self.lock = threading.Lock()
+        self.directory = directory
         self.slots = [SlotFiles(directory, i) for i in range(slots)]
 
     def choose(self) -> SlotFiles:
-        metas = {s.index: s.read_meta() for s in self.slots}
-        return min(self.slots, key=lambda s: (metas[s.index] is not None, _seq(metas[s.index])))
+        """An empty slot, else the oldest complete one; never one that a reader (a
+        persist of the received copy, a restore, a transfer onwards) has pinned."""
+        pinned = pinned_slots(self.directory)
+        free = [s for s in self.slots if s.index not in pinned]
+        if not free:
+            raise TransferError(
+                f"every slot of {self.directory} is pinned by a reader; retry when it is done"
+            )
+        metas = {s.index: s.read_meta() for s in free}
+        return min(free, key=lambda s: (metas[s.index] is not None, _seq(metas[s.index])))
 
 
 def _seq(meta: SlotMeta | None) -> int:
