@@ -297,3 +297,50 @@ def test_receiver_never_overwrites_a_pinned_copy(
     unpin_slot(pins[first.slot])
     assert _send(receiver, token, spaces).slot == first.slot
     unpin_slot(pins[second.slot])
+
+
+def test_joiner_state_equals_the_survivors_bit_for_bit(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    """Issue 4's join at the state level: model, optimizer (with its moments), loader and
+    RNG state of a survivor, received from memory and restored into fresh objects."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from stalwart.checkpoint import RNGState, SnapshotConfig, Snapshotter
+    from stalwart.data import loader
+
+    def build(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ld = loader(TensorDataset(torch.randn(50, 16)), batch_size=4, world_size=2, rank=0)
+        return {"model": model, "optimizer": opt, "loader": ld, "rng": RNGState()}
+
+    survivor = build(0)
+    for _ in range(3):
+        (x,) = next(survivor["loader"])
+        survivor["model"](x).square().mean().backward()
+        survivor["optimizer"].step()
+    src = Snapshotter(SnapshotConfig(namespace=spaces.src))
+    dst = Snapshotter(SnapshotConfig(namespace=spaces.dst))
+    try:
+        src.snapshot(survivor, step=3)
+        _send(receiver, token, spaces)
+        joiner = build(1)  # other initial weights, empty optimizer state
+        (x,) = next(joiner["loader"])
+        joiner["model"](x).sum().backward()
+        joiner["optimizer"].step()  # creates the moment tensors the state will fill
+        assert dst.restore(joiner) == 3
+
+        def digests(state: dict[str, Any]) -> list[str]:
+            out = [checksum(t.numpy().tobytes()) for t in state["model"].state_dict().values()]
+            for st in state["optimizer"].state.values():
+                out += [checksum(v.numpy().tobytes()) for v in st.values()]
+            return out
+
+        assert digests(joiner) == digests(survivor)
+        assert joiner["loader"].state_dict() == survivor["loader"].state_dict()
+    finally:
+        src.close()
+        dst.close()
