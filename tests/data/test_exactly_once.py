@@ -39,7 +39,7 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=500, deadline=None, database=None)
 @given(
     n=st.integers(1, 40),
     micro=st.integers(1, 7),
