@@ -66,15 +66,29 @@ def test_flash_spare_restart_recover_bit_identical(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_two_nodes_kill_hang_node_loss(tmp_path: Path) -> None:
+def test_two_nodes_kill_hang_node_loss_and_restart(tmp_path: Path) -> None:
     """2 agents x 2 workers on loopback; node 1 is lost and node 0 adopts its ranks,
-    which restore from a peer's snapshot."""
+    which restore from a peer's snapshot. Then the restart route across both nodes."""
     results = {}
     for name, chaos in [
         ("ref", []),
         (
             "chaos",
             ["--chaos", "kill rank=1 at=step:5; hang rank=2 at=step:12; kill node=1 at=step:18"],
+        ),
+        # torchrun's route across nodes: node 1's failure restarts node 0's workers too
+        (
+            "restart",
+            [
+                "--strategy",
+                "restart",
+                "--max-restarts",
+                "1",
+                "--persist-every",
+                "4",
+                "--chaos",
+                "kill rank=3 at=step:14",
+            ],
         ),
     ]:
         out = tmp_path / f"{name}.pt"
@@ -96,6 +110,9 @@ def test_two_nodes_kill_hang_node_loss(tmp_path: Path) -> None:
         assert codes[0][0] == 0, codes[0][1][-3000:]
         results[name] = _load(out)
     _same(results["ref"], results["chaos"])
+    _same(results["ref"], results["restart"])
+    restarted = [f for k, f in events_of(tmp_path / "restart") if k == "recovery_begin"]
+    assert [f["strategy"] for f in restarted] == ["restart"]
     events = events_of(tmp_path / "chaos")
     detected = [f["fault"] for k, f in events if k == "fault_detected"]
     assert detected == ["crash", "hang", "node_loss"]
