@@ -278,6 +278,7 @@ def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
     open(os.path.join(spaces.src_dir, f"slot1.pin-{dead.pid}-abcd"), "w").close()
     mine = pin_slot(spaces.src_dir, 0)
     assert pinned_slots(spaces.src_dir) == {0}
+    assert [n for n in os.listdir(spaces.src_dir) if ".pin-" in n] == [os.path.basename(mine)]
     unpin_slot(mine)
     assert pinned_slots(spaces.src_dir) == set()
 

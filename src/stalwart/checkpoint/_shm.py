@@ -194,9 +194,20 @@ def _alive(pid: int) -> bool:
 
 
 def pinned_slots(directory: str) -> set[int]:
-    """Indices of the slots of ``directory`` pinned by a live process."""
+    """Indices of the slots of ``directory`` pinned by a live process. Pins left by dead
+    processes (a sender killed mid-transfer) are removed, so that a later process reusing
+    the pid cannot make them look alive."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return set()
-    return {int(m.group(1)) for n in names if (m := _PIN_RE.match(n)) and _alive(int(m.group(2)))}
+    pinned: set[int] = set()
+    for name in names:
+        m = _PIN_RE.match(name)
+        if m is None:
+            continue
+        if _alive(int(m.group(2))):
+            pinned.add(int(m.group(1)))
+        else:
+            unpin_slot(os.path.join(directory, name))
+    return pinned
