@@ -3,9 +3,10 @@
     .venv/bin/python bench/transfer.py [--mb 512] [--reps 5] [--chunk-mb 16] [--cap-mbps 200]
 
 The receiver runs in its own process (as an agent or a joiner would); the sender is this
-process. ``loopback_gbps`` is the faster of two raw copies of the same slot bytes to a
+process. ``loopback_gbps`` is the faster (median) of two raw copies of the same slot bytes to a
 pre-faulted shared-memory buffer in another process, no framing and no checksums:
-``sendfile`` -> ``recv_into`` and ``sendall`` from the mapping -> ``recv_into``.
+``sendall`` from the mapping -> ``recv_into`` (interleaved with the transfers) and
+``sendfile`` -> ``recv_into`` (run after them).
 ``transfer_gbps`` is ``send_slot`` end to end (handshake, chunk headers, xxh3-128 on both
 sides, meta published by rename). Medians over ``--reps`` interleaved runs, after warm-up
 runs (the receiver's two slots are allocated and pre-faulted once, as in steady state).
@@ -154,12 +155,16 @@ def measure(
 
         for _ in range(2):  # warm-up: both receiver slots allocated and faulted in
             transfer()
-            _raw_copy(raw_address, data_path, size, True)
+            _raw_copy(raw_address, data_path, size, False)
         runs: dict[str, list[float]] = {"transfer": [], "sendfile": [], "sendall": []}
+        # transfers interleaved with the raw copy of the same primitive (sendall from the
+        # mapping), so both see the same load; the sendfile copies run afterwards: a
+        # transfer right after a sendfile of the same pages measured ~30% slower here
+        for _ in range(reps):
+            runs["sendall"].append(_raw_copy(raw_address, data_path, size, False))
+            runs["transfer"].append(transfer())
         for _ in range(reps):
             runs["sendfile"].append(_raw_copy(raw_address, data_path, size, True))
-            runs["transfer"].append(transfer())
-            runs["sendall"].append(_raw_copy(raw_address, data_path, size, False))
         med = {k: statistics.median(v) for k, v in runs.items()}
         loopback = max(med["sendfile"], med["sendall"])
         cap = cap_mbps * 1e6
@@ -173,6 +178,13 @@ def measure(
             "transfer_gbps": round(med["transfer"], 3),
             "loopback_gbps": round(loopback, 3),
             "ratio": round(med["transfer"] / loopback, 3),
+            # each transfer against the raw copy run just before it: robust to load drift
+            "ratio_paired_median": round(
+                statistics.median(
+                    t / a for t, a in zip(runs["transfer"], runs["sendall"], strict=True)
+                ),
+                3,
+            ),
             "loopback_sendfile_gbps": round(med["sendfile"], 3),
             "loopback_sendall_gbps": round(med["sendall"], 3),
             "runs": {k: [round(x, 3) for x in v] for k, v in runs.items()},
