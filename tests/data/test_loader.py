@@ -104,6 +104,21 @@ def test_snapshot_and_restore_through_the_checkpoint_engine(shm_namespace: str) 
         snaps.close(unlink=True)
 
 
+def test_rebuilding_the_iterator_leaves_the_global_rng_alone() -> None:
+    """A restore rebuilds the DataLoader iterator; its worker base seed must not come from
+    the global RNG, or a recovered run would draw differently from a fault-free one."""
+    ld = loader(_Indices(30), batch_size=2, world_size=1, rank=0, num_workers=2)
+    try:
+        before = torch.get_rng_state()
+        sd = ld.state_dict()
+        a = _take(ld, 2)
+        ld.load_state_dict(sd)
+        assert _take(ld, 2) == a
+        assert torch.equal(torch.get_rng_state(), before)
+    finally:
+        ld.close()
+
+
 def test_step_batches_and_epoch_wrap() -> None:
     ld = loader(_Indices(10), batch_size=4, world_size=1, rank=0, shuffle=False)
     ld.reshard(world_size=1, rank=0, micro_batches=3)
@@ -115,6 +130,8 @@ def test_step_batches_and_epoch_wrap() -> None:
 def test_bad_input_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="sets 'drop_last' itself"):
         loader(_Indices(5), batch_size=1, drop_last=True)
+    with pytest.raises(ConfigError, match="sets 'generator' itself"):
+        loader(_Indices(5), batch_size=1, generator=torch.Generator())
     with pytest.raises(ConfigError, match="map-style dataset"):
         loader(_Stream(), batch_size=1)
     with pytest.raises(ConfigError, match="rank 3 of world size 2"):

@@ -16,6 +16,16 @@ batch is returned to the training loop. A snapshot thus holds exactly what train
 consumed; prefetched batches are dropped on restore or resize (the iterator is rebuilt
 from the committed position). A sampler copied into workers could not do this: its
 position would live in other processes that a rollback or resize cannot reach.
+
+Why the loader has its own ``torch.Generator``: a DataLoader draws its workers' base seed
+from ``generator`` (the *global* torch RNG when None) every time an iterator is built.
+The loader rebuilds its iterator after a restore or resize, so with the global RNG a
+recovered run would draw once more than a fault-free one and every later dropout mask
+would differ (the bit-identical invariant, DESIGN.md §4). Instead the base seed comes
+from a private generator seeded with ``(seed, epoch, position)`` at each build: the
+training process's RNG is untouched, and worker-side randomness is a function of the
+position the iterator was built at (for augmentations that must be identical across
+failures, derive them from the sample index; docs/data.md).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from stalwart.data.sampler import SamplerState, Tail
@@ -84,7 +95,7 @@ class Loader:
         pin_memory: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
-        for bad in ("sampler", "batch_sampler", "shuffle", "drop_last", "batch_size"):
+        for bad in ("sampler", "batch_sampler", "shuffle", "drop_last", "batch_size", "generator"):
             if bad in dataloader_kwargs:
                 raise ConfigError(
                     f"stalwart.data.loader sets {bad!r} itself (it owns the sample order); "
@@ -110,9 +121,11 @@ class Loader:
         )
         self._ahead: deque[tuple[int, int]] = deque()
         self._it: Iterator[Any] | None = None
+        self._generator = torch.Generator()
         self._dl = DataLoader(
             dataset,
             batch_sampler=_RoundSource(self),
+            generator=self._generator,
             num_workers=num_workers,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
@@ -124,12 +137,13 @@ class Loader:
         return self
 
     def __next__(self) -> Any:
+        s = self._sampler
         it = self._it
         if it is None:
             self._ahead = deque()
+            self._generator.manual_seed(_worker_seed(s.seed, s.epoch, s.position))
             it = self._it = iter(self._dl)
         batch = next(it)
-        s = self._sampler
         s.epoch, s.position = self._ahead.popleft()
         return batch
 
@@ -194,6 +208,10 @@ class Loader:
         if shutdown is not None:
             shutdown()
         self._dl._iterator = None
+
+
+def _worker_seed(seed: int, epoch: int, position: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + position) % (1 << 63)
 
 
 def loader(dataset: Dataset[Any], batch_size: int, **options: Any) -> Loader:
