@@ -17,6 +17,7 @@ from stalwart.transfer.errors import (
     TransferError,
     TransferProtocolError,
 )
+from stalwart.transfer.handoff import StateRequest, request_state, serve_requests
 from stalwart.transfer.receiver import ReceiverConfig, ReceiveResult, SlotReceiver
 from stalwart.transfer.sender import SendConfig, SendResult, send_slot
 
@@ -31,8 +32,11 @@ __all__ = [
     "SendResult",
     "SlotReceiver",
     "SourceChangedError",
+    "StateRequest",
     "TransferAuthError",
     "TransferError",
     "TransferProtocolError",
+    "request_state",
     "send_slot",
+    "serve_requests",
 ]
