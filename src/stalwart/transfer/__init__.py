@@ -19,6 +19,7 @@ from stalwart.transfer.errors import (
 )
 from stalwart.transfer.handoff import StateRequest, request_state, serve_requests
 from stalwart.transfer.receiver import ReceiverConfig, ReceiveResult, SlotReceiver
+from stalwart.transfer.replicate import ReplicaConfig, Replicator
 from stalwart.transfer.sender import SendConfig, SendResult, send_slot
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "Pacer",
     "ReceiveResult",
     "ReceiverConfig",
+    "ReplicaConfig",
+    "Replicator",
     "SendConfig",
     "SendResult",
     "SlotReceiver",

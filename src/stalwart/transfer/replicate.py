@@ -1,0 +1,126 @@
+"""Background replication of snapshot slots to a buddy node (issue 7's peer replicas).
+
+A :class:`Replicator` runs in the node agent: for each local slot directory (one per
+local rank) it sends the newest complete snapshot to the buddy's :class:`SlotReceiver`
+whenever its sequence number changed, one at a time, under one bandwidth cap for the
+whole node (one :class:`Pacer` shared by every send), so that replication takes a
+bounded share of the network and of the cores that training uses.
+
+Why polling the slot metas (every ``poll_s``) rather than being told: the agent and the
+workers are separate processes and the slot files are the interface between them
+(checkpoint/_shm.py); reading a few small JSON files per interval costs microseconds.
+Why "newest only": a replica is useful only as the latest restorable state; sending a
+snapshot that is already superseded would spend bandwidth on something never used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stalwart.checkpoint._shm import latest_complete
+from stalwart.transfer._wire import Pacer
+from stalwart.transfer.errors import TransferError
+from stalwart.transfer.sender import SendConfig, SendResult, _slot_count, send_slot
+
+__all__ = ["ReplicaConfig", "Replicator"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """``rate_bytes_per_s`` caps the node's replication traffic (None: no cap)."""
+
+    rate_bytes_per_s: float | None = 200e6
+    poll_s: float = 0.2
+    chunk_bytes: int = 16 << 20
+
+
+@dataclass
+class ReplicaStats:
+    sent: dict[str, int] = field(default_factory=dict)  # buddy namespace -> last seq sent
+    failures: int = 0
+    last_error: str | None = None
+
+
+class Replicator:
+    """Keeps the buddy's copy of every ``sources`` slot directory up to date.
+
+    ``sources`` maps the namespace to store under at the buddy (e.g.
+    ``<job>-replica-r<rank>``) to the local slot directory. ``address`` is the buddy's
+    receiver, or a callable returning it (the buddy may change after a membership
+    change; return None while there is none).
+    """
+
+    def __init__(
+        self,
+        token: bytes,
+        address: tuple[str, int] | Callable[[], tuple[str, int] | None],
+        sources: dict[str, str],
+        config: ReplicaConfig | None = None,
+    ) -> None:
+        self.config = config or ReplicaConfig()
+        self._token = token
+        self._address = address
+        self._sources = dict(sources)
+        self.stats = ReplicaStats()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        rate = self.config.rate_bytes_per_s
+        self._pacer = Pacer(rate, sleep=self._paced_sleep) if rate is not None else None
+
+    def _paced_sleep(self, seconds: float) -> None:
+        # a capped transfer spends most of its time here: close() cuts it short (the
+        # receiver then publishes nothing, its previous copy stays)
+        if self._stop.wait(seconds):
+            raise TransferError("replication stopped")
+
+    def sync_once(self) -> list[SendResult]:
+        """Send every source whose newest complete snapshot the buddy does not have."""
+        address = self._address() if callable(self._address) else self._address
+        if address is None:
+            return []
+        cfg = SendConfig(chunk_bytes=self.config.chunk_bytes)
+        out = []
+        for namespace, directory in self._sources.items():
+            if self._stop.is_set():
+                break
+            try:
+                found = latest_complete(directory, _slot_count(directory))
+            except TransferError:
+                continue  # no slots yet
+            if found is None or self.stats.sent.get(namespace) == found[1].seq:
+                continue
+            try:
+                res = send_slot(
+                    address, self._token, directory, namespace, config=cfg, pacer=self._pacer
+                )
+            except TransferError as err:
+                if self._stop.is_set():
+                    break
+                self.stats.failures += 1
+                self.stats.last_error = str(err)
+                _log.warning("replica of %s to %s:%d failed: %s", namespace, *address, err)
+                continue
+            self.stats.sent[namespace] = res.seq
+            out.append(res)
+        return out
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stalwart-replicate", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sync_once()
+            self._stop.wait(self.config.poll_s)
+
+    def close(self) -> None:
+        """Stop (a capped transfer in flight is cut at its next pause) and join."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
