@@ -54,15 +54,15 @@ def test_flash_spare_restart_recover_bit_identical(tmp_path: Path) -> None:
         "--max-restarts",
         "1",
         "--persist-every",
-        "4",
+        "2",
         "--chaos",
-        "kill rank=0 at=step:14",
+        "kill rank=0 at=step:20",
     ]
     _same(reference, _train(tmp_path / "restart", restart))
     ends = [f for k, f in events_of(tmp_path / "restart") if k == "recovery_end"]
-    # the newest persisted step at the kill: a multiple of 4 (a persist may be in flight)
+    # the newest committed persist at the kill (one at a time, so maybe not the newest step)
     assert [f["source_tier"] for f in ends] == ["disk"]
-    assert ends[0]["restored_step"] in (4, 8, 12)
+    assert ends[0]["restored_step"] % 2 == 0 and 0 < ends[0]["restored_step"] < 20
 
 
 @pytest.mark.timeout(300)

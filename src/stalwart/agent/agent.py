@@ -258,20 +258,27 @@ class Agent:
             if self.restarts >= cfg.max_restarts:
                 _say(f"rank {failed.rank} failed and --max-restarts={cfg.max_restarts} is spent")
                 raise _RunFailed(f"rank {failed.rank} failed ({cause}); no restarts left")
-            self.cluster.publish("last-done", {"step": self.last_step() or 0})
-            self.master_port = _free_port()
-            self.cluster.publish(f"master-{self.generation + 1}", {"port": self.master_port})
-            self._bump(f"restart after {cause} of rank {failed.rank}")
-            self.events.emit(
-                "recovery_begin", strategy="restart", generation=self.generation, cause=cause
-            )
-            self._restart_local()
+            self._restart_all(f"{cause} of rank {failed.rank}", cause)
             return
         self._bump(f"{cause} of rank {failed.rank}")
         self.events.emit(
             "recovery_begin", strategy=strategy, generation=self.generation, cause=cause
         )
         self._spawn(failed)
+
+    def _restart_all(self, what: str, cause: str) -> None:
+        """torchrun's route for the whole job: every node restarts its workers."""
+        if self.restarts >= self.cfg.max_restarts:
+            _say(f"{what}: --max-restarts={self.cfg.max_restarts} is spent")
+            raise _RunFailed(f"{what}; no restarts left")
+        self.cluster.publish("last-done", {"step": self.last_step() or 0})
+        self.master_port = _free_port()
+        self.cluster.publish(f"master-{self.generation + 1}", {"port": self.master_port})
+        self._bump(f"restart after {what}")
+        self.events.emit(
+            "recovery_begin", strategy="restart", generation=self.generation, cause=cause
+        )
+        self._restart_local()
 
     def _restart_local(self) -> None:
         """torchrun's route: every local worker is killed and started again."""
@@ -321,9 +328,13 @@ class Agent:
                 rank = base + local
                 # a lost node's memory is gone: its ranks restore from a peer's snapshot
                 shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{rank}", ignore_errors=True)
-                w = _Worker(rank, local, len(self.workers), attached=True)
+                attached = all(x.attached for x in self.workers.values())
+                w = _Worker(rank, local, len(self.workers), attached=attached)
                 self.workers[rank] = w
                 adopted.append(w)
+            if self.cfg.strategy == "restart" or not self._attached():
+                self._restart_all(f"loss of node {node}", "node_loss")
+                continue
             self._bump(f"node {node} lost")
             self.events.emit(
                 "recovery_begin",

@@ -150,7 +150,8 @@ class StepAccounting:
 
     def maybe_snapshot(self, step: int) -> None:
         persist = self._persist_due(step)
-        if persist or step % self._cadence(step) == 0:
+        every = self._cadence(step)  # always: rank 0 publishes it at CALIBRATE
+        if persist or step % every == 0:
             self.snapshot_now(step)
         if persist:
             self._start_persist(step)
