@@ -118,6 +118,8 @@ class StepAccounting:
                 if sess.rank == 0 and sess.events is not None:
                     sess.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
                 return self.every
+            if sess.coord.generation() != sess.generation:
+                return 1  # rank 0 failed first: recovery is next, decide later
             time.sleep(0.002)
         return 1
 
