@@ -25,9 +25,9 @@ from typing import Any
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import WorkerSpec, worker_env
+from stalwart.agent._incidents import adopt_lost_nodes, check_hang
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.detect import find_hang
 from stalwart.agent.progress import ProgressBoard
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.errors import StalwartError
@@ -300,50 +300,13 @@ class Agent:
             self.master_port = int(self.cluster.read(f"master-{gen}", 30)["port"])
             self._restart_local()
 
-    def _adopt_lost_nodes(self) -> None:
-        """Node 0 takes over the ranks of a node whose lease expired."""
-        for node in self.cluster.lost_nodes():
-            now = time.time()
-            fired = [
-                float(str(r["t"])) for r in self.ledger.fired().values() if r.get("node") == node
-            ]
-            latency = now - fired[0] if fired else self.cfg.node_lease_s
-            domain = {"rank": None, "node": node}
-            self.events.emit(
-                "fault_detected",
-                fault="node_loss",
-                domain=domain,
-                latency_s=latency,
-                how=f"agent lease expired (ttl {self.cfg.node_lease_s:.1f}s)",
-            )
-            _say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
-            self.coord.block(f"node{node}", "lease expired: node lost")
-            self.events.emit(
-                "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
-            )
-            self._t_recovery = now
-            base = node * self.cfg.nproc_per_node
-            adopted = []
-            for local in range(self.cfg.nproc_per_node):
-                rank = base + local
-                # a lost node's memory is gone: its ranks restore from a peer's snapshot
-                shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{rank}", ignore_errors=True)
-                attached = all(x.attached for x in self.workers.values())
-                w = _Worker(rank, local, len(self.workers), attached=attached)
-                self.workers[rank] = w
-                adopted.append(w)
-            if self.cfg.strategy == "restart" or not self._attached():
-                self._restart_all(f"loss of node {node}", "node_loss")
-                continue
-            self._bump(f"node {node} lost")
-            self.events.emit(
-                "recovery_begin",
-                strategy=self.cfg.strategy,
-                generation=self.generation,
-                cause="node_loss",
-            )
-            for w in adopted:
-                self._spawn(w)
+    @staticmethod
+    def new_worker(rank: int, local: int, slot: int, *, attached: bool) -> _Worker:
+        return _Worker(rank, local, slot, attached=attached)
+
+    @staticmethod
+    def say(msg: str) -> None:
+        _say(msg)
 
     def _stop_all(self, cause: str, timeout: float = 10.0) -> None:
         """SIGKILL every live local worker and wait until the zygote reaped them."""
@@ -361,37 +324,6 @@ class Agent:
                 self._on_message(msg)
 
     # ---------------------------------------------------------------- monitor
-    def _check_hang(self, now: float) -> None:
-        assert self._board is not None
-        slots = {
-            w.rank: self._board.read(w.slot)
-            for w in self.workers.values()
-            if w.state == "running" and w.pid and not w.cause
-        }
-        slots = {r: s for r, s in slots.items() if s.pid == self.workers[r].pid}
-        for r, s in slots.items():
-            self.workers[r].attached |= s.attached
-        verdict = find_hang(slots, now, self.cfg.hang, since=self._t_recovery)
-        if verdict is None:
-            return
-        for rank in verdict.ranks:
-            w = self.workers[rank]
-            fired = self.ledger.fired_at(pid=w.pid)
-            latency = now - fired if fired is not None else verdict.stalled_s
-            self.events.emit(
-                "fault_detected",
-                fault="hang",
-                domain={"rank": rank, "node": self.cfg.node_rank},
-                latency_s=latency,
-                how=f"{verdict.how} for {verdict.stalled_s:.2f}s "
-                f"(threshold {verdict.threshold_s:.2f}s)",
-            )
-            _say(f"rank {rank} hung ({verdict.how}); detected in {latency:.2f} s, killing it")
-            w.cause = "hang"
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(w.pid, signal.SIGKILL)
-        self._t_recovery = now
-
     def run(self) -> int:
         self._start()
         assert self._zygote is not None
@@ -406,11 +338,11 @@ class Agent:
                     self.status = "ok"
                     return 0
                 now = time.time()
-                self._check_hang(now)
+                check_hang(self, now)
                 self.chaos.tick(now - self._t0)
                 if now - last_poll > 0.1:  # store round trips: a few per second
                     last_poll = now
-                    self._adopt_lost_nodes()
+                    adopt_lost_nodes(self)
                     self._follow_generation()
                     self.chaos.poll_requests()
         except _RunFailed as err:

@@ -1,0 +1,94 @@
+"""The agent's incident handling that is not a worker exit: hangs and lost nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from stalwart.agent.detect import find_hang
+
+if TYPE_CHECKING:
+    from stalwart.agent.agent import Agent
+
+__all__ = ["adopt_lost_nodes", "check_hang"]
+
+
+def check_hang(agent: Agent, now: float) -> None:
+    """Read the progress board; kill the culprits of a hang (recovered as crashes)."""
+    assert agent._board is not None
+    slots = {
+        w.rank: agent._board.read(w.slot)
+        for w in agent.workers.values()
+        if w.state == "running" and w.pid and not w.cause
+    }
+    slots = {r: s for r, s in slots.items() if s.pid == agent.workers[r].pid}
+    for r, s in slots.items():
+        agent.workers[r].attached |= s.attached
+    verdict = find_hang(slots, now, agent.cfg.hang, since=agent._t_recovery)
+    if verdict is None:
+        return
+    for rank in verdict.ranks:
+        w = agent.workers[rank]
+        fired = agent.ledger.fired_at(pid=w.pid)
+        latency = now - fired if fired is not None else verdict.stalled_s
+        agent.events.emit(
+            "fault_detected",
+            fault="hang",
+            domain={"rank": rank, "node": agent.cfg.node_rank},
+            latency_s=latency,
+            how=f"{verdict.how} for {verdict.stalled_s:.2f}s "
+            f"(threshold {verdict.threshold_s:.2f}s)",
+        )
+        agent.say(f"rank {rank} hung ({verdict.how}); detected in {latency:.2f} s, killing it")
+        w.cause = "hang"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w.pid, signal.SIGKILL)
+    agent._t_recovery = now
+
+
+def adopt_lost_nodes(agent: Agent) -> None:
+    """Node 0 takes over the ranks of a node whose lease expired."""
+    for node in agent.cluster.lost_nodes():
+        now = time.time()
+        fired = [float(str(r["t"])) for r in agent.ledger.fired().values() if r.get("node") == node]
+        latency = now - fired[0] if fired else agent.cfg.node_lease_s
+        domain = {"rank": None, "node": node}
+        agent.events.emit(
+            "fault_detected",
+            fault="node_loss",
+            domain=domain,
+            latency_s=latency,
+            how=f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)",
+        )
+        agent.say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
+        agent.coord.block(f"node{node}", "lease expired: node lost")
+        agent.events.emit(
+            "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
+        )
+        agent._t_recovery = now
+        base = node * agent.cfg.nproc_per_node
+        adopted = []
+        for local in range(agent.cfg.nproc_per_node):
+            rank = base + local
+            # a lost node's memory is gone: its ranks restore from a peer's snapshot
+            shutil.rmtree(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}", ignore_errors=True)
+            attached = all(x.attached for x in agent.workers.values())
+            w = agent.new_worker(rank, local, len(agent.workers), attached=attached)
+            agent.workers[rank] = w
+            adopted.append(w)
+        if agent.cfg.strategy == "restart" or not agent._attached():
+            agent._restart_all(f"loss of node {node}", "node_loss")
+            continue
+        agent._bump(f"node {node} lost")
+        agent.events.emit(
+            "recovery_begin",
+            strategy=agent.cfg.strategy,
+            generation=agent.generation,
+            cause="node_loss",
+        )
+        for w in adopted:
+            agent._spawn(w)
