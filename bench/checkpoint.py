@@ -30,6 +30,10 @@ import torch.distributed.checkpoint as dcp
 
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
 
+# Every shared-memory namespace of this run starts with RUN_ID, so that whatever happens
+# (an exception, Ctrl-C) main() removes all of the run's slots: 1.5 GB states leave
+# gigabytes in /dev/shm otherwise.
+RUN_ID = f"bench-{uuid.uuid4().hex[:8]}"
 WIDTH = 2048
 LAYER_PARAMS = WIDTH * WIDTH + WIDTH
 
@@ -140,9 +144,7 @@ def memcpy_floor(nbytes: int, reps: int) -> float:
 
 class Ours:
     def __init__(self, root: str) -> None:
-        cfg = CheckpointConfig(
-            root=root, namespace=f"bench-{uuid.uuid4().hex[:8]}", retention=RetentionPolicy(2)
-        )
+        cfg = CheckpointConfig(root=root, namespace=f"{RUN_ID}-ours", retention=RetentionPolicy(2))
         self.mgr = CheckpointManager(cfg)
 
     def stall(self, state: dict[str, Any]) -> float:
@@ -210,6 +212,9 @@ def main() -> int:
         result = run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(f"stalwart-{RUN_ID}"):
+                shutil.rmtree(os.path.join("/dev/shm", name), ignore_errors=True)
     print_table(result)
     print(json.dumps(result))
     return 0
@@ -256,9 +261,7 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
 
     log("restore vs torch.save/torch.load ...")
     ours_root = os.path.join(work, f"full{reps - 1}")
-    restore_mgr = CheckpointManager(
-        CheckpointConfig(root=ours_root, namespace=f"r{uuid.uuid4().hex[:6]}")
-    )
+    restore_mgr = CheckpointManager(CheckpointConfig(root=ours_root, namespace=f"{RUN_ID}-restore"))
     torch.serialization.set_crc32_options(True)
     pt = os.path.join(work, "state.pt")
     r["torch_save_s"] = median(
@@ -355,9 +358,7 @@ def incremental(size_gb: float, work: str, reps: int) -> dict[str, Any]:
     for i in range(reps):
         state = build(size_gb / 2, frozen_share=0.9)
         mgr = CheckpointManager(
-            CheckpointConfig(
-                root=os.path.join(work, f"inc{i}"), namespace=f"inc{uuid.uuid4().hex[:6]}"
-            )
+            CheckpointConfig(root=os.path.join(work, f"inc{i}"), namespace=f"{RUN_ID}-inc{i}")
         )
         mgr.snapshot(state, 1)
         mgr.persister.start()
