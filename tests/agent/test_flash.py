@@ -76,6 +76,11 @@ def test_two_nodes_kill_hang_node_loss_and_restart(tmp_path: Path) -> None:
             "chaos",
             ["--chaos", "kill rank=1 at=step:5; hang rank=2 at=step:12; kill node=1 at=step:18"],
         ),
+        # isolation: node 1 fails 3 times, cordons itself, node 0 adopts its ranks
+        (
+            "cordon",
+            ["--chaos", "kill rank=2 at=step:4; kill rank=3 at=step:9; kill rank=2 at=step:14"],
+        ),
         # torchrun's route across nodes: node 1's failure restarts node 0's workers too
         (
             "restart",
@@ -111,6 +116,9 @@ def test_two_nodes_kill_hang_node_loss_and_restart(tmp_path: Path) -> None:
         results[name] = _load(out)
     _same(results["ref"], results["chaos"])
     _same(results["ref"], results["restart"])
+    _same(results["ref"], results["cordon"])
+    isolated = [f for k, f in events_of(tmp_path / "cordon") if k == "isolation"]
+    assert [(f["member"], f["blocklisted"]) for f in isolated] == [("node1", True)]
     restarted = [f for k, f in events_of(tmp_path / "restart") if k == "recovery_begin"]
     assert [f["strategy"] for f in restarted] == ["restart"]
     events = events_of(tmp_path / "chaos")

@@ -108,9 +108,12 @@ class Cluster:
             self._lost.add(n)
         return out
 
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.store.put(f"{self._root}/agents-done/node{self.node}", b"1")
+    def close(self, *, goodbye: bool = True) -> None:
+        """Leave the job. ``goodbye=False`` (a cordoned node) leaves like a lost node, so
+        that node 0 adopts this node's ranks."""
+        if goodbye:
+            with contextlib.suppress(Exception):
+                self.store.put(f"{self._root}/agents-done/node{self.node}", b"1")
         with contextlib.suppress(Exception):
             if self._member is not None:
                 self._member.leave()

@@ -54,21 +54,26 @@ def adopt_lost_nodes(agent: Agent) -> None:
     """Node 0 takes over the ranks of a node whose lease expired."""
     for node in agent.cluster.lost_nodes():
         now = time.time()
-        fired = [float(str(r["t"])) for r in agent.ledger.fired().values() if r.get("node") == node]
-        latency = now - fired[0] if fired else agent.cfg.node_lease_s
-        domain = {"rank": None, "node": node}
-        agent.events.emit(
-            "fault_detected",
-            fault="node_loss",
-            domain=domain,
-            latency_s=latency,
-            how=f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)",
-        )
-        agent.say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
-        agent.coord.block(f"node{node}", "lease expired: node lost")
-        agent.events.emit(
-            "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
-        )
+        if f"node{node}" in agent.coord.blocklisted():
+            # it cordoned itself (repeated failures) and said so: just take its ranks
+            agent.say(f"node {node} cordoned itself; adopting its ranks")
+        else:
+            fired = [
+                float(str(r["t"])) for r in agent.ledger.fired().values() if r.get("node") == node
+            ]
+            latency = now - fired[0] if fired else agent.cfg.node_lease_s
+            agent.events.emit(
+                "fault_detected",
+                fault="node_loss",
+                domain={"rank": None, "node": node},
+                latency_s=latency,
+                how=f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)",
+            )
+            agent.say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
+            agent.coord.block(f"node{node}", "lease expired: node lost")
+            agent.events.emit(
+                "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
+            )
         agent._t_recovery = now
         base = node * agent.cfg.nproc_per_node
         adopted = []

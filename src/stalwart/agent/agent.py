@@ -78,6 +78,7 @@ class Agent:
         self._t0 = time.time()
         self.status = "failed"
         self._t_recovery = 0.0
+        self._goodbye = True
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
@@ -254,6 +255,13 @@ class Agent:
             self.coord.unblock(member)  # a rank is a slot, not a machine: start it afresh
         # plain scripts (no stalwart runtime) cannot re-form in place: torchrun's route
         strategy = cfg.strategy if self._attached() else "restart"
+        node = f"node{cfg.node_rank}"
+        if strategy != "restart" and cfg.node_rank != 0 and self.coord.record_failure(node, cause):
+            # this machine keeps failing: take it out; node 0 adopts its ranks
+            self.coord.block(node, f"cordoned after repeated failures, last: {cause}")
+            self.events.emit("isolation", member=node, reason=cause, blocklisted=True)
+            _say(f"node {cfg.node_rank} failed too often: cordoned, its ranks move to node 0")
+            raise _Cordoned(f"node {cfg.node_rank} cordoned")
         if strategy == "restart":
             if self.restarts >= cfg.max_restarts:
                 _say(f"rank {failed.rank} failed and --max-restarts={cfg.max_restarts} is spent")
@@ -345,6 +353,9 @@ class Agent:
                     adopt_lost_nodes(self)
                     self._follow_generation()
                     self.chaos.poll_requests()
+        except _Cordoned as err:
+            self.status, self._end_reason, self._goodbye = "cordoned", str(err), False
+            return 3
         except _RunFailed as err:
             self._end_reason = str(err)
             return 1
@@ -370,7 +381,7 @@ class Agent:
             )
         if self._zygote is not None:
             self._zygote.close()
-        self.cluster.close()
+        self.cluster.close(goodbye=self._goodbye)
         if self._board is not None:
             self._board.close(unlink=True)
         for w in self.workers.values():
@@ -386,6 +397,10 @@ class Agent:
 
 
 class _RunFailed(StalwartError):
+    pass
+
+
+class _Cordoned(StalwartError):
     pass
 
 
