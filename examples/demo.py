@@ -135,7 +135,7 @@ def report(run_dir: Path) -> float | None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "demo"))
     p.add_argument("--fresh", action="store_true", help="recompute the fault-free run")
     args = p.parse_args()
