@@ -79,6 +79,7 @@ class Agent:
         self.status = "failed"
         self._t_recovery = 0.0
         self._goodbye = True
+        self._live: Any = None
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
@@ -111,6 +112,18 @@ class Agent:
         self.chaos = AgentChaos(self, self.plan.agent_faults(cfg.node_rank, list(self.workers)))
         if cfg.node_rank == 0:
             self._emit_run_start(ready)
+            if cfg.metrics_port is not None or cfg.progress:
+                from stalwart.metrics.follow import start_live
+
+                self._live = start_live(
+                    self.run_dir,
+                    metrics_port=cfg.metrics_port,
+                    console=cfg.progress,
+                    labels={"job": cfg.job},
+                )
+                for sink in self._live.sinks:
+                    if hasattr(sink, "url"):
+                        _say(f"metrics at {sink.url}")
             with open(os.path.join(self.run_dir, "agent.json"), "w") as f:
                 json.dump({"job": cfg.job, "store": self.cluster.address, "pid": os.getpid()}, f)
         for _ in range(cfg.spares):
@@ -379,6 +392,9 @@ class Agent:
                 last_step=self.last_step(),
                 reason=getattr(self, "_end_reason", ""),
             )
+        if self._live is not None:
+            with contextlib.suppress(Exception):
+                self._live.close()
         if self._zygote is not None:
             self._zygote.close()
         self.cluster.close(goodbye=self._goodbye)

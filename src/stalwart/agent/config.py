@@ -49,6 +49,8 @@ class LaunchConfig:
     token_file: str | None = None
     hang: HangConfig = field(default_factory=HangConfig)
     runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
+    metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
+    progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
     start_timeout_s: float = 120.0

@@ -77,6 +77,13 @@ def register(sub: Any) -> None:
         help="steps between persisted checkpoints, 0 (off) or 'auto' (Young/Daly from the "
         "observed persist time and MTBF); default 20 under --strategy restart, else 0",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port of 127.0.0.1 (node 0; 0 picks one)",
+    )
+    p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
@@ -110,6 +117,8 @@ def _run(args: argparse.Namespace) -> int:
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
         runtime=RuntimeKnobs(persist_every=persist),
         node_lease_s=args.node_lease,
+        metrics_port=args.metrics_port,
+        progress=args.progress,
         **kwargs,
     )
     return run_agent(cfg)
