@@ -16,6 +16,7 @@ recover at all on this machine (gloo connectFullMesh errors, FACTS.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -38,6 +39,26 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun's workers live in sessions of their own, so
+    killing the launcher's process group leaves them behind)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> int:
     with open(cwd / "launcher.log", "w") as out:
         proc = subprocess.Popen(
@@ -46,7 +67,11 @@ def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> int:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole launcher tree we started
+            tree = _descendants(proc.pid)  # before the launcher dies and they are reparented
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
             return -9
 
