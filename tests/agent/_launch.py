@@ -38,16 +38,32 @@ def stalwart_run(
 ) -> subprocess.CompletedProcess[str]:
     job = f"test-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        _cmd(job, run_dir, args),
-        capture_output=True,
+    cmd = _cmd(job, run_dir, args)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env=env,
         cwd=str(run_dir.parent),
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        _stop(proc)
     _check_shm(job)
-    return proc
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM first: the agent then cleans up its workers and shared memory."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 def _free_port() -> int:
@@ -79,9 +95,7 @@ def stalwart_run_nodes(
             out.append((p.returncode, err))
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            _stop(p)
     _check_shm(job)
     return out
 
