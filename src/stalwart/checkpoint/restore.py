@@ -103,6 +103,10 @@ def _restore_step(
     primary = load_index(storage, manifest, src_rank)
     others: list[RankIndex] | None = None
     by_id = {t.id: t for t in primary.tensors}
+    prefetch = getattr(storage, "prefetch", None)
+    if prefetch is not None:
+        for pack in sorted(primary.packs):
+            prefetch(pack)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
 

@@ -119,6 +119,12 @@ class Snapshotter:
         self._slots = [SlotFiles(self.directory, i) for i in range(config.slots)]
         metas = [s.read_meta() for s in self._slots]
         self._seq = max((m.seq for m in metas if m is not None), default=0)
+        # Sequence number of each complete slot (None: empty or being written). This
+        # process is the slots' only writer, so it need not re-read their metadata to
+        # choose one: that read was a large share of a small model's snapshot cost.
+        self._slot_seq: dict[int, int | None] = {
+            i: (m.seq if m is not None else None) for i, m in enumerate(metas)
+        }
         self._plan: _Plan | None = None
         self._pinned: dict[int, int] = {}
         self._cond = threading.Condition()
@@ -148,6 +154,7 @@ class Snapshotter:
             plan = self._plan = _Plan(pairs)
         slot = self._choose_slot()
         slot.invalidate()
+        self._slot_seq[slot.index] = None
         dsts = plan.dst_views(slot, pairs)
         deferred_ptrs = deferrable_ptrs(state) if not blocking else set()
         now: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -224,6 +231,7 @@ class Snapshotter:
 
     def _finish(self, slot: SlotFiles, meta: SlotMeta) -> None:
         slot.publish(meta)
+        self._slot_seq[slot.index] = meta.seq
 
     def wait(self) -> float:
         """Block until a background copy is complete; returns the seconds waited."""
@@ -262,9 +270,9 @@ class Snapshotter:
                 if free:
                     break
                 self._cond.wait(timeout=1.0)
-        metas = {s.index: s.read_meta() for s in free}
         # an empty slot first, else the oldest complete one
-        return min(free, key=lambda s: (metas[s.index] is not None, (metas[s.index] or _NO).seq))
+        seqs = {s.index: self._slot_seq.get(s.index) for s in free}
+        return min(free, key=lambda s: (seqs[s.index] is not None, seqs[s.index] or -1))
 
     # ---------------------------------------------------------------- pinning
     def pin_latest(self) -> tuple[int, SlotMeta] | None:
@@ -344,9 +352,6 @@ def readonly_tensor(buffer: Any) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(buffer, dtype=torch.uint8)
-
-
-_NO = SlotMeta(seq=-1, step=-1, tree=None, layout=[], data_size=0)
 
 
 def _ensure_pinned(dst: torch.Tensor) -> None:  # pragma: no cover - needs a GPU

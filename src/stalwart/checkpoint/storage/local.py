@@ -150,6 +150,18 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    def prefetch(self, path: str) -> None:
+        """Ask the kernel to read ``path`` ahead, in the background, at the disk's
+        sequential speed: restore then reads chunks (in parallel, out of order) from
+        the page cache instead of issuing small random reads to a cold disk."""
+        with contextlib.suppress(OSError, AttributeError):
+            fd = os.open(self._p(path), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
     def exists(self, path: str) -> bool:
         return os.path.exists(self._p(path))
 
