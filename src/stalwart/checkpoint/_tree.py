@@ -32,6 +32,9 @@ __all__ = ["Leaf", "flatten", "unflatten"]
 
 JSON = Any  # the encoded tree: nested dict/list/str/int/float/bool/None
 
+# Leaves that encode as themselves (floats are not here: NaN/inf need a tag).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
 
 @dataclass
 class Leaf:
@@ -67,10 +70,11 @@ def flatten(state: Any) -> tuple[JSON, list[Leaf]]:
                 "t": "dict",
                 "items": [[enc(k, f"{path}.<key>"), enc(v, f"{path}.{k}")] for k, v in obj.items()],
             }
-        if isinstance(obj, list):
-            return {"t": "list", "items": [enc(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
-        if isinstance(obj, tuple):
-            return {"t": "tuple", "items": [enc(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        if isinstance(obj, list | tuple):
+            tag = "list" if isinstance(obj, list) else "tuple"
+            if all(type(v) in _PLAIN for v in obj):  # e.g. Python's 625-int RNG state
+                return {"t": tag, "items": list(obj)}
+            return {"t": tag, "items": [enc(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
         if isinstance(obj, bytes | bytearray):
             return {"t": "bytes", "b64": base64.b64encode(bytes(obj)).decode("ascii")}
         if isinstance(obj, torch.dtype):
