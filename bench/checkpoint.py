@@ -277,8 +277,10 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
         twarm.append(timed(lambda: torch.load(pt, weights_only=True)))
     restore_mgr.close()
     os.unlink(pt)
-    r["restore_s"], r["restore_warm_s"] = median(cold), median(warm)
-    r["torch_load_s"], r["torch_load_warm_s"] = median(tcold), median(twarm)
+    # restore_s / torch_load_s as the issue defines them: in-process, the file in the
+    # page cache; *_disk_s: the same after the files were dropped from the page cache.
+    r["restore_s"], r["restore_disk_s"] = median(warm), median(cold)
+    r["torch_load_s"], r["torch_load_disk_s"] = median(twarm), median(tcold)
 
     log("DCP ...")
     init_world_of_one()  # DCP's PROCESS mode needs a default process group
@@ -417,16 +419,8 @@ def print_table(r: dict[str, Any]) -> None:
         ("dcp.save", f"{r['dcp_save_s']:.3f} s", ""),
         ("persist (ours)", f"{r['persist_s']:.3f} s", f"{r['persist_gbps']:.2f} GB/s"),
         ("disk write + fsync (best)", "", f"{r['disk_write_gbps']:.2f} GB/s"),
-        (
-            "restore from disk (ours)",
-            f"{r['restore_s']:.3f} s",
-            f"page cache: {r['restore_warm_s']:.3f} s",
-        ),
-        (
-            "torch.load from disk",
-            f"{r['torch_load_s']:.3f} s",
-            f"page cache: {r['torch_load_warm_s']:.3f} s",
-        ),
+        ("restore (ours)", f"{r['restore_s']:.3f} s", f"from disk {r['restore_disk_s']:.3f} s"),
+        ("torch.load", f"{r['torch_load_s']:.3f} s", f"from disk {r['torch_load_disk_s']:.3f} s"),
         (
             "ckpt overhead / window (ours)",
             f"{r['ckpt_overhead_s']:.3f} s",
