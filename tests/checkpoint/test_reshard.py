@@ -4,8 +4,6 @@ Runs real gloo process groups on CPU; one multi-process test per direction."""
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -35,14 +33,13 @@ def _state(mesh: object, placement: str) -> dict[str, object]:
     }
 
 
-def _worker(rank: int, world: int, port: int, root: str, mode: str, placement: str) -> None:
+def _worker(rank: int, world: int, store: str, root: str, mode: str, placement: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from stalwart.checkpoint import CheckpointConfig, CheckpointManager, commit_step
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a FileStore rendezvous: no port to race for with other tests
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     state = _state(mesh, placement)
     params = state["params"]
@@ -74,15 +71,10 @@ def _worker(rank: int, world: int, port: int, root: str, mode: str, placement: s
         dist.destroy_process_group()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("save_world", "load_world", "placement"), [(2, 3, "row"), (3, 2, "col")])
 def test_dtensor_reshard(tmp_path: Path, save_world: int, load_world: int, placement: str) -> None:
     root = str(tmp_path / "ck")
     for world, mode in ((save_world, "save"), (load_world, "load")):
-        mp.spawn(_worker, args=(world, _port(), root, mode, placement), nprocs=world, join=True)
+        store = str(tmp_path / f"store-{mode}")
+        mp.spawn(_worker, args=(world, store, root, mode, placement), nprocs=world, join=True)

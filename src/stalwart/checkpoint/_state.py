@@ -88,6 +88,8 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
         value = loaded[name]
         if isinstance(obj, torch.nn.Module):
             _check_module_keys(name, obj, value)
+            if _loaded_in_place(obj, value):
+                continue
         if _is_stateful(obj):
             try:
                 obj.load_state_dict(value)
@@ -108,6 +110,20 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
         elif isinstance(obj, dict):
             obj.clear()
             obj.update(value)
+
+
+def _loaded_in_place(module: torch.nn.Module, value: dict[str, Any]) -> bool:
+    """True when every loaded tensor already is the module's own parameter or buffer
+    memory (restore reads straight into it): ``load_state_dict`` would then copy each
+    tensor onto itself, a full memcpy of the model for nothing."""
+    own = module.state_dict(keep_vars=True)
+    return all(
+        isinstance(v, torch.Tensor)
+        and v.data_ptr() == own[k].data_ptr()
+        and v.shape == own[k].shape
+        and v.dtype == own[k].dtype
+        for k, v in value.items()
+    )
 
 
 def _check_module_keys(name: str, module: torch.nn.Module, value: Any) -> None:
