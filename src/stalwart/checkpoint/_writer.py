@@ -58,8 +58,14 @@ class _PackOut:
     padded and the file truncated back. The pack has no padding, so every byte of a
     new pack belongs to a chunk and is covered by its hash."""
 
-    def __init__(self, stream: Any, bounce_bytes: int = 8 << 20) -> None:
+    MAX_RUN = 32 << 20
+    """Adjacent full chunks of a tensor are written as one run of up to 32 MiB."""
+
+    def __init__(self, stream: Any, data: memoryview, bounce_bytes: int = 8 << 20) -> None:
         self.stream = stream
+        self._data = data
+        self._run_at = 0  # a run of whole aligned chunks not yet handed to the writer
+        self._run_len = 0
         self.align = int(getattr(stream, "alignment", 1))
         self.pos = 0  # logical bytes in the pack
         self._bounces = [mmap.mmap(-1, bounce_bytes) for _ in range(2)]
@@ -101,10 +107,16 @@ class _PackOut:
         returns its offset in the pack."""
         n = len(piece)
         if self._used == 0 and at % self.align == 0 and n % self.align == 0:
-            offset = self._queued
-            self._submit(piece[:], None)
+            offset = self._queued + self._run_len
+            run_end = self._run_at + self._run_len
+            if self._run_len and at == run_end and self._run_len + n <= self.MAX_RUN:
+                self._run_len += n  # contiguous in the slot: one larger write
+            else:
+                self._flush_run()
+                self._run_at, self._run_len = at, n
             self.pos += n
             return offset
+        self._flush_run()
         offset = self._queued + self._used
         view = piece
         while view:
@@ -118,6 +130,11 @@ class _PackOut:
         self.pos += n
         return offset
 
+    def _flush_run(self) -> None:
+        if self._run_len:
+            self._submit(self._data[self._run_at : self._run_at + self._run_len], None)
+            self._run_len = 0
+
     def _drain(self, nbytes: int) -> None:
         self._submit(memoryview(self._bounces[self._cur])[:nbytes], self._cur)
         self._cur = self._free.get()
@@ -125,6 +142,7 @@ class _PackOut:
 
     def finish(self) -> None:
         """Write everything; the pack's length is then exactly ``pos``."""
+        self._flush_run()
         used = self._used
         if used:
             padded = -(-used // self.align) * self.align
@@ -167,7 +185,7 @@ def write_rank(
     t0 = time.perf_counter()
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
-    out = _PackOut(stream)
+    out = _PackOut(stream, data)
     total = sum(int(e["nbytes"]) for e in layout)
     done = 0
     entries: list[TensorEntry] = []
