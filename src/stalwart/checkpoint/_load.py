@@ -54,7 +54,11 @@ def load_into(
     saved: list[SavedTensor],
     fill: Fill,
     reshard: Reshard | None = None,
+    finish: Callable[[], None] | None = None,
 ) -> None:
+    """``fill`` may only queue its reads; ``finish`` then completes them (it is called
+    before a filled tensor is used: copied elsewhere, or handed to ``load_state_dict``)."""
+    done = finish or (lambda: None)
     _, current = capture(state)
     targets: dict[str, torch.Tensor] = {leaf.path: leaf.tensor for leaf in current}
     loaded: dict[int, torch.Tensor] = {}
@@ -77,6 +81,7 @@ def load_into(
                 else:
                     tmp = torch.empty(local.shape, dtype=local.dtype)
                     reshard(entry, tmp, box)
+                    done()
                     local.copy_(tmp)
                 loaded[entry.id] = target
                 continue
@@ -92,6 +97,7 @@ def load_into(
             if local.dtype == dtype and list(local.shape) == entry.shape:
                 tmp = torch.empty(entry.shape, dtype=dtype)
                 fill(entry, tmp)
+                done()
                 local.copy_(tmp)
                 loaded[entry.id] = target
                 continue
@@ -103,4 +109,5 @@ def load_into(
         t = loaded[i]
         return t.numpy() if is_ndarray else t
 
+    done()
     apply_state(state, unflatten(tree, tensor_of))

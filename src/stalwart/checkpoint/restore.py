@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +50,15 @@ class RestoreResult:
 
 
 def _read_entry(
-    storage: Storage, t: TensorEntry, dst: torch.Tensor, pool: ThreadPoolExecutor
+    storage: Storage,
+    t: TensorEntry,
+    dst: torch.Tensor,
+    pool: ThreadPoolExecutor,
+    pending: list[Future[None]] | None = None,
 ) -> None:
+    """Read and verify ``t``'s chunks into ``dst``. With ``pending``, the reads are only
+    queued (their futures appended), so that chunks of many tensors are in flight at
+    once instead of one tensor at a time."""
     view = byte_view(dst)
     if len(view) != t.nbytes:
         raise CheckpointFormatError(
@@ -78,10 +85,32 @@ def _read_entry(
                 [f"{c.pack}: checksum mismatch at offset {c.offset} (tensor {t.path})"],
             )
 
-    if len(jobs) == 1:
+    if pending is not None:
+        pending.extend(pool.submit(one, job) for job in jobs)
+    elif len(jobs) == 1:
         one(jobs[0])
     else:
         list(pool.map(one, jobs))
+
+
+def _drain(pending: list[Future[None]]) -> None:
+    """Wait for every queued read (none may still write into the state afterwards, even
+    when one failed and an older checkpoint is tried next); raise the first error."""
+    errors = []
+    for fut in pending:
+        try:
+            fut.result()
+        except Exception as err:
+            errors.append(err)
+    pending.clear()
+    if errors:
+        raise errors[0]
+
+
+def _drain_quietly(pending: list[Future[None]]) -> None:
+    for fut in pending:
+        fut.exception()
+    pending.clear()
 
 
 def read_tensor(storage: Storage, t: TensorEntry, pool: ThreadPoolExecutor) -> torch.Tensor:
@@ -109,9 +138,10 @@ def _restore_step(
             prefetch(pack)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
+        pending: list[Future[None]] = []
 
         def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
-            _read_entry(storage, by_id[entry.id], dst, pool)
+            _read_entry(storage, by_id[entry.id], dst, pool, pending)
 
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
             nonlocal others
@@ -120,7 +150,17 @@ def _restore_step(
             pieces = [t for idx in others for t in idx.tensors if t.path == entry.path]
             _fill_box(storage, pieces, dst, box, pool)
 
-        load_into(state, primary.tree, [_saved(t) for t in primary.tensors], fill, reshard)
+        try:
+            load_into(
+                state,
+                primary.tree,
+                [_saved(t) for t in primary.tensors],
+                fill,
+                reshard,
+                finish=lambda: _drain(pending),
+            )
+        finally:
+            _drain_quietly(pending)
     return primary.nbytes
 
 
