@@ -188,33 +188,42 @@ def write_rank(
     out = _PackOut(stream, data)
     total = sum(int(e["nbytes"]) for e in layout)
     done = 0
-    entries: list[TensorEntry] = []
+    # Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks go
+    # first, the rest (tensor tails, tiny tensors such as optimizer step counters) last:
+    # the first kind is written straight from the slot in long runs, and the second
+    # cannot then interrupt a run or push the chunks after it through the bounce buffer.
+    pieces: list[tuple[int, int, int, int]] = []
+    for ei, e in enumerate(layout):
+        off, nbytes = int(e["offset"]), int(e["nbytes"])
+        for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
+            pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
+    align = out.align
+    pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
+    refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
     try:
-        for e in layout:
-            off, nbytes = int(e["offset"]), int(e["nbytes"])
-            chunks: list[ChunkRef] = []
-            for start in range(0, nbytes, chunk_bytes):
-                piece = data[off + start : off + min(nbytes, start + chunk_bytes)]
-                h = checksum(piece)
-                ref = known.get(h)
-                if ref is None or ref.length != len(piece):
-                    ref = ChunkRef(h, pack, out.put(piece, off + start), len(piece))
-                    known[h] = ref
-                chunks.append(ref)
-                done += len(piece)
-                if progress is not None:
-                    progress(done, total)
-            entries.append(
-                TensorEntry(
-                    id=int(e["id"]),
-                    path=str(e["path"]),
-                    dtype=str(e["dtype"]),
-                    shape=[int(x) for x in e["shape"]],
-                    nbytes=nbytes,
-                    chunks=chunks,
-                    shard=e.get("shard"),
-                )
+        for ei, ci, at, n in pieces:
+            piece = data[at : at + n]
+            h = checksum(piece)
+            ref = known.get(h)
+            if ref is None or ref.length != n:
+                ref = ChunkRef(h, pack, out.put(piece, at), n)
+                known[h] = ref
+            refs[ei][ci] = ref
+            done += n
+            if progress is not None:
+                progress(done, total)
+        entries = [
+            TensorEntry(
+                id=int(e["id"]),
+                path=str(e["path"]),
+                dtype=str(e["dtype"]),
+                shape=[int(x) for x in e["shape"]],
+                nbytes=int(e["nbytes"]),
+                chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
+                shard=e.get("shard"),
             )
+            for ei, e in enumerate(layout)
+        ]
         out.finish()
         out.close()
         pos = out.pos
