@@ -32,6 +32,7 @@ __all__ = [
     "iter_chunks",
     "load_index",
     "load_manifest",
+    "read_chunk",
     "require_checkpoint_root",
     "verify_step",
 ]
@@ -96,6 +97,20 @@ def iter_chunks(index: RankIndex) -> Iterator[tuple[TensorEntry, int]]:
             yield t, i
 
 
+def read_chunk(storage: Storage, t: TensorEntry, i: int, buf: memoryview) -> str | None:
+    """Read chunk ``i`` of tensor ``t`` into ``buf`` and check its hash; returns what is
+    wrong (file, offset, tensor) or None. Used by verify and by restore, so both judge
+    a chunk the same way."""
+    c = t.chunks[i]
+    try:
+        storage.read_into(c.pack, c.offset, buf)
+    except (FileNotFoundError, EOFError) as err:
+        return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({err})"
+    if checksum(buf) != c.hash:
+        return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum"
+    return None
+
+
 @dataclass
 class VerifyReport:
     step: int
@@ -143,15 +158,7 @@ def verify_step(
 
     def check(item: tuple[TensorEntry, int]) -> str | None:
         t, i = item
-        c = t.chunks[i]
-        buf = bytearray(c.length)
-        try:
-            storage.read_into(c.pack, c.offset, memoryview(buf))
-        except (FileNotFoundError, EOFError) as err:
-            return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({err})"
-        if checksum(buf) != c.hash:
-            return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum"
-        return None
+        return read_chunk(storage, t, i, memoryview(bytearray(t.chunks[i].length)))
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for item, problem in zip(work, pool.map(check, work), strict=True):

@@ -40,6 +40,7 @@ from stalwart.checkpoint.catalog import load_index, load_manifest, require_check
 from stalwart.checkpoint.format import TensorEntry, parse_step_dir
 from stalwart.checkpoint.restore import read_tensor
 from stalwart.checkpoint.storage import Storage, open_storage
+from stalwart.checkpoint.storage.local import fsync_dir
 from stalwart.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
@@ -278,16 +279,8 @@ def _save_dcp(state: dict[str, Any], out: str) -> Metadata:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(parent)
+    fsync_dir(parent)
     return metadata
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- import

@@ -23,12 +23,11 @@ from typing import Any
 import torch
 
 from stalwart.checkpoint._load import SavedTensor, byte_view, load_into
-from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest
+from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest, read_chunk
 from stalwart.checkpoint.format import (
     QUARANTINE_NAME,
     RankIndex,
     TensorEntry,
-    checksum,
     manifest_path,
     step_dir,
 )
@@ -66,24 +65,15 @@ def _read_entry(
         )
     jobs = []
     pos = 0
-    for c in t.chunks:
-        jobs.append((c, view[pos : pos + c.length]))
+    for i, c in enumerate(t.chunks):
+        jobs.append((i, view[pos : pos + c.length]))
         pos += c.length
 
-    def one(job: tuple[Any, memoryview]) -> None:
-        c, part = job
-        try:
-            storage.read_into(c.pack, c.offset, part)
-        except (FileNotFoundError, EOFError) as err:
-            raise CheckpointCorruptError(
-                f"{c.pack}: chunk of tensor {t.path!r} unreadable ({err})",
-                [f"{c.pack}: missing or truncated (tensor {t.path})"],
-            ) from err
-        if checksum(part) != c.hash:
-            raise CheckpointCorruptError(
-                f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum",
-                [f"{c.pack}: checksum mismatch at offset {c.offset} (tensor {t.path})"],
-            )
+    def one(job: tuple[int, memoryview]) -> None:
+        i, part = job
+        problem = read_chunk(storage, t, i, part)
+        if problem is not None:
+            raise CheckpointCorruptError(problem, [problem])
 
     if pending is not None:
         pending.extend(pool.submit(one, job) for job in jobs)

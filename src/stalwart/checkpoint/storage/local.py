@@ -10,7 +10,7 @@ import uuid
 
 from stalwart.errors import DiskFullError
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "fsync_dir"]
 
 _WRITE_PIECE = 8 << 20  # os.write of a larger buffer is split by the kernel anyway
 _DIRECT_ALIGN = 4096
@@ -25,7 +25,8 @@ def _raise_full(err: OSError, path: str) -> None:
         ) from err
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a rename or create inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -94,7 +95,7 @@ class _LocalStream:
             os.close(self._fd)
             self._fd = None
             os.rename(self._tmp, self._final)
-            _fsync_dir(os.path.dirname(self._final))
+            fsync_dir(os.path.dirname(self._final))
         except OSError as err:
             self.abort()
             _raise_full(err, self._final)
