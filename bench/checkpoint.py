@@ -209,7 +209,18 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--window", type=int, default=10, help="training steps per overhead window")
     ap.add_argument("--dir", default=None, help="where to write (default: bench/out)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated phases to run (default: all): {','.join(PHASES)}",
+    )
     args = ap.parse_args()
+    args.only = {p for p in args.only.split(",") if p} or set(PHASES)
+    bad = args.only - set(PHASES)
+    if bad:
+        ap.error(f"--only: unknown phase {sorted(bad)[0]!r}; use {','.join(PHASES)}")
+    if "restore" in args.only:
+        args.only.add("persist")  # restore reads what the persist phase wrote
     warnings.filterwarnings("ignore")
     base = args.dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
     os.makedirs(base, exist_ok=True)
@@ -226,8 +237,12 @@ def main() -> int:
     return 0
 
 
+PHASES = ("snapshot", "persist", "restore", "dcp", "overhead", "incremental")
+
+
 def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     reps = args.reps
+    want = args.only.__contains__
     log = print if sys.stdout.isatty() else (lambda *a, **k: print(*a, **k, file=sys.stderr))
     log(f"building a {args.size_gb} GB training state ...")
     state = build(args.size_gb)
@@ -239,8 +254,29 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     ours = Ours(os.path.join(work, "ours"))
     r["snapshot_first_s"] = timed(lambda: ours.mgr.snapshot(state, 0))  # allocates slots
     ours.mgr.snapshot(state, 0)  # second slot
-    r["snapshot_sync_s"] = median([ours.mgr.snapshot(state, 0).blocking_s for _ in range(reps)])
-    r["snapshot_stall_s"] = median([ours.stall(state) for _ in range(reps)])
+    if want("snapshot"):
+        r["snapshot_sync_s"] = median([ours.mgr.snapshot(state, 0).blocking_s for _ in range(reps)])
+        r["snapshot_stall_s"] = median([ours.stall(state) for _ in range(reps)])
+    if want("persist"):
+        persist_phase(r, state, ours, work, reps, log)
+    if want("restore"):
+        restore_phase(r, state, work, reps, log)
+    if want("dcp"):
+        dcp_phase(r, state, work, reps, log)
+    if want("overhead"):
+        log("overhead windows ...")
+        r.update(overhead(state, ours, work, args.window, reps))
+    ours.close()
+    if want("incremental"):
+        log("incremental (90% frozen) ...")
+        r.update(incremental(args.size_gb, work, reps))
+    return r
+
+
+def persist_phase(
+    r: dict[str, Any], state: dict[str, Any], ours: Ours, work: str, reps: int, log: Any
+) -> None:
+    nbytes = r["state_bytes"]
 
     log("persist vs disk (interleaved) ...")
     persists, disks, buffered, direct = [], [], [], []
@@ -280,6 +316,8 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     r["disk_write_direct_gbps"] = median(direct)
     r["persist_gbps"] = nbytes / r["persist_s"] / 1e9
 
+
+def restore_phase(r: dict[str, Any], state: dict[str, Any], work: str, reps: int, log: Any) -> None:
     log("restore vs torch.save/torch.load ...")
     ours_root = os.path.join(work, f"full{reps - 1}")
     restore_mgr = CheckpointManager(CheckpointConfig(root=ours_root, namespace=f"{RUN_ID}-restore"))
@@ -289,7 +327,7 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
         [timed(lambda: (torch.save(plain_sd(state), pt), fsync_file(pt))) for _ in range(reps)]
     )
     cold, warm, tcold, twarm = [], [], [], []
-    for _ in range(reps):  # interleaved: the disk is noisy
+    for _ in range(max(reps, 5)):  # interleaved, and more of them: torch.load is noisy
         evict(files_under(ours_root))
         cold.append(timed(lambda: restore_mgr.restore(state)))
         warm.append(timed(lambda: restore_mgr.restore(state)))
@@ -303,6 +341,8 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     r["restore_s"], r["restore_disk_s"] = median(warm), median(cold)
     r["torch_load_s"], r["torch_load_disk_s"] = median(twarm), median(tcold)
 
+
+def dcp_phase(r: dict[str, Any], state: dict[str, Any], work: str, reps: int, log: Any) -> None:
     log("DCP ...")
     init_world_of_one()  # DCP's PROCESS mode needs a default process group
     r["dcp_save_s"] = median(
@@ -327,14 +367,6 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
         if i:
             stages.append(stage)
     r["dcp_async_stage_s"] = median(stages)
-
-    log("overhead windows ...")
-    r.update(overhead(state, ours, work, args.window, reps))
-    ours.close()
-
-    log("incremental (90% frozen) ...")
-    r.update(incremental(args.size_gb, work, reps))
-    return r
 
 
 def overhead(
@@ -421,47 +453,75 @@ def flat(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def print_table(r: dict[str, Any]) -> None:
+    """One row per figure this run measured (``--only`` leaves some out)."""
     gb = r["state_bytes"] / 1e9
-    rows = [
-        ("state", f"{gb:.2f} GB", ""),
-        ("memcpy (floor)", f"{r['memcpy_s']:.3f} s", f"{gb / r['memcpy_s']:.1f} GB/s"),
+
+    def x_memcpy(key: str) -> str:
+        return f"{r[key] / r['memcpy_s']:.2f}x memcpy"
+
+    rows: list[tuple[str, Callable[[], str], Callable[[], str]]] = [
+        ("state", lambda: f"{gb:.2f} GB", lambda: ""),
+        (
+            "memcpy (floor)",
+            lambda: f"{r['memcpy_s']:.3f} s",
+            lambda: f"{gb / r['memcpy_s']:.1f} GB/s",
+        ),
         (
             "snapshot stall (ours)",
-            f"{r['snapshot_stall_s']:.3f} s",
-            f"{r['snapshot_stall_s'] / r['memcpy_s']:.2f}x memcpy",
+            lambda: f"{r['snapshot_stall_s']:.3f} s",
+            lambda: x_memcpy("snapshot_stall_s"),
         ),
         (
             "snapshot, blocking copy",
-            f"{r['snapshot_sync_s']:.3f} s",
-            f"{r['snapshot_sync_s'] / r['memcpy_s']:.2f}x memcpy",
+            lambda: f"{r['snapshot_sync_s']:.3f} s",
+            lambda: x_memcpy("snapshot_sync_s"),
         ),
-        ("DCP async_save staging", f"{r['dcp_async_stage_s']:.3f} s", ""),
-        ("torch.save + fsync", f"{r['torch_save_s']:.3f} s", ""),
-        ("dcp.save", f"{r['dcp_save_s']:.3f} s", ""),
-        ("persist (ours)", f"{r['persist_s']:.3f} s", f"{r['persist_gbps']:.2f} GB/s"),
-        ("disk write + fsync (best)", "", f"{r['disk_write_gbps']:.2f} GB/s"),
-        ("restore (ours)", f"{r['restore_s']:.3f} s", f"from disk {r['restore_disk_s']:.3f} s"),
-        ("torch.load", f"{r['torch_load_s']:.3f} s", f"from disk {r['torch_load_disk_s']:.3f} s"),
+        ("DCP async_save staging", lambda: f"{r['dcp_async_stage_s']:.3f} s", lambda: ""),
+        ("torch.save + fsync", lambda: f"{r['torch_save_s']:.3f} s", lambda: ""),
+        ("dcp.save", lambda: f"{r['dcp_save_s']:.3f} s", lambda: ""),
+        (
+            "persist (ours)",
+            lambda: f"{r['persist_s']:.3f} s",
+            lambda: f"{r['persist_gbps']:.2f} GB/s",
+        ),
+        ("disk write + fsync (best)", lambda: "", lambda: f"{r['disk_write_gbps']:.2f} GB/s"),
+        (
+            "restore (ours)",
+            lambda: f"{r['restore_s']:.3f} s",
+            lambda: f"from disk {r['restore_disk_s']:.3f} s",
+        ),
+        (
+            "torch.load",
+            lambda: f"{r['torch_load_s']:.3f} s",
+            lambda: f"from disk {r['torch_load_disk_s']:.3f} s",
+        ),
         (
             "ckpt overhead / window (ours)",
-            f"{r['ckpt_overhead_s']:.3f} s",
-            f"window {r['window_s']:.2f} s",
+            lambda: f"{r['ckpt_overhead_s']:.3f} s",
+            lambda: f"window {r['window_s']:.2f} s",
         ),
-        ("ckpt overhead / window (DCP async)", f"{r['dcp_ckpt_overhead_s']:.3f} s", ""),
+        (
+            "ckpt overhead / window (DCP async)",
+            lambda: f"{r['dcp_ckpt_overhead_s']:.3f} s",
+            lambda: "",
+        ),
         (
             "full persist, 90% frozen",
-            f"{r['full_persist_s']:.3f} s",
-            f"{r['full_persist_bytes'] / 1e6:.0f} MB",
+            lambda: f"{r['full_persist_s']:.3f} s",
+            lambda: f"{r['full_persist_bytes'] / 1e6:.0f} MB",
         ),
         (
             "incremental persist",
-            f"{r['incremental_persist_s']:.3f} s",
-            f"{r['incremental_persist_bytes'] / 1e6:.0f} MB",
+            lambda: f"{r['incremental_persist_s']:.3f} s",
+            lambda: f"{r['incremental_persist_bytes'] / 1e6:.0f} MB",
         ),
-        ("changed bytes (independent)", "", f"{r['changed_bytes'] / 1e6:.0f} MB"),
+        ("changed bytes (independent)", lambda: "", lambda: f"{r['changed_bytes'] / 1e6:.0f} MB"),
     ]
     for name, a, b in rows:
-        print(f"{name:<36} {a:>10}  {b}")
+        try:
+            print(f"{name:<36} {a():>10}  {b()}")
+        except KeyError:
+            continue  # not measured in this run
 
 
 if __name__ == "__main__":

@@ -44,6 +44,17 @@ def test_stream_invisible_until_commit(storage: Storage) -> None:
     assert bytes(buf) == b"bcde"
 
 
+def test_read_pieces_cover_the_buffer_in_order(storage: Storage) -> None:
+    """The checksum of a chunk is computed on the pieces a read hands over: they must be
+    exactly the bytes read, in order, whatever piece size the backend uses."""
+    data = bytes(range(256)) * 9000  # 2.3 MB: several pieces of the local backend
+    storage.write_atomic("big", data)
+    buf = bytearray(len(data) - 7)
+    seen: list[bytes] = []
+    storage.read_into("big", 7, memoryview(buf), lambda piece: seen.append(bytes(piece)))
+    assert b"".join(seen) == bytes(buf) == data[7:]
+
+
 def test_abort_leaves_nothing(storage: Storage) -> None:
     s = storage.open_stream("data/y.pack")
     s.write(b"abc")

@@ -17,6 +17,7 @@ from stalwart.checkpoint.format import (
     TensorEntry,
     checksum,
     manifest_path,
+    new_hasher,
     parse_step_dir,
 )
 from stalwart.checkpoint.storage import Storage
@@ -102,11 +103,12 @@ def read_chunk(storage: Storage, t: TensorEntry, i: int, buf: memoryview) -> str
     wrong (file, offset, tensor) or None. Used by verify and by restore, so both judge
     a chunk the same way."""
     c = t.chunks[i]
+    hasher = new_hasher()
     try:
-        storage.read_into(c.pack, c.offset, buf)
+        storage.read_into(c.pack, c.offset, buf, hasher.update)
     except (FileNotFoundError, EOFError) as err:
         return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({err})"
-    if checksum(buf) != c.hash:
+    if hasher.hexdigest() != c.hash:
         return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum"
     return None
 

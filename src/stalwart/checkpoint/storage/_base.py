@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["Storage", "StreamWriter"]
@@ -29,8 +30,16 @@ class Storage(Protocol):
 
     def read(self, path: str) -> bytes: ...
 
-    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
-        """Fill ``buf`` from ``offset``; raises FileNotFoundError or EOFError when short."""
+    def read_into(
+        self,
+        path: str,
+        offset: int,
+        buf: memoryview,
+        on_piece: Callable[[memoryview], None] | None = None,
+    ) -> None:
+        """Fill ``buf`` from ``offset``; raises FileNotFoundError or EOFError when short.
+        ``on_piece`` sees the filled bytes in order, in pieces as the backend reads them
+        (so a checksum can run on bytes still in the CPU cache), and covers all of buf."""
 
     def exists(self, path: str) -> bool: ...
 

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import uuid
+from collections.abc import Callable
 
 from stalwart.errors import DiskFullError
 
@@ -14,6 +15,10 @@ __all__ = ["LocalStorage", "fsync_dir"]
 
 _WRITE_PIECE = 8 << 20  # os.write of a larger buffer is split by the kernel anyway
 _DIRECT_ALIGN = 4096
+_READ_PIECE = 512 << 10
+"""Reads that are checksummed go in 512 KiB pieces, each hashed while it is still in the
+CPU's L2 cache: read + verify of 1.5 GB from the page cache took 0.12 s instead of 0.14-0.17 s
+with whole 4 MiB chunks (bench/checkpoint.py's restore)."""
 
 
 def _raise_full(err: OSError, path: str) -> None:
@@ -137,15 +142,24 @@ class LocalStorage:
         with open(self._p(path), "rb") as f:
             return f.read()
 
-    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+    def read_into(
+        self,
+        path: str,
+        offset: int,
+        buf: memoryview,
+        on_piece: Callable[[memoryview], None] | None = None,
+    ) -> None:
         fd = os.open(self._p(path), os.O_RDONLY)
         try:
             view = buf.cast("B")
             pos = offset
+            piece = _READ_PIECE if on_piece is not None else len(view)
             while view:
-                n = os.preadv(fd, [view], pos)
+                n = os.preadv(fd, [view[:piece]], pos)
                 if n == 0:
                     raise EOFError(f"{path}: file is shorter than expected (truncated)")
+                if on_piece is not None:
+                    on_piece(view[:n])
                 view = view[n:]
                 pos += n
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Callable
 from typing import Any
 
 from stalwart.errors import ConfigError
@@ -68,12 +69,20 @@ class FsspecStorage:
     def read(self, path: str) -> bytes:
         return bytes(self.fs.cat_file(self._p(path)))
 
-    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+    def read_into(
+        self,
+        path: str,
+        offset: int,
+        buf: memoryview,
+        on_piece: Callable[[memoryview], None] | None = None,
+    ) -> None:
         view = buf.cast("B")
         data = self.fs.cat_file(self._p(path), start=offset, end=offset + len(view))
         if len(data) != len(view):
             raise EOFError(f"{path}: file is shorter than expected (truncated)")
         view[:] = data
+        if on_piece is not None:
+            on_piece(view)
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(self._p(path)))
