@@ -52,3 +52,12 @@ def test_unknown_step_time_waits_for_the_ceiling() -> None:
     slots = {0: slot("step", 0.0, 0.0, p99=0.0)}
     assert find_hang(slots, 100.0, CFG) is None
     assert find_hang({0: slot("recovering", 0.0, 0.0)}, 1e6, CFG) is None
+
+
+def test_a_plain_scripts_observed_slot_is_watched_and_an_unknown_one_is_not() -> None:
+    stopped = Slot(1, 10, "step", 0, 98.5, 98.5, 0.1, False, True)  # observed, no runtime
+    waiting = Slot(2, 10, "step", 0, 98.6, 99.95, 0.1, False, True)
+    verdict = find_hang({0: waiting, 1: stopped}, 100.0, CFG)
+    assert verdict is not None and verdict.ranks == [1]
+    unknown = Slot(1, 10, "step", 0, 98.5, 98.5, 0.1, False, False)  # neither: not watched
+    assert find_hang({1: unknown}, 100.0, CFG) is None

@@ -57,6 +57,58 @@ def test_plain_script_and_max_restarts(tmp_path: Path) -> None:
     assert end and end[0]["status"] == "failed"
 
 
+PLAIN_LOOP = textwrap.dedent(
+    """
+    import os
+    import torch, torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # the first attempt runs until the agent ends it; the restarted one finishes
+    steps = 20 if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0" else 100_000
+    for _ in range(steps):
+        loss = model(torch.ones(8, 4)).sum()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_plain_script_hang_is_detected_and_restarted(tmp_path: Path) -> None:
+    """A plain script (no stalwart import) gets hang detection from its optimizer steps;
+    torchrun would wait for its collective timeout (30 min by default)."""
+    script = tmp_path / "loop.py"
+    script.write_text(PLAIN_LOOP)
+    run = stalwart_run(
+        tmp_path / "hang",
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--chaos",
+            "hang rank=1 at=time:6s",
+            str(script),
+        ],
+        timeout=150,
+    )
+    assert run.returncode == 0, run.stderr
+    events = events_of(tmp_path / "hang")
+    hangs = [f for k, f in events if k == "fault_detected" and f["fault"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["domain"]["rank"] == 1, events
+    assert "heartbeat stale" in hangs[0]["how"]
+    begins = [f for k, f in events if k == "recovery_begin"]
+    assert [b["strategy"] for b in begins] == ["restart"]
+    end = [f for k, f in events if k == "run_end"]
+    assert end and end[0]["status"] == "ok"
+
+
 def test_bad_chaos_spec_is_one_line(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)

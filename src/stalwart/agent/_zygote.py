@@ -72,6 +72,10 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
+        if os.environ.get("STALWART_PROGRESS"):
+            from stalwart.agent.observe import install
+
+            install(os.environ["STALWART_PROGRESS"], int(os.environ["STALWART_PROGRESS_SLOT"]))
         import runpy
 
         try:

@@ -49,9 +49,14 @@ class HangVerdict:
 def find_hang(
     slots: Mapping[int, Slot], now: float, config: HangConfig, since: float = 0.0
 ) -> HangVerdict | None:
-    """``slots``: rank -> its board slot (attached, live workers only); ``since``: when
+    """``slots``: rank -> its board slot (live workers only; a plain script's slot is
+    watched once :mod:`stalwart.agent.observe` writes it); ``since``: when
     the last recovery began (nobody is blamed for the time before it)."""
-    active = {r: s for r, s in slots.items() if s.attached and s.phase in ("step", "collective")}
+    active = {
+        r: s
+        for r, s in slots.items()
+        if (s.attached or s.observed) and s.phase in ("step", "collective")
+    }
     if not active:
         return None
     p99 = max(s.p99_s for s in active.values())

@@ -19,12 +19,17 @@ import os
 import struct
 from dataclasses import dataclass
 
-__all__ = ["PHASES", "ProgressBoard", "Slot"]
+__all__ = ["ATTACHED", "OBSERVED", "PHASES", "ProgressBoard", "Slot"]
 
-_FMT = "<qqqqdddq"  # pid step phase generation t_progress t_alive p99_s attached
+_FMT = "<qqqqdddq"  # pid step phase generation t_progress t_alive p99_s mode
 _SIZE = 64
 assert struct.calcsize(_FMT) <= _SIZE
 PHASES = ("starting", "step", "collective", "recovering", "done")
+ATTACHED = 1
+"""Mode of a slot written by the stalwart runtime (the worker can recover in place)."""
+OBSERVED = 2
+"""Mode of a slot written by :mod:`stalwart.agent.observe` for a plain script: its steps
+are watched for hangs, and it recovers by torchrun's route (restart everything)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class Slot:
     t_progress: float  # wall clock of the last step boundary
     t_alive: float  # wall clock of the last heartbeat
     p99_s: float  # the worker's recent p99 step time
-    attached: bool  # the worker runs the stalwart runtime (else: a plain script)
+    attached: bool  # the worker runs the stalwart runtime
+    observed: bool = False  # a plain script whose optimizer steps are watched
 
 
 class ProgressBoard:
@@ -66,6 +72,7 @@ class ProgressBoard:
         t_progress: float,
         t_alive: float,
         p99_s: float,
+        mode: int = ATTACHED,
     ) -> None:
         struct.pack_into(
             _FMT,
@@ -78,7 +85,7 @@ class ProgressBoard:
             t_progress,
             t_alive,
             p99_s,
-            1,
+            mode,
         )
 
     def touch(self, index: int, t_alive: float) -> None:
@@ -88,9 +95,11 @@ class ProgressBoard:
         self._map[index * _SIZE : (index + 1) * _SIZE] = bytes(_SIZE)
 
     def read(self, index: int) -> Slot:
-        pid, step, phase, gen, tp, ta, p99, att = struct.unpack_from(_FMT, self._map, index * _SIZE)
+        pid, step, phase, gen, tp, ta, p99, mode = struct.unpack_from(
+            _FMT, self._map, index * _SIZE
+        )
         name = PHASES[phase] if 0 <= phase < len(PHASES) else "starting"
-        return Slot(pid, step, name, gen, tp, ta, p99, bool(att))
+        return Slot(pid, step, name, gen, tp, ta, p99, mode == ATTACHED, mode == OBSERVED)
 
     def close(self, *, unlink: bool = False) -> None:
         with contextlib.suppress(BufferError, ValueError):

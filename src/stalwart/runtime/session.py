@@ -75,6 +75,9 @@ class Session:
             self.store = StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
             self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
             if env.progress:
+                from stalwart.agent.observe import detach
+
+                detach()  # the zygote watched this worker as a plain script until now
                 self._board = ProgressBoard(env.progress, env.progress_slot + 1)
                 threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
         self.plan = FaultPlan()

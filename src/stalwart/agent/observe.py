@@ -1,0 +1,94 @@
+"""Hang detection for plain scripts: step progress from the optimizer.
+
+A script that never calls ``stalwart.init()`` still steps an optimizer. The zygote
+installs a global optimizer step post-hook in every worker it forks; each step is
+published to the progress board (mode ``OBSERVED``), and a heartbeat thread keeps the
+slot's ``t_alive`` fresh (a process blocked in a collective releases the GIL; a
+SIGSTOPped or frozen one does not). The agent then detects a hang exactly as for the
+stalwart runtime, and recovers the only way a plain script can be recovered: torchrun's
+route, every worker restarted (within ``--max-restarts``). torchrun itself notices such a
+hang only when a collective times out (30 minutes by default).
+
+Why the optimizer and not a timer or a profiler: an optimizer step is the one event
+every training loop has, once per step, and the hook costs a few microseconds. Scripts
+that step no optimizer (inference, evaluation) are simply not watched. When the script
+does call ``stalwart.init()``, the runtime takes the slot over (:func:`detach`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from stalwart.agent.progress import OBSERVED, ProgressBoard
+
+__all__ = ["detach", "install"]
+
+_WINDOW = 64  # recent step intervals kept for the p99
+
+
+class _Observer:
+    def __init__(self, board: ProgressBoard, slot: int) -> None:
+        self.board = board
+        self.slot = slot
+        self.step = 0
+        self.t_last = 0.0
+        self.intervals: deque[float] = deque(maxlen=_WINDOW)
+        self.stop = threading.Event()
+        self.handle: Any = None
+        self.thread = threading.Thread(target=self._beat, name="stalwart-observe", daemon=True)
+
+    def on_step(self, *_: Any) -> None:
+        now = time.time()
+        if self.t_last:
+            self.intervals.append(now - self.t_last)
+        self.t_last = now
+        self.step += 1
+        ordered = sorted(self.intervals)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+        self.board.write(
+            self.slot,
+            pid=os.getpid(),
+            step=self.step,
+            phase="step",
+            generation=0,
+            t_progress=now,
+            t_alive=now,
+            p99_s=p99,
+            mode=OBSERVED,
+        )
+
+    def _beat(self) -> None:
+        while not self.stop.wait(0.1):
+            if self.step:  # the slot is ours once the first step wrote it
+                self.board.touch(self.slot, time.time())
+
+
+_OBSERVER: _Observer | None = None
+
+
+def install(board_path: str, slot: int) -> None:
+    """Watch this process's optimizer steps (called in a freshly forked worker)."""
+    global _OBSERVER
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    if _OBSERVER is not None:
+        return
+    observer = _Observer(ProgressBoard(board_path, slot + 1), slot)
+    observer.handle = register_optimizer_step_post_hook(observer.on_step)
+    observer.thread.start()
+    _OBSERVER = observer
+
+
+def detach() -> None:
+    """Stop watching (the stalwart runtime publishes this worker's progress itself)."""
+    global _OBSERVER
+    observer, _OBSERVER = _OBSERVER, None
+    if observer is None:
+        return
+    observer.handle.remove()
+    observer.stop.set()
+    observer.thread.join(timeout=1.0)
