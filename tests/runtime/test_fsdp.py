@@ -137,3 +137,23 @@ def test_persisting_a_sharded_state_is_refused(mesh: Any) -> None:
     refuse_sharded_persist({"model": model}, 0, 2)  # no persist: fine
     with pytest.raises(ConfigError, match="--strategy flash"):
         refuse_sharded_persist({"model": model}, 20, 2)
+
+
+def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh: Any) -> None:
+    """clip_grad_norm_ on DTensor gradients reduces the norm with a functional collective,
+    which c10d resolves by the group's registered name."""
+    model = _sharded(mesh)
+    gen.pg = stub = _StubGloo()
+    model(torch.ones(2, 4)).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert stub.calls[-1] == "allreduce" and gen.error is None
+
+
+def test_alone_the_mesh_is_the_local_group() -> None:
+    ensure_local_default_group()
+    solo = GenerationGroup(None, 0, 1, 5.0, "fsdp-solo")
+    mesh = generation_mesh(solo, "fsdp-solo")
+    assert (mesh.size(), mesh.get_local_rank()) == (1, 0)
+    model = _sharded(mesh)
+    model(torch.ones(2, 4)).sum().backward()  # runs on the world-size-1 gloo group
+    assert model.weight.grad is not None

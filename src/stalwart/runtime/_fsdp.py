@@ -93,9 +93,8 @@ class SwapProcessGroup(dist.ProcessGroup):
             if gen.on_collective is not None:
                 gen.on_collective(True)
             try:
-                work = op(gen.pg)
-                work.wait()
-                return work  # type: ignore[no-any-return]
+                op(gen.pg).wait()
+                return _done(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
                 gen.error = err
                 gen.pg = None  # close our sockets: the other peers fail at once too
