@@ -84,6 +84,8 @@ def main() -> None:
         sess.log(loss=loss)  # stalwart
     # every rank takes part in gathering the full parameters (a collective)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    if not sess.step_ok:  # a peer failed during the gather: nothing trustworthy to save
+        raise SystemExit("a peer failed while gathering the final parameters; not saved")
     if sess.rank == 0:
         digest = hashlib.sha256()
         for t in full.values():
