@@ -90,6 +90,8 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
             _check_module_keys(name, obj, value)
             if _loaded_in_place(obj, value):
                 continue
+        if isinstance(obj, torch.optim.Optimizer):
+            value = _optimizer_state_as_dtensors(obj, value)
         if _is_stateful(obj):
             try:
                 obj.load_state_dict(value)
@@ -110,6 +112,44 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
         elif isinstance(obj, dict):
             obj.clear()
             obj.update(value)
+
+
+def _optimizer_state_as_dtensors(opt: torch.optim.Optimizer, value: Any) -> Any:
+    """A fresh optimizer (a replacement worker's) gets its state as plain tensors of the
+    local shard's shape; for a DTensor parameter (FSDP2) wrap each one as a DTensor with
+    the parameter's mesh and placements, or the next step mixes Tensor and DTensor."""
+    if not isinstance(value, dict) or not value.get("state"):
+        return value
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch < 2.4
+        return value
+    saved_ids = [i for g in value.get("param_groups", []) for i in g.get("params", [])]
+    params = [p for g in opt.param_groups for p in g["params"]]
+    by_id = dict(zip(saved_ids, params, strict=False))
+    state = {}
+    for pid, st in value["state"].items():
+        p = by_id.get(pid)
+        if isinstance(p, DTensor) and isinstance(st, dict):
+            local_shape = p.to_local().shape
+            st = {
+                k: DTensor.from_local(
+                    v,
+                    p.device_mesh,
+                    p.placements,
+                    run_check=False,
+                    shape=p.shape,
+                    stride=p.stride(),
+                )
+                if isinstance(v, torch.Tensor)
+                and not isinstance(v, DTensor)
+                and v.shape == local_shape
+                and v.dim() > 0
+                else v
+                for k, v in st.items()
+            }
+        state[pid] = st
+    return {**value, "state": state}
 
 
 def _loaded_in_place(module: torch.nn.Module, value: dict[str, Any]) -> bool:

@@ -98,6 +98,7 @@ class Session:
         self.group.on_collective = self._on_collective
         self.acct = StepAccounting(self)
         self._state: dict[str, Any] = {}
+        self._mesh: Any = None
         self._ckpt: Any = None
         self._replicated = False
         self._phase = "starting"
@@ -130,13 +131,25 @@ class Session:
         failed = not entering and self.group.error is not None
         self._publish("collective" if entering else "recovering" if failed else "step")
 
+    @property
+    def mesh(self) -> Any:
+        """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) whose process
+        group runs every collective over the current generation's group (runtime/_fsdp.py)."""
+        if self._mesh is None:
+            from stalwart.runtime._fsdp import generation_mesh
+
+            self._mesh = generation_mesh(self.group, self.env.job)
+        return self._mesh
+
     # ------------------------------------------------------------ tracking
     def track(self, **state: Any) -> dict[str, Any]:
         """Register the training state (model, optimizer, scheduler, anything with
         ``state_dict``). A DDP model gets the generation comm hook; an optimizer's
         ``step`` is skipped in a failed step."""
         from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState
+        from stalwart.runtime._fsdp import refuse_sharded_persist
 
+        refuse_sharded_persist(state, self.env.persist_every, self.world_size)
         for value in state.values():
             if isinstance(value, torch.nn.parallel.DistributedDataParallel):
                 self.group.attach(value)

@@ -1,0 +1,98 @@
+"""FSDP2 under stalwart: steady-state overhead against plain FSDP2 under torchrun, and the
+recovery of a kill -9 of one of 2 workers under flash. Prints a table and a final JSON line.
+
+The same job (bench/_fsdp_job.py: examples/train_fsdp.py's model, dim 128, 2 blocks,
+2 gloo workers) runs (a) under torchrun, plain FSDP2 over ``init_device_mesh``, no faults;
+(b) under ``stalwart run`` with ``mesh=sess.mesh`` and the default snapshot policy, no
+faults; (c) as (b) with rank 1 killed at step 50. Overhead = steady step time (b) / (a);
+RTO and progress as in bench/recovery.py. Medians of ``--reps`` repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recovery import VENV_BIN, _env, _median, _run, recovery_figures, steady_step_s
+
+JOB = Path(__file__).resolve().parent / "_fsdp_job.py"
+
+
+def _torchrun(work: Path, steps: int, timeout: float) -> Path:
+    log = work / "steps.jsonl"
+    cmd = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(JOB)]
+    cmd += ["--mode", "torchrun", "--steps", str(steps), "--step-log", str(log)]
+    _run(cmd, work, timeout, _env())
+    return log
+
+
+def _stalwart(work: Path, steps: int, chaos: str, timeout: float) -> Path:
+    log = work / "steps.jsonl"
+    cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--nproc-per-node", "2"]
+    cmd += ["--rdzv-id", f"bench-fsdp-{uuid.uuid4().hex[:6]}", "--run-dir", str(work / "run")]
+    if chaos:
+        cmd += ["--chaos", chaos]
+    cmd += [str(JOB), "--mode", "stalwart", "--steps", str(steps), "--step-log", str(log)]
+    _run(cmd, work, timeout, _env())
+    return log
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--timeout", type=float, default=240.0)
+    args = p.parse_args()
+    plain: list[float | None] = []
+    ours: list[float | None] = []
+    rec: list[dict[str, float | None]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
+        root = Path(tmp)
+        for rep in range(args.reps):
+            dirs = [root / f"{name}-{rep}" for name in ("plain", "ours", "kill")]
+            for d in dirs:
+                d.mkdir()
+            plain.append(steady_step_s(_torchrun(dirs[0], args.steps, args.timeout)))
+            ours.append(steady_step_s(_stalwart(dirs[1], args.steps, "", args.timeout)))
+            log = _stalwart(dirs[2], args.steps, "kill rank=1 at=step:50", args.timeout)
+            rec.append(recovery_figures(dirs[2], log))
+    p_med, o_med = _median(plain), _median(ours)
+    result: dict[str, Any] = {
+        "plain_fsdp_step_s": p_med,
+        "stalwart_fsdp_step_s": o_med,
+        "overhead_ratio": o_med / p_med if p_med and o_med else None,
+        "overhead_ratio_all": [
+            o / q if o and q else None for o, q in zip(ours, plain, strict=True)
+        ],
+        "flash_rto_s": _median([r.get("rto_s") for r in rec]),
+        "flash_progress_s": _median([r.get("progress_s") for r in rec]),
+        "crash_detect_s": _median([r.get("detect_s") for r in rec]),
+        "steps_lost_flash": _median([r.get("steps_lost") for r in rec]),
+        "reps": args.reps,
+        "load_average": os.getloadavg()[0],
+    }
+    rows = [
+        ("plain FSDP2 step (torchrun)", p_med, "s"),
+        ("FSDP2 step under stalwart", o_med, "s"),
+        ("overhead ratio", result["overhead_ratio"], "x"),
+        ("flash RTO (kill -9 of rank 1)", result["flash_rto_s"], "s"),
+        ("flash progress", result["flash_progress_s"], "s"),
+        ("crash detection", result["crash_detect_s"], "s"),
+        ("steps redone", result["steps_lost_flash"], ""),
+    ]
+    for name, value, unit in rows:
+        shown = "-" if value is None else f"{value:.3f}{unit}"
+        print(f"{name:32s} {shown}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""FSDP2 over a process group that is re-formed per generation.
+
+FSDP2 (``fully_shard``) takes its process group from a ``DeviceMesh`` and keeps it for
+the module's lifetime, and ``DeviceMesh.from_group`` only accepts a group registered
+with c10d. So :class:`SwapProcessGroup` is one ``ProcessGroup`` object per worker, built
+once, registered with c10d under a fixed name, whose collectives run on whatever
+``ProcessGroupGloo`` the :class:`~stalwart.runtime.group.GenerationGroup` holds now.
+After a failure the session builds the next generation's gloo group and the same FSDP
+module, DTensors and optimizer carry on over it.
+
+Two details make this work with the world-size-1 default group that DDP needs (see
+group.py): the group reports the job's rank and size, and c10d's global-to-group rank
+map is *rotated* so that this process's global rank (0 in the local default group)
+maps to its job rank. ``DeviceMesh.from_group`` then computes the right coordinate,
+``mesh.get_local_rank()`` is the job rank, and FSDP2 shards accordingly.
+
+Like the DDP hook, a collective never raises: its error is recorded on the generation
+group (the optimizer step is skipped, the session discards the step), the group is
+dropped so that the peers fail fast too, the outputs are zeroed, and a completed
+``Work`` is returned so FSDP2's own state machine (unshard, reshard, reduce-scatter)
+finishes the step normally. Collectives run synchronously: on CPU, overlap of FSDP2's
+prefetch with compute buys little, and an error must be caught before FSDP2 waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch._C._distributed_c10d as _c10d
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    ReduceOp,
+    ReduceScatterOptions,
+    _register_process_group,
+)
+from torch.distributed.distributed_c10d import GroupName
+
+from stalwart.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from stalwart.runtime.group import GenerationGroup
+
+__all__ = ["SwapProcessGroup", "generation_mesh", "is_sharded", "refuse_sharded_persist"]
+
+
+def _done(result: Any) -> dist.Work:
+    fut: torch.futures.Future[Any] = torch.futures.Future()
+    fut.set_result(result)
+    work: dist.Work = _c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
+    return work
+
+
+class SwapProcessGroup(dist.ProcessGroup):
+    """A registered ProcessGroup of the job's rank and size whose backend is the
+    generation group's current ``ProcessGroupGloo`` (``gen.pg``)."""
+
+    def __init__(self, gen: GenerationGroup, name: str) -> None:
+        super().__init__(gen.rank, gen.world_size)  # type: ignore[call-arg]
+        self._gen = gen
+        self._name = GroupName(name)
+        self._rank = gen.rank
+        self._size = gen.world_size
+
+    # -- identity -----------------------------------------------------------
+    def getBackendName(self) -> str:  # c10d's name
+        return "stalwart"
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def group_name(self) -> GroupName:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"SwapProcessGroup({self._name!r}, rank={self._rank}, size={self._size})"
+
+    # -- the one place collectives run --------------------------------------
+    def _run(self, op: Callable[[Any], Any], outputs: Sequence[torch.Tensor]) -> dist.Work:
+        """Run ``op(backend)`` and wait; on any error (now or earlier in this step)
+        record it, zero ``outputs`` and return a completed Work."""
+        gen = self._gen
+        if gen.error is None and gen.pg is not None:
+            if gen.on_collective is not None:
+                gen.on_collective(True)
+            try:
+                op(gen.pg).wait()
+                return _done(list(outputs))  # a c10d Work, whatever the backend returned
+            except Exception as err:
+                gen.error = err
+                gen.pg = None  # close our sockets: the other peers fail at once too
+            finally:
+                if gen.on_collective is not None:
+                    gen.on_collective(False)
+        elif gen.pg is None and gen.error is None and self._size > 1:
+            gen.error = RuntimeError("no process group formed for this generation yet")
+        for t in outputs:
+            t.zero_()
+        return _done(list(outputs))
+
+    # -- collectives FSDP2, DTensor and functional collectives use ------------
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        if isinstance(opts, ReduceOp.RedOpType):
+            opts = ReduceOp(opts)
+        if opts is None or isinstance(opts, ReduceOp):
+            o = AllreduceOptions()
+            if opts is not None:
+                o.reduceOp = opts
+            opts = o
+        return self._run(lambda pg: pg.allreduce(tensors, opts), tensors)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> dist.Work:
+        o = opts if opts is not None else AllgatherOptions()
+        return self._run(lambda pg: pg._allgather_base(output, input, o), [output])
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> dist.Work:
+        o = opts if opts is not None else ReduceScatterOptions()
+        return self._run(lambda pg: pg._reduce_scatter_base(output, input, o), [output])
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        # gloo has no coalesced form: one all-gather per pair, each recorded like any
+        work: dist.Work = _done(outputs)
+        for out, inp in zip(outputs, inputs, strict=True):
+            work = self.all_gather_single(out, inp, opts)
+        return work
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        work: dist.Work = _done(outputs)
+        for out, inp in zip(outputs, inputs, strict=True):
+            work = self.reduce_scatter_single(out, inp, opts)
+        return work
+
+    def allgather(  # type: ignore[override]
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        o = opts if opts is not None else AllgatherOptions()
+        flat = [t for ts in outputs for t in ts]
+        return self._run(lambda pg: pg.allgather(outputs, inputs, o), flat)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        if opts is None:
+            opts = dist.BroadcastOptions()
+        # a failed broadcast leaves the tensors as they are (not zeroed): they are the
+        # root's input on the root, and the step is discarded anyway
+        return self._run(lambda pg: pg.broadcast(tensors, opts), [])
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        o = opts if opts is not None else dist.BarrierOptions()
+        return self._run(lambda pg: pg.barrier(o), [])
+
+
+def _register(pg: SwapProcessGroup, store: Any) -> None:
+    """Register ``pg`` with c10d so that ``DeviceMesh.from_group``, ``get_rank(group)``
+    and functional collectives (which look groups up by name) accept it."""
+    from torch.distributed.distributed_c10d import _world
+
+    rank, size = pg.rank(), pg.size()
+    _world.pg_map[pg] = ("stalwart", store)
+    _world.pg_names[pg] = pg.group_name
+    # global ids rotated so that our global rank (0 in the local default group) is our
+    # job rank; keys in group-rank order: get_process_group_ranks() lists them so
+    _world.pg_group_ranks[pg] = {(i - rank) % size: i for i in range(size)}
+    _world.pg_to_tag[pg] = f"ptd:{pg.group_name}"
+    _world.tags_to_pg.setdefault(f"ptd:{pg.group_name}", []).append(pg)
+    _register_process_group(pg.group_name, pg)
+
+
+def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:
+    """A 1-D CPU ``DeviceMesh`` over the job's ranks (``mesh_dim_names=("dp",)``) whose
+    group follows the generations of ``gen``; alone, the local default group's mesh."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if gen.world_size == 1:
+        return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]
+    pg = SwapProcessGroup(gen, f"stalwart:{job}:dp")
+    _register(pg, gen._store)
+    return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
+
+
+def is_sharded(state: Mapping[str, Any]) -> bool:
+    """True when a tracked module holds DTensor parameters (FSDP2, tensor parallel)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(
+        isinstance(p, DTensor)
+        for obj in state.values()
+        if isinstance(obj, torch.nn.Module)
+        for p in obj.parameters()
+    )
+
+
+def refuse_sharded_persist(state: Mapping[str, Any], persist_every: int, world_size: int) -> None:
+    """Persisting writes rank 0's state only (DDP state is replicated); a sharded
+    state would come back as rank 0's shard on every rank. Refuse it clearly."""
+    if persist_every != 0 and world_size > 1 and is_sharded(state):
+        raise ConfigError(
+            "persisting a sharded (FSDP2/DTensor) state is not supported yet: only rank 0 "
+            "persists; use --strategy flash or spare (shared-memory snapshots) with "
+            "--persist-every 0"
+        )

@@ -1,0 +1,159 @@
+"""The FSDP2 process group that follows generations, in one process: rank 1 of a
+2-rank job whose generation group is a stub (the multi-process run is in tests/agent)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from stalwart.errors import ConfigError
+from stalwart.runtime._fsdp import SwapProcessGroup, generation_mesh, refuse_sharded_persist
+from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
+
+
+class _Work:
+    def __init__(self, err: Exception | None) -> None:
+        self.err = err
+
+    def wait(self) -> bool:
+        if self.err is not None:
+            raise self.err
+        return True
+
+
+class _StubGloo:
+    """Plays the other rank: an all-gather puts a copy of our shard in both places, a
+    reduce-scatter keeps our chunk doubled; ``fail`` makes every wait raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls: list[str] = []
+
+    def _work(self) -> _Work:
+        return _Work(RuntimeError("Connection closed by peer") if self.fail else None)
+
+    def _allgather_base(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> _Work:
+        self.calls.append("all_gather")
+        out.copy_(torch.cat([inp, inp]))
+        return self._work()
+
+    def _reduce_scatter_base(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> _Work:
+        self.calls.append("reduce_scatter")
+        out.copy_(inp.chunk(2)[1] * 2)
+        return self._work()
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        self.calls.append("allreduce")
+        for t in tensors:
+            t.mul_(2)
+        return self._work()
+
+
+@pytest.fixture(scope="module")
+def job() -> Iterator[tuple[GenerationGroup, Any]]:
+    """One generation group and mesh per process, as in a worker (c10d names are global)."""
+    ensure_local_default_group()
+    gen = GenerationGroup(("127.0.0.1", 0), 1, 2, 5.0, "fsdp-test", is_master=True)
+    yield gen, generation_mesh(gen, "fsdp-test")
+    gen.close()
+
+
+@pytest.fixture
+def gen(job: tuple[GenerationGroup, Any]) -> GenerationGroup:
+    job[0].pg, job[0].error = None, None
+    return job[0]
+
+
+@pytest.fixture
+def mesh(job: tuple[GenerationGroup, Any]) -> Any:
+    return job[1]
+
+
+def _sharded(mesh: Any) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 6)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def test_mesh_has_the_job_rank_and_size(gen: GenerationGroup, mesh: Any) -> None:
+    pg = mesh.get_group()
+    assert isinstance(pg, SwapProcessGroup)
+    assert (mesh.size(), mesh.get_local_rank(), pg.size(), pg.rank()) == (2, 1, 2, 1)
+    torch.manual_seed(0)
+    full = torch.nn.Linear(4, 6)
+    model = _sharded(mesh)
+    assert isinstance(model.weight, DTensor)
+    assert torch.equal(model.weight.to_local(), full.weight.detach()[3:])  # rank 1's rows
+
+
+def test_collectives_run_on_the_current_generation(gen: GenerationGroup, mesh: Any) -> None:
+    model = _sharded(mesh)
+    gen.pg = first = _StubGloo()
+    model(torch.ones(2, 4)).sum().backward()
+    assert first.calls == ["all_gather", "reduce_scatter"]  # one flat buffer each
+    gen.pg = second = _StubGloo()  # the next generation: same module, new group
+    model(torch.ones(2, 4)).sum().backward()
+    assert second.calls == first.calls and gen.error is None
+
+
+def test_a_failed_collective_fails_the_step_without_raising(
+    gen: GenerationGroup, mesh: Any
+) -> None:
+    model = _sharded(mesh)
+    before = model.weight.to_local().clone()
+    stub = _StubGloo(fail=True)
+    gen.pg = stub
+    out = model(torch.ones(2, 4))  # the all-gather fails: zeroed parameters, no raise
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert isinstance(gen.error, RuntimeError) and gen.pg is None  # group dropped
+    assert stub.calls == ["all_gather"]  # nothing more went to the failed group
+    assert torch.equal(model.weight.to_local(), before)
+    assert gen.reset_step() is not None and gen.error is None
+
+
+def test_all_reduce_through_the_registered_group(gen: GenerationGroup, mesh: Any) -> None:
+    import torch.distributed as dist
+
+    pg = mesh.get_group()
+    gen.pg = _StubGloo()
+    t = torch.ones(3)
+    dist.all_reduce(t, group=pg)
+    assert torch.equal(t, torch.full((3,), 2.0))
+    gen.pg = None  # no group formed: recorded as a failed step, output zeroed
+    dist.all_reduce(t, group=pg)
+    assert gen.error is not None and torch.equal(t, torch.zeros(3))
+
+
+def test_persisting_a_sharded_state_is_refused(mesh: Any) -> None:
+    refuse_sharded_persist({"model": torch.nn.Linear(4, 6)}, 20, 2)  # replicated: fine
+    model = _sharded(mesh)
+    refuse_sharded_persist({"model": model}, 0, 2)  # no persist: fine
+    with pytest.raises(ConfigError, match="--strategy flash"):
+        refuse_sharded_persist({"model": model}, 20, 2)
+
+
+def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh: Any) -> None:
+    """clip_grad_norm_ on DTensor gradients reduces the norm with a functional collective,
+    which c10d resolves by the group's registered name."""
+    model = _sharded(mesh)
+    gen.pg = stub = _StubGloo()
+    model(torch.ones(2, 4)).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert stub.calls[-1] == "allreduce" and gen.error is None
+
+
+def test_alone_the_mesh_is_the_local_group() -> None:
+    ensure_local_default_group()
+    solo = GenerationGroup(None, 0, 1, 5.0, "fsdp-solo")
+    mesh = generation_mesh(solo, "fsdp-solo")
+    assert (mesh.size(), mesh.get_local_rank()) == (1, 0)
+    model = _sharded(mesh)
+    model(torch.ones(2, 4)).sum().backward()  # runs on the world-size-1 gloo group
+    assert model.weight.grad is not None
