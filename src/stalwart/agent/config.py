@@ -39,6 +39,7 @@ class LaunchConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the node-0 agent's store
+    rdzv: str | None = None  # etcd://host:port/job-id: the coordinator lives in etcd
     job: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
     run_dir: str = ""
     max_restarts: int = 0
@@ -68,7 +69,18 @@ class LaunchConfig:
             raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.rdzv is not None:
+            from stalwart.coordinator import parse_etcd_url
+
+            target = parse_etcd_url(self.rdzv)  # ConfigError naming the problem
+            if target.job_id != self.job:
+                raise ConfigError(
+                    f"--rdzv names job {target.job_id!r} but the job id is {self.job!r}; "
+                    "drop --rdzv-id (the URL's job id is used)"
+                )
+            if self.rdzv_endpoint:
+                raise ConfigError("--rdzv etcd://... and --rdzv-endpoint exclude each other")
+        elif self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0 serves it)")
         if not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
@@ -83,6 +95,11 @@ class LaunchConfig:
     def local_ranks(self) -> list[int]:
         base = self.node_rank * self.nproc_per_node
         return list(range(base, base + self.nproc_per_node))
+
+    @property
+    def etcd(self) -> bool:
+        """The coordinator store is etcd (no node hosts it; any node may be lost)."""
+        return self.rdzv is not None
 
     def endpoint(self) -> tuple[str, int]:
         if not self.rdzv_endpoint:

@@ -40,6 +40,12 @@ def register(sub: Any) -> None:
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="job id (default: random)")
+    p.add_argument(
+        "--rdzv",
+        default=None,
+        help="etcd://HOST:PORT[,HOST:PORT...]/JOB-ID: keep the coordinator in etcd, so the "
+        "job survives the loss of any node (default: node 0 hosts an embedded store)",
+    )
     p.add_argument("--standalone", action="store_true", help="single node (the default)")
     p.add_argument(
         "--max-restarts",
@@ -100,6 +106,17 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {}
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
+    if args.rdzv:
+        from stalwart.coordinator import parse_etcd_url
+
+        target = parse_etcd_url(args.rdzv)
+        if args.rdzv_id and args.rdzv_id != target.job_id:
+            raise ConfigError(
+                f"--rdzv-id {args.rdzv_id!r} differs from the job id in --rdzv "
+                f"({target.job_id!r}); drop --rdzv-id"
+            )
+        kwargs["job"] = target.job_id
+        kwargs["rdzv"] = args.rdzv
     cfg = LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),

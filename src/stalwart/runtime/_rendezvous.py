@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.coordinator import Coordinator, Store
+from stalwart.coordinator import Compare, Coordinator, Put, Store
+from stalwart.errors import FencedError
 
 __all__ = ["Agreement", "agree", "choose"]
 
@@ -61,9 +63,11 @@ def agree(
     disk_step: int | None,
     min_generation: int,
     timeout_s: float,
+    fence: Sequence[Compare] = (),
 ) -> Agreement:
     """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
-    members; raises TimeoutError at the deadline."""
+    members; raises TimeoutError at the deadline, and FencedError when a ``fence``
+    compare fails (the worker's agent lost its lease: its ranks may run elsewhere)."""
     deadline = time.monotonic() + timeout_s
     while True:
         gen = coord.generation()
@@ -71,7 +75,14 @@ def agree(
             coord.advance_generation(gen, "a member saw a collective fail")
             continue
         prefix = f"/stalwart/{job}/rt/{gen:012d}/"
-        store.put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        arrive = Put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        if not store.txn(list(fence), [arrive]).succeeded:
+            raise FencedError(
+                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
+                "longer than --node-lease), so its ranks may have moved to another node; "
+                "this worker stops instead of joining generation "
+                f"{gen}"
+            )
         while True:
             kvs = store.range(prefix).kvs
             if len(kvs) >= world_size:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from stalwart.runtime._accounting import StepAccounting
+from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
 from stalwart.runtime._memory import memory_steps, restore_memory_step
 from stalwart.runtime._rendezvous import agree
 from stalwart.runtime.env import WorkerEnv
@@ -64,16 +65,18 @@ class Session:
         self.coord: Any = None
         self._board: Any = None
         self._stop = threading.Event()
+        self._genwatch: GenerationWatch | None = None
         if env.managed:
             from stalwart.agent.progress import ProgressBoard
-            from stalwart.coordinator import Coordinator, CoordinatorConfig, StoreClient
+            from stalwart.coordinator import Coordinator, CoordinatorConfig
 
             self.events = EventLog(
                 os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
             )
-            assert env.store is not None
-            self.store = StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
+            self.store = open_store(env)
             self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
+            if env.rdzv:
+                self._genwatch = GenerationWatch(self.coord)
             if env.progress:
                 self._board = ProgressBoard(env.progress, env.progress_slot + 1)
                 threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
@@ -91,6 +94,7 @@ class Session:
             env.job,
             # under plain torchrun, rank 0 hosts the store unless torchrun's agent does
             is_master=not env.managed and env.rank == 0 and not env.agent_store,
+            store=c10d_store(env, self.store),
         )
         self.group.on_collective = self._on_collective
         self.acct = StepAccounting(self)
@@ -191,6 +195,9 @@ class Session:
                     return
                 self._recover("finish barrier broken")
                 continue
+            if self._genwatch is not None and self._genwatch.moved.is_set():
+                self._recover("the generation moved on (a node was lost)")
+                continue
             step = self.step + 1
             self._fire_chaos(step)
             t0 = time.perf_counter()
@@ -258,6 +265,7 @@ class Session:
                 disk_step=disk,
                 min_generation=min_generation,
                 timeout_s=self.env.hang_ceiling_s,
+                fence=fence_compares(self.env),
             )
             t_restore = time.perf_counter()
             nbytes = 0
@@ -285,6 +293,8 @@ class Session:
                 min_generation = a.generation + 1
                 continue
             self.generation = a.generation
+            if self._genwatch is not None:
+                self._genwatch.follow(a.generation)
             lost = max(0, a.last_done - restored) if a.generation > 0 else 0
             self.step = restored
             self._t_progress = time.time()
@@ -350,6 +360,8 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
+        if self._genwatch is not None:
+            self._genwatch.close()
         if self._ckpt is not None:
             # under `stalwart run` the agent owns the slots (a replacement needs them)
             self._ckpt.close(unlink_snapshots=not self.env.managed)
