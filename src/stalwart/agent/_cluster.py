@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
 from typing import Any
 
@@ -99,7 +100,7 @@ class Cluster:
         member_key = f"{self._root}/members/node{self.node}"
         kv = self.store.get(member_key)
         self.fence = kv.create_revision if kv is not None else 0
-        self.store.put(f"{self._root}/joined/node{self.node}", b"1")
+        self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
 
     def _on_lost(self, reason: BaseException) -> None:
@@ -121,6 +122,20 @@ class Cluster:
     def publish_ranks(self, ranks: list[int]) -> None:
         """The ranks this node runs (a leader adopting us reads them)."""
         self.store.put(f"{self._root}/ranks/node{self.node}", json.dumps(sorted(ranks)).encode())
+
+    def adopted_here(self) -> set[int]:
+        """Ranks that live nodes on this host run now (their slots are not ours to
+        delete: on one host every node's slots share /dev/shm)."""
+        host = socket.gethostname().encode()
+        out: set[int] = set()
+        joined = {kv.key.rsplit("node", 1)[1]: kv.value for kv in self._range("joined")}
+        for n in self.live_nodes() - {self.node}:
+            if joined.get(str(n)) == host:
+                out |= set(self.ranks_of(n))
+        return out
+
+    def _range(self, what: str) -> list[Any]:
+        return list(self.store.range(f"{self._root}/{what}/node").kvs)
 
     def ranks_of(self, node: int) -> list[int]:
         kv = self.store.get(f"{self._root}/ranks/node{node}")

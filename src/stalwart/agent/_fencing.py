@@ -11,6 +11,8 @@ elastic resizing lets it add capacity (docs/recovery.md).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 from stalwart.errors import StalwartError
@@ -39,8 +41,18 @@ def check_fenced(agent: Agent, *, probe: bool) -> None:
 
 
 def end_fenced(agent: Agent, err: NodeFenced) -> None:
-    """Stop every local worker and record the isolation."""
-    agent._stop_all("fenced")
+    """Stop every local worker, forget the ranks another node on this host runs now
+    (close() must not delete their snapshot slots), and record the isolation."""
+    for w in agent.workers.values():  # exits already reaped (their events may be lost)
+        try:
+            if w.pid:
+                os.kill(w.pid, 0)
+        except ProcessLookupError:
+            w.state = "dead"
+    agent._stop_all("shutdown")  # "shutdown": their exits are not failures to recover
+    with contextlib.suppress(Exception):
+        for rank in agent.cluster.adopted_here():
+            agent.workers.pop(rank, None)
     agent.events.emit(
         "isolation", member=f"node{agent.cfg.node_rank}", reason=str(err), blocklisted=False
     )

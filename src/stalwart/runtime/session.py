@@ -196,6 +196,7 @@ class Session:
                 self._recover("finish barrier broken")
                 continue
             if self._genwatch is not None and self._genwatch.moved.is_set():
+                self.group.close()  # its sockets close: old peers stuck in it fail now
                 self._recover("the generation moved on (a node was lost)")
                 continue
             step = self.step + 1
