@@ -34,7 +34,16 @@ from stalwart.coordinator import (
 )
 from stalwart.errors import ConfigError, StalwartError
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "ring_successor"]
+
+
+def ring_successor(node: int, live: set[int]) -> int | None:
+    """The next live node after ``node`` in the ring of node ids (None: none left)."""
+    others = sorted(n for n in live if n != node)
+    if not others:
+        return None
+    after = [n for n in others if n > node]
+    return after[0] if after else others[0]
 
 
 class Cluster:
@@ -183,11 +192,13 @@ class Cluster:
                 live.add(int(member_id[4:]))
         return live
 
-    def leader(self, live: set[int]) -> bool:
-        """Whether this agent handles lost nodes now."""
+    def adopter(self, lost: int, live: set[int]) -> int | None:
+        """Who adopts the ranks of ``lost``: node 0 with the embedded store (it hosts
+        it); under etcd the lost node's ring successor among the live nodes, which is
+        also its replica buddy (agent/_replica.py): its memory holds their snapshots."""
         if not self.cfg.etcd:
-            return self.node == 0
-        return bool(live) and min(live) == self.node and self.lost_reason is None
+            return 0
+        return ring_successor(lost, live)
 
     def reports_end(self) -> bool:
         """Whether this agent writes the run's ``run_end`` (node 0; under etcd the
@@ -217,11 +228,12 @@ class Cluster:
         self._known |= live
         gone = joined - live - self._lost
         self._pending = bool(gone)
-        if not gone or not self.leader(live):
+        mine = [n for n in sorted(gone) if self.adopter(n, live) == self.node]
+        if not mine or self.lost_reason is not None:
             return []
         handled = self._nodes("agents-done") | self._nodes("adopted")
         out = []
-        for n in sorted(gone):
+        for n in mine:
             self._lost.add(n)
             if n in handled:
                 continue
@@ -229,7 +241,7 @@ class Cluster:
             claim = Put(key, json.dumps({"by": self.node}).encode())
             if self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded:
                 out.append(n)
-        self._pending = False
+        self._pending = bool(gone - self._lost)
         return out
 
     def close(self, *, goodbye: bool = True) -> None:

@@ -86,6 +86,14 @@ def adopt_lost_nodes(agent: Agent) -> None:
             agent.workers[rank] = w
             adopted.append(w)
         agent.cluster.publish_ranks(list(agent.workers))
+        replicas = getattr(agent, "replicas", None)
+        taken = replicas.take_over([w.rank for w in adopted]) if replicas is not None else {}
+        if taken:
+            agent.events.emit(
+                "note",
+                message=f"ranks {sorted(taken)} of node {node} take over their replicas "
+                f"(steps {sorted(set(taken.values()))}) from this node's memory",
+            )
         if agent.cfg.strategy == "restart" or not agent._attached():
             agent._restart_all(f"loss of node {node}", "node_loss")
             continue

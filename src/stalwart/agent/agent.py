@@ -27,6 +27,7 @@ from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import WorkerSpec, worker_env
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
+from stalwart.agent._replica import start_replicas
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
@@ -131,6 +132,7 @@ class Agent:
                 json.dump({"job": cfg.job, "store": self.cluster.address, "pid": os.getpid()}, f)
         for _ in range(cfg.spares):
             self._prefork()
+        self.replicas = start_replicas(self)
 
     def _emit_run_start(self, ready: dict[str, Any]) -> None:
         cfg = self.cfg
@@ -395,6 +397,9 @@ class Agent:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._stop_all("shutdown", timeout=5.0)
+        replicas = getattr(self, "replicas", None)
+        if replicas is not None:
+            replicas.close()
         if self.cluster.reports_end():
             self.events.emit(
                 "run_end",

@@ -54,6 +54,7 @@ class LaunchConfig:
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
+    replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
@@ -67,6 +68,8 @@ class LaunchConfig:
             raise ConfigError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
         if self.strategy == "spare" and self.spares < 1:
             raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
+        if self.replica_rate_mb_s < 0:
+            raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
         if self.rdzv is not None:

@@ -90,6 +90,13 @@ def register(sub: Any) -> None:
         help="serve Prometheus metrics on this port of 127.0.0.1 (node 0; 0 picks one)",
     )
     p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
+    p.add_argument(
+        "--replica-rate",
+        type=float,
+        default=0.0,
+        help="stream each node's newest snapshots to a buddy node's memory at up to this "
+        "many MB/s, so a lost node's ranks restore without disk (default 0: off)",
+    )
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
@@ -134,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
         runtime=RuntimeKnobs(persist_every=persist),
         node_lease_s=args.node_lease,
+        replica_rate_mb_s=args.replica_rate,
         metrics_port=args.metrics_port,
         progress=args.progress,
         **kwargs,

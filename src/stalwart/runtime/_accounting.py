@@ -134,7 +134,7 @@ class StepAccounting:
 
     def _persist_due(self, step: int) -> bool:
         every = self.sess.env.persist_every
-        if self.sess.rank != 0 or every == 0:
+        if (self.sess.rank != 0 and self.sess._replicated) or every == 0:
             return False
         if every > 0:
             return step % every == 0
@@ -225,7 +225,8 @@ class StepAccounting:
                 generation=generation,
                 is_current=lambda g: bool(sess.coord.generation() == g),
             )
-            sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
+            if sess.rank == 0:  # the job's record (every rank committed its own files)
+                sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
         except Exception as err:  # FencedError, storage errors: reported, never raised
             return err
         return None

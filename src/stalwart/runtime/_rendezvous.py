@@ -35,7 +35,13 @@ class Agreement:
 def choose(
     infos: list[dict[str, object]], disk_step: int | None, use_memory: bool
 ) -> tuple[int | None, str]:
-    """The restore point from every member's published info (pure; unit-tested)."""
+    """The restore point from every member's published info (pure; unit-tested).
+    Members whose state is their own (not replicated) publish their persisted steps
+    (``disk``): the disk tier is then the newest step that every one of them holds."""
+    disks = [d for i in infos if isinstance(d := i.get("disk"), list)]
+    if infos and len(disks) == len(infos):
+        common_disk = set.intersection(*({int(s) for s in d} for d in disks))
+        disk_step = max(common_disk) if common_disk else None
     if use_memory and infos:
         held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
         holders = [h for h in held if h]

@@ -29,7 +29,12 @@ import torch
 
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
-from stalwart.runtime._memory import memory_steps, restore_memory_step
+from stalwart.runtime._memory import (
+    committed_disk_steps,
+    memory_steps,
+    restore_memory_step,
+    taken_from_replica,
+)
 from stalwart.runtime._rendezvous import agree
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
@@ -148,9 +153,11 @@ class Session:
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
         run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
+        # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
+        root = os.path.join(run_dir, "ckpt", *([] if self._replicated else [f"rank{self.rank}"]))
         self._ckpt = CheckpointManager(
             CheckpointConfig(
-                root=os.path.join(run_dir, "ckpt"),
+                root=root,
                 namespace=f"{self.env.job}-r{self.rank}",
                 rank=0,
                 world_size=1,
@@ -159,7 +166,7 @@ class Session:
         for value in state.values():
             if isinstance(value, torch.optim.Optimizer):
                 self._ckpt.snapshots.guard(value)
-        if self.env.persist_every != 0 and self.rank == 0:
+        if self.env.persist_every != 0 and (self.rank == 0 or not self._replicated):
             self._ckpt.persister.start()  # now, not at the first persist (process start)
         return self._state
 
@@ -255,6 +262,8 @@ class Session:
                 "host": socket.gethostname(),
                 "replicated": self._replicated,
             }
+            if not self._replicated:  # own shards on disk: agree on a step all ranks hold
+                info["disk"] = committed_disk_steps(self._ckpt.storage)
             a = agree(
                 self.store,
                 self.coord,
@@ -274,6 +283,8 @@ class Session:
             if a.tier in ("memory", "peer") and a.target is not None:
                 source = self._memory_source(a, snap)
                 tier = "memory" if source is snap else "peer"
+                if source is snap and taken_from_replica(snap):
+                    tier = "replica"  # a lost node's slots, kept by its buddy
                 nbytes = restore_memory_step(source, self._state, a.target)
             elif a.tier == "disk" and a.target is not None:
                 nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
