@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--window-mb", type=float, default=1.0, help="updated per step, MB")
     p.add_argument("--step-ms", type=float, default=20.0, help="extra compute per step, ms")
     p.add_argument("--out", default=None)
+    p.add_argument("--step-log", default=None, help="rank 0 appends {step, t, gen} lines")
     args = p.parse_args()
 
     sess = stalwart.init()
@@ -61,6 +62,7 @@ def main() -> None:
     opt = WindowUpdate([shard.w], sess.rank, window)
     sess.track(model=shard, optimizer=opt)
     spin = torch.ones(64, 64)
+    log = open(args.step_log, "a") if args.step_log and sess.rank == 0 else None  # noqa: SIM115
     for step in sess.steps(args.steps):
         opt.param_groups[0]["step"] = step
         deadline = time.perf_counter() + args.step_ms / 1000
@@ -69,6 +71,9 @@ def main() -> None:
         sess.group.allreduce_(torch.ones(1))  # the step's collective
         opt.step()  # skipped by the runtime when the collective failed
         sess.log(step=step)
+        if log is not None and sess.step_ok:
+            log.write(f'{{"step": {step}, "t": {time.time():.6f}, "gen": {sess.generation}}}\n')
+            log.flush()
     if args.out:
         digest = hashlib.sha256(shard.w.detach().numpy().tobytes()).hexdigest()
         with open(f"{args.out}.rank{sess.rank}", "w") as f:

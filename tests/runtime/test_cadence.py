@@ -20,6 +20,12 @@ def test_fixed_persist_cadence_on_rank0_only() -> None:
     assert not any(_acct(0)._persist_due(s) for s in range(1, 16))
 
 
+def test_ranks_with_their_own_state_persist_it_each() -> None:
+    sharded = _acct(5, rank=1)
+    sharded.sess._replicated = False
+    assert [s for s in range(1, 16) if sharded._persist_due(s)] == [5, 10, 15]
+
+
 def test_auto_interval_shrinks_as_failures_are_seen() -> None:
     calm, stormy = _acct(-1, generation=0), _acct(-1, generation=4)
     for a in (calm, stormy):

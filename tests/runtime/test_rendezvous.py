@@ -17,3 +17,15 @@ def test_falls_back_to_disk_then_fresh() -> None:
     assert choose(infos, 5, use_memory=True) == (5, "disk")
     assert choose(infos, None, use_memory=True) == (None, "none")
     assert choose([{"steps": [8]}], 5, use_memory=False) == (5, "disk")
+
+
+def test_ranks_with_their_own_shards_agree_on_a_step_all_of_them_persisted() -> None:
+    infos: list[dict[str, object]] = [
+        {"steps": [], "disk": [10, 20, 30]},
+        {"steps": [], "disk": [10, 20]},  # its persist of step 30 did not finish
+    ]
+    assert choose(infos, 30, use_memory=True) == (20, "disk")
+    assert choose([{"steps": [], "disk": [10]}, {"steps": [], "disk": [20]}], 30, True) == (
+        None,
+        "none",
+    )

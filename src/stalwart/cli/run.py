@@ -91,6 +91,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
     p.add_argument(
+        "--snapshot-budget",
+        type=float,
+        default=0.02,
+        help="largest snapshot stall as a fraction of step time; sets how often workers "
+        "snapshot to memory (default 0.02)",
+    )
+    p.add_argument(
         "--replica-rate",
         type=float,
         default=0.0,
@@ -139,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
         redirect=args.redirect,
         token_file=args.token_file,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
-        runtime=RuntimeKnobs(persist_every=persist),
+        runtime=RuntimeKnobs(persist_every=persist, snapshot_budget=args.snapshot_budget),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,
         metrics_port=args.metrics_port,

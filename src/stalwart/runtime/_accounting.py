@@ -134,7 +134,8 @@ class StepAccounting:
 
     def _persist_due(self, step: int) -> bool:
         every = self.sess.env.persist_every
-        if (self.sess.rank != 0 and self.sess._replicated) or every == 0:
+        # replicated (DDP) state has one copy to persist, rank 0's; own shards: each rank
+        if (self.sess.rank != 0 and getattr(self.sess, "_replicated", True)) or every == 0:
             return False
         if every > 0:
             return step % every == 0
