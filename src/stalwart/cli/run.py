@@ -41,6 +41,11 @@ def register(sub: Any) -> None:
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="job id (default: random)")
     p.add_argument(
+        "--rdzv-conf",
+        default=None,
+        help='the --rdzv target from a JSON file: {"endpoints": ["h:2379"], "job": "job7"}',
+    )
+    p.add_argument(
         "--rdzv",
         default=None,
         help="etcd://HOST:PORT[,HOST:PORT...]/JOB-ID: keep the coordinator in etcd, so the "
@@ -120,6 +125,12 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {}
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
+    if args.rdzv_conf:
+        from stalwart.agent._etcd_cluster import rdzv_from_file
+
+        if args.rdzv:
+            raise ConfigError("--rdzv and --rdzv-conf exclude each other; pass one")
+        args.rdzv = rdzv_from_file(args.rdzv_conf)
     if args.rdzv:
         from stalwart.coordinator import parse_etcd_url
 
