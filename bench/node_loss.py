@@ -139,7 +139,9 @@ def run_job(
         "--nproc-per-node",
         "2",
         "--node-lease",
-        "1",
+        str(args.node_lease),
+        "--hang-floor",
+        str(args.hang_floor),
         "--snapshot-budget",
         str(args.snapshot_budget),
         *extra,
@@ -220,6 +222,8 @@ def main() -> None:
     p.add_argument("--replica-rate", type=float, default=400.0, help="MB/s per node")
     p.add_argument("--persist-every", type=int, default=10, help="steps (disk variant)")
     p.add_argument("--snapshot-budget", type=float, default=0.005)
+    p.add_argument("--node-lease", type=float, default=5.0, help="seconds (detection)")
+    p.add_argument("--hang-floor", type=float, default=10.0, help="seconds")
     args = p.parse_args()
     if shutil.which("etcd") is None:
         sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
@@ -242,7 +246,11 @@ def main() -> None:
             print(f"  {name}: {runs[name]}", file=sys.stderr, flush=True)
     finally:
         etcd.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        failed = any(c not in (0, 137) for r in runs.values() for c in r["codes"])
+        if failed:  # keep the agents' stderr
+            print(f"a run failed; logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     mem, disk = runs["loss-memory"], runs["loss-disk"]
     load = os.getloadavg()
     out = {
@@ -253,6 +261,13 @@ def main() -> None:
         "node_loss_progress_memory_s": round(mem.get("progress_s", float("nan")), 3),
         "node_loss_progress_disk_s": round(disk.get("progress_s", float("nan")), 3),
         "node_loss_detect_s": round(mem.get("detect_s", float("nan")), 3),
+        # RTO less the lease expiry that detects the loss (the same for both variants)
+        "node_loss_rto_after_detect_memory_s": round(
+            mem.get("rto_s", float("nan")) - mem.get("detect_s", float("nan")), 3
+        ),
+        "node_loss_rto_after_detect_disk_s": round(
+            disk.get("rto_s", float("nan")) - disk.get("detect_s", float("nan")), 3
+        ),
         "memory_restore_tiers": mem.get("tiers", []),
         "disk_restore_tiers": disk.get("tiers", []),
         "replication_overhead_ratio": round(

@@ -218,8 +218,10 @@ class Cluster:
         return bool(self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded)
 
     def lost_nodes(self) -> list[int]:
-        """Nodes whose lease expired without a goodbye, claimed by this agent (the
-        leader) for adoption; each is returned to exactly one agent, once."""
+        """Nodes whose lease expired without a goodbye, claimed by this agent (their
+        adopter) for adoption; each is returned to exactly one agent, once."""
+        if not self.cfg.etcd and self.node != 0:
+            return []  # the embedded store's host handles every lost node
         live = self.live_nodes()
         if live == self._last_live and not self._pending:
             return []
