@@ -15,6 +15,9 @@ Runs (each a fresh job):
                           rank restores from the persisted checkpoint
   etcd-bounce             etcd SIGKILLed and restarted on its data dir mid-run
 
+Snapshots every `--snapshot-every` steps, longer than one replication round (size / rate):
+survivors keep their two newest snapshots, so the replica must be one of them.
+
 Definitions (rank 0's step log, wall clock): RTO = fault -> end of the first step
 completed in the generation after it (detection by lease expiry included); restore_s =
 the slowest rank's restore (the "restore" events); progress = fault -> end of the first
@@ -142,8 +145,8 @@ def run_job(
         str(args.node_lease),
         "--hang-floor",
         str(args.hang_floor),
-        "--snapshot-budget",
-        str(args.snapshot_budget),
+        "--snapshot-every",
+        str(args.snapshot_every),
         *extra,
     ]
     script = [
@@ -216,12 +219,17 @@ def run_job(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=float, default=512.0, help="state per node (MB)")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--step-ms", type=float, default=100.0)
-    p.add_argument("--kill-step", type=int, default=70)
+    p.add_argument("--kill-step", type=int, default=140)
     p.add_argument("--replica-rate", type=float, default=400.0, help="MB/s per node")
-    p.add_argument("--persist-every", type=int, default=10, help="steps (disk variant)")
-    p.add_argument("--snapshot-budget", type=float, default=0.005)
+    p.add_argument("--persist-every", type=int, default=25, help="steps (disk variant)")
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=25,
+        help="steps between snapshots: longer than a replication round (size / rate)",
+    )
     p.add_argument("--node-lease", type=float, default=5.0, help="seconds (detection)")
     p.add_argument("--hang-floor", type=float, default=10.0, help="seconds")
     args = p.parse_args()

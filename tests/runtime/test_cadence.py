@@ -44,3 +44,10 @@ def test_snapshot_cadence_fits_the_stall_budget() -> None:
     assert acct._choose() == 1
     acct.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
     assert acct._choose() == 5
+
+
+def test_a_fixed_snapshot_cadence_skips_the_calibration() -> None:
+    acct = _acct(0)
+    acct.sess.env.snapshot_every = 25
+    fixed = StepAccounting(acct.sess)
+    assert [fixed._cadence(s) for s in (1, 3, 50)] == [25, 25, 25]

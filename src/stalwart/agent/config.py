@@ -21,12 +21,14 @@ class RuntimeKnobs:
 
     persist_every: int = 0  # steps between persisted checkpoints (0: off; -1: auto)
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
+    snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
     collective_timeout_s: float = 60.0
 
     def env(self) -> dict[str, str]:
         return {
             "STALWART_PERSIST_EVERY": str(self.persist_every),
             "STALWART_SNAPSHOT_BUDGET": str(self.snapshot_budget),
+            "STALWART_SNAPSHOT_EVERY": str(self.snapshot_every),
             "STALWART_COLLECTIVE_TIMEOUT": str(self.collective_timeout_s),
         }
 

@@ -96,6 +96,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
     p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="steps between memory snapshots (default 0: chosen from --snapshot-budget); "
+        "with --replica-rate, keep it longer than one replication round",
+    )
+    p.add_argument(
         "--snapshot-budget",
         type=float,
         default=0.02,
@@ -157,7 +164,11 @@ def _run(args: argparse.Namespace) -> int:
         redirect=args.redirect,
         token_file=args.token_file,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
-        runtime=RuntimeKnobs(persist_every=persist, snapshot_budget=args.snapshot_budget),
+        runtime=RuntimeKnobs(
+            persist_every=persist,
+            snapshot_budget=args.snapshot_budget,
+            snapshot_every=args.snapshot_every,
+        ),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,
         metrics_port=args.metrics_port,

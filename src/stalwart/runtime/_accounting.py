@@ -33,7 +33,8 @@ class StepAccounting:
         self.sess = sess
         self.durations: deque[float] = deque(maxlen=100)
         self.stalls: list[float] = []
-        self.every: int | None = None
+        fixed = int(getattr(sess.env, "snapshot_every", 0) or 0)
+        self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._prev_snapshot: Any = None

@@ -36,6 +36,7 @@ class WorkerEnv:
     agent_store: bool = False  # torchrun hosts the c10d store at MASTER_ADDR:MASTER_PORT
     rdzv: str = ""  # etcd://... : the coordinator (and the gloo rendezvous) live in etcd
     fence: str = ""  # "NODE:CREATE_REVISION" of the agent's member key (etcd only)
+    snapshot_every: int = 0  # fixed snapshot cadence in steps (0: from the budget)
 
     @property
     def managed(self) -> bool:
@@ -75,4 +76,5 @@ class WorkerEnv:
             agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
             rdzv=e.get("STALWART_RDZV", ""),
             fence=e.get("STALWART_FENCE", ""),
+            snapshot_every=int(e.get("STALWART_SNAPSHOT_EVERY", "0")),
         )
