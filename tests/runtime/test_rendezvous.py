@@ -29,3 +29,16 @@ def test_ranks_with_their_own_shards_agree_on_a_step_all_of_them_persisted() -> 
         None,
         "none",
     )
+
+
+def test_a_stale_replica_does_not_block_the_peer_or_disk_tiers() -> None:
+    survivors: list[dict[str, object]] = [{"steps": [50, 75], "replicated": True}] * 2
+    fresh = {"steps": [75], "replicated": True, "replica": True}
+    assert choose([*survivors, fresh], None, True) == (75, "memory")
+    stale = {"steps": [25], "replicated": True, "replica": True}
+    assert choose([*survivors, stale], None, True) == (75, "peer")
+    own = [{"steps": [50, 75], "disk": [25]}] * 2
+    assert choose([*own, {"steps": [25], "replica": True, "disk": [25]}], None, True) == (
+        25,
+        "disk",
+    )

@@ -9,9 +9,20 @@ from typing import Any
 
 from stalwart.checkpoint.snapshot import Snapshotter
 
-__all__ = ["committed_disk_steps", "memory_steps", "restore_memory_step", "taken_from_replica"]
+__all__ = [
+    "committed_disk_steps",
+    "holds_replica",
+    "memory_steps",
+    "restore_memory_step",
+    "taken_from_replica",
+]
 
 _REPLICA_MARKER = "replica.json"  # agent/_replica.py: slots taken over from a replica
+
+
+def holds_replica(snap: Snapshotter) -> bool:
+    """Whether these slots were taken over from a buddy's replica (not restored yet)."""
+    return os.path.exists(os.path.join(snap.directory, _REPLICA_MARKER))
 
 
 def taken_from_replica(snap: Snapshotter) -> bool:

@@ -44,17 +44,29 @@ def choose(
         disk_step = max(common_disk) if common_disk else None
     if use_memory and infos:
         held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
-        holders = [h for h in held if h]
-        common = set.intersection(*holders) if holders else set()
-        if common and len(holders) == len(held):
-            return max(common), "memory"
-        # members that lost their memory (a lost node) copy a peer's snapshot, which is
-        # the same state when every member holds a replica (DDP)
-        if common and all(i.get("replicated") for i in infos):
-            return max(common), "peer"
+        found = _from_memory(held, infos)
+        if found is None and any(i.get("replica") for i in infos):
+            # slots taken over from a buddy's replica hold no step the others still
+            # have: count those members as having lost their memory
+            held = [set() if i.get("replica") else h for h, i in zip(held, infos, strict=True)]
+            found = _from_memory(held, infos)
+        if found is not None:
+            return found
     if disk_step is not None:
         return disk_step, "disk"
     return None, "none"
+
+
+def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[int, str] | None:
+    holders = [h for h in held if h]
+    common = set.intersection(*holders) if holders else set()
+    if common and len(holders) == len(held):
+        return max(common), "memory"
+    # members that lost their memory (a lost node) copy a peer's snapshot, which is
+    # the same state when every member holds a replica (DDP)
+    if common and all(i.get("replicated") for i in infos):
+        return max(common), "peer"
+    return None
 
 
 def agree(

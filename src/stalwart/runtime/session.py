@@ -31,6 +31,7 @@ from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
 from stalwart.runtime._memory import (
     committed_disk_steps,
+    holds_replica,
     memory_steps,
     restore_memory_step,
     taken_from_replica,
@@ -262,6 +263,8 @@ class Session:
                 "host": socket.gethostname(),
                 "replicated": self._replicated,
             }
+            if holds_replica(snap):  # slots a buddy kept for our lost node
+                info["replica"] = True
             if not self._replicated:  # own shards on disk: agree on a step all ranks hold
                 info["disk"] = committed_disk_steps(self._ckpt.storage)
             a = agree(
