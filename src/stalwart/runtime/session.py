@@ -155,7 +155,8 @@ class Session:
         )
         run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
         # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
-        root = os.path.join(run_dir, "ckpt", *([] if self._replicated else [f"rank{self.rank}"]))
+        own = not self._replicated and self.world_size > 1
+        root = os.path.join(run_dir, "ckpt", *([f"rank{self.rank}"] if own else []))
         self._ckpt = CheckpointManager(
             CheckpointConfig(
                 root=root,
