@@ -55,7 +55,7 @@ class NodeReplicas:
         self.job = agent.cfg.job
         cluster = agent.cluster
         self._key = f"/stalwart/{self.job}/replica/node"
-        host = agent.cfg.endpoint()[0] if not agent.cfg.etcd else "127.0.0.1"
+        host = agent.cfg.replica_host
         self.rx = SlotReceiver(cluster.token, ReceiverConfig(shm_dir=_SHM, host=host, slots=2))
         rx_host, rx_port = self.rx.start()
         doc = {"host": rx_host, "port": rx_port, "hostname": socket.gethostname()}

@@ -57,6 +57,7 @@ class LaunchConfig:
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
+    replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:

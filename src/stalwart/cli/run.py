@@ -116,6 +116,12 @@ def register(sub: Any) -> None:
         help="stream each node's newest snapshots to a buddy node's memory at up to this "
         "many MB/s, so a lost node's ranks restore without disk (default 0: off)",
     )
+    p.add_argument(
+        "--replica-host",
+        default="127.0.0.1",
+        help="address this node's replica receiver binds and advertises to its buddy "
+        "(default 127.0.0.1: every node on one host)",
+    )
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
@@ -171,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         ),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,
+        replica_host=args.replica_host,
         metrics_port=args.metrics_port,
         progress=args.progress,
         **kwargs,
