@@ -35,7 +35,9 @@ def _bytes(value: Any) -> bytes:
 
 
 class CoordStoreC10d(dist.Store):  # type: ignore[misc,name-defined]
-    """c10d keys ``k`` live at ``{prefix}{k}`` in ``store``."""
+    """c10d keys ``k`` live at ``{prefix}{k}`` in ``store``. Keep a Python reference for
+    as long as a group uses it: torch holds only the C++ side, and a collected subclass
+    answers every call with "Not implemented" (GenerationGroup keeps it)."""
 
     def __init__(self, store: Store, prefix: str, timeout: timedelta) -> None:
         super().__init__()
