@@ -59,6 +59,10 @@ def _run(etcd: EtcdServer, run_dir: Path, extra: list[str]) -> tuple[list[int], 
                 "2",
                 "--node-lease",
                 "2",
+                # longer than a replication round, so the replica is one of the
+                # survivors' two newest snapshots (docs/recovery.md)
+                "--snapshot-every",
+                "15",
                 *extra,
                 str(EXAMPLE),
                 *ARGS,

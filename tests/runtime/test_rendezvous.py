@@ -42,3 +42,16 @@ def test_a_stale_replica_does_not_block_the_peer_or_disk_tiers() -> None:
         25,
         "disk",
     )
+
+
+def test_a_trained_worker_never_joins_a_fresh_start() -> None:
+    import pytest
+
+    from stalwart.errors import CheckpointNotFoundError
+    from stalwart.runtime._rendezvous import Agreement, no_common_point
+
+    fresh = Agreement(generation=2, target=None, tier="none", last_done=60)
+    no_common_point(fresh, 0, rank=2)  # a new process: starting over is right
+    no_common_point(Agreement(0, None, "none", 0), 0, rank=0)  # the job's first start
+    with pytest.raises(CheckpointNotFoundError, match="trained to step 60"):
+        no_common_point(fresh, 60, rank=0)

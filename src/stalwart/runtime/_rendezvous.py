@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stalwart.coordinator import Compare, Coordinator, Put, Store
-from stalwart.errors import FencedError
+from stalwart.errors import CheckpointNotFoundError, FencedError
 
 __all__ = ["Agreement", "agree", "choose"]
 
@@ -55,6 +55,21 @@ def choose(
     if disk_step is not None:
         return disk_step, "disk"
     return None, "none"
+
+
+def no_common_point(a: Agreement, done: int, rank: int) -> None:
+    """A worker that trained (``done`` > 0) cannot join a fresh start: its tensors hold
+    trained state that no restore will overwrite. It exits instead; its replacement
+    starts from the initial state like every other member (the job restarts from step 0,
+    bit-identical, slowly) rather than silently mixing trained and initial state."""
+    if a.target is None and a.generation > 0 and done > 0:
+        raise CheckpointNotFoundError(
+            f"rank {rank}: generation {a.generation} has no step that every member holds "
+            f"(memory, replica or disk) and this worker trained to step {done}; it exits so "
+            "that the job restarts from the initial state. Keep a common restore point: "
+            "--persist-every N, or --replica-rate with --snapshot-every longer than one "
+            "replication round"
+        )
 
 
 def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[int, str] | None:

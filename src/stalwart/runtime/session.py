@@ -36,7 +36,7 @@ from stalwart.runtime._memory import (
     restore_memory_step,
     taken_from_replica,
 )
-from stalwart.runtime._rendezvous import agree
+from stalwart.runtime._rendezvous import agree, no_common_point
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
 
@@ -293,6 +293,7 @@ class Session:
             elif a.tier == "disk" and a.target is not None:
                 nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
             restored = a.target if a.target is not None else 0
+            no_common_point(a, self.step, self.rank)  # raises: trained state, nowhere to go
             if self.events is not None and a.tier != "none":
                 self.events.emit(
                     "restore",
