@@ -217,6 +217,9 @@ def test_a_stopped_agent_is_fenced_and_leaves(
     ]
     fenced = [f for k, f in events if k == "isolation" and f["member"] == "node1"]
     assert "fenced" in str(fenced[-1]["reason"])
+    # nothing was committed with an old generation once the job had moved on
+    gens = [int(str(r["generation"])) for r in _history(url, "step")]
+    assert gens and gens == sorted(gens) and gens[-1] > 0, gens
     # the generation it was fenced in can commit nothing any more
     store = EtcdStore.from_url(url)
     try:
