@@ -20,6 +20,12 @@ def test_fixed_persist_cadence_on_rank0_only() -> None:
     assert not any(_acct(0)._persist_due(s) for s in range(1, 16))
 
 
+def test_ranks_with_their_own_state_persist_it_each() -> None:
+    sharded = _acct(5, rank=1)
+    sharded.sess._replicated = False
+    assert [s for s in range(1, 16) if sharded._persist_due(s)] == [5, 10, 15]
+
+
 def test_auto_interval_shrinks_as_failures_are_seen() -> None:
     calm, stormy = _acct(-1, generation=0), _acct(-1, generation=4)
     for a in (calm, stormy):
@@ -38,3 +44,10 @@ def test_snapshot_cadence_fits_the_stall_budget() -> None:
     assert acct._choose() == 1
     acct.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
     assert acct._choose() == 5
+
+
+def test_a_fixed_snapshot_cadence_skips_the_calibration() -> None:
+    acct = _acct(0)
+    acct.sess.env.snapshot_every = 25
+    fixed = StepAccounting(acct.sess)
+    assert [fixed._cadence(s) for s in (1, 3, 50)] == [25, 25, 25]

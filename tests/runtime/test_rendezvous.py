@@ -17,3 +17,41 @@ def test_falls_back_to_disk_then_fresh() -> None:
     assert choose(infos, 5, use_memory=True) == (5, "disk")
     assert choose(infos, None, use_memory=True) == (None, "none")
     assert choose([{"steps": [8]}], 5, use_memory=False) == (5, "disk")
+
+
+def test_ranks_with_their_own_shards_agree_on_a_step_all_of_them_persisted() -> None:
+    infos: list[dict[str, object]] = [
+        {"steps": [], "disk": [10, 20, 30]},
+        {"steps": [], "disk": [10, 20]},  # its persist of step 30 did not finish
+    ]
+    assert choose(infos, 30, use_memory=True) == (20, "disk")
+    assert choose([{"steps": [], "disk": [10]}, {"steps": [], "disk": [20]}], 30, True) == (
+        None,
+        "none",
+    )
+
+
+def test_a_stale_replica_does_not_block_the_peer_or_disk_tiers() -> None:
+    survivors: list[dict[str, object]] = [{"steps": [50, 75], "replicated": True}] * 2
+    fresh = {"steps": [75], "replicated": True, "replica": True}
+    assert choose([*survivors, fresh], None, True) == (75, "memory")
+    stale = {"steps": [25], "replicated": True, "replica": True}
+    assert choose([*survivors, stale], None, True) == (75, "peer")
+    own = [{"steps": [50, 75], "disk": [25]}] * 2
+    assert choose([*own, {"steps": [25], "replica": True, "disk": [25]}], None, True) == (
+        25,
+        "disk",
+    )
+
+
+def test_a_trained_worker_never_joins_a_fresh_start() -> None:
+    import pytest
+
+    from stalwart.errors import CheckpointNotFoundError
+    from stalwart.runtime._rendezvous import Agreement, no_common_point
+
+    fresh = Agreement(generation=2, target=None, tier="none", last_done=60)
+    no_common_point(fresh, 0, rank=2)  # a new process: starting over is right
+    no_common_point(Agreement(0, None, "none", 0), 0, rank=0)  # the job's first start
+    with pytest.raises(CheckpointNotFoundError, match="trained to step 60"):
+        no_common_point(fresh, 60, rank=0)

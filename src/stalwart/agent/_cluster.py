@@ -1,10 +1,14 @@
 """Node-level membership: the job's store, the launch record, and node leases.
 
-Node 0's agent hosts the store (a :class:`StoreServer` over its in-process
+By default node 0's agent hosts the store (a :class:`StoreServer` over its in-process
 :class:`MemoryStore`, as torchrun's node 0 hosts the c10d store); the others connect to
-``--rdzv-endpoint`` with the job token. Every agent joins as member ``node<k>`` with a
-lease and heartbeats it; node 0 notices a node whose lease expired without the agent
-saying goodbye (``agents-done/node<k>``) and treats it as a lost node.
+``--rdzv-endpoint`` with the job token. With ``--rdzv etcd://...`` every agent is an
+etcd client and no node is special (agent/_etcd_cluster.py). Every agent joins as
+member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node whose
+lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
+as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
+lowest live node under etcd; either way the adoption of a lost node is claimed by a
+compare-and-swap (``adopted/node<k>``), so it happens once.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
 from typing import Any
 
 from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import (
+    Compare,
     Coordinator,
     CoordinatorConfig,
+    Put,
     StoreClient,
     StoreServer,
     StoreServerConfig,
@@ -27,7 +34,16 @@ from stalwart.coordinator import (
 )
 from stalwart.errors import ConfigError, StalwartError
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "ring_successor"]
+
+
+def ring_successor(node: int, live: set[int]) -> int | None:
+    """The next live node after ``node`` in the ring of node ids (None: none left)."""
+    others = sorted(n for n in live if n != node)
+    if not others:
+        return None
+    after = [n for n in others if n > node]
+    return after[0] if after else others[0]
 
 
 class Cluster:
@@ -40,18 +56,31 @@ class Cluster:
         self._member: Any = None
         self._known: set[int] = set()
         self._lost: set[int] = set()
+        self._last_live: set[int] = set()
+        self._pending = False
+        self.lost_reason: str | None = None
+        self.fence = 0
+        self.token = b""
+        # whether close() should remove what lost nodes left in /dev/shm on this host
+        self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
 
     def start(self) -> None:
         cfg = self.cfg
         host, port = cfg.endpoint()
-        if self.node == 0:
+        if cfg.etcd:
+            from stalwart.agent._etcd_cluster import open_etcd
+
+            self.store, self.token = open_etcd(cfg)
+            self.address = str(cfg.rdzv)
+        elif self.node == 0:
             if not os.path.exists(self.token_file):
                 create_token_file(self.token_file)
             token = read_token_file(self.token_file)
             self.server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
             self.store = self.server.store
             self.address = f"{host}:{self.server.port}"
+            self.token = token
         else:
             deadline = time.monotonic() + cfg.start_timeout_s
             while not os.path.exists(self.token_file):
@@ -62,7 +91,8 @@ class Cluster:
                     )
                 time.sleep(0.05)
             time.sleep(0.05)  # node 0 writes the file, then its content
-            self.store = StoreClient(host, port, read_token_file(self.token_file))
+            self.token = read_token_file(self.token_file)
+            self.store = StoreClient(host, port, self.token)
             self.store.ping()
             self.address = f"{host}:{port}"
         self.coord = Coordinator(
@@ -74,9 +104,69 @@ class Cluster:
             ),
         )
         self._member = self.coord.join(f"node{self.node}", node=str(self.node))
-        self._member.start_heartbeat()
+        # an etcd outage is not a node failure: etcd extends every lease when it is back
+        self._member.start_heartbeat(on_lost=self._on_lost, give_up=not cfg.etcd)
+        member_key = f"{self._root}/members/node{self.node}"
+        kv = self.store.get(member_key)
+        self.fence = kv.create_revision if kv is not None else 0
+        self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
+        self.publish_ranks(cfg.local_ranks)
+
+    def _on_lost(self, reason: BaseException) -> None:
+        self.lost_reason = str(reason)
+
+    def fenced(self) -> bool:
+        """Our lease is gone (we were unresponsive for longer than it): another node
+        may have adopted our ranks, so nothing here may start or commit any more."""
+        if self.lost_reason is not None:
+            return True
+        if not self.cfg.etcd:
+            return False
+        kv = self.store.get(f"{self._root}/members/node{self.node}")
+        if kv is None or kv.create_revision != self.fence:
+            self.lost_reason = "this node's lease expired (its member key is gone)"
+            return True
+        return False
+
+    def publish_ranks(self, ranks: list[int]) -> None:
+        """The ranks this node runs (a leader adopting us reads them)."""
+        self.store.put(f"{self._root}/ranks/node{self.node}", json.dumps(sorted(ranks)).encode())
+
+    def adopted_here(self) -> set[int]:
+        """Ranks that live nodes on this host run now (their slots are not ours to
+        delete: on one host every node's slots share /dev/shm)."""
+        host = socket.gethostname().encode()
+        out: set[int] = set()
+        joined = {kv.key.rsplit("node", 1)[1]: kv.value for kv in self._range("joined")}
+        for n in self.live_nodes() - {self.node}:
+            if joined.get(str(n)) == host:
+                out |= set(self.ranks_of(n))
+        return out
+
+    def _range(self, what: str) -> list[Any]:
+        return list(self.store.range(f"{self._root}/{what}/node").kvs)
+
+    def ranks_of(self, node: int) -> list[int]:
+        kv = self.store.get(f"{self._root}/ranks/node{node}")
+        if kv is not None:
+            return [int(r) for r in json.loads(kv.value)]
+        base = node * self.cfg.nproc_per_node
+        return list(range(base, base + self.cfg.nproc_per_node))
+
+    def worker_env(self) -> dict[str, str]:
+        """What a worker needs to reach the coordinator when it lives in etcd, and the
+        fence its joins are checked against (this agent's member key)."""
+        if not self.cfg.etcd:
+            return {}
+        return {"STALWART_RDZV": str(self.cfg.rdzv), "STALWART_FENCE": f"{self.node}:{self.fence}"}
 
     # ---------------------------------------------------------------- launch record
+    def publish_once(self, key: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Publish ``record`` unless another agent did first; the record that won."""
+        k = f"{self._root}/launch/{key}"
+        self.store.txn([Compare(k, "mod_revision", "==", 0)], [Put(k, json.dumps(record).encode())])
+        return self.read(key, 30)
+
     def publish(self, key: str, record: dict[str, Any]) -> None:
         self.store.put(f"{self._root}/launch/{key}", json.dumps(record).encode())
 
@@ -91,21 +181,69 @@ class Cluster:
             time.sleep(0.02)
 
     # ---------------------------------------------------------------- node loss
-    def lost_nodes(self) -> list[int]:
-        """Nodes whose lease expired since the last call, without a goodbye (node 0)."""
-        if self.node != 0:
-            return []
+    def _nodes(self, what: str) -> set[int]:
+        prefix = f"{self._root}/{what}/node"
+        return {int(kv.key[len(prefix) :]) for kv in self.store.range(prefix).kvs}
+
+    def live_nodes(self) -> set[int]:
         live = set()
         for member_id in self.coord.members():
             if member_id.startswith("node") and member_id[4:].isdigit():
                 live.add(int(member_id[4:]))
+        return live
+
+    def adopter(self, lost: int, live: set[int]) -> int | None:
+        """Who adopts the ranks of ``lost``: node 0 with the embedded store (it hosts
+        it); under etcd the lost node's ring successor among the live nodes, which is
+        also its replica buddy (agent/_replica.py): its memory holds their snapshots."""
+        if not self.cfg.etcd:
+            return 0
+        return ring_successor(lost, live)
+
+    def reports_end(self) -> bool:
+        """Whether this agent writes the run's ``run_end`` (node 0; under etcd the
+        lowest live node, node 0 may be gone)."""
+        if not self.cfg.etcd:
+            return self.node == 0
+        if self.lost_reason is not None:
+            return False
+        try:
+            live = self.live_nodes()
+        except Exception:
+            return self.node == 0
+        if live and min(live) != self.node:
+            return False
+        key = f"{self._root}/launch/run-end"  # once, though agents end one by one
+        claim = Put(key, str(self.node).encode())
+        return bool(self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded)
+
+    def lost_nodes(self) -> list[int]:
+        """Nodes whose lease expired without a goodbye, claimed by this agent (their
+        adopter) for adoption; each is returned to exactly one agent, once."""
+        if not self.cfg.etcd and self.node != 0:
+            return []  # the embedded store's host handles every lost node
+        live = self.live_nodes()
+        if live == self._last_live and not self._pending:
+            return []
+        self._last_live = live
+        joined = self._nodes("joined") if self.cfg.etcd else self._known | live
         self._known |= live
-        gone = sorted(self._known - live - self._lost)
+        gone = joined - live - self._lost
+        self._pending = bool(gone)
+        mine = [n for n in sorted(gone) if self.adopter(n, live) == self.node]
+        if not mine or self.lost_reason is not None:
+            return []
+        handled = self._nodes("agents-done") | self._nodes("adopted")
         out = []
-        for n in gone:
-            if self.store.get(f"{self._root}/agents-done/node{n}") is None:
-                out.append(n)
+        for n in mine:
             self._lost.add(n)
+            if n in handled:
+                continue
+            key = f"{self._root}/adopted/node{n}"
+            claim = Put(key, json.dumps({"by": self.node}).encode())
+            if self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded:
+                out.append(n)
+        self._pending = bool(gone - self._lost)
         return out
 
     def close(self, *, goodbye: bool = True) -> None:
@@ -117,7 +255,13 @@ class Cluster:
         with contextlib.suppress(Exception):
             if self._member is not None:
                 self._member.leave()
-        if self.server is not None:
+        if self.cfg.etcd:
+            # the last agent out cleans what lost nodes left behind on a shared host
+            with contextlib.suppress(Exception):
+                self.last_out = not self.live_nodes()
+            with contextlib.suppress(Exception):
+                self.store.close()
+        elif self.server is not None:
             # let the other agents say goodbye before the store goes away
             deadline = time.monotonic() + 10.0
             with contextlib.suppress(Exception):

@@ -51,7 +51,8 @@ def check_hang(agent: Agent, now: float) -> None:
 
 
 def adopt_lost_nodes(agent: Agent) -> None:
-    """Node 0 takes over the ranks of a node whose lease expired."""
+    """The leader (node 0; under etcd the lowest live node) takes over the ranks of a
+    node whose lease expired, including ranks that node had adopted itself."""
     for node in agent.cluster.lost_nodes():
         now = time.time()
         if f"node{node}" in agent.coord.blocklisted():
@@ -75,16 +76,24 @@ def adopt_lost_nodes(agent: Agent) -> None:
                 "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
             )
         agent._t_recovery = now
-        base = node * agent.cfg.nproc_per_node
         adopted = []
-        for local in range(agent.cfg.nproc_per_node):
-            rank = base + local
+        for rank in agent.cluster.ranks_of(node):
+            local = rank % agent.cfg.nproc_per_node  # an adopted rank keeps its LOCAL_RANK
             # a lost node's memory is gone: its ranks restore from a peer's snapshot
             shutil.rmtree(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}", ignore_errors=True)
             attached = all(x.attached for x in agent.workers.values())
             w = agent.new_worker(rank, local, len(agent.workers), attached=attached)
             agent.workers[rank] = w
             adopted.append(w)
+        agent.cluster.publish_ranks(list(agent.workers))
+        replicas = getattr(agent, "replicas", None)
+        taken = replicas.take_over([w.rank for w in adopted]) if replicas is not None else {}
+        if taken:
+            agent.events.emit(
+                "note",
+                message=f"ranks {sorted(taken)} of node {node} take over their replicas "
+                f"(steps {sorted(set(taken.values()))}) from this node's memory",
+            )
         if agent.cfg.strategy == "restart" or not agent._attached():
             agent._restart_all(f"loss of node {node}", "node_loss")
             continue

@@ -25,7 +25,9 @@ from typing import Any
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import WorkerSpec, worker_env
+from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
+from stalwart.agent._replica import start_replicas
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
@@ -100,7 +102,9 @@ class Agent:
         self._zygote = ZygoteClient(["stalwart.runtime.session"], env)
         ready = self._zygote.wait_for("ready", cfg.start_timeout_s)
         host = cfg.endpoint()[0]
-        if cfg.node_rank == 0:
+        if cfg.etcd:  # gloo groups form over etcd too (runtime/_c10d_store.py)
+            self.cluster.publish_once("c10d", {"addr": "", "master_port": self.master_port})
+        elif cfg.node_rank == 0:
             self._zygote.send({"op": "store", "host": host})
             port = self._zygote.wait_for("store", 30)["port"]
             self.cluster.publish(
@@ -128,6 +132,7 @@ class Agent:
                 json.dump({"job": cfg.job, "store": self.cluster.address, "pid": os.getpid()}, f)
         for _ in range(cfg.spares):
             self._prefork()
+        self.replicas = start_replicas(self)
 
     def _emit_run_start(self, ready: dict[str, Any]) -> None:
         cfg = self.cfg
@@ -167,6 +172,7 @@ class Agent:
                 "STALWART_C10D": self.c10d_addr,
                 "STALWART_PROGRESS": self._board.path if self._board else "",
                 "STALWART_CHAOS_PLAN": self.plan_path,
+                **self.cluster.worker_env(),
             },
         )
         log = None
@@ -260,6 +266,7 @@ class Agent:
 
     def _recover(self, failed: _Worker, cause: str) -> None:
         cfg = self.cfg
+        check_fenced(self, probe=True)  # our ranks may run elsewhere now
         self._t_recovery = time.time()
         member = f"rank{failed.rank}"
         if self.coord.record_failure(member, cause):
@@ -363,9 +370,14 @@ class Agent:
                 self.chaos.tick(now - self._t0)
                 if now - last_poll > 0.1:  # store round trips: a few per second
                     last_poll = now
+                    check_fenced(self, probe=False)
                     adopt_lost_nodes(self)
                     self._follow_generation()
                     self.chaos.poll_requests()
+        except NodeFenced as err:
+            end_fenced(self, err)
+            self.status, self._end_reason, self._goodbye = "fenced", str(err), False
+            return 3
         except _Cordoned as err:
             self.status, self._end_reason, self._goodbye = "cordoned", str(err), False
             return 3
@@ -385,7 +397,10 @@ class Agent:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._stop_all("shutdown", timeout=5.0)
-        if self.cfg.node_rank == 0:
+        replicas = getattr(self, "replicas", None)
+        if replicas is not None:
+            replicas.close()
+        if self.cluster.reports_end():
             self.events.emit(
                 "run_end",
                 status=self.status,
@@ -402,7 +417,7 @@ class Agent:
             self._board.close(unlink=True)
         for w in self.workers.values():
             shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{w.rank}", ignore_errors=True)
-        if self.cfg.node_rank == 0:  # what lost nodes left behind on this host, too
+        if self.cluster.last_out:  # what lost nodes left behind on this host, too
             for path in glob.glob(f"/dev/shm/stalwart-{self.cfg.job}-*"):
                 if os.path.isdir(path):
                     shutil.rmtree(path, ignore_errors=True)

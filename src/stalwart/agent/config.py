@@ -21,12 +21,14 @@ class RuntimeKnobs:
 
     persist_every: int = 0  # steps between persisted checkpoints (0: off; -1: auto)
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
+    snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
     collective_timeout_s: float = 60.0
 
     def env(self) -> dict[str, str]:
         return {
             "STALWART_PERSIST_EVERY": str(self.persist_every),
             "STALWART_SNAPSHOT_BUDGET": str(self.snapshot_budget),
+            "STALWART_SNAPSHOT_EVERY": str(self.snapshot_every),
             "STALWART_COLLECTIVE_TIMEOUT": str(self.collective_timeout_s),
         }
 
@@ -39,6 +41,7 @@ class LaunchConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of the node-0 agent's store
+    rdzv: str | None = None  # etcd://host:port/job-id: the coordinator lives in etcd
     job: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
     run_dir: str = ""
     max_restarts: int = 0
@@ -53,6 +56,8 @@ class LaunchConfig:
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
+    replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
+    replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
@@ -66,9 +71,22 @@ class LaunchConfig:
             raise ConfigError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
         if self.strategy == "spare" and self.spares < 1:
             raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
+        if self.replica_rate_mb_s < 0:
+            raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.rdzv is not None:
+            from stalwart.coordinator import parse_etcd_url
+
+            target = parse_etcd_url(self.rdzv)  # ConfigError naming the problem
+            if target.job_id != self.job:
+                raise ConfigError(
+                    f"--rdzv names job {target.job_id!r} but the job id is {self.job!r}; "
+                    "drop --rdzv-id (the URL's job id is used)"
+                )
+            if self.rdzv_endpoint:
+                raise ConfigError("--rdzv etcd://... and --rdzv-endpoint exclude each other")
+        elif self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0 serves it)")
         if not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
@@ -83,6 +101,11 @@ class LaunchConfig:
     def local_ranks(self) -> list[int]:
         base = self.node_rank * self.nproc_per_node
         return list(range(base, base + self.nproc_per_node))
+
+    @property
+    def etcd(self) -> bool:
+        """The coordinator store is etcd (no node hosts it; any node may be lost)."""
+        return self.rdzv is not None
 
     def endpoint(self) -> tuple[str, int]:
         if not self.rdzv_endpoint:

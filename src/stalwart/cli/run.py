@@ -40,6 +40,17 @@ def register(sub: Any) -> None:
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="job id (default: random)")
+    p.add_argument(
+        "--rdzv-conf",
+        default=None,
+        help='the --rdzv target from a JSON file: {"endpoints": ["h:2379"], "job": "job7"}',
+    )
+    p.add_argument(
+        "--rdzv",
+        default=None,
+        help="etcd://HOST:PORT[,HOST:PORT...]/JOB-ID: keep the coordinator in etcd, so the "
+        "job survives the loss of any node (default: node 0 hosts an embedded store)",
+    )
     p.add_argument("--standalone", action="store_true", help="single node (the default)")
     p.add_argument(
         "--max-restarts",
@@ -84,6 +95,33 @@ def register(sub: Any) -> None:
         help="serve Prometheus metrics on this port of 127.0.0.1 (node 0; 0 picks one)",
     )
     p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="steps between memory snapshots (default 0: chosen from --snapshot-budget); "
+        "with --replica-rate, keep it longer than one replication round",
+    )
+    p.add_argument(
+        "--snapshot-budget",
+        type=float,
+        default=0.02,
+        help="largest snapshot stall as a fraction of step time; sets how often workers "
+        "snapshot to memory (default 0.02)",
+    )
+    p.add_argument(
+        "--replica-rate",
+        type=float,
+        default=0.0,
+        help="stream each node's newest snapshots to a buddy node's memory at up to this "
+        "many MB/s, so a lost node's ranks restore without disk (default 0: off)",
+    )
+    p.add_argument(
+        "--replica-host",
+        default="127.0.0.1",
+        help="address this node's replica receiver binds and advertises to its buddy "
+        "(default 127.0.0.1: every node on one host)",
+    )
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
@@ -100,6 +138,23 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {}
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
+    if args.rdzv_conf:
+        from stalwart.agent._etcd_cluster import rdzv_from_file
+
+        if args.rdzv:
+            raise ConfigError("--rdzv and --rdzv-conf exclude each other; pass one")
+        args.rdzv = rdzv_from_file(args.rdzv_conf)
+    if args.rdzv:
+        from stalwart.coordinator import parse_etcd_url
+
+        target = parse_etcd_url(args.rdzv)
+        if args.rdzv_id and args.rdzv_id != target.job_id:
+            raise ConfigError(
+                f"--rdzv-id {args.rdzv_id!r} differs from the job id in --rdzv "
+                f"({target.job_id!r}); drop --rdzv-id"
+            )
+        kwargs["job"] = target.job_id
+        kwargs["rdzv"] = args.rdzv
     cfg = LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),
@@ -115,8 +170,14 @@ def _run(args: argparse.Namespace) -> int:
         redirect=args.redirect,
         token_file=args.token_file,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
-        runtime=RuntimeKnobs(persist_every=persist),
+        runtime=RuntimeKnobs(
+            persist_every=persist,
+            snapshot_budget=args.snapshot_budget,
+            snapshot_every=args.snapshot_every,
+        ),
         node_lease_s=args.node_lease,
+        replica_rate_mb_s=args.replica_rate,
+        replica_host=args.replica_host,
         metrics_port=args.metrics_port,
         progress=args.progress,
         **kwargs,

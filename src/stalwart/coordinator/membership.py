@@ -121,22 +121,26 @@ class Member:
         """Renew the lease. :class:`LeaseNotFoundError` means it expired: rejoin."""
         self.store.keepalive(self.lease)
 
-    def start_heartbeat(self, on_lost: Callable[[BaseException], None] | None = None) -> None:
+    def start_heartbeat(
+        self, on_lost: Callable[[BaseException], None] | None = None, *, give_up: bool = True
+    ) -> None:
         """Heartbeat every ``heartbeat_interval`` seconds in a thread.
 
         Transient store errors are retried until the lease would have expired
-        anyway; then (or on :class:`LeaseNotFoundError`) ``on_lost`` is called once
+        anyway (forever with ``give_up=False``: etcd extends every lease when it comes
+        back from an outage, so only :class:`LeaseNotFoundError` proves the lease
+        gone); then (or on :class:`LeaseNotFoundError`) ``on_lost`` is called once
         and the thread ends.
         """
         if self._thread is not None:
             raise RuntimeError("heartbeat already started")
         self._thread = threading.Thread(
-            target=self._run, args=(on_lost,), name=f"stalwart-heartbeat-{self.member_id}"
+            target=self._run, args=(on_lost, give_up), name=f"stalwart-heartbeat-{self.member_id}"
         )
         self._thread.daemon = True
         self._thread.start()
 
-    def _run(self, on_lost: Callable[[BaseException], None] | None) -> None:
+    def _run(self, on_lost: Callable[[BaseException], None] | None, give_up: bool) -> None:
         last_ok = time.monotonic()
         while not self._stop.wait(self.heartbeat_interval):
             try:
@@ -148,7 +152,7 @@ class Member:
             except StoreClosedError:
                 return
             except StoreError as exc:
-                if time.monotonic() - last_ok < self.ttl:
+                if not give_up or time.monotonic() - last_ok < self.ttl:
                     _log.warning("heartbeat of %s failed, retrying: %s", self.member_id, exc)
                     continue
                 reason = exc

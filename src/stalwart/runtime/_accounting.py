@@ -33,7 +33,8 @@ class StepAccounting:
         self.sess = sess
         self.durations: deque[float] = deque(maxlen=100)
         self.stalls: list[float] = []
-        self.every: int | None = None
+        fixed = int(getattr(sess.env, "snapshot_every", 0) or 0)
+        self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._prev_snapshot: Any = None
@@ -134,7 +135,8 @@ class StepAccounting:
 
     def _persist_due(self, step: int) -> bool:
         every = self.sess.env.persist_every
-        if self.sess.rank != 0 or every == 0:
+        # replicated (DDP) state has one copy to persist, rank 0's; own shards: each rank
+        if (self.sess.rank != 0 and getattr(self.sess, "_replicated", True)) or every == 0:
             return False
         if every > 0:
             return step % every == 0
@@ -225,7 +227,8 @@ class StepAccounting:
                 generation=generation,
                 is_current=lambda g: bool(sess.coord.generation() == g),
             )
-            sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
+            if sess.rank == 0:  # the job's record (every rank committed its own files)
+                sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
         except Exception as err:  # FencedError, storage errors: reported, never raised
             return err
         return None

@@ -3,12 +3,44 @@ one of them (the slot of a given step may be the older of the two)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from stalwart.checkpoint.snapshot import Snapshotter
 
-__all__ = ["memory_steps", "restore_memory_step"]
+__all__ = [
+    "committed_disk_steps",
+    "holds_replica",
+    "memory_steps",
+    "restore_memory_step",
+    "taken_from_replica",
+]
+
+_REPLICA_MARKER = "replica.json"  # agent/_replica.py: slots taken over from a replica
+
+
+def holds_replica(snap: Snapshotter) -> bool:
+    """Whether these slots were taken over from a buddy's replica (not restored yet)."""
+    return os.path.exists(os.path.join(snap.directory, _REPLICA_MARKER))
+
+
+def taken_from_replica(snap: Snapshotter) -> bool:
+    """True once for slots an agent took over from a buddy's replica (the restore
+    reports the ``replica`` tier); the marker is consumed."""
+    path = os.path.join(snap.directory, _REPLICA_MARKER)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def committed_disk_steps(storage: Any, keep: int = 8) -> list[int]:
+    """The newest persisted steps of this rank's own storage (its shards)."""
+    from stalwart.checkpoint import committed_steps
+
+    return [int(s) for s in committed_steps(storage)[-keep:]]
 
 
 def memory_steps(snap: Snapshotter) -> list[int]:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.coordinator import Coordinator, Store
+from stalwart.coordinator import Compare, Coordinator, Put, Store
+from stalwart.errors import CheckpointNotFoundError, FencedError
 
 __all__ = ["Agreement", "agree", "choose"]
 
@@ -33,20 +35,53 @@ class Agreement:
 def choose(
     infos: list[dict[str, object]], disk_step: int | None, use_memory: bool
 ) -> tuple[int | None, str]:
-    """The restore point from every member's published info (pure; unit-tested)."""
+    """The restore point from every member's published info (pure; unit-tested).
+    Members whose state is their own (not replicated) publish their persisted steps
+    (``disk``): the disk tier is then the newest step that every one of them holds."""
+    disks = [d for i in infos if isinstance(d := i.get("disk"), list)]
+    if infos and len(disks) == len(infos):
+        common_disk = set.intersection(*({int(s) for s in d} for d in disks))
+        disk_step = max(common_disk) if common_disk else None
     if use_memory and infos:
         held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
-        holders = [h for h in held if h]
-        common = set.intersection(*holders) if holders else set()
-        if common and len(holders) == len(held):
-            return max(common), "memory"
-        # members that lost their memory (a lost node) copy a peer's snapshot, which is
-        # the same state when every member holds a replica (DDP)
-        if common and all(i.get("replicated") for i in infos):
-            return max(common), "peer"
+        found = _from_memory(held, infos)
+        if found is None and any(i.get("replica") for i in infos):
+            # slots taken over from a buddy's replica hold no step the others still
+            # have: count those members as having lost their memory
+            held = [set() if i.get("replica") else h for h, i in zip(held, infos, strict=True)]
+            found = _from_memory(held, infos)
+        if found is not None:
+            return found
     if disk_step is not None:
         return disk_step, "disk"
     return None, "none"
+
+
+def no_common_point(a: Agreement, done: int, rank: int) -> None:
+    """A worker that trained (``done`` > 0) cannot join a fresh start: its tensors hold
+    trained state that no restore will overwrite. It exits instead; its replacement
+    starts from the initial state like every other member (the job restarts from step 0,
+    bit-identical, slowly) rather than silently mixing trained and initial state."""
+    if a.target is None and a.generation > 0 and done > 0:
+        raise CheckpointNotFoundError(
+            f"rank {rank}: generation {a.generation} has no step that every member holds "
+            f"(memory, replica or disk) and this worker trained to step {done}; it exits so "
+            "that the job restarts from the initial state. Keep a common restore point: "
+            "--persist-every N, or --replica-rate with --snapshot-every longer than one "
+            "replication round"
+        )
+
+
+def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[int, str] | None:
+    holders = [h for h in held if h]
+    common = set.intersection(*holders) if holders else set()
+    if common and len(holders) == len(held):
+        return max(common), "memory"
+    # members that lost their memory (a lost node) copy a peer's snapshot, which is
+    # the same state when every member holds a replica (DDP)
+    if common and all(i.get("replicated") for i in infos):
+        return max(common), "peer"
+    return None
 
 
 def agree(
@@ -61,9 +96,11 @@ def agree(
     disk_step: int | None,
     min_generation: int,
     timeout_s: float,
+    fence: Sequence[Compare] = (),
 ) -> Agreement:
     """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
-    members; raises TimeoutError at the deadline."""
+    members; raises TimeoutError at the deadline, and FencedError when a ``fence``
+    compare fails (the worker's agent lost its lease: its ranks may run elsewhere)."""
     deadline = time.monotonic() + timeout_s
     while True:
         gen = coord.generation()
@@ -71,7 +108,14 @@ def agree(
             coord.advance_generation(gen, "a member saw a collective fail")
             continue
         prefix = f"/stalwart/{job}/rt/{gen:012d}/"
-        store.put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        arrive = Put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        if not store.txn(list(fence), [arrive]).succeeded:
+            raise FencedError(
+                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
+                "longer than --node-lease), so its ranks may have moved to another node; "
+                "this worker stops instead of joining generation "
+                f"{gen}"
+            )
         while True:
             kvs = store.range(prefix).kvs
             if len(kvs) >= world_size:

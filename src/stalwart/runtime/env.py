@@ -34,11 +34,14 @@ class WorkerEnv:
     collective_timeout_s: float
     hang_ceiling_s: float
     agent_store: bool = False  # torchrun hosts the c10d store at MASTER_ADDR:MASTER_PORT
+    rdzv: str = ""  # etcd://... : the coordinator (and the gloo rendezvous) live in etcd
+    fence: str = ""  # "NODE:CREATE_REVISION" of the agent's member key (etcd only)
+    snapshot_every: int = 0  # fixed snapshot cadence in steps (0: from the budget)
 
     @property
     def managed(self) -> bool:
         """Launched by `stalwart run` (else: plain python or torchrun)."""
-        return self.store is not None
+        return self.store is not None or bool(self.rdzv)
 
     @staticmethod
     def _addr(text: str) -> tuple[str, int] | None:
@@ -71,4 +74,7 @@ class WorkerEnv:
             collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "60")),
             hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
             agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
+            rdzv=e.get("STALWART_RDZV", ""),
+            fence=e.get("STALWART_FENCE", ""),
+            snapshot_every=int(e.get("STALWART_SNAPSHOT_EVERY", "0")),
         )

@@ -4,7 +4,8 @@ DDP keeps the process group it was built with, and an exception inside a DDP com
 breaks its reducer for good (FACTS.md). So the user's DDP is built over a local
 world-size-1 default group, and :class:`GenerationGroup` installs a comm hook that does
 the real allreduce over the current generation's ``ProcessGroupGloo`` (built over a
-``PrefixStore`` per generation on a TCPStore that outlives every worker). The hook never
+``PrefixStore`` per generation on a TCPStore that outlives every worker, or on the
+coordinator's own store under ``--rdzv etcd://``: runtime/_c10d_store.py). The hook never
 raises: an error is recorded, the buckets are returned as they are, and the session
 discards the step.
 
@@ -47,6 +48,7 @@ class GenerationGroup:
         namespace: str,
         *,
         is_master: bool = False,
+        store: Any = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -57,7 +59,9 @@ class GenerationGroup:
         self.error: BaseException | None = None
         self.on_collective: Callable[[bool], None] | None = None
         self._store: Any = None
-        if world_size > 1:
+        if world_size > 1 and store is not None:
+            self._store = store  # e.g. CoordStoreC10d over etcd: no host to lose
+        elif world_size > 1:
             assert c10d is not None, "a multi-worker job needs a c10d store address"
             self._store = TCPStore(
                 c10d[0], c10d[1], None, is_master, timedelta(seconds=60), wait_for_workers=False

@@ -28,8 +28,15 @@ from typing import Any
 import torch
 
 from stalwart.runtime._accounting import StepAccounting
-from stalwart.runtime._memory import memory_steps, restore_memory_step
-from stalwart.runtime._rendezvous import agree
+from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
+from stalwart.runtime._memory import (
+    committed_disk_steps,
+    holds_replica,
+    memory_steps,
+    restore_memory_step,
+    taken_from_replica,
+)
+from stalwart.runtime._rendezvous import agree, no_common_point
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
 
@@ -64,16 +71,18 @@ class Session:
         self.coord: Any = None
         self._board: Any = None
         self._stop = threading.Event()
+        self._genwatch: GenerationWatch | None = None
         if env.managed:
             from stalwart.agent.progress import ProgressBoard
-            from stalwart.coordinator import Coordinator, CoordinatorConfig, StoreClient
+            from stalwart.coordinator import Coordinator, CoordinatorConfig
 
             self.events = EventLog(
                 os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
             )
-            assert env.store is not None
-            self.store = StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
+            self.store = open_store(env)
             self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
+            if env.rdzv:
+                self._genwatch = GenerationWatch(self.coord)
             if env.progress:
                 from stalwart.agent.observe import detach
 
@@ -94,6 +103,7 @@ class Session:
             env.job,
             # under plain torchrun, rank 0 hosts the store unless torchrun's agent does
             is_master=not env.managed and env.rank == 0 and not env.agent_store,
+            store=c10d_store(env, self.store),
         )
         self.group.on_collective = self._on_collective
         self.acct = StepAccounting(self)
@@ -160,9 +170,12 @@ class Session:
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
         run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
+        # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
+        own = not self._replicated and self.world_size > 1
+        root = os.path.join(run_dir, "ckpt", *([f"rank{self.rank}"] if own else []))
         self._ckpt = CheckpointManager(
             CheckpointConfig(
-                root=os.path.join(run_dir, "ckpt"),
+                root=root,
                 namespace=f"{self.env.job}-r{self.rank}",
                 rank=0,
                 world_size=1,
@@ -171,7 +184,7 @@ class Session:
         for value in state.values():
             if isinstance(value, torch.optim.Optimizer):
                 self._ckpt.snapshots.guard(value)
-        if self.env.persist_every != 0 and self.rank == 0:
+        if self.env.persist_every != 0 and (self.rank == 0 or not self._replicated):
             self._ckpt.persister.start()  # now, not at the first persist (process start)
         return self._state
 
@@ -206,6 +219,10 @@ class Session:
                 if self._finish(total):
                     return
                 self._recover("finish barrier broken")
+                continue
+            if self._genwatch is not None and self._genwatch.moved.is_set():
+                self.group.close()  # its sockets close: old peers stuck in it fail now
+                self._recover("the generation moved on (a node was lost)")
                 continue
             step = self.step + 1
             self._fire_chaos(step)
@@ -263,6 +280,10 @@ class Session:
                 "host": socket.gethostname(),
                 "replicated": self._replicated,
             }
+            if holds_replica(snap):  # slots a buddy kept for our lost node
+                info["replica"] = True
+            if not self._replicated:  # own shards on disk: agree on a step all ranks hold
+                info["disk"] = committed_disk_steps(self._ckpt.storage)
             a = agree(
                 self.store,
                 self.coord,
@@ -274,6 +295,7 @@ class Session:
                 disk_step=disk,
                 min_generation=min_generation,
                 timeout_s=self.env.hang_ceiling_s,
+                fence=fence_compares(self.env),
             )
             t_restore = time.perf_counter()
             nbytes = 0
@@ -281,10 +303,13 @@ class Session:
             if a.tier in ("memory", "peer") and a.target is not None:
                 source = self._memory_source(a, snap)
                 tier = "memory" if source is snap else "peer"
+                if source is snap and taken_from_replica(snap):
+                    tier = "replica"  # a lost node's slots, kept by its buddy
                 nbytes = restore_memory_step(source, self._state, a.target)
             elif a.tier == "disk" and a.target is not None:
                 nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
             restored = a.target if a.target is not None else 0
+            no_common_point(a, self.step, self.rank)  # raises: trained state, nowhere to go
             if self.events is not None and a.tier != "none":
                 self.events.emit(
                     "restore",
@@ -301,6 +326,8 @@ class Session:
                 min_generation = a.generation + 1
                 continue
             self.generation = a.generation
+            if self._genwatch is not None:
+                self._genwatch.follow(a.generation)
             lost = max(0, a.last_done - restored) if a.generation > 0 else 0
             self.step = restored
             self._t_progress = time.time()
@@ -366,6 +393,8 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
+        if self._genwatch is not None:
+            self._genwatch.close()
         if self._ckpt is not None:
             # under `stalwart run` the agent owns the slots (a replacement needs them)
             self._ckpt.close(unlink_snapshots=not self.env.managed)

@@ -120,6 +120,7 @@ class SlotReceiver:
         self._token = token
         self._on_result = on_result
         self._targets: dict[str, _Target] = {}
+        self._released: set[str] = set()
         self._results: deque[ReceiveResult] = deque(maxlen=1000)
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
@@ -335,8 +336,28 @@ class SlotReceiver:
                 i for i, (f, c) in enumerate(zip(futures, claims, strict=True)) if f.result() != c
             ]
 
+    def namespaces(self) -> list[str]:
+        """Namespaces received into so far (and not released)."""
+        with self._cond:
+            return list(self._targets)
+
+    def release(self, namespace: str) -> str:
+        """Hand the received copy of ``namespace`` over to its new owner: wait for a
+        transfer into it to end, close its mappings, refuse further transfers into it,
+        and return its directory (the caller may move or delete it)."""
+        with self._cond:
+            self._released.add(namespace)
+            target = self._targets.pop(namespace, None)
+        if target is not None:
+            with target.lock:
+                for s in target.slots:
+                    s.close()
+        return slot_dir(self.config.shm_dir, namespace)
+
     def _target(self, namespace: str) -> _Target:
         with self._cond:
+            if namespace in self._released:
+                raise TransferProtocolError(f"namespace {namespace!r} was released here")
             target = self._targets.get(namespace)
             if target is None:
                 directory = slot_dir(self.config.shm_dir, namespace)

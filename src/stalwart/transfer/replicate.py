@@ -78,6 +78,14 @@ class Replicator:
         if self._stop.wait(seconds):
             raise TransferError("replication stopped")
 
+    def set_sources(self, sources: dict[str, str]) -> None:
+        """Replace what is replicated (e.g. a node adopted another node's ranks)."""
+        self._sources = dict(sources)
+
+    def forget_sent(self) -> None:
+        """Send everything again at the next sync (e.g. the buddy changed)."""
+        self.stats.sent.clear()
+
     def sync_once(self) -> list[SendResult]:
         """Send every source whose newest complete snapshot the buddy does not have."""
         address = self._address() if callable(self._address) else self._address
@@ -115,8 +123,11 @@ class Replicator:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            failures = self.stats.failures
             self.sync_once()
-            self._stop.wait(self.config.poll_s)
+            # a buddy that stopped answering (lost, restarting): retry once a second
+            failed = self.stats.failures != failures
+            self._stop.wait(max(self.config.poll_s, 1.0) if failed else self.config.poll_s)
 
     def close(self) -> None:
         """Stop (a capped transfer in flight is cut at its next pause) and join."""

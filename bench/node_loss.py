@@ -1,0 +1,304 @@
+"""Node-loss benchmark (issue 7): peer memory replicas vs disk, replication overhead, and
+the pause of an etcd restart.
+
+2 agents x 2 workers on loopback under ``--rdzv etcd://`` (a private etcd started here),
+running examples/train_sharded.py: every rank owns ``--size-mb / 2`` of state (so
+``--size-mb`` per node), updated deterministically per step, one small allreduce per step.
+
+Runs (each a fresh job):
+  steady-off / steady-on  no fault, replicas off / on -> replication_overhead_ratio
+                          (median step time on / off, first quarter of steps left out)
+  loss-memory             replicas on, node 1 killed (agent, workers; its /dev/shm slots
+                          removed by the adopter, as if the machine were gone): node 0
+                          adopts its ranks and restores them from its replica memory
+  loss-disk               the same fault with replicas off and --persist-every: every
+                          rank restores from the persisted checkpoint
+  etcd-bounce             etcd SIGKILLed and restarted on its data dir mid-run
+
+Snapshots every `--snapshot-every` steps, longer than one replication round (size / rate):
+survivors keep their two newest snapshots, so the replica must be one of them.
+
+Definitions (rank 0's step log, wall clock): RTO = fault -> end of the first step
+completed in the generation after it (detection by lease expiry included); restore_s =
+the slowest rank's restore (the "restore" events); progress = fault -> end of the first
+step beyond the last step completed before the fault. etcd_failover_pause_s = the
+longest gap between steps around the outage minus the median step time. The disk
+variant reads its checkpoint back from the page cache (this bench does not drop the
+caches of a shared machine). etcd keeps its data on /dev/shm here (its fsyncs on a shared
+disk are not what is measured). Prints a table and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE.parent / "examples" / "train_sharded.py"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Etcd:
+    """A private single-member etcd on loopback (the test fixture's flags)."""
+
+    def __init__(self, root: Path) -> None:
+        # on tmpfs: this bench measures node loss, not etcd's fsyncs on a shared disk
+        self.data = Path(f"/dev/shm/stalwart-nlbench-etcd-{uuid.uuid4().hex[:8]}")
+        self.client, self.peer = _port(), _port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        url, peer = f"http://127.0.0.1:{self.client}", f"http://127.0.0.1:{self.peer}"
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("etcd") or "etcd",
+                "--name=bench",
+                f"--data-dir={self.data}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=bench={peer}",
+                "--heartbeat-interval=25",
+                "--election-timeout=250",
+                "--log-level=error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.client), 0.2),
+            ):
+                return
+            time.sleep(0.02)
+        raise RuntimeError("etcd did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_job(
+    etcd: Etcd, root: Path, name: str, args: argparse.Namespace, extra: list[str], bounce: bool
+) -> dict[str, Any]:
+    job = f"nl-{name}-{uuid.uuid4().hex[:6]}"
+    run_dir = root / name
+    log = root / f"{name}.steps"
+    url = f"etcd://127.0.0.1:{etcd.client}/{job}"
+    cmd = [
+        str(Path(sys.executable).parent / "stalwart"),
+        "run",
+        "--rdzv",
+        url,
+        "--run-dir",
+        str(run_dir),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--node-lease",
+        str(args.node_lease),
+        "--hang-floor",
+        str(args.hang_floor),
+        "--snapshot-every",
+        str(args.snapshot_every),
+        *extra,
+    ]
+    script = [
+        str(JOB),
+        "--steps",
+        str(args.steps),
+        "--size-mb",
+        str(args.size_mb / 2),
+        "--window-mb",
+        str(min(8.0, args.size_mb / 8)),
+        "--step-ms",
+        str(args.step_ms),
+        "--step-log",
+        str(log),
+    ]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--node-rank", str(n), *script],
+            stdout=subprocess.DEVNULL,
+            stderr=open(root / f"{name}.node{n}.err", "w"),  # noqa: SIM115
+        )
+        for n in range(2)
+    ]
+    t_kill = t_back = None
+    try:
+        if bounce:
+            deadline = time.monotonic() + 300
+            while len(_steps(log)) < args.steps // 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            t_kill = time.time()
+            etcd.kill()
+            etcd.start()
+            t_back = time.time()
+        for p in procs:
+            p.wait(timeout=900)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+        for path in Path("/dev/shm").glob(f"stalwart-{job}*"):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+    steps, events = _steps(log), _events(run_dir)
+    res: dict[str, Any] = {"codes": [p.returncode for p in procs], "steps": len(steps)}
+    times = [s["t"] for s in steps]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    res["step_s"] = statistics.median(gaps[len(gaps) // 4 :]) if len(gaps) > 8 else float("nan")
+    faults = [e for e in events if e["kind"] == "fault_injected"]
+    if faults:
+        t_fault = float(faults[0]["t"])
+        before = [s for s in steps if s["t"] <= t_fault]
+        gen0 = before[-1]["gen"] if before else 0
+        last = before[-1]["step"] if before else 0
+        after = [s for s in steps if s["t"] > t_fault and s["gen"] > gen0]
+        res["rto_s"] = after[0]["t"] - t_fault if after else float("nan")
+        beyond = [s for s in after if s["step"] > last]
+        res["progress_s"] = beyond[0]["t"] - t_fault if beyond else float("nan")
+        restores = [e for e in events if e["kind"] == "restore" and e["t"] > t_fault]
+        res["restore_s"] = max((float(e["seconds"]) for e in restores), default=float("nan"))
+        res["tiers"] = sorted({str(e["tier"]) for e in restores})
+        detected = [e for e in events if e["kind"] == "fault_detected"]
+        res["detect_s"] = float(detected[0]["latency_s"]) if detected else float("nan")
+    if t_kill is not None and t_back is not None:
+        window = [g for a, g in zip(times, gaps, strict=False) if t_kill - 1 <= a <= t_back + 10]
+        res["etcd_down_s"] = t_back - t_kill
+        res["pause_s"] = max(window, default=float("nan")) - res["step_s"]
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size-mb", type=float, default=512.0, help="state per node (MB)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--step-ms", type=float, default=100.0)
+    p.add_argument("--kill-step", type=int, default=140)
+    p.add_argument("--replica-rate", type=float, default=400.0, help="MB/s per node")
+    p.add_argument("--persist-every", type=int, default=25, help="steps (disk variant)")
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=25,
+        help="steps between snapshots: longer than a replication round (size / rate)",
+    )
+    p.add_argument("--node-lease", type=float, default=5.0, help="seconds (detection)")
+    p.add_argument("--hang-floor", type=float, default=10.0, help="seconds")
+    args = p.parse_args()
+    if shutil.which("etcd") is None:
+        sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
+    kill = ["--chaos", f"kill node=1 at=step:{args.kill_step}"]
+    rep = ["--replica-rate", str(args.replica_rate)]
+    root = Path(tempfile.mkdtemp(prefix="stalwart-node-loss-"))
+    etcd = Etcd(root)
+    etcd.start()
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        plan = [
+            ("steady-off", [], False),
+            ("steady-on", rep, False),
+            ("loss-memory", [*rep, *kill], False),
+            ("loss-disk", ["--persist-every", str(args.persist_every), *kill], False),
+            ("etcd-bounce", [], True),
+        ]
+        for name, extra, bounce in plan:
+            runs[name] = run_job(etcd, root, name, args, extra, bounce)
+            print(f"  {name}: {runs[name]}", file=sys.stderr, flush=True)
+    finally:
+        etcd.stop()
+        failed = any(c not in (0, 137) for r in runs.values() for c in r["codes"])
+        if failed:  # keep the agents' stderr
+            print(f"a run failed; logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    mem, disk = runs["loss-memory"], runs["loss-disk"]
+    load = os.getloadavg()
+    out = {
+        "node_loss_rto_memory_s": round(mem.get("rto_s", float("nan")), 3),
+        "node_loss_rto_disk_s": round(disk.get("rto_s", float("nan")), 3),
+        "node_loss_restore_memory_s": round(mem.get("restore_s", float("nan")), 3),
+        "node_loss_restore_disk_s": round(disk.get("restore_s", float("nan")), 3),
+        "node_loss_progress_memory_s": round(mem.get("progress_s", float("nan")), 3),
+        "node_loss_progress_disk_s": round(disk.get("progress_s", float("nan")), 3),
+        "node_loss_detect_s": round(mem.get("detect_s", float("nan")), 3),
+        # RTO less the lease expiry that detects the loss (the same for both variants)
+        "node_loss_rto_after_detect_memory_s": round(
+            mem.get("rto_s", float("nan")) - mem.get("detect_s", float("nan")), 3
+        ),
+        "node_loss_rto_after_detect_disk_s": round(
+            disk.get("rto_s", float("nan")) - disk.get("detect_s", float("nan")), 3
+        ),
+        "memory_restore_tiers": mem.get("tiers", []),
+        "disk_restore_tiers": disk.get("tiers", []),
+        "replication_overhead_ratio": round(
+            runs["steady-on"]["step_s"] / runs["steady-off"]["step_s"], 4
+        ),
+        "etcd_failover_pause_s": round(runs["etcd-bounce"].get("pause_s", float("nan")), 3),
+        "size_mb_per_node": args.size_mb,
+        "replica_rate_mb_s": args.replica_rate,
+        "loadavg_1m": round(load[0], 2),
+    }
+    nan = float("nan")
+    head = ["run", "codes", "step ms", "RTO s", "restore s", "progress s", "tiers"]
+    print(f"{head[0]:<12} {head[1]:<10} " + " ".join(f"{h:>10}" for h in head[2:6]) + "  tiers")
+    for name, r in runs.items():
+        cells = [r["step_s"] * 1000, r.get("rto_s", nan), r.get("restore_s", nan)]
+        cells.append(r.get("progress_s", nan))
+        line = f"{name:<12} {r['codes']!s:<10} " + " ".join(f"{c:>10.3f}" for c in cells)
+        print(f"{line}  {','.join(r.get('tiers', []))}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Peer memory replicas: each agent keeps its node's newest snapshots in a buddy's memory.
+
+Every agent runs a :class:`~stalwart.transfer.SlotReceiver` (its address is published at
+``replica/node<k>`` in the store) and a :class:`~stalwart.transfer.Replicator` that
+streams the newest complete slot of each of its ranks to its *buddy*: the next live node
+in the ring of node ids (node 0 -> 1 -> ... -> 0), chunked, checksummed, authenticated
+with the job token, in the background, under one bandwidth cap per node. Copies land at
+the buddy as namespace ``<job>-replica-r<rank>``.
+
+When a whole node is lost (agent, workers and its /dev/shm gone), its buddy is the node
+that adopts its ranks (agent/_cluster.py): its memory already holds their snapshots, so
+taking over is a rename on tmpfs (the received slot directory becomes the rank's own,
+``<job>-r<rank>``, after the receiver released it), and the adopted workers restore from
+it as from their own memory: no disk, no network. When the buddy has no complete copy of
+every lost rank (replication off, or the node died before its first copy completed), the
+adopted ranks start with empty slots and the usual rules apply (a same-host peer's copy
+of replicated DDP state, else the newest persisted checkpoint).
+
+Why the buddy adopts rather than a fixed leader: the replica is where the memory is;
+any other adopter would first have to pull it over the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from stalwart.agent._cluster import ring_successor
+from stalwart.checkpoint._shm import latest_complete, slot_dir
+from stalwart.transfer import ReceiverConfig, ReplicaConfig, Replicator, SlotReceiver
+
+if TYPE_CHECKING:
+    from stalwart.agent.agent import Agent
+
+__all__ = ["MARKER", "NodeReplicas", "start_replicas"]
+
+MARKER = "replica.json"  # in a rank's slot directory taken over from a replica
+_SHM = "/dev/shm"
+
+
+def start_replicas(agent: Agent) -> NodeReplicas | None:
+    """The node's replicas when ``--replica-rate`` is set (None: off)."""
+    rate = agent.cfg.replica_rate_mb_s
+    return NodeReplicas(agent, rate * 1e6) if rate > 0 else None
+
+
+class NodeReplicas:
+    def __init__(self, agent: Agent, rate_bytes_per_s: float) -> None:
+        self.agent = agent
+        self.job = agent.cfg.job
+        cluster = agent.cluster
+        self._key = f"/stalwart/{self.job}/replica/node"
+        host = agent.cfg.replica_host
+        self.rx = SlotReceiver(cluster.token, ReceiverConfig(shm_dir=_SHM, host=host, slots=2))
+        rx_host, rx_port = self.rx.start()
+        doc = {"host": rx_host, "port": rx_port, "hostname": socket.gethostname()}
+        cluster.store.put(f"{self._key}{agent.cfg.node_rank}", json.dumps(doc).encode())
+        self._buddy: tuple[int, tuple[str, int]] | None = None
+        self._looked = 0.0
+        self.rep = Replicator(
+            cluster.token,
+            self._buddy_address,
+            self._sources(),
+            ReplicaConfig(rate_bytes_per_s=rate_bytes_per_s, poll_s=0.05),
+        )
+        self.rep.start()
+
+    def _sources(self) -> dict[str, str]:
+        return {
+            f"{self.job}-replica-r{rank}": slot_dir(_SHM, f"{self.job}-r{rank}")
+            for rank in self.agent.workers
+        }
+
+    def _buddy_address(self) -> tuple[str, int] | None:
+        """Called by the replicator thread before each round; re-read once a second."""
+        now = time.monotonic()
+        if now - self._looked < 1.0:
+            return self._buddy[1] if self._buddy else None
+        self._looked = now
+        try:
+            me = self.agent.cfg.node_rank
+            buddy = ring_successor(me, self.agent.cluster.live_nodes())
+            kv = self.agent.cluster.store.get(f"{self._key}{buddy}") if buddy is not None else None
+        except Exception:  # the store is away for a moment: keep the last answer
+            return self._buddy[1] if self._buddy else None
+        if buddy is None or kv is None:
+            self._buddy = None
+            return None
+        doc = json.loads(kv.value)
+        address = (str(doc["host"]), int(doc["port"]))
+        if self._buddy != (buddy, address):
+            self._buddy = (buddy, address)
+            self.rep.forget_sent()  # a new buddy has nothing yet
+        self.rep.set_sources(self._sources())  # adopted ranks are replicated too
+        return address
+
+    def take_over(self, ranks: list[int]) -> dict[int, int]:
+        """Make the replicas of ``ranks`` (a lost node's) their own slots here; returns
+        rank -> replicated step for the ranks taken over (all of them, or none: a
+        partial take-over would only make the restore pick an older common step)."""
+        found: dict[int, int] = {}
+        for rank in ranks:
+            directory = slot_dir(_SHM, f"{self.job}-replica-r{rank}")
+            with contextlib.suppress(Exception):
+                latest = latest_complete(directory, 2)
+                if latest is not None:
+                    found[rank] = latest[1].step
+        if len(found) != len(ranks):
+            return {}
+        for rank in ranks:
+            src = self.rx.release(f"{self.job}-replica-r{rank}")
+            dst = slot_dir(_SHM, f"{self.job}-r{rank}")
+            shutil.rmtree(dst, ignore_errors=True)
+            os.rename(src, dst)
+            with open(os.path.join(dst, MARKER), "w") as f:
+                json.dump({"step": found[rank], "by": self.agent.cfg.node_rank}, f)
+        return found
+
+    def close(self) -> None:
+        self.rep.close()
+        received = self.rx.namespaces()
+        self.rx.close()
+        for namespace in received:
+            shutil.rmtree(slot_dir(_SHM, namespace), ignore_errors=True)
