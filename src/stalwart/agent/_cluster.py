@@ -20,6 +20,7 @@ import socket
 import time
 from typing import Any
 
+from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import (
     Compare,
@@ -61,6 +62,7 @@ class Cluster:
         self.lost_reason: str | None = None
         self.fence = 0
         self.token = b""
+        self.watch: PeerWatch | None = None  # fast node-loss signal (agent/_peerwatch.py)
         # whether close() should remove what lost nodes left in /dev/shm on this host
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
@@ -111,6 +113,16 @@ class Cluster:
         self.fence = kv.create_revision if kv is not None else 0
         self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
+        self.watch = PeerWatch(
+            self.store,
+            self._root,
+            self.node,
+            self.token,
+            cfg.replica_host,
+            self.live_nodes,
+            ring_successor,
+        )
+        self.watch.publish()
 
     def _on_lost(self, reason: BaseException) -> None:
         self.lost_reason = str(reason)
@@ -220,6 +232,8 @@ class Cluster:
     def lost_nodes(self) -> list[int]:
         """Nodes whose lease expired without a goodbye, claimed by this agent (their
         adopter) for adoption; each is returned to exactly one agent, once."""
+        if self.watch is not None:
+            self.watch.tick(time.monotonic())  # our own watched connection
         if not self.cfg.etcd and self.node != 0:
             return []  # the embedded store's host handles every lost node
         live = self.live_nodes()
@@ -255,6 +269,8 @@ class Cluster:
         with contextlib.suppress(Exception):
             if self._member is not None:
                 self._member.leave()
+        if self.watch is not None:
+            self.watch.close()  # after the goodbye: our successor ignores the end
         if self.cfg.etcd:
             # the last agent out cleans what lost nodes left behind on a shared host
             with contextlib.suppress(Exception):

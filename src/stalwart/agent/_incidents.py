@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -63,14 +64,20 @@ def adopt_lost_nodes(agent: Agent) -> None:
                 float(str(r["t"])) for r in agent.ledger.fired().values() if r.get("node") == node
             ]
             latency = now - fired[0] if fired else agent.cfg.node_lease_s
+            how = f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)"
+            closed = agent.cluster.store.get(f"/stalwart/{agent.cfg.job}/watch-closed/node{node}")
+            if closed is not None:  # agent/_peerwatch.py: the process died, seen at once
+                how = "agent process gone: its watched connection closed, lease revoked"
+                if not fired:  # no injected fault to time from: from the connection's end
+                    latency = now - float(json.loads(closed.value)["t"])
             agent.events.emit(
                 "fault_detected",
                 fault="node_loss",
                 domain={"rank": None, "node": node},
                 latency_s=latency,
-                how=f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)",
+                how=how,
             )
-            agent.say(f"node {node} lost (lease expired); detected in {latency:.2f} s")
+            agent.say(f"node {node} lost ({how}); detected in {latency:.2f} s")
             agent.coord.block(f"node{node}", "lease expired: node lost")
             agent.events.emit(
                 "isolation", member=f"node{node}", reason="lease expired", blocklisted=True

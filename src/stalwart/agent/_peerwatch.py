@@ -1,0 +1,196 @@
+"""Node loss in milliseconds when the agent's process dies: a watched connection.
+
+A node's lease is the general failure signal, but it is slow by design: it has to
+outlast a loaded machine's pauses (2-5 s here). Most node losses are not silent,
+though: when the agent process dies (OOM kill, crash, SIGKILL, the host rebooting),
+the kernel closes its sockets and the peer sees the connection end at once.
+
+So every agent holds one TCP connection to its ring successor (the node that would
+adopt its ranks, and its snapshot buddy). When that connection ends and the peer has
+not said goodbye (``agents-done/node<k>``), the successor revokes the peer's lease:
+the lease expiry is brought forward to the moment the process died, and everything
+after it (adoption, fencing, recovery) runs exactly as on a lease expiry.
+
+Why this is safe: revoking a lease is what its expiry does anyway. A peer that is
+alive but whose connection broke (a network blip) loses its lease and is fenced, the
+same outcome as a partition longer than the lease; it cannot commit with its old
+generation. Why it is not enough alone: a machine that loses power or its network sends
+no FIN or RST, so its loss is still detected at lease expiry.
+
+Wire: the listener sends a 16-byte nonce; the client answers with one JSON line
+``{"v": 1, "node": k, "mac": hex(HMAC-SHA256(token, "stalwart-watch-v1" + nonce + k))}``,
+then the connection stays open and silent until the client closes it on purpose, which it
+announces with one byte ``B`` (docs/wire-protocol.md). A connection that fails the
+handshake is dropped and ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["PeerWatch"]
+
+_VERSION = 1
+_TAG = b"stalwart-watch-v1"
+_HANDSHAKE_S = 5.0
+_BYE = b"B"  # sent before a deliberate close
+
+
+def _mac(token: bytes, nonce: bytes, node: int) -> str:
+    return hmac.new(token, _TAG + nonce + str(node).encode(), hashlib.sha256).hexdigest()
+
+
+class PeerWatch:
+    """Watch our ring predecessor's agent; keep our own connection to our successor.
+
+    ``store``/``root`` are the job's store and key root, ``live`` returns the live node
+    ids (from the membership), ``successor`` picks the ring successor among them."""
+
+    def __init__(
+        self,
+        store: Any,
+        root: str,
+        node: int,
+        token: bytes,
+        host: str,
+        live: Callable[[], set[int]],
+        successor: Callable[[int, set[int]], int | None],
+    ) -> None:
+        self.store = store
+        self.root = root
+        self.node = node
+        self.token = token
+        self.live = live
+        self.successor = successor
+        self.closed_at: dict[int, float] = {}  # node -> when its connection ended
+        self._listener = socket.create_server((host, 0))
+        self.address = f"{host}:{self._listener.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._out: socket.socket | None = None
+        self._out_node: int | None = None
+        self._next_tick = 0.0
+        threading.Thread(target=self._accept, name="stalwart-peerwatch", daemon=True).start()
+
+    def publish(self) -> None:
+        self.store.put(f"{self.root}/launch/watch-node{self.node}", self.address.encode())
+
+    # ------------------------------------------------------------ the watched side
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            node = self._handshake(conn)
+            if node is None:
+                return
+            conn.settimeout(None)
+            farewell = False
+            with contextlib.suppress(OSError):
+                while data := conn.recv(64):
+                    farewell |= _BYE in data  # a deliberate close, not a death
+            if not farewell and not self._stop.is_set():
+                self._peer_gone(node)
+
+    def _handshake(self, conn: socket.socket) -> int | None:
+        conn.settimeout(_HANDSHAKE_S)
+        nonce = os.urandom(16)
+        try:
+            conn.sendall(nonce)
+            line = b""
+            while not line.endswith(b"\n") and len(line) < 512:
+                piece = conn.recv(512 - len(line))
+                if not piece:
+                    return None
+                line += piece
+            hello = json.loads(line)
+            node = int(hello["node"])
+            ok = hello.get("v") == _VERSION and hmac.compare_digest(
+                str(hello["mac"]), _mac(self.token, nonce, node)
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return node if ok else None
+
+    def _peer_gone(self, node: int) -> None:
+        """The peer's process is gone unless it said goodbye: revoke its lease now.
+        Only a live member acts: a node that was itself fenced (stopped past its lease)
+        sees stale connection ends when it resumes and must not revoke anyone."""
+        with contextlib.suppress(Exception):
+            if self.store.get(f"{self.root}/members/node{self.node}") is None:
+                return
+            if self.store.get(f"{self.root}/agents-done/node{node}") is not None:
+                return
+            kv = self.store.get(f"{self.root}/members/node{node}")
+            if kv is None or not kv.lease:
+                return
+            self.closed_at[node] = time.time()
+            record = json.dumps({"by": self.node, "t": self.closed_at[node]}).encode()
+            self.store.put(f"{self.root}/watch-closed/node{node}", record)
+            self.store.revoke(kv.lease)
+
+    # ------------------------------------------------------------ the watching side
+    def tick(self, now: float) -> None:
+        """Keep one connection to our current ring successor (called from the agent's
+        poll; looks at the membership at most once a second)."""
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 1.0
+        with contextlib.suppress(Exception):
+            target = self.successor(self.node, self.live())
+            if target == self._out_node and self._out is not None:
+                return
+            self._drop()
+            if target is None:
+                return
+            kv = self.store.get(f"{self.root}/launch/watch-node{target}")
+            if kv is None:
+                return  # not published yet: next tick
+            host, port = kv.value.decode().rsplit(":", 1)
+            sock = socket.create_connection((host, int(port)), timeout=_HANDSHAKE_S)
+            try:
+                nonce = b""
+                while len(nonce) < 16:
+                    piece = sock.recv(16 - len(nonce))
+                    if not piece:
+                        raise OSError("watch listener closed during the handshake")
+                    nonce += piece
+                hello = {
+                    "v": _VERSION,
+                    "node": self.node,
+                    "mac": _mac(self.token, nonce, self.node),
+                }
+                sock.sendall(json.dumps(hello).encode() + b"\n")
+            except OSError:
+                sock.close()
+                raise
+            self._out, self._out_node = sock, target
+
+    def _drop(self) -> None:
+        """Close our connection deliberately (successor changed, or we leave)."""
+        if self._out is not None:
+            with contextlib.suppress(OSError):
+                self._out.sendall(_BYE)
+            with contextlib.suppress(OSError):
+                self._out.close()
+        self._out, self._out_node = None, None
+
+    def close(self) -> None:
+        """After the goodbye (``agents-done``) is written: our successor ignores the end."""
+        self._stop.set()
+        self._drop()
+        with contextlib.suppress(OSError):
+            self._listener.close()
