@@ -9,6 +9,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from stalwart.agent._elastic import elastic_lost_node
 from stalwart.agent.detect import find_hang
 
 if TYPE_CHECKING:
@@ -85,6 +86,9 @@ def adopt_lost_nodes(agent: Agent) -> None:
             w = agent.new_worker(rank, local, len(agent.workers), attached=attached)
             agent.workers[rank] = w
             adopted.append(w)
+        if agent.cfg.strategy == "elastic" and agent._attached():
+            elastic_lost_node(agent, node, adopted)
+            continue
         if agent.cfg.strategy == "restart" or not agent._attached():
             agent._restart_all(f"loss of node {node}", "node_loss")
             continue

@@ -34,6 +34,9 @@ class WorkerEnv:
     collective_timeout_s: float
     hang_ceiling_s: float
     agent_store: bool = False  # torchrun hosts the c10d store at MASTER_ADDR:MASTER_PORT
+    min_world: int = 1  # elastic: fewest members the job trains with
+    elastic_wait_s: float = 600.0  # elastic: how long to wait below min_world
+    incarnation: str = ""  # elastic: this process's life of its member slot (set by the agent)
 
     @property
     def managed(self) -> bool:
@@ -71,4 +74,7 @@ class WorkerEnv:
             collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "60")),
             hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
             agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
+            min_world=int(e.get("STALWART_MIN_WORLD", "1")),
+            elastic_wait_s=float(e.get("STALWART_ELASTIC_WAIT", "600")),
+            incarnation=e.get("STALWART_INCARNATION", ""),
         )

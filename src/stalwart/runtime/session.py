@@ -99,6 +99,11 @@ class Session:
         self._replicated = False
         self._phase = "starting"
         self._t_progress = time.time()
+        self._elastic: Any = None
+        if env.managed and env.strategy == "elastic":
+            from stalwart.runtime._elastic import Elastic
+
+            self._elastic = Elastic(self)
 
     # ------------------------------------------------------------ progress board
     def _publish(self, phase: str | None = None) -> None:
@@ -169,6 +174,24 @@ class Session:
 
         opt.step = step  # type: ignore[method-assign]
 
+    def use_batch(self, config: Any) -> None:
+        """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
+        resize the tracked loaders get the plan's per-rank batch and micro-batches and
+        the optimizers its LR scale (docs/data.md). Call after :meth:`track`."""
+        from stalwart.data import apply_plan, plan_batch
+        from stalwart.errors import ConfigError
+
+        if config.policy == "compatible" and self._elastic is not None:
+            raise ConfigError(
+                "batch policy 'compatible' needs standby members, which the elastic runtime "
+                "does not run yet; use 'exact' or 'nearest'"
+            )
+        config.validate(self.env.min_world, self.env.world_size)
+        if self._elastic is not None:
+            self._elastic.batch = config
+        else:
+            apply_plan(self._state, plan_batch(config, self.world_size), self.rank)
+
     @property
     def step_ok(self) -> bool:
         """False while the current step is failed (it will be discarded and redone)."""
@@ -195,6 +218,8 @@ class Session:
             self._fire_chaos(step)
             t0 = time.perf_counter()
             self._publish("step")
+            if self._elastic is not None:
+                self._elastic.before_step()
             yield step
             err = self.group.reset_step()
             if err is not None:
@@ -205,18 +230,21 @@ class Session:
             self._t_progress = time.time()
             self.acct.maybe_snapshot(step)
             self._publish()
+            if self._elastic is not None:
+                self._elastic.after_step(step)
 
     def _fire_chaos(self, step: int) -> None:
         import signal
 
-        for fault in self.plan.worker_faults(self.rank, step):
-            if self.ledger is None or not self.ledger.claim(fault, rank=self.rank, pid=os.getpid()):
+        member = self.env.rank  # chaos names members by their launch rank (elastic renumbers)
+        for fault in self.plan.worker_faults(member, step):
+            if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
                 continue
             if self.events is not None:
                 self.events.emit(
                     "fault_injected",
                     fault=fault.kind,
-                    domain={"rank": self.rank, "node": self.env.node_rank},
+                    domain={"rank": member, "node": self.env.node_rank},
                     spec=fault.text,
                 )
             if fault.kind == "kill":
@@ -229,6 +257,9 @@ class Session:
     # ------------------------------------------------------------ recovery
     def _join(self, min_generation: int) -> None:
         """Agree on a restore point at the current generation, restore, form the group."""
+        if self._elastic is not None:
+            self._elastic.join(min_generation)
+            return
         self._publish("recovering")
         t0 = time.perf_counter()
         snap = self._ckpt.snapshots
@@ -350,6 +381,8 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
+        if self._elastic is not None:
+            self._elastic.close()
         if self._ckpt is not None:
             # under `stalwart run` the agent owns the slots (a replacement needs them)
             self._ckpt.close(unlink_snapshots=not self.env.managed)
