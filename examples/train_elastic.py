@@ -92,7 +92,8 @@ def main() -> None:
         sess.log(loss=total)
         if trace is not None and sess.step_ok:
             rec = {"step": step, "gen": sess.generation, "world": sess.world_size}
-            rec |= {"rank": sess.rank, "loss": total, "samples": seen}
+            rec |= {"rank": sess.rank, "member": sess.env.rank, "pid": os.getpid()}
+            rec |= {"loss": total, "samples": seen}
             trace.write(json.dumps(rec) + "\n")
             trace.flush()
         if sess.rank == 0 and step % 100 == 0:

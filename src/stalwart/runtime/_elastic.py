@@ -454,6 +454,15 @@ class Elastic:
                 mine = decode_admit(None if kv is None else kv.value).get((self.member, self.inc))
                 if mine is not None:
                     break
+                if sess.store.get(keys.finished) is not None:
+                    sess.close()
+                    print(
+                        f"stalwart: member {self.member}: the job finished before it was "
+                        "admitted; exiting",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    raise SystemExit(0)
                 if time.monotonic() > deadline:
                     raise ElasticWaitError(
                         f"member {self.member} was not admitted within "
@@ -483,6 +492,12 @@ class Elastic:
                 transfers=len(results),
             )
         return int(gen)
+
+    def finished(self) -> None:
+        """The group trained to the end: joiners still waiting exit."""
+        if self.sess.rank == 0:
+            self.sess.store.put(self.keys.finished, b"1")
+        self.close()
 
     def close(self) -> None:
         if self.watcher is not None:

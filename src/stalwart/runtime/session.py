@@ -211,6 +211,8 @@ class Session:
         while True:
             if self.step >= total:
                 if self._finish(total):
+                    if self._elastic is not None:
+                        self._elastic.finished()
                     return
                 self._recover("finish barrier broken")
                 continue
