@@ -273,6 +273,7 @@ class Agent:
         strategy = cfg.strategy if self._attached() else "restart"
         if strategy == "elastic":
             if (why := job_failure(self)) is not None:
+                _say(why)
                 raise _RunFailed(why)
             elastic_recover(self, failed, cause)
             return

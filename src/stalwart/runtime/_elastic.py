@@ -412,8 +412,11 @@ class Elastic:
         self._grow = {"bytes": nbytes, "seconds": secs, "t0": t0}
 
     def _wait_generation(self, gen: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + 30.0  # rank 0 gives up first, and says why
         while self.sess.coord.generation() == gen:
+            kv = self.sess.store.get(self.keys.failed)
+            if kv is not None:
+                raise ElasticWaitError(kv.value.decode())
             if time.monotonic() > deadline:
                 raise TimeoutError(f"generation {gen} did not move on within {timeout_s:.0f}s")
             time.sleep(_POLL_S)

@@ -1,0 +1,122 @@
+"""Elastic pieces that need no launcher: the join point, the admission protocol's state
+transfer (bit for bit), the launch flags."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from stalwart.agent import LaunchConfig
+from stalwart.checkpoint import SnapshotConfig, Snapshotter
+from stalwart.cli.run import _range
+from stalwart.coordinator import MemoryStore
+from stalwart.errors import ConfigError
+from stalwart.runtime._elastic import Elastic
+from stalwart.runtime._joiners import JoinRequest, JoinWatcher, Keys, slot_digest
+from stalwart.transfer import SlotReceiver
+
+
+def test_survivors_at_one_live_step_need_no_restore() -> None:
+    infos = {
+        0: {"live": 28, "steps": [20]},
+        1: {"live": 28, "steps": [20]},
+        2: {"live": None, "steps": [28]},  # a joiner holding the transferred step
+    }
+    assert Elastic._target(infos, None) == (28, "live")
+
+
+def test_failed_step_falls_back_to_the_newest_common_snapshot() -> None:
+    infos = {0: {"live": None, "steps": [9, 18]}, 1: {"live": None, "steps": [9, 18]}}
+    assert Elastic._target(infos, None) == (18, "memory")
+    # one survivor completed the step the others failed: it rolls back with them
+    infos[1] = {"live": 19, "steps": [9, 18]}
+    assert Elastic._target(infos, None) == (18, "memory")
+    # a joiner that does not hold the live step forces the snapshot route
+    infos = {0: {"live": 30, "steps": [27]}, 1: {"live": None, "steps": [27]}}
+    assert Elastic._target(infos, None) == (27, "memory")
+
+
+@pytest.fixture
+def namespaces() -> Iterator[tuple[str, str]]:
+    tag = uuid.uuid4().hex[:8]
+    pair = (f"test-el-src-{tag}", f"test-el-dst-{tag}")
+    yield pair
+    for ns in pair:
+        shutil.rmtree(f"/dev/shm/stalwart-{ns}", ignore_errors=True)
+
+
+def _state(seed: int) -> dict[str, object]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    return {"model": model, "optimizer": opt}
+
+
+def test_joiner_receives_the_survivors_state_bit_for_bit(namespaces: tuple[str, str]) -> None:
+    src_ns, dst_ns = namespaces
+    token = b"t" * 32
+    store = MemoryStore()
+    keys = Keys("job")
+    survivor = Snapshotter(SnapshotConfig(src_ns))
+    joiner = Snapshotter(SnapshotConfig(dst_ns))
+    state = _state(0)
+    survivor.snapshot(state, 7)
+    store.put(keys.member(keys.alive, 3), b"inc1")
+    watcher = JoinWatcher(store, keys, token, survivor.directory, poll_s=0.01)
+    try:
+        with SlotReceiver(token) as rx:
+            host, port = rx.start()
+            req = JoinRequest(3, "inc1", host, port, dst_ns)
+            store.put(keys.member(keys.join, 3), req.encode())
+            deadline = time.monotonic() + 30
+            while not watcher.has_ready() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the prefetch runs while the survivor "trains"
+            assert watcher.take_ready() == [req]
+            survivor.snapshot(state, 8)  # the step boundary: the current step, sent again
+            watcher.send(req)
+            got = rx.wait_results(2, 10)
+        assert [r.step for r in got] == [7, 8] and all(r.ok for r in got)
+        joiner.reload()
+        assert joiner.steps() == [7, 8]
+        found = [(i, m) for i in range(2) if (m := survivor._slots[i].read_meta())]
+        src_slot = next(i for i, m in found if m.step == 8)
+        assert slot_digest(survivor.directory, src_slot) == slot_digest(
+            joiner.directory, got[-1].slot or 0
+        )
+        fresh = _state(1)
+        joiner.restore(fresh, step=8)
+        for a, b in zip(
+            state["model"].state_dict().values(),  # type: ignore[attr-defined]
+            fresh["model"].state_dict().values(),  # type: ignore[attr-defined]
+            strict=True,
+        ):
+            assert torch.equal(a, b)
+        # the joiner's next snapshot numbers itself after the received one
+        joiner.snapshot(fresh, 9)
+        assert joiner.latest() is not None and joiner.latest().step == 9  # type: ignore[union-attr]
+    finally:
+        watcher.close()
+        survivor.close(unlink=True)
+        joiner.close(unlink=True)
+
+
+def test_launch_ranges(tmp_path: object) -> None:
+    assert _range("2:4", "--nnodes") == (2, 4)
+    assert _range("3", "--nnodes") == (None, 3)
+    for bad in ("2:", ":4", "a", "2:4:6"):
+        with pytest.raises(ConfigError, match="MIN:MAX"):
+            _range(bad, "--nnodes")
+    script = __file__
+    cfg = LaunchConfig(script, nnodes=1, nproc_per_node=4, min_nproc_per_node=2, strategy="elastic")
+    assert (cfg.world_size, cfg.min_world) == (4, 2)
+    with pytest.raises(ConfigError, match="needs --strategy elastic"):
+        LaunchConfig(script, nproc_per_node=4, min_nproc_per_node=2)
+    with pytest.raises(ConfigError, match="1 <= MIN <= MAX"):
+        LaunchConfig(script, nproc_per_node=2, min_nproc_per_node=3, strategy="elastic")
