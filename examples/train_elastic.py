@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
+    p.add_argument("--ballast-mb", type=int, default=0, help="extra tracked state (MiB)")
     p.add_argument("--trace", default=None, help="directory for per-rank loss/sample traces")
     p.add_argument("--out", default=None, help="rank 0 saves the final parameters here")
     args = p.parse_args()
@@ -67,7 +68,12 @@ def main() -> None:
     model = DDP(TinyLM(args.vocab, args.dim, args.layers, args.seq))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = stalwart.data.loader(Sequences(args.samples, args.seq, args.vocab), args.micro_batch)
-    sess.track(model=model, optimizer=opt, loader=data)
+    extra = {}
+    if args.ballast_mb:  # more model state (frozen), so that a transfer has bytes to move
+        ballast = torch.nn.Module()
+        ballast.weight = torch.nn.Parameter(torch.zeros(args.ballast_mb << 18), False)
+        extra["ballast"] = ballast
+    sess.track(model=model, optimizer=opt, loader=data, **extra)
     sess.use_batch(BatchConfig(global_batch=args.global_batch, micro_batch=args.micro_batch))
     trace = None
     if args.trace:

@@ -303,9 +303,11 @@ class Snapshotter:
         found = latest_complete(self.directory, self.config.slots)
         return found[1] if found else None
 
-    def steps(self) -> list[int]:
-        """Steps held by complete slots, oldest first (after any background copy)."""
-        self.wait()
+    def steps(self, *, wait: bool = True) -> list[int]:
+        """Steps held by complete slots, oldest first (after any background copy; with
+        ``wait=False`` a copy in flight is not waited for and its slot not counted)."""
+        if wait:
+            self.wait()
         metas = (s.read_meta() for s in self._slots)
         return sorted({m.step for m in metas if m is not None})
 

@@ -39,6 +39,7 @@ from stalwart.runtime._joiners import (
     newest_digest,
     slot_digest,
 )
+from stalwart.runtime._live import LiveRollback
 from stalwart.runtime._memory import memory_steps, restore_memory_step
 from stalwart.runtime._rendezvous import choose
 
@@ -75,10 +76,17 @@ class Elastic:
         self.watcher: JoinWatcher | None = None
         self._grow: dict[str, Any] | None = None  # the resize in progress (rank 0)
         self._received: dict[str, Any] | None = None  # what this joiner was sent
+        self.live: LiveRollback | None = None
         sess.group.signal_slot = True
+
+    def tracked(self, state: dict[str, Any]) -> None:
+        """After ``Session.track``: guard schedulers, prepare live rollback."""
+        self.live = LiveRollback(state, lambda: self.sess.group.error is not None)
 
     # ------------------------------------------------------------ the step loop
     def before_step(self) -> None:
+        if self.live is not None:
+            self.live.capture(self.sess.step)
         self.clean_step = None
         w = self.watcher
         self.sess.group.signal = 1.0 if w is not None and w.has_ready() else 0.0
@@ -185,13 +193,16 @@ class Elastic:
         sess._publish("recovering")
         t0 = time.perf_counter()
         snap = sess._ckpt.snapshots
+        if self.clean_step is None and self.live is not None and self.live.rollback(sess.step):
+            self.clean_step = sess.step  # the failed step undone in memory
         while True:
             if not self.admitted and self._formed_before():
                 min_generation = max(min_generation, self._await_admission())
             info = {
                 "member": self.member,
                 "inc": self.inc,
-                "steps": memory_steps(snap),
+                # clean survivors need no snapshot: do not wait for one in flight
+                "steps": snap.steps(wait=self.clean_step is None),
                 "live": self.clean_step,
                 "done": sess.step,
                 "host": socket.gethostname(),
@@ -239,6 +250,7 @@ class Elastic:
             return
         if tier == "live" and self.clean_step == target:
             return  # a survivor at the join point: nothing to load
+        self.clean_step = None
         if target in memory_steps(snap):
             nbytes, tier = restore_memory_step(snap, sess._state, target), "memory"
         elif tier in ("memory", "peer", "live"):

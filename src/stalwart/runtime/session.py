@@ -160,6 +160,8 @@ class Session:
         for value in state.values():
             if isinstance(value, torch.optim.Optimizer):
                 self._ckpt.snapshots.guard(value)
+        if self._elastic is not None:
+            self._elastic.tracked(self._state)
         if self.env.persist_every != 0 and self.rank == 0:
             self._ckpt.persister.start()  # now, not at the first persist (process start)
         return self._state
