@@ -1,6 +1,7 @@
 """torchft's side of bench/elastic.py: two replica groups (one worker each) on gloo, the
 demo's transformer, replica 1 killed with SIGKILL at step 50; prints one JSON line with
-``survivor_stall_s``: from the kill to the end of the survivor's first step after it.
+``survivor_stall_s``: from the kill to the end of the survivor's first *committed* step
+after it (a step in flight at the kill ends without a commit).
 
 Runs the lighthouse in this process and each replica in a child (``--replica``). Needs
 torchft (0.2.0 measured) importable; imports it only here.
@@ -69,8 +70,9 @@ def replica(args: argparse.Namespace) -> None:
         loss = F.cross_entropy(ddp(x).reshape(-1, 128), y.reshape(-1))
         loss.backward()
         opt.step()
-        log.write(json.dumps({"t": time.time(), "step": manager.current_step()}) + "\n")
-        log.flush()
+        if manager.current_step() > step:  # committed (a failed step is not)
+            log.write(json.dumps({"t": time.time(), "step": manager.current_step()}) + "\n")
+            log.flush()
     manager.shutdown()
 
 

@@ -77,6 +77,7 @@ class Elastic:
         self._grow: dict[str, Any] | None = None  # the resize in progress (rank 0)
         self._received: dict[str, Any] | None = None  # what this joiner was sent
         self.live: LiveRollback | None = None
+        self._members: set[int] = set()  # the current group's members
         sess.group.signal_slot = True
 
     def tracked(self, state: dict[str, Any]) -> None:
@@ -223,6 +224,7 @@ class Elastic:
             self.admitted = True
             self.clean_step = sess.step
             if world < sess.env.min_world:
+                self._members = set(members)
                 self._wait_for_members(gen, rank, world)
                 min_generation = gen + 1
                 continue
@@ -288,6 +290,7 @@ class Elastic:
         sess = self.sess
         old = self.world
         sess.rank, sess.world_size, sess.generation = rank, world, gen
+        self._members = set(infos)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
         fields = self._apply_plan(rank, world)
         self.world = world
@@ -350,10 +353,14 @@ class Elastic:
     def _watch(self, leader: bool) -> None:
         if leader and self.watcher is None:
             snap = self.sess._ckpt.snapshots
-            self.watcher = JoinWatcher(self.sess.store, self.keys, self.token, snap.directory)
+            self.watcher = JoinWatcher(
+                self.sess.store, self.keys, self.token, snap.directory, members=self._members
+            )
         elif not leader and self.watcher is not None:
             self.watcher.close()
             self.watcher = None
+        if self.watcher is not None:
+            self.watcher.members = set(self._members)
 
     # ------------------------------------------------------------ growing
     def grow(self, step: int, *, need: int = 0) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,10 +92,18 @@ class JoinWatcher:
         token: bytes,
         source_dir: str,
         *,
+        members: set[int] | None = None,
         poll_s: float = 0.05,
+        gather_s: float = 2.0,
     ) -> None:
         self.store, self.keys, self.token, self.source_dir = store, keys, token, source_dir
         self.poll_s = poll_s
+        # members of the current group: any other live member is a joiner on its way, and
+        # the watcher holds the ready ones back (up to gather_s) so that they join together
+        self.members = set(members or ())
+        self.gather_s = gather_s
+        self._waiting = False
+        self._t_ready: float | None = None
         self._lock = threading.Lock()
         self._ready: dict[tuple[int, str], JoinRequest] = {}
         self._sent: set[tuple[int, str]] = set()
@@ -114,9 +123,12 @@ class JoinWatcher:
 
     def _poll(self) -> None:
         requests = self.store.range(self.keys.join).kvs
+        alive = alive_members(self.store, self.keys)
+        with self._lock:
+            joining = set(alive) - self.members - {m for m, _ in self._ready}
+            self._waiting = bool(joining)
         if not requests:
             return
-        alive = alive_members(self.store, self.keys)
         done: dict[tuple[int, str], JoinRequest] = {}
         for kv in requests:
             try:
@@ -138,6 +150,10 @@ class JoinWatcher:
         with self._lock:  # joiners that asked together are admitted together
             self._sent |= done.keys()
             self._ready.update(done)
+            if done and self._t_ready is None:
+                self._t_ready = time.monotonic()
+            joining = set(alive) - self.members - {m for m, _ in self._ready}
+            self._waiting = bool(joining)
 
     def send(self, req: JoinRequest) -> SendResult:
         result = send_slot((req.host, req.port), self.token, self.source_dir, req.namespace)
@@ -146,14 +162,20 @@ class JoinWatcher:
         return result
 
     def has_ready(self) -> bool:
+        """Joiners are prefetched and no other joiner is on its way (or the first ready
+        one has waited ``gather_s`` for the others)."""
         with self._lock:
-            return bool(self._ready)
+            if not self._ready:
+                return False
+            waited = time.monotonic() - (self._t_ready or 0.0)
+            return not self._waiting or waited >= self.gather_s
 
     def take_ready(self) -> list[JoinRequest]:
         """The joiners prefetched so far (they are handed over once)."""
         with self._lock:
             out = list(self._ready.values())
             self._ready.clear()
+            self._t_ready = None
             return out
 
     def forget(self, req: JoinRequest) -> None:
