@@ -469,7 +469,9 @@ class Elastic:
         with SlotReceiver(self.token) as rx:
             host, port = rx.start()
             req = JoinRequest(self.member, self.inc, host, port, snap.config.namespace)
-            sess.store.put(keys.member(keys.join, self.member), req.encode())
+            key = keys.member(keys.join, self.member)
+            sess.store.put(key, req.encode())
+            polls = 0
             while True:
                 gen = sess.coord.generation()
                 kv = sess.store.get(keys.gen(keys.admit, gen))
@@ -485,6 +487,13 @@ class Elastic:
                         flush=True,
                     )
                     raise SystemExit(0)
+                polls += 1
+                if polls % 20 == 0 and sess.store.get(key) is None:
+                    # admitted into a generation that a failure overtook: ask again
+                    req = JoinRequest(
+                        req.member, req.inc, req.host, req.port, req.namespace, req.attempt + 1
+                    )
+                    sess.store.put(key, req.encode())
                 if time.monotonic() > deadline:
                     raise ElasticWaitError(
                         f"member {self.member} was not admitted within "
@@ -492,6 +501,7 @@ class Elastic:
                     )
                 time.sleep(0.01)
             results = [r for r in rx.results() if r.ok]
+            sess.store.delete(key)  # a request put again meanwhile must not be served
         snap.reload()
         got = [r for r in results if r.step == mine["step"]]
         if not got or got[-1].slot is None:

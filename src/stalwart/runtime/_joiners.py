@@ -41,6 +41,7 @@ class JoinRequest:
     host: str
     port: int
     namespace: str
+    attempt: int = 0  # a joiner asks again when it missed its admission (a failure followed)
 
     def encode(self) -> bytes:
         doc = {"v": _VERSION, **self.__dict__}
@@ -55,7 +56,7 @@ class JoinRequest:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             raise ValueError("port must be an integer in 1..65535")
         member, inc, host, ns = int(d["member"]), str(d["inc"]), str(d["host"]), str(d["namespace"])
-        return JoinRequest(member, inc, host, port, ns)
+        return JoinRequest(member, inc, host, port, ns, int(d.get("attempt", 0)))
 
 
 def slot_digest(directory: str, slot: int) -> tuple[int, str]:
@@ -106,8 +107,7 @@ class JoinWatcher:
         self._t_ready: float | None = None
         self._lock = threading.Lock()
         self._ready: dict[tuple[int, str], JoinRequest] = {}
-        self._sent: set[tuple[int, str]] = set()
-        self._failures: dict[tuple[int, str], int] = {}
+        self._sent: set[tuple[int, str, int]] = set()
         self.bytes_sent = 0
         self.seconds = 0.0
         self._stop = threading.Event()
@@ -129,27 +129,26 @@ class JoinWatcher:
             self._waiting = bool(joining)
         if not requests:
             return
-        done: dict[tuple[int, str], JoinRequest] = {}
+        done: dict[tuple[int, str, int], JoinRequest] = {}
         for kv in requests:
             try:
                 req = JoinRequest.decode(kv.value)
             except (ValueError, KeyError, TypeError) as err:
                 _log.warning("join request %s skipped: %s", kv.key, err)
                 continue
-            key = (req.member, req.inc)
+            key = (req.member, req.inc, req.attempt)
             if alive.get(req.member) != req.inc or key in self._sent or self._stop.is_set():
                 continue
             try:
                 result = self.send(req)
             except TransferError as err:
-                self._failures[key] = self._failures.get(key, 0) + 1
                 _log.warning("state for joining member %d not sent: %s", req.member, err)
                 continue
             done[key] = req
             _log.debug("prefetched step %d to member %d", result.step, req.member)
         with self._lock:  # joiners that asked together are admitted together
             self._sent |= done.keys()
-            self._ready.update(done)
+            self._ready.update({(r.member, r.inc): r for r in done.values()})
             if done and self._t_ready is None:
                 self._t_ready = time.monotonic()
             joining = set(alive) - self.members - {m for m, _ in self._ready}
@@ -181,7 +180,7 @@ class JoinWatcher:
     def forget(self, req: JoinRequest) -> None:
         """A joiner that was not admitted after all: prefetch it again next time."""
         with self._lock:
-            self._sent.discard((req.member, req.inc))
+            self._sent.discard((req.member, req.inc, req.attempt))
 
     def close(self) -> None:
         self._stop.set()
