@@ -81,13 +81,9 @@ class LaunchConfig:
             (self.min_nnodes, self.nnodes, "--nnodes"),
             (self.min_nproc_per_node, self.nproc_per_node, "--nproc-per-node"),
         ):
+            # other strategies keep the world size at MAX (torchrun's flags stay accepted)
             if low is not None and not 1 <= low <= high:
                 raise ConfigError(f"{flag} {low}:{high}: need 1 <= MIN <= MAX")
-            if low is not None and low != high and self.strategy != "elastic":
-                raise ConfigError(
-                    f"{flag} {low}:{high}: a range needs --strategy elastic (the other "
-                    "strategies keep the world size; give one number)"
-                )
         if self.elastic_wait_s <= 0:
             raise ConfigError("--elastic-wait must be > 0 seconds")
         if not self.job or "/" in self.job:
