@@ -93,10 +93,23 @@ def run_job(work: Path, strategy: str, args: argparse.Namespace) -> list[dict[st
         str(args.ballast_mb),
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, cwd=work, env=env, timeout=args.timeout, capture_output=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.decode(errors="replace")[-2000:]
-        raise SystemExit(f"{strategy} run failed (rc {proc.returncode}):\n{tail}")
+    log = open(work / f"{strategy}.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        rc = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the agent cleans up its workers and shared memory
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        rc = -1
+    finally:
+        log.close()
+    if rc != 0:
+        args.keep = True
+        raise SystemExit(f"{strategy} run failed (rc {rc}); see {run_dir} and {log.name}")
     return _events(run_dir)
 
 
