@@ -41,6 +41,16 @@ def test_failed_step_falls_back_to_the_newest_common_snapshot() -> None:
     assert Elastic._target(infos, None) == (27, "memory")
 
 
+def test_joiners_copy_the_survivors_step_when_none_is_common() -> None:
+    # a survivor failed the boundary step the others completed while a joiner came in
+    infos = {
+        0: {"live": 28, "steps": [24, 28], "done": 28, "replicated": True},
+        1: {"live": 27, "steps": [18, 24], "done": 27, "replicated": True},
+        2: {"live": None, "steps": [26, 28], "done": 0, "replicated": True},  # joiner
+    }
+    assert Elastic._target(infos, None) == (24, "peer")
+
+
 @pytest.fixture
 def namespaces() -> Iterator[tuple[str, str]]:
     tag = uuid.uuid4().hex[:8]

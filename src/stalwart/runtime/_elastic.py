@@ -186,7 +186,21 @@ class Elastic:
             live = lives.pop()
             if all(i.get("live") == live or live in i.get("steps", []) for i in infos.values()):
                 return live, "live"
-        return choose(list(infos.values()), disk, use_memory=True)
+        target, tier = choose(list(infos.values()), disk, use_memory=True)
+        if tier in ("memory", "peer"):
+            return target, tier
+        # no step common to all: the joiners' transferred step may be none of the
+        # survivors'; take the survivors' newest common one, joiners copy it from a peer
+        survivors = [i for i in infos.values() if i.get("done") or i.get("live") is not None]
+        if (
+            survivors
+            and len(survivors) < len(infos)
+            and all(i.get("replicated") for i in infos.values())
+        ):
+            common, how = choose(survivors, None, use_memory=True)
+            if how == "memory":
+                return common, "peer"
+        return target, tier
 
     # ------------------------------------------------------------ joining
     def join(self, min_generation: int) -> None:
