@@ -485,7 +485,7 @@ class Elastic:
             req = JoinRequest(self.member, self.inc, host, port, snap.config.namespace)
             key = keys.member(keys.join, self.member)
             sess.store.put(key, req.encode())
-            polls = 0
+            polls, prepared = 0, False
             while True:
                 gen = sess.coord.generation()
                 kv = sess.store.get(keys.gen(keys.admit, gen))
@@ -502,6 +502,12 @@ class Elastic:
                     )
                     raise SystemExit(0)
                 polls += 1
+                first = next((r for r in rx.results() if r.ok), None)
+                if first is not None and not prepared:
+                    # the prefetch told the size: fault in the other slot now, so that
+                    # the transfer at the step boundary (the survivors' stall) is warm
+                    rx.prepare(snap.config.namespace, first.nbytes)
+                    prepared = True
                 if polls % 20 == 0 and sess.store.get(key) is None:
                     # admitted into a generation that a failure overtook: ask again
                     req = JoinRequest(
