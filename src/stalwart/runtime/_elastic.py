@@ -47,13 +47,31 @@ if TYPE_CHECKING:
     from stalwart.data import BatchConfig
     from stalwart.runtime.session import Session
 
-__all__ = ["Elastic", "ElasticWaitError"]
+__all__ = ["Elastic", "ElasticWaitError", "use_batch"]
 
 _POLL_S = 0.003
 
 
 class ElasticWaitError(StalwartError):
     """The job has fewer members than its minimum and none joined in time."""
+
+
+def use_batch(sess: Session, config: BatchConfig) -> None:
+    """``Session.use_batch``: validate the policy for the job's world range; the elastic
+    runtime applies it after every formation, a fixed-size job once now."""
+    from stalwart.data import apply_plan, plan_batch
+    from stalwart.errors import ConfigError
+
+    if config.policy == "compatible" and sess._elastic is not None:
+        raise ConfigError(
+            "batch policy 'compatible' needs standby members, which the elastic runtime "
+            "does not run yet; use 'exact' or 'nearest'"
+        )
+    config.validate(sess.env.min_world, sess.env.world_size)
+    if sess._elastic is not None:
+        sess._elastic.batch = config
+    else:
+        apply_plan(sess._state, plan_batch(config, sess.world_size), sess.rank)
 
 
 Roster = list[tuple[int, str]]

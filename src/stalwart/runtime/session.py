@@ -180,19 +180,9 @@ class Session:
         """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
         resize the tracked loaders get the plan's per-rank batch and micro-batches and
         the optimizers its LR scale (docs/data.md). Call after :meth:`track`."""
-        from stalwart.data import apply_plan, plan_batch
-        from stalwart.errors import ConfigError
+        from stalwart.runtime._elastic import use_batch
 
-        if config.policy == "compatible" and self._elastic is not None:
-            raise ConfigError(
-                "batch policy 'compatible' needs standby members, which the elastic runtime "
-                "does not run yet; use 'exact' or 'nearest'"
-            )
-        config.validate(self.env.min_world, self.env.world_size)
-        if self._elastic is not None:
-            self._elastic.batch = config
-        else:
-            apply_plan(self._state, plan_batch(config, self.world_size), self.rank)
+        use_batch(self, config)
 
     @property
     def step_ok(self) -> bool:
