@@ -9,14 +9,14 @@ into that generation. Ranks are the roster's order, dense from 0; the world size
 length.
 
 Shrink: a survivor whose step failed bumps the generation (as under ``flash``) and the
-survivors agree on the newest step they all hold in memory (the agents drop the dead
-member from ``el/alive`` within the crash-detection latency), restore it, renumber,
-rebuild the group and go on: nobody waits for a replacement. Grow: see
+survivors undo the failed step in memory (:mod:`stalwart.runtime._live`) and agree on
+the last step every member completed (else the newest step they all hold in memory; the
+agents drop the dead member from ``el/alive`` within the crash-detection latency),
+renumber, rebuild the group and go on: nobody waits for a replacement. Grow: see
 :mod:`stalwart.runtime._joiners`; the survivors stop at one step boundary, where their
 live state *is* the join point (no restore), for a snapshot, the second transfer and the
 group's re-formation (the roster and the admission: :mod:`stalwart.runtime._membership`).
-After every formation the batch plan (``Session.use_batch``) is
-recomputed and applied (loader resharded, micro-batches, LR scale) and rank 0 writes a
+After every formation the batch plan (``Session.use_batch``) is recomputed and applied (loader resharded, micro-batches, LR scale) and rank 0 writes a
 ``resize`` event when the world size changed.
 """
 
