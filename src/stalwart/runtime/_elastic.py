@@ -16,8 +16,9 @@ renumber, rebuild the group and go on: nobody waits for a replacement. Grow: see
 :mod:`stalwart.runtime._joiners`; the survivors stop at one step boundary, where their
 live state *is* the join point (no restore), for a snapshot, the second transfer and the
 group's re-formation (the roster and the admission: :mod:`stalwart.runtime._membership`).
-After every formation the batch plan (``Session.use_batch``) is recomputed and applied (loader resharded, micro-batches, LR scale) and rank 0 writes a
-``resize`` event when the world size changed.
+After every formation the batch plan (``Session.use_batch``) is recomputed and applied
+(loader resharded, micro-batches, LR scale) and rank 0 writes a ``resize`` event when
+the world size changed.
 """
 
 from __future__ import annotations
