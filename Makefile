@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo demo-elastic test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ setup: $(STAMP)
 
 demo: setup
 	$(PY) examples/demo.py
+
+demo-elastic: setup
+	$(PY) examples/demo.py --elastic
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

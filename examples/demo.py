@@ -1,5 +1,10 @@
 """`make demo`: 2 nodes x 2 workers, a kill, a hang and a node loss, recovered by flash.
 
+`make demo-elastic` (``--elastic``): the same cluster under ``--strategy elastic`` with a
+constant global batch (examples/train_elastic.py): a worker lost for good, node 1 lost
+for good, then node 1 joining again: 4 -> 3 -> 1 -> 3 workers, no survivor restarted;
+the loss curve is compared with a fixed 4-worker run (examples/demo_elastic.py).
+
 Runs the job of examples/train_lm.py twice as two `stalwart run` agents on loopback
 (one per node): once without faults (cached under runs/demo/ once computed) and once
 with chaos. Prints one line per incident (detection latency, RTO, steps lost, where the
@@ -37,7 +42,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(run_dir: Path, train_args: list[str], chaos: str | None, out: Path) -> float:
+def run_job(
+    run_dir: Path,
+    train_args: list[str],
+    chaos: str | None,
+    out: Path,
+    *,
+    example: Path = EXAMPLE,
+    launch: tuple[str, ...] = ("--nnodes", "2", "--nproc-per-node", "2", "--strategy", "flash"),
+) -> float:
     """Two agents (node 0 and node 1) on loopback; returns the wall time."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -47,10 +60,7 @@ def run_job(run_dir: Path, train_args: list[str], chaos: str | None, out: Path) 
         "-m",
         "stalwart.cli.main",
         "run",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "2",
+        *launch,
         "--rdzv-endpoint",
         f"127.0.0.1:{_free_port()}",
         "--rdzv-id",
@@ -60,8 +70,6 @@ def run_job(run_dir: Path, train_args: list[str], chaos: str | None, out: Path) 
         "--redirect",
         "--node-lease",
         "2",
-        "--strategy",
-        "flash",
         "--max-restarts",
         "3",
     ]
@@ -71,7 +79,7 @@ def run_job(run_dir: Path, train_args: list[str], chaos: str | None, out: Path) 
     procs = []
     for node in (0, 1):
         log = open(run_dir / f"agent{node}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [*common, "--node-rank", str(node), str(EXAMPLE), *train_args]
+        cmd = [*common, "--node-rank", str(node), str(example), *train_args]
         if node == 0:
             cmd += ["--out", str(out)]
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
@@ -138,7 +146,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "demo"))
     p.add_argument("--fresh", action="store_true", help="recompute the fault-free run")
+    p.add_argument("--elastic", action="store_true", help="the elastic demo (make demo-elastic)")
     args = p.parse_args()
+    if args.elastic:
+        from demo_elastic import main as elastic_main
+
+        return elastic_main(args, run_job)
     s = args.steps
     chaos = (
         f"kill rank=1 at=step:{s // 4}; hang rank=2 at=step:{s // 2}; "

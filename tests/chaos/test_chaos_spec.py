@@ -51,3 +51,40 @@ def test_ledger_fires_once(tmp_path: object) -> None:
     assert not ledger.claim(plan.faults[0], rank=0, pid=456)
     assert ledger.fired_at(pid=123) is not None
     assert ledger.fired_at(pid=456) is None
+
+
+def test_permanent_kill_and_join_parse() -> None:
+    plan = FaultPlan.parse(
+        "kill rank=3 at=step:15 permanent; kill node=1 at=time:30s permanent; "
+        "join node=1 at=step:40; join rank=3 at=time:2s"
+    )
+    kill, node, join_node, join_rank = plan.faults
+    assert kill.permanent and node.permanent and not join_node.permanent
+    assert (join_node.kind, join_node.node, join_node.at_step) == ("join", 1, 40)
+    assert plan.worker_faults(3, 15) == [kill]
+    assert plan.worker_faults(3, 40) == []  # a join is the agent's, never the worker's
+    assert join_rank in plan.agent_faults(1, [2, 3])  # the member's own node
+    assert join_node in plan.agent_faults(0, [0, 1])  # node 0 adopts lost nodes' members
+    assert FaultPlan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize(
+    ("spec", "token"),
+    [
+        ("hang rank=1 at=step:3 permanent", "'permanent'"),
+        ("kill rank=1 at=step:3 permanent permanent", "given twice"),
+        ("join rank=1 factor=2 at=step:3", "'factor=2'"),
+        ("join at=step:3", "exactly one target"),
+    ],
+)
+def test_bad_elastic_specs_name_the_token(spec: str, token: str) -> None:
+    with pytest.raises(ChaosSpecError, match=token):
+        FaultPlan.parse(spec)
+
+
+def test_ledger_tells_permanent_faults(tmp_path: object) -> None:
+    ledger = FaultLedger(str(tmp_path))
+    kill, other = FaultPlan.parse("kill rank=3 at=step:1 permanent; kill rank=2 at=step:1").faults
+    assert ledger.claim(kill, rank=3, pid=111) and ledger.claim(other, rank=2, pid=222)
+    assert ledger.permanent(pid=111) and not ledger.permanent(pid=222)
+    assert not ledger.permanent(node=1)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stalwart.checkpoint._shm import latest_complete
+from stalwart.checkpoint._shm import SlotFiles, latest_complete
 from stalwart.checkpoint.format import checksum
 from stalwart.coordinator import wire
 from stalwart.transfer import (
@@ -20,6 +20,7 @@ from stalwart.transfer import (
     SlotReceiver,
     SourceChangedError,
     TransferAuthError,
+    TransferError,
     TransferProtocolError,
     _wire,
     send_slot,
@@ -345,3 +346,20 @@ def test_joiner_state_equals_the_survivors_bit_for_bit(
     finally:
         src.close()
         dst.close()
+
+
+def test_prepare_faults_in_free_slots_and_keeps_complete_ones(
+    token: bytes, spaces: Spaces, receiver: SlotReceiver
+) -> None:
+    data = bytes(range(256)) * 64
+    write_slot(spaces.src_dir, 0, seq=3, data=data, step=5)
+    first = send_slot(receiver.address, token, spaces.src_dir, spaces.dst)
+    receiver.prepare(spaces.dst, len(data))
+    other = SlotFiles(spaces.dst_dir, 1 - first.slot)
+    assert os.path.getsize(other.data_path) == len(data)  # allocated before it is needed
+    meta, received = read_slot(spaces.dst_dir, first.slot)
+    assert meta is not None and meta.step == 5 and received == data  # untouched
+    receiver.prepare(spaces.dst, 16)  # smaller: never shrinks a file
+    assert read_slot(spaces.dst_dir, first.slot)[1] == data
+    with pytest.raises(TransferError, match="max_bytes"):
+        receiver.prepare(spaces.dst, 1 << 40)

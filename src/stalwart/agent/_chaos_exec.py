@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from stalwart.agent._elastic import elastic_join
 from stalwart.chaos import Fault, FaultPlan
 from stalwart.errors import StalwartError
 
@@ -44,7 +45,8 @@ class AgentChaos:
         return any(
             board.read(w.slot).step >= fault.at_step
             for w in self.agent.workers.values()
-            if w.state == "running" and (fault.rank is None or fault.rank == w.rank)
+            if w.state == "running"
+            and (fault.rank is None or fault.kind == "join" or fault.rank == w.rank)
         )
 
     def poll_requests(self) -> None:
@@ -88,6 +90,8 @@ class AgentChaos:
 
     def _fire(self, fault: Fault) -> bool:
         agent = self.agent
+        if fault.kind == "join":
+            return elastic_join(agent, fault)
         if fault.node is not None:
             return self._fire_node(fault)
         assert fault.rank is not None
@@ -110,7 +114,12 @@ class AgentChaos:
         """Node loss: every worker, the zygote and this agent die at once, without a
         goodbye; the other nodes see it as a lease expiry (and closed sockets)."""
         agent = self.agent
-        if not agent.ledger.claim_id(str(fault.id), {"kind": fault.kind, "node": fault.node}):
+        record: dict[str, object] = {
+            "kind": fault.kind,
+            "node": fault.node,
+            "permanent": fault.permanent,
+        }
+        if not agent.ledger.claim_id(str(fault.id), record):
             return True
         self._emit(fault, None)
         live = [w for w in agent.workers.values() if w.pid and w.state == "running"]

@@ -51,6 +51,8 @@ def worker_env(
             "STALWART_NODE_RANK": str(cfg.node_rank),
             "STALWART_PROGRESS_SLOT": str(spec.slot),
             "STALWART_HANG_CEILING": str(cfg.hang.ceiling_s),
+            "STALWART_MIN_WORLD": str(cfg.min_world),
+            "STALWART_ELASTIC_WAIT": str(cfg.elastic_wait_s),
             **cfg.runtime.env(),
             **extra,
         }

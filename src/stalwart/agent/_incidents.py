@@ -10,6 +10,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from stalwart.agent._elastic import elastic_lost_node
 from stalwart.agent.detect import find_hang
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ def adopt_lost_nodes(agent: Agent) -> None:
                 message=f"ranks {sorted(taken)} of node {node} take over their replicas "
                 f"(steps {sorted(set(taken.values()))}) from this node's memory",
             )
+        if agent.cfg.strategy == "elastic" and agent._attached():
+            elastic_lost_node(agent, node, adopted)
+            continue
         if agent.cfg.strategy == "restart" or not agent._attached():
             agent._restart_all(f"loss of node {node}", "node_loss")
             continue

@@ -24,6 +24,7 @@ from typing import Any
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
+from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, pending_joins
 from stalwart.agent._env import WorkerSpec, worker_env
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
@@ -44,10 +45,11 @@ class _Worker:
     local: int  # LOCAL_RANK
     slot: int  # progress-board index
     pid: int = 0
-    state: str = "starting"  # starting | running | done | dead
+    state: str = "starting"  # starting | running | done | dead | gone (left for good)
     cause: str = ""  # why the agent killed it: hang | restart | chaos | shutdown
     attached: bool = False  # its script runs the stalwart runtime (sticky across restarts)
     t_spawn: float = 0.0
+    incarnation: str = ""  # elastic: this process's life of the member slot
 
 
 def _free_port() -> int:
@@ -173,6 +175,7 @@ class Agent:
                 "STALWART_PROGRESS": self._board.path if self._board else "",
                 "STALWART_CHAOS_PLAN": self.plan_path,
                 **self.cluster.worker_env(),
+                **elastic_env(self, w),
             },
         )
         log = None
@@ -275,6 +278,12 @@ class Agent:
             self.coord.unblock(member)  # a rank is a slot, not a machine: start it afresh
         # plain scripts (no stalwart runtime) cannot re-form in place: torchrun's route
         strategy = cfg.strategy if self._attached() else "restart"
+        if strategy == "elastic":
+            if (why := job_failure(self)) is not None:
+                _say(why)
+                raise _RunFailed(why)
+            elastic_recover(self, failed, cause)
+            return
         node = f"node{cfg.node_rank}"
         if strategy != "restart" and cfg.node_rank != 0 and self.coord.record_failure(node, cause):
             # this machine keeps failing: take it out; node 0 adopts its ranks
@@ -362,7 +371,9 @@ class Agent:
             while True:
                 for msg in self._zygote.events(self.cfg.monitor_interval_s):
                     self._on_message(msg)
-                if all(w.state == "done" for w in self.workers.values()):
+                if all(w.state in ("done", "gone") for w in self.workers.values()) and not (
+                    self.cfg.strategy == "elastic" and pending_joins(self)
+                ):
                     self.status = "ok"
                     return 0
                 now = time.time()

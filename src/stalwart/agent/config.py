@@ -11,7 +11,7 @@ from stalwart.errors import ConfigError
 
 __all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
 
-STRATEGIES = ("restart", "flash", "spare")
+STRATEGIES = ("restart", "flash", "spare", "elastic")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,11 @@ class LaunchConfig:
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
     start_timeout_s: float = 120.0
+    # elastic (--nnodes/--nproc-per-node MIN:MAX): the job trains with at least
+    # min_nnodes x min_nproc_per_node workers; below that it waits up to elastic_wait_s
+    min_nnodes: int | None = None
+    min_nproc_per_node: int | None = None
+    elastic_wait_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -90,12 +95,30 @@ class LaunchConfig:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0 serves it)")
         if not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
+        for low, high, flag in (
+            (self.min_nnodes, self.nnodes, "--nnodes"),
+            (self.min_nproc_per_node, self.nproc_per_node, "--nproc-per-node"),
+        ):
+            # other strategies keep the world size at MAX (torchrun's flags stay accepted)
+            if low is not None and not 1 <= low <= high:
+                raise ConfigError(f"{flag} {low}:{high}: need 1 <= MIN <= MAX")
+        if self.elastic_wait_s <= 0:
+            raise ConfigError("--elastic-wait must be > 0 seconds")
         if not self.job or "/" in self.job:
             raise ConfigError(f"--rdzv-id {self.job!r}: use a non-empty name without '/'")
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def min_world(self) -> int:
+        """Fewest workers the job trains with (elastic); the full size otherwise."""
+        nodes = self.min_nnodes if self.min_nnodes is not None else self.nnodes
+        procs = self.min_nproc_per_node
+        if procs is None:
+            procs = self.nproc_per_node
+        return nodes * procs if self.strategy == "elastic" else self.world_size
 
     @property
     def local_ranks(self) -> list[int]:

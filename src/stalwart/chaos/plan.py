@@ -22,7 +22,7 @@ __all__ = ["Fault", "FaultLedger", "FaultPlan"]
 @dataclass(frozen=True)
 class Fault:
     id: int
-    kind: str  # kill | hang | slow
+    kind: str  # kill | hang | slow | join
     text: str  # the spec fragment, for events
     rank: int | None = None
     node: int | None = None
@@ -31,6 +31,7 @@ class Fault:
     factor: float = 1.0
     duration: float | None = None  # seconds (slow, hang)
     steps: int | None = None  # slow: number of steps
+    permanent: bool = False  # kill: the member is not started again (elastic)
 
     @property
     def domain(self) -> dict[str, int | None]:
@@ -64,13 +65,18 @@ class FaultPlan:
 
     def worker_faults(self, rank: int, step: int) -> list[Fault]:
         """Faults the worker of ``rank`` fires itself when it begins ``step``."""
-        return [f for f in self.faults if f.rank == rank and f.at_step == step]
+        return [f for f in self.faults if f.rank == rank and f.at_step == step and f.kind != "join"]
 
     def agent_faults(self, node: int, ranks: list[int]) -> list[Fault]:
         """Faults the agent of ``node`` (hosting ``ranks``) fires: time-keyed rank
-        faults of its ranks and every fault on the node itself."""
+        faults of its ranks, joins of its ranks, every fault on the node itself, and
+        (node 0, which adopts the members of lost nodes) the joins of other nodes."""
         return [
-            f for f in self.faults if f.node == node or (f.rank in ranks and f.at_time is not None)
+            f
+            for f in self.faults
+            if f.node == node
+            or (f.rank in ranks and (f.at_time is not None or f.kind == "join"))
+            or (node == 0 and f.kind == "join")
         ]
 
 
@@ -88,7 +94,13 @@ class FaultLedger:
 
     def claim(self, fault: Fault, *, rank: int | None = None, pid: int | None = None) -> bool:
         """Record ``fault`` as fired now; False if it already was."""
-        return self.claim_id(str(fault.id), {"kind": fault.kind, "rank": rank, "pid": pid})
+        record: dict[str, object] = {
+            "kind": fault.kind,
+            "rank": rank,
+            "pid": pid,
+            "permanent": fault.permanent,
+        }
+        return self.claim_id(str(fault.id), record)
 
     def claim_id(self, key: str, record: dict[str, object]) -> bool:
         try:
@@ -110,6 +122,16 @@ class FaultLedger:
                     ):
                         out[name[6:-5]] = json.load(f)
         return out
+
+    def permanent(self, *, pid: int | None = None, node: int | None = None) -> bool:
+        """Was the fault fired on process ``pid`` (or on ``node``) a permanent one?"""
+        for rec in self.fired().values():
+            mine = (pid is not None and rec.get("pid") == pid) or (
+                node is not None and rec.get("node") == node
+            )
+            if mine and rec.get("permanent"):
+                return True
+        return False
 
     def fired_at(self, *, pid: int) -> float | None:
         """When a fault was fired on process ``pid`` (None if none was)."""

@@ -7,6 +7,13 @@ fault takes the whole node: its agent and workers). Trigger: ``at=step:N`` (when
 target begins step N) or ``at=time:DURATION`` (seconds after the run started; ``40s``,
 ``1.5m``, ``250ms``).
 
+Elastic runs (``--strategy elastic``) add ``permanent`` to ``kill`` (``kill rank=3
+at=step:15 permanent``: the member is not started again, the job goes on smaller) and
+the fault ``join`` (``join node=1 at=step:40``, ``join rank=3 at=time:30s``): the member
+(or every member of the node) is started again and admitted at the next step boundary.
+``rank`` names a member by the rank it was launched with (ranks are renumbered densely
+after a resize).
+
 Errors are one line that quotes the bad token and says what would be accepted, because
 a spec is typed on a command line and the fix is a one-word edit.
 """
@@ -19,12 +26,14 @@ from stalwart.errors import ConfigError
 
 __all__ = ["FAULT_KINDS", "ChaosSpecError", "parse_duration", "parse_spec"]
 
-FAULT_KINDS = ("kill", "hang", "slow")
+FAULT_KINDS = ("kill", "hang", "slow", "join")
 _KEYS = {
     "kill": {"rank", "node", "at"},
     "hang": {"rank", "node", "at", "for"},
     "slow": {"rank", "node", "at", "factor", "for", "steps"},
+    "join": {"rank", "node", "at"},
 }
+_FLAGS = {"kill": {"permanent"}}  # bare words
 _DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)?$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -64,11 +73,16 @@ def parse_spec(spec: str) -> list[dict[str, object]]:
             raise _bad(spec, kind, f"unknown fault; use one of {', '.join(FAULT_KINDS)}")
         rec: dict[str, object] = {"id": index, "kind": kind, "text": part}
         for token in tokens[1:]:
+            if token in _FLAGS.get(kind, ()):
+                if token in rec:
+                    raise _bad(spec, token, f"{token} given twice in one fault")
+                rec[token] = True
+                continue
             key, sep, value = token.partition("=")
             if not sep or not value:
                 raise _bad(spec, token, "expected key=value, e.g. rank=1")
             if key not in _KEYS[kind]:
-                allowed = ", ".join(sorted(_KEYS[kind]))
+                allowed = ", ".join(sorted(_KEYS[kind] | _FLAGS.get(kind, set())))
                 raise _bad(spec, token, f"{kind} takes {allowed}")
             if key in rec:
                 raise _bad(spec, token, f"{key}= given twice in one fault")

@@ -274,6 +274,15 @@ class Snapshotter:
         seqs = {s.index: self._slot_seq.get(s.index) for s in free}
         return min(free, key=lambda s: (seqs[s.index] is not None, seqs[s.index] or -1))
 
+    def reload(self) -> None:
+        """Re-read the slots' metadata after another process wrote into them (a state
+        transfer received into this namespace): the next snapshot then numbers itself
+        after the received one and never overwrites the newest complete slot."""
+        self.wait()
+        metas = [s.read_meta() for s in self._slots]
+        self._seq = max([self._seq, *(m.seq for m in metas if m is not None)])
+        self._slot_seq = {i: (m.seq if m is not None else None) for i, m in enumerate(metas)}
+
     # ---------------------------------------------------------------- pinning
     def pin_latest(self) -> tuple[int, SlotMeta] | None:
         """Pin the newest complete slot (no snapshot overwrites it) for a persist."""
@@ -294,9 +303,11 @@ class Snapshotter:
         found = latest_complete(self.directory, self.config.slots)
         return found[1] if found else None
 
-    def steps(self) -> list[int]:
-        """Steps held by complete slots, oldest first (after any background copy)."""
-        self.wait()
+    def steps(self, *, wait: bool = True) -> list[int]:
+        """Steps held by complete slots, oldest first (after any background copy; with
+        ``wait=False`` a copy in flight is not waited for and its slot not counted)."""
+        if wait:
+            self.wait()
         metas = (s.read_meta() for s in self._slots)
         return sorted({m.step for m in metas if m is not None})
 

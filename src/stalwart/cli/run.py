@@ -10,9 +10,13 @@ from stalwart.errors import ConfigError
 __all__ = ["register"]
 
 
-def _nnodes(text: str) -> int:
-    # torchrun accepts MIN:MAX; the world size is fixed here, so take MAX
-    return int(text.rpartition(":")[2])
+def _range(text: str, flag: str) -> tuple[int | None, int]:
+    """``N`` -> (None, N); ``MIN:MAX`` -> (MIN, MAX). The job starts with MAX; MIN
+    matters under --strategy elastic (the fewest it trains with)."""
+    low, sep, high = text.partition(":")
+    if not (high if sep else low).isdigit() or (sep and not low.isdigit()):
+        raise ConfigError(f"{flag} {text!r}: use N or MIN:MAX, e.g. {flag} 2:4")
+    return (int(low), int(high)) if sep else (None, int(low))
 
 
 def _persist_every(text: str | None, strategy: str) -> int:
@@ -35,8 +39,17 @@ def register(sub: Any) -> None:
             "plain scripts are restarted as torchrun would (--max-restarts)."
         ),
     )
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
-    p.add_argument("--nnodes", type=_nnodes, default=1, help="N (or MIN:MAX; MAX is used)")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        default="1",
+        help="workers per node: N (or MIN:MAX with --strategy elastic; MAX are started)",
+    )
+    p.add_argument(
+        "--nnodes",
+        default="1",
+        help="N (or MIN:MAX: MAX nodes start; --strategy elastic trains down to MIN)",
+    )
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="job id (default: random)")
@@ -67,7 +80,13 @@ def register(sub: Any) -> None:
         default=None,
         help="run directory: events.jsonl, token, logs (default runs/JOB)",
     )
-    p.add_argument("--strategy", default="flash", help="restart | flash | spare")
+    p.add_argument("--strategy", default="flash", help="restart | flash | spare | elastic")
+    p.add_argument(
+        "--elastic-wait",
+        type=float,
+        default=600.0,
+        help="elastic: seconds to wait for members below MIN before failing (default 600)",
+    )
     p.add_argument("--spares", type=int, default=0, help="standby workers per node")
     p.add_argument("--chaos", default=None, help='e.g. "kill rank=1 at=step:50"')
     p.add_argument(
@@ -132,7 +151,9 @@ def _run(args: argparse.Namespace) -> int:
     from stalwart.chaos import FaultPlan
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
-    if args.standalone and args.nnodes > 1:
+    min_nodes, nnodes = _range(args.nnodes, "--nnodes")
+    min_procs, nprocs = _range(args.nproc_per_node, "--nproc-per-node")
+    if args.standalone and nnodes > 1:
         raise ConfigError("--standalone runs one node; drop --nnodes or --standalone")
     persist = _persist_every(args.persist_every, args.strategy)
     kwargs: dict[str, Any] = {}
@@ -158,8 +179,11 @@ def _run(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),
-        nproc_per_node=args.nproc_per_node,
-        nnodes=args.nnodes,
+        nproc_per_node=nprocs,
+        nnodes=nnodes,
+        min_nnodes=min_nodes,
+        min_nproc_per_node=min_procs,
+        elastic_wait_s=args.elastic_wait,
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         run_dir=args.run_dir or "",

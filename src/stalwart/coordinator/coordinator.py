@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -152,13 +152,16 @@ class Coordinator:
             f"{current}); rejoin the current generation first"
         )
 
-    def advance_generation(self, expected: int, reason: str) -> GenerationChange:
+    def advance_generation(
+        self, expected: int, reason: str, *, also: Sequence[Op] = ()
+    ) -> GenerationChange:
         """Bump the generation from ``expected`` to ``expected + 1`` by compare-and-swap.
 
         Of several members that saw the same failure and race to bump, exactly one
         wins; the others get ``won=False`` and the generation the winner set.
         Rendezvous and barrier keys of the old generation are cleared in the same
-        transaction.
+        transaction, and the operations ``also`` are applied with it (elastic: who is
+        admitted to the new generation), only if the bump wins.
         """
         new = expected + 1
         meta = {"generation": new, "reason": reason, "at": self._clock()}
@@ -167,6 +170,7 @@ class Coordinator:
             Put(self._k("gen_meta"), _dump(meta)),
             Delete(self._k("rdzv", f"{expected:012d}") + "/", prefix=True),
             Delete(self._k("barrier", f"{expected:012d}") + "/", prefix=True),
+            *also,
         ]
         res = self.store.txn([self._gen_is(expected)], ops)
         return GenerationChange(res.succeeded, new if res.succeeded else self.generation())

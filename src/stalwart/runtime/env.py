@@ -37,6 +37,9 @@ class WorkerEnv:
     rdzv: str = ""  # etcd://... : the coordinator (and the gloo rendezvous) live in etcd
     fence: str = ""  # "NODE:CREATE_REVISION" of the agent's member key (etcd only)
     snapshot_every: int = 0  # fixed snapshot cadence in steps (0: from the budget)
+    min_world: int = 1  # elastic: fewest members the job trains with
+    elastic_wait_s: float = 600.0  # elastic: how long to wait below min_world
+    incarnation: str = ""  # elastic: this process's life of its member slot (set by the agent)
 
     @property
     def managed(self) -> bool:
@@ -77,4 +80,7 @@ class WorkerEnv:
             rdzv=e.get("STALWART_RDZV", ""),
             fence=e.get("STALWART_FENCE", ""),
             snapshot_every=int(e.get("STALWART_SNAPSHOT_EVERY", "0")),
+            min_world=int(e.get("STALWART_MIN_WORLD", "1")),
+            elastic_wait_s=float(e.get("STALWART_ELASTIC_WAIT", "600")),
+            incarnation=e.get("STALWART_INCARNATION", ""),
         )

@@ -15,6 +15,13 @@ that just joined has DDP's initial bucket layout while survivors have the rebuil
 a per-bucket allreduce would then sum unrelated bytes. One ordered allreduce per step
 is layout-independent, and on CPU (where comm/compute overlap buys little) it is also
 the cheapest.
+
+Elastic runs change the group's size between generations (:meth:`resize`): ranks are
+renumbered densely, the next :meth:`build` forms a group of the new size and the hook
+divides by it. With ``signal_slot`` the flat tensor carries one more element, each rank's
+:attr:`signal` (a vote to stop at this step boundary, e.g. a joiner is ready): after the
+step every member reads the same :attr:`signalled`, so all stop at the same step without
+another round trip.
 """
 
 from __future__ import annotations
@@ -59,21 +66,45 @@ class GenerationGroup:
         self.error: BaseException | None = None
         self.on_collective: Callable[[bool], None] | None = None
         self._store: Any = None
-        if world_size > 1 and store is not None:
-            self._store = store  # e.g. CoordStoreC10d over etcd: no host to lose
-        elif world_size > 1:
-            assert c10d is not None, "a multi-worker job needs a c10d store address"
-            self._store = TCPStore(
-                c10d[0], c10d[1], None, is_master, timedelta(seconds=60), wait_for_workers=False
-            )
+        self._c10d = c10d
+        self._is_master = is_master
+        self._given_store = store  # e.g. CoordStoreC10d over etcd: no host to lose
+        self.signal_slot = False  # elastic: carry a stop vote in the allreduce
+        self.signal = 0.0  # this rank's vote for the current step
+        self.signalled = False  # any member voted (valid after a successful step)
+        if world_size > 1:
+            self._connect()
         self._params: dict[int, int] = {}
         self._pending: list[tuple[Any, torch.futures.Future[torch.Tensor]]] = []
         self.last_allreduce_s = 0.0
+
+    def _connect(self) -> None:
+        if self._given_store is not None:
+            self._store = self._given_store
+            return
+        assert self._c10d is not None, "a multi-worker job needs a c10d store address"
+        self._store = TCPStore(
+            self._c10d[0],
+            self._c10d[1],
+            None,
+            self._is_master,
+            timedelta(seconds=60),
+            wait_for_workers=False,
+        )
+
+    def resize(self, rank: int, world_size: int) -> None:
+        """Take ``rank`` of ``world_size`` in the next :meth:`build` (elastic)."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside a world of {world_size}")
+        self.rank, self.world_size = rank, world_size
+        if world_size > 1 and self._store is None:
+            self._connect()
 
     def build(self, generation: int) -> None:
         """Form the group of ``generation``; raises if a member is missing or fails."""
         self.pg = None
         self.error = None
+        self.signalled = False
         if self.world_size > 1:
             store = PrefixStore(f"{self.namespace}/gen{generation}", self._store)
             self.pg = dist.ProcessGroupGloo(store, self.rank, self.world_size, self.timeout)
@@ -135,9 +166,15 @@ class GenerationGroup:
                 views.append((self._params.get(id(p), 1 << 30), buf[offset : offset + n]))
                 offset += n
         views.sort(key=lambda v: v[0])
-        flat = torch.cat([v for _, v in views])
+        parts = [v for _, v in views]
+        if self.signal_slot:  # the stop vote travels with the gradients
+            parts.append(torch.full((1,), self.signal, dtype=parts[0].dtype))
+        flat = torch.cat(parts)
         self.allreduce_(flat)
         if self.error is None:
+            if self.signal_slot:
+                self.signalled |= bool(flat[-1].item() > 0)
+                flat = flat[:-1]
             flat.div_(self.world_size)
             offset = 0
             for _, v in views:
@@ -156,6 +193,8 @@ class GenerationGroup:
         """The error of the step that just ended (None: it succeeded); clears it."""
         err, self.error = self.error, None
         self._pending.clear()
+        if err is not None:
+            self.signalled = False  # a failed step decides nothing
         return err
 
     def close(self) -> None:

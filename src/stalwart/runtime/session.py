@@ -113,6 +113,11 @@ class Session:
         self._replicated = False
         self._phase = "starting"
         self._t_progress = time.time()
+        self._elastic: Any = None
+        if env.managed and env.strategy == "elastic":
+            from stalwart.runtime._elastic import Elastic
+
+            self._elastic = Elastic(self)
 
     # ------------------------------------------------------------ progress board
     def _publish(self, phase: str | None = None) -> None:
@@ -184,6 +189,8 @@ class Session:
         for value in state.values():
             if isinstance(value, torch.optim.Optimizer):
                 self._ckpt.snapshots.guard(value)
+        if self._elastic is not None:
+            self._elastic.tracked(self._state)
         if self.env.persist_every != 0 and (self.rank == 0 or not self._replicated):
             self._ckpt.persister.start()  # now, not at the first persist (process start)
         return self._state
@@ -197,6 +204,14 @@ class Session:
             return original(*args, **kwargs)
 
         opt.step = step  # type: ignore[method-assign]
+
+    def use_batch(self, config: Any) -> None:
+        """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
+        resize the tracked loaders get the plan's per-rank batch and micro-batches and
+        the optimizers its LR scale (docs/data.md). Call after :meth:`track`."""
+        from stalwart.runtime._elastic import use_batch
+
+        use_batch(self, config)
 
     @property
     def step_ok(self) -> bool:
@@ -217,6 +232,8 @@ class Session:
         while True:
             if self.step >= total:
                 if self._finish(total):
+                    if self._elastic is not None:
+                        self._elastic.finished()
                     return
                 self._recover("finish barrier broken")
                 continue
@@ -228,6 +245,8 @@ class Session:
             self._fire_chaos(step)
             t0 = time.perf_counter()
             self._publish("step")
+            if self._elastic is not None:
+                self._elastic.before_step()
             yield step
             err = self.group.reset_step()
             if err is not None:
@@ -238,18 +257,21 @@ class Session:
             self._t_progress = time.time()
             self.acct.maybe_snapshot(step)
             self._publish()
+            if self._elastic is not None:
+                self._elastic.after_step(step)
 
     def _fire_chaos(self, step: int) -> None:
         import signal
 
-        for fault in self.plan.worker_faults(self.rank, step):
-            if self.ledger is None or not self.ledger.claim(fault, rank=self.rank, pid=os.getpid()):
+        member = self.env.rank  # chaos names members by their launch rank (elastic renumbers)
+        for fault in self.plan.worker_faults(member, step):
+            if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
                 continue
             if self.events is not None:
                 self.events.emit(
                     "fault_injected",
                     fault=fault.kind,
-                    domain={"rank": self.rank, "node": self.env.node_rank},
+                    domain={"rank": member, "node": self.env.node_rank},
                     spec=fault.text,
                 )
             if fault.kind == "kill":
@@ -262,6 +284,9 @@ class Session:
     # ------------------------------------------------------------ recovery
     def _join(self, min_generation: int) -> None:
         """Agree on a restore point at the current generation, restore, form the group."""
+        if self._elastic is not None:
+            self._elastic.join(min_generation)
+            return
         self._publish("recovering")
         t0 = time.perf_counter()
         snap = self._ckpt.snapshots
@@ -395,6 +420,8 @@ class Session:
         self._stop.set()
         if self._genwatch is not None:
             self._genwatch.close()
+        if self._elastic is not None:
+            self._elastic.close()
         if self._ckpt is not None:
             # under `stalwart run` the agent owns the slots (a replacement needs them)
             self._ckpt.close(unlink_snapshots=not self.env.managed)

@@ -354,6 +354,25 @@ class SlotReceiver:
                     s.close()
         return slot_dir(self.config.shm_dir, namespace)
 
+    def prepare(self, namespace: str, nbytes: int) -> None:
+        """Allocate and fault in every free slot of ``namespace`` for ``nbytes`` now, so
+        that the next transfer of that size does not pay for it (a first transfer into a
+        slot runs at about half speed here). A joiner calls this after the prefetch,
+        while the survivors still train, so the transfer at the step boundary is warm."""
+        if not 0 <= nbytes <= self.config.max_bytes:
+            raise TransferError(f"prepare {nbytes} bytes: over this receiver's max_bytes")
+        target = self._target(namespace)
+        with target.lock:
+            pinned = pinned_slots(target.directory)
+            for slot in target.slots:
+                try:
+                    on_disk = os.path.getsize(slot.data_path)
+                except FileNotFoundError:
+                    on_disk = 0
+                # never shrink a file (a complete slot of a larger state stays intact)
+                if slot.index not in pinned and slot.size < nbytes and on_disk <= nbytes:
+                    slot.map_writable(nbytes)
+
     def _target(self, namespace: str) -> _Target:
         with self._cond:
             if namespace in self._released:
