@@ -118,8 +118,10 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
         "written_bytes": result.written_bytes,
         "total_bytes": result.index.nbytes,
         "committed": False,
+        "write_s": time.perf_counter() - t0,  # pack + rank index, durable
     }
     if req.get("commit"):
+        t_commit = time.perf_counter()
         commit_step(
             storage,
             meta.step,
@@ -128,6 +130,7 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
             replicated=bool(req.get("replicated", False)),
         )
         reply["committed"] = True
+        reply["commit_s"] = time.perf_counter() - t_commit
         policy = RetentionPolicy(int(req.get("keep_last", 3)), req.get("keep_every"))
         gc = collect_garbage(storage, policy)
         reply["gc_deleted_steps"] = gc.deleted_steps
