@@ -11,10 +11,8 @@ place (``flash``/``spare``), while plain scripts get torchrun's restart-everythi
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -28,6 +26,7 @@ from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, p
 from stalwart.agent._env import WorkerSpec, worker_env
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
+from stalwart.agent._lifecycle import emit_run_start, teardown
 from stalwart.agent._replica import start_replicas
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
@@ -137,27 +136,7 @@ class Agent:
         self.replicas = start_replicas(self)
 
     def _emit_run_start(self, ready: dict[str, Any]) -> None:
-        cfg = self.cfg
-        self.events.emit(
-            "run_start",
-            job=cfg.job,
-            world_size=cfg.world_size,
-            nnodes=cfg.nnodes,
-            strategy=cfg.strategy,
-            config={
-                "script": cfg.script,
-                "nproc_per_node": cfg.nproc_per_node,
-                "max_restarts": cfg.max_restarts,
-                "spares": cfg.spares,
-                "chaos": cfg.chaos or "",
-                "zygote_import_s": ready.get("import_s", 0.0),
-                "hang_floor_s": cfg.hang.floor_s,
-                "hang_k": cfg.hang.k,
-            },
-        )
-        self.events.emit(
-            "generation", generation=self.generation, world_size=cfg.world_size, reason="start"
-        )
+        emit_run_start(self, ready)
 
     # ---------------------------------------------------------------- spawning
     def _spec(self, w: _Worker) -> dict[str, Any]:
@@ -406,36 +385,7 @@ class Agent:
         return max(steps) if steps else None
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._stop_all("shutdown", timeout=5.0)
-        replicas = getattr(self, "replicas", None)
-        if replicas is not None:
-            replicas.close()
-        if self.cluster.reports_end():
-            self.events.emit(
-                "run_end",
-                status=self.status,
-                last_step=self.last_step(),
-                reason=getattr(self, "_end_reason", ""),
-            )
-        if self._live is not None:
-            with contextlib.suppress(Exception):
-                self._live.close()
-        if self._zygote is not None:
-            self._zygote.close()
-        self.cluster.close(goodbye=self._goodbye)
-        if self._board is not None:
-            self._board.close(unlink=True)
-        for w in self.workers.values():
-            shutil.rmtree(f"/dev/shm/stalwart-{self.cfg.job}-r{w.rank}", ignore_errors=True)
-        if self.cluster.last_out:  # what lost nodes left behind on this host, too
-            for path in glob.glob(f"/dev/shm/stalwart-{self.cfg.job}-*"):
-                if os.path.isdir(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-        self.events.close()
+        teardown(self)
 
 
 class _RunFailed(StalwartError):

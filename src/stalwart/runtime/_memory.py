@@ -12,6 +12,7 @@ from stalwart.checkpoint.snapshot import Snapshotter
 __all__ = [
     "committed_disk_steps",
     "holds_replica",
+    "memory_source",
     "memory_steps",
     "restore_memory_step",
     "taken_from_replica",
@@ -53,3 +54,20 @@ def restore_memory_step(snap: Snapshotter, state: Mapping[str, Any], step: int) 
     snap.restore(state, step=step)
     meta = snap.latest()  # every slot of a run has the same layout, hence the same size
     return int(meta.data_size) if meta is not None else 0
+
+
+def memory_source(job: str, rank: int, agreement: Any, own: Snapshotter) -> Snapshotter:
+    """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
+    host that does (the peer tier; across hosts, a buddy's replica or disk)."""
+    import socket
+
+    from stalwart.checkpoint import SnapshotConfig
+
+    target = agreement.target
+    if target in memory_steps(own):
+        return own
+    host = socket.gethostname()
+    for info in sorted(agreement.infos, key=lambda i: int(i.get("rank", 0))):
+        if target in info.get("steps", []) and info.get("host") == host:
+            return Snapshotter(SnapshotConfig(f"{job}-r{info['rank']}"))
+    raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")

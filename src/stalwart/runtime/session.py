@@ -27,11 +27,14 @@ from typing import Any
 
 import torch
 
+from stalwart.checkpoint.catalog import committed_steps
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
+from stalwart.runtime._faults import fire_worker_faults
 from stalwart.runtime._memory import (
     committed_disk_steps,
     holds_replica,
+    memory_source,
     memory_steps,
     restore_memory_step,
     taken_from_replica,
@@ -261,25 +264,7 @@ class Session:
                 self._elastic.after_step(step)
 
     def _fire_chaos(self, step: int) -> None:
-        import signal
-
-        member = self.env.rank  # chaos names members by their launch rank (elastic renumbers)
-        for fault in self.plan.worker_faults(member, step):
-            if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
-                continue
-            if self.events is not None:
-                self.events.emit(
-                    "fault_injected",
-                    fault=fault.kind,
-                    domain={"rank": member, "node": self.env.node_rank},
-                    spec=fault.text,
-                )
-            if fault.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "hang":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            else:
-                self.acct.slow(fault)
+        fire_worker_faults(self, step)
 
     # ------------------------------------------------------------ recovery
     def _join(self, min_generation: int) -> None:
@@ -373,21 +358,9 @@ class Session:
             return
 
     def _memory_source(self, a: Any, snap: Any) -> Any:
-        """Our own slots if they hold the target, else the lowest-ranked peer on this
-        host that does (the peer tier; across hosts it would need a transfer)."""
-        from stalwart.checkpoint import SnapshotConfig, Snapshotter
-
-        if a.target in memory_steps(snap):
-            return snap
-        host = socket.gethostname()
-        for info in sorted(a.infos, key=lambda i: int(i.get("rank", 0))):
-            if a.target in info.get("steps", []) and info.get("host") == host:
-                return Snapshotter(SnapshotConfig(f"{self.env.job}-r{info['rank']}"))
-        raise RuntimeError(f"no snapshot of step {a.target} reachable from rank {self.rank}")
+        return memory_source(self.env.job, self.rank, a, snap)
 
     def _disk_step(self) -> int | None:
-        from stalwart.checkpoint import committed_steps
-
         steps = committed_steps(self._ckpt.storage)
         return steps[-1] if steps else None
 

@@ -1,0 +1,78 @@
+"""The two ends of an agent's life: the run's start records and the teardown.
+
+Teardown order matters: workers are stopped before ``run_end`` is written (so the record
+follows every worker event), the goodbye (``agents-done``) is written before the watched
+connection and the store go away (so no peer mistakes a clean end for a node loss), and
+shared memory is removed last, once nothing maps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stalwart.agent.agent import Agent
+
+__all__ = ["emit_run_start", "teardown"]
+
+
+def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
+    cfg = agent.cfg
+    agent.events.emit(
+        "run_start",
+        job=cfg.job,
+        world_size=cfg.world_size,
+        nnodes=cfg.nnodes,
+        strategy=cfg.strategy,
+        config={
+            "script": cfg.script,
+            "nproc_per_node": cfg.nproc_per_node,
+            "max_restarts": cfg.max_restarts,
+            "spares": cfg.spares,
+            "chaos": cfg.chaos or "",
+            "zygote_import_s": ready.get("import_s", 0.0),
+            "hang_floor_s": cfg.hang.floor_s,
+            "hang_k": cfg.hang.k,
+        },
+    )
+    agent.events.emit(
+        "generation", generation=agent.generation, world_size=cfg.world_size, reason="start"
+    )
+
+
+def teardown(agent: Agent) -> None:
+    with contextlib.suppress(Exception):
+        agent._stop_all("shutdown", timeout=5.0)
+    replicas = getattr(agent, "replicas", None)
+    if replicas is not None:
+        replicas.close()
+    if agent.cluster.reports_end():
+        agent.events.emit(
+            "run_end",
+            status=agent.status,
+            last_step=agent.last_step(),
+            reason=getattr(agent, "_end_reason", ""),
+        )
+    if agent._live is not None:
+        with contextlib.suppress(Exception):
+            agent._live.close()
+    if agent._zygote is not None:
+        agent._zygote.close()
+    agent.cluster.close(goodbye=agent._goodbye)
+    if agent._board is not None:
+        agent._board.close(unlink=True)
+    job = agent.cfg.job
+    for w in agent.workers.values():
+        shutil.rmtree(f"/dev/shm/stalwart-{job}-r{w.rank}", ignore_errors=True)
+    if agent.cluster.last_out:  # what lost nodes left behind on this host, too
+        for path in glob.glob(f"/dev/shm/stalwart-{job}-*"):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    agent.events.close()
