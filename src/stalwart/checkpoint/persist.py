@@ -48,6 +48,7 @@ class Persister:
         self._next = 0
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._broken: str | None = None  # why the reader stopped (no reply can come)
 
     @property
     def pid(self) -> int | None:
@@ -56,6 +57,7 @@ class Persister:
     def start(self) -> None:
         if self._proc is not None:
             return
+        self._broken = None
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "stalwart.checkpoint._persist_worker", str(self.config.nice)],
             stdin=subprocess.PIPE,
@@ -76,46 +78,56 @@ class Persister:
         self._reader.start()
 
     def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            reply = json.loads(line)
-            with self._lock:
-                fut = self._futures.pop(int(reply.get("id", -1)), None)
-            if fut is None:
-                continue
-            if reply.get("ok"):
-                fut.set_result(
-                    PersistResult(
-                        step=int(reply["step"]),
-                        written_bytes=int(reply["written_bytes"]),
-                        total_bytes=int(reply["total_bytes"]),
-                        seconds=float(reply["seconds"]),
-                        committed=bool(reply["committed"]),
-                        raw=reply,
-                    )
+        """Deliver replies until the process's output ends; then, and on any error here,
+        fail every pending save (a future left pending would block its waiter forever)."""
+        reason = "the persister process exited; the save did not commit"
+        try:
+            for line in stream:
+                self._deliver(json.loads(line))
+        except Exception as err:
+            reason = f"a reply of the persister process could not be read ({err}); not committed"
+        finally:
+            with self._lock:  # under the lock: submit() checks _broken under it too
+                self._broken = reason
+                pending, self._futures = self._futures, {}
+            for fut in pending.values():
+                fut.set_exception(CheckpointError(reason))
+
+    def _deliver(self, reply: dict[str, Any]) -> None:
+        with self._lock:
+            fut = self._futures.pop(int(reply.get("id", -1)), None)
+        if fut is None:
+            return
+        if reply.get("ok"):
+            fut.set_result(
+                PersistResult(
+                    step=int(reply["step"]),
+                    written_bytes=int(reply["written_bytes"]),
+                    total_bytes=int(reply["total_bytes"]),
+                    seconds=float(reply["seconds"]),
+                    committed=bool(reply["committed"]),
+                    raw=reply,
                 )
-            else:
-                kind = str(reply.get("kind"))
-                msg = str(reply.get("error"))
-                err: Exception
-                if kind == "DiskFullError":
-                    err = DiskFullError(28, msg)
-                elif kind == "FencedError":
-                    err = FencedError(msg)
-                else:
-                    err = _ERRORS.get(kind, CheckpointError)(f"persist failed: {msg}")
-                fut.set_exception(err)
-        with self._lock:  # the process died: fail whatever is pending
-            pending, self._futures = self._futures, {}
-        for fut in pending.values():
-            fut.set_exception(
-                CheckpointError("the persister process exited; the save did not commit")
             )
+        else:
+            kind = str(reply.get("kind"))
+            msg = str(reply.get("error"))
+            err: Exception
+            if kind == "DiskFullError":
+                err = DiskFullError(28, msg)
+            elif kind == "FencedError":
+                err = FencedError(msg)
+            else:
+                err = _ERRORS.get(kind, CheckpointError)(f"persist failed: {msg}")
+            fut.set_exception(err)
 
     def submit(self, request: dict[str, Any]) -> Future[PersistResult]:
         self.start()
         assert self._proc is not None and self._proc.stdin is not None
         fut: Future[PersistResult] = Future()
         with self._lock:
+            if self._broken is not None:
+                raise CheckpointError(f"{self._broken}; restart the job's persister")
             self._next += 1
             rid = self._next
             self._futures[rid] = fut
