@@ -11,15 +11,12 @@ from pathlib import Path
 
 from stalwart.metrics.events import read_events
 
-__all__ = ["events_of", "stalwart_run", "stalwart_run_nodes"]
+__all__ = ["events_of", "stalwart_run", "stalwart_run_nodes", "start_etcd_agents"]
 
 
 def _cmd(job: str, run_dir: Path, args: list[str]) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "stalwart.cli.main",
-        "run",
+        *_cmd_prefix(),
         "--rdzv-id",
         job,
         "--run-dir",
@@ -98,6 +95,42 @@ def stalwart_run_nodes(
             _stop(p)
     _check_shm(job)
     return out
+
+
+def start_etcd_agents(
+    url: str, run_dir: Path, args: list[str], *, nnodes: int = 2, nproc: int = 2
+) -> list[subprocess.Popen[str]]:
+    """One `stalwart run --rdzv URL` agent per node (node lease 2 s); ``args``: more
+    flags, then the script and its arguments. The caller waits for and reaps them."""
+    return [
+        subprocess.Popen(
+            [
+                *_cmd_prefix(),
+                "--rdzv",
+                url,
+                "--run-dir",
+                str(run_dir),
+                "--nnodes",
+                str(nnodes),
+                "--node-rank",
+                str(n),
+                "--nproc-per-node",
+                str(nproc),
+                "--node-lease",
+                "2",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(run_dir.parent),
+        )
+        for n in range(nnodes)
+    ]
+
+
+def _cmd_prefix() -> list[str]:
+    return [sys.executable, "-m", "stalwart.cli.main", "run"]
 
 
 def events_of(run_dir: Path) -> list[tuple[str, dict[str, object]]]:

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from coordinator.etcd_server import EtcdServer, running_etcd
 from stalwart.coordinator import Coordinator, CoordinatorConfig, EtcdStore
 from stalwart.errors import FencedError
 
-from ._launch import events_of
+from ._launch import events_of, start_etcd_agents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
 ARGS = ["--steps", "300", "--dim", "32", "--layers", "1", "--seq", "16", "--batch", "4"]
@@ -49,38 +48,7 @@ def _run(
     job = f"etcd-{uuid.uuid4().hex[:8]}"
     url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
     out = run_dir.parent / f"{run_dir.name}.pt"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "stalwart.cli.main",
-                "run",
-                "--rdzv",
-                url,
-                "--run-dir",
-                str(run_dir),
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(n),
-                "--nproc-per-node",
-                "2",
-                "--node-lease",
-                "2",
-                *extra,
-                str(EXAMPLE),
-                *ARGS,
-                "--out",
-                str(out),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=str(run_dir.parent),
-        )
-        for n in range(2)
-    ]
+    procs = start_etcd_agents(url, run_dir, [*extra, str(EXAMPLE), *ARGS, "--out", str(out)])
     results = []
     try:
         if during is not None:

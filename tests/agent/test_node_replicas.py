@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from coordinator.etcd_server import EtcdServer, running_etcd
 
 from stalwart.metrics.events import read_events
 
-from ._launch import events_of
+from ._launch import events_of, start_etcd_agents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
 ARGS = ["--steps", "160", "--size-mb", "2", "--window-mb", "0.25", "--step-ms", "20"]
@@ -40,42 +38,13 @@ def _run(etcd: EtcdServer, run_dir: Path, extra: list[str]) -> tuple[list[int], 
     job = f"rep-{uuid.uuid4().hex[:8]}"
     url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
     out = run_dir.parent / f"{run_dir.name}.sha"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "stalwart.cli.main",
-                "run",
-                "--rdzv",
-                url,
-                "--run-dir",
-                str(run_dir),
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(n),
-                "--nproc-per-node",
-                "2",
-                "--node-lease",
-                "2",
-                # longer than a replication round, so the replica is one of the
-                # survivors' two newest snapshots (docs/recovery.md)
-                "--snapshot-every",
-                "15",
-                *extra,
-                str(EXAMPLE),
-                *ARGS,
-                "--out",
-                str(out),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=str(run_dir.parent),
-        )
-        for n in range(2)
-    ]
+    # snapshots less often than a replication round, so the replica is one of the
+    # survivors' two newest snapshots (docs/recovery.md)
+    procs = start_etcd_agents(
+        url,
+        run_dir,
+        ["--snapshot-every", "15", *extra, str(EXAMPLE), *ARGS, "--out", str(out)],
+    )
     codes = []
     try:
         for p in procs:
