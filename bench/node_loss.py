@@ -262,6 +262,13 @@ def main() -> None:
     )
     p.add_argument("--node-lease", type=float, default=5.0, help="seconds (detection)")
     p.add_argument("--hang-floor", type=float, default=10.0, help="seconds")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated runs to do (steady-off,steady-on,loss-memory,loss-disk,"
+        "etcd-bounce); figures that need a skipped run are null",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the run dirs and logs")
     args = p.parse_args()
     if shutil.which("etcd") is None:
         sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
@@ -279,17 +286,26 @@ def main() -> None:
             ("loss-disk", ["--persist-every", str(args.persist_every), *kill], False),
             ("etcd-bounce", [], True),
         ]
+        only = {x for x in args.only.split(",") if x}
+        unknown = only - {name for name, _, _ in plan}
+        if unknown:
+            sys.exit(f"--only: unknown run(s) {sorted(unknown)}")
         for name, extra, bounce in plan:
+            if only and name not in only:
+                continue
             runs[name] = run_job(etcd, root, name, args, extra, bounce)
             print(f"  {name}: {runs[name]}", file=sys.stderr, flush=True)
     finally:
         etcd.stop()
         failed = any(c not in (0, 137) for r in runs.values() for c in r["codes"])
-        if failed:  # keep the agents' stderr
-            print(f"a run failed; logs kept in {root}", file=sys.stderr)
+        if failed or args.keep:  # keep the agents' stderr
+            print(f"logs kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    mem, disk = runs["loss-memory"], runs["loss-disk"]
+    nan = float("nan")
+    empty: dict[str, Any] = {"step_s": nan}
+    mem, disk = runs.get("loss-memory", empty), runs.get("loss-disk", empty)
+    on, off = runs.get("steady-on", empty), runs.get("steady-off", empty)
     load = os.getloadavg()
     out = {
         "node_loss_rto_memory_s": round(mem.get("rto_s", float("nan")), 3),
@@ -308,15 +324,12 @@ def main() -> None:
         ),
         "memory_restore_tiers": mem.get("tiers", []),
         "disk_restore_tiers": disk.get("tiers", []),
-        "replication_overhead_ratio": round(
-            runs["steady-on"]["step_s"] / runs["steady-off"]["step_s"], 4
-        ),
-        "etcd_failover_pause_s": round(runs["etcd-bounce"].get("pause_s", float("nan")), 3),
+        "replication_overhead_ratio": round(on["step_s"] / off["step_s"], 4),
+        "etcd_failover_pause_s": round(runs.get("etcd-bounce", empty).get("pause_s", nan), 3),
         "size_mb_per_node": args.size_mb,
         "replica_rate_mb_s": args.replica_rate,
         "loadavg_1m": round(load[0], 2),
     }
-    nan = float("nan")
     head = ["run", "codes", "step ms", "RTO s", "restore s", "progress s", "tiers"]
     print(f"{head[0]:<12} {head[1]:<10} " + " ".join(f"{h:>10}" for h in head[2:6]) + "  tiers")
     for name, r in runs.items():
