@@ -274,6 +274,7 @@ def main() -> None:
         sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
     kill = ["--chaos", f"kill node=1 at=step:{args.kill_step}"]
     rep = ["--replica-rate", str(args.replica_rate)]
+    standby = ["--standby"]
     root = Path(tempfile.mkdtemp(prefix="stalwart-node-loss-"))
     etcd = Etcd(root)
     etcd.start()
@@ -282,8 +283,9 @@ def main() -> None:
         plan = [
             ("steady-off", [], False),
             ("steady-on", rep, False),
-            ("loss-memory", [*rep, *kill], False),
-            ("loss-disk", ["--persist-every", str(args.persist_every), *kill], False),
+            ("loss-memory", [*rep, *standby, *kill], False),
+            ("loss-disk", ["--persist-every", str(args.persist_every), *standby, *kill], False),
+            ("loss-mem-cold", [*rep, *kill], False),
             ("etcd-bounce", [], True),
         ]
         only = {x for x in args.only.split(",") if x}

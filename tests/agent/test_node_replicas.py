@@ -102,3 +102,23 @@ def test_without_a_complete_replica_the_lost_node_restores_from_disk(
     assert codes == [0, 137]
     assert digests == reference
     assert set(_restores(run_dir).values()) == {"disk"}
+
+
+def test_standbys_resume_the_lost_nodes_ranks(
+    etcd: EtcdServer, reference: list[str], tmp_path: Path
+) -> None:
+    """With --standby, node 0 already runs ranks 2 and 3 parked before their first step:
+    the lost node's ranks resume in those processes (no process started), from the
+    replica, and the result is the fault-free run's."""
+    run_dir = tmp_path / "standby"
+    # later than KILL: the standbys start after the first step; give them time to exist
+    kill = ["--chaos", "kill node=1 at=step:110"]
+    codes, digests = _run(etcd, run_dir, ["--replica-rate", "200", "--standby", *kill])
+    assert codes == [0, 137]
+    assert digests == reference
+    res = read_events(str(run_dir / "events.jsonl"))
+    joins = [e for e in res.events if e.kind == "member_join" and e.fields.get("standby")]
+    assert sorted(int(str(e.rank)) for e in joins) == [2, 3], joins
+    assert all(e.node == 0 for e in joins)
+    tiers = _restores(run_dir)
+    assert tiers[2] == tiers[3] == "replica", tiers

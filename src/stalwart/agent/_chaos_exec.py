@@ -127,6 +127,9 @@ class AgentChaos:
             for w in live:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.pid, signal.SIGKILL)
+            for pid in agent.standbys.pids() if agent.standbys is not None else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             if agent._zygote is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(agent._zygote.proc.pid, signal.SIGKILL)

@@ -229,6 +229,14 @@ class Cluster:
         claim = Put(key, str(self.node).encode())
         return bool(self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded)
 
+    def peer_gone(self) -> bool:
+        """True once after our watched connection revoked a dead peer's lease (the agent
+        looks for lost nodes at once instead of at its next poll)."""
+        if self.watch is None or not self.watch.gone.is_set():
+            return False
+        self.watch.gone.clear()
+        return True
+
     def lost_nodes(self) -> list[int]:
         """Nodes whose lease expired without a goodbye, claimed by this agent (their
         adopter) for adoption; each is returned to exactly one agent, once."""

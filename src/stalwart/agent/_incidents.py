@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import time
 from typing import TYPE_CHECKING
 
 from stalwart.agent._elastic import elastic_lost_node
+from stalwart.agent._lifecycle import discard_dir
 from stalwart.agent.detect import find_hang
 
 if TYPE_CHECKING:
@@ -88,9 +88,10 @@ def adopt_lost_nodes(agent: Agent) -> None:
         for rank in agent.cluster.ranks_of(node):
             local = rank % agent.cfg.nproc_per_node  # an adopted rank keeps its LOCAL_RANK
             # a lost node's memory is gone: its ranks restore from a peer's snapshot
-            shutil.rmtree(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}", ignore_errors=True)
+            discard_dir(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}")
+            standby = agent.standbys.claim(rank) if agent.standbys is not None else None
             attached = all(x.attached for x in agent.workers.values())
-            w = agent.new_worker(rank, local, len(agent.workers), attached=attached)
+            w = standby or agent.new_worker(rank, local, agent.free_slot(), attached=attached)
             agent.workers[rank] = w
             adopted.append(w)
         agent.cluster.publish_ranks(list(agent.workers))
@@ -116,4 +117,14 @@ def adopt_lost_nodes(agent: Agent) -> None:
             cause="node_loss",
         )
         for w in adopted:
-            agent._spawn(w)
+            if agent.standbys is not None and agent.standbys.activate(w):
+                agent.events.emit(
+                    "member_join",
+                    member=f"rank{w.rank}",
+                    node=agent.cfg.node_rank,
+                    rank=w.rank,
+                    generation=agent.generation,
+                    standby=True,
+                )
+            else:
+                agent._spawn(w)

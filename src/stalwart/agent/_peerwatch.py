@@ -72,6 +72,7 @@ class PeerWatch:
         self.live = live
         self.successor = successor
         self.closed_at: dict[int, float] = {}  # node -> when its connection ended
+        self.gone = threading.Event()  # set when a lease was revoked: the agent polls now
         self._listener = socket.create_server((host, 0))
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._stop = threading.Event()
@@ -141,6 +142,7 @@ class PeerWatch:
             record = json.dumps({"by": self.node, "t": self.closed_at[node]}).encode()
             self.store.put(f"{self.root}/watch-closed/node{node}", record)
             self.store.revoke(kv.lease)
+            self.gone.set()
 
     # ------------------------------------------------------------ the watching side
     def tick(self, now: float) -> None:

@@ -28,6 +28,7 @@ from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, teardown
 from stalwart.agent._replica import start_replicas
+from stalwart.agent._standby import start_standbys
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
@@ -83,6 +84,7 @@ class Agent:
         self._t_recovery = 0.0
         self._goodbye = True
         self._live: Any = None
+        self.standbys: Any = None
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
@@ -134,12 +136,17 @@ class Agent:
         for _ in range(cfg.spares):
             self._prefork()
         self.replicas = start_replicas(self)
+        self.standbys = start_standbys(self)
 
     def _emit_run_start(self, ready: dict[str, Any]) -> None:
         emit_run_start(self, ready)
 
     # ---------------------------------------------------------------- spawning
     def _spec(self, w: _Worker) -> dict[str, Any]:
+        return self.worker_spec(w, {})
+
+    def worker_spec(self, w: _Worker, extra: dict[str, str]) -> dict[str, Any]:
+        """What the zygote needs to start ``w`` (environment, argv, cwd, log file)."""
         cfg = self.cfg
         env = worker_env(
             cfg,
@@ -155,6 +162,7 @@ class Agent:
                 "STALWART_CHAOS_PLAN": self.plan_path,
                 **self.cluster.worker_env(),
                 **elastic_env(self, w),
+                **extra,
             },
         )
         log = None
@@ -183,6 +191,13 @@ class Agent:
             generation=self.generation,
         )
 
+    def free_slot(self) -> int:
+        """The lowest progress-board slot no worker or standby of this node holds."""
+        used = {w.slot for w in self.workers.values()}
+        if self.standbys is not None:
+            used |= self.standbys.used_slots()
+        return min(set(range(len(used) + 1)) - used)
+
     def _prefork(self) -> None:
         assert self._zygote is not None
         self._zygote.send({"op": "prefork", "id": "spare-pending"})
@@ -192,6 +207,8 @@ class Agent:
         op = msg.get("op")
         if op == "spawned":
             ident = str(msg["id"])
+            if self.standbys is not None and self.standbys.on_spawned(ident, int(msg["pid"])):
+                return
             if ident == "spare-pending":
                 # a pre-forked spare: its pid is its name from now on
                 self.spares.append(int(msg["pid"]))
@@ -207,6 +224,8 @@ class Agent:
         return next((w for w in self.workers.values() if w.pid == pid), None)
 
     def _on_exit(self, pid: int, rc: int, t_exit: float) -> None:
+        if self.standbys is not None and self.standbys.on_exit(pid):
+            return  # a parked standby died: the next reconcile starts another
         w = self._by_pid(pid)
         if w is None or w.state in ("done", "dead"):
             return
@@ -358,12 +377,15 @@ class Agent:
                 now = time.time()
                 check_hang(self, now)
                 self.chaos.tick(now - self._t0)
-                if now - last_poll > 0.1:  # store round trips: a few per second
+                # store round trips: a few per second, or at once after a peer died
+                if now - last_poll > 0.1 or self.cluster.peer_gone():
                     last_poll = now
                     check_fenced(self, probe=False)
                     adopt_lost_nodes(self)
                     self._follow_generation()
                     self.chaos.poll_requests()
+                    if self.standbys is not None:
+                        self.standbys.reconcile(now)
         except NodeFenced as err:
             end_fenced(self, err)
             self.status, self._end_reason, self._goodbye = "fenced", str(err), False

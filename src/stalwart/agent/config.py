@@ -57,6 +57,7 @@ class LaunchConfig:
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
+    standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
     replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
     start_timeout_s: float = 120.0
     # elastic (--nnodes/--nproc-per-node MIN:MAX): the job trains with at least
@@ -78,6 +79,13 @@ class LaunchConfig:
             raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
         if self.replica_rate_mb_s < 0:
             raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
+        if self.standby and self.strategy not in ("flash", "spare"):
+            raise ConfigError(
+                f"--standby needs --strategy flash or spare (got {self.strategy!r}): "
+                "only they replace a lost node's ranks in place"
+            )
+        if self.standby and self.nnodes < 2:
+            raise ConfigError("--standby needs --nnodes >= 2 (it stands by for another node)")
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
         if self.rdzv is not None:

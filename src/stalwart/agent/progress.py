@@ -24,7 +24,7 @@ __all__ = ["ATTACHED", "OBSERVED", "PHASES", "ProgressBoard", "Slot"]
 _FMT = "<qqqqdddq"  # pid step phase generation t_progress t_alive p99_s mode
 _SIZE = 64
 assert struct.calcsize(_FMT) <= _SIZE
-PHASES = ("starting", "step", "collective", "recovering", "done")
+PHASES = ("starting", "step", "collective", "recovering", "done", "standby")
 ATTACHED = 1
 """Mode of a slot written by the stalwart runtime (the worker can recover in place)."""
 OBSERVED = 2

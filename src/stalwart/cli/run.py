@@ -87,7 +87,16 @@ def register(sub: Any) -> None:
         default=600.0,
         help="elastic: seconds to wait for members below MIN before failing (default 600)",
     )
-    p.add_argument("--spares", type=int, default=0, help="standby workers per node")
+    p.add_argument(
+        "--spares", type=int, default=0, help="pre-forked spare processes per node (spare)"
+    )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="keep the ranks this node would adopt if their node were lost running here, "
+        "set-up done and parked before their first step, so a lost node's ranks resume "
+        "without starting processes (stalwart.init() scripts; flash or spare)",
+    )
     p.add_argument("--chaos", default=None, help='e.g. "kill rank=1 at=step:50"')
     p.add_argument(
         "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
@@ -201,6 +210,7 @@ def _run(args: argparse.Namespace) -> int:
         ),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,
+        standby=args.standby,
         replica_host=args.replica_host,
         metrics_port=args.metrics_port,
         progress=args.progress,

@@ -57,7 +57,13 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "config": (dict,),
     },
     "run_end": {"status": _STR, "last_step": _OPT_INT, "reason": _STR},
-    "member_join": {"member": _STR, "node": _INT, "rank": _OPT_INT, "generation": _INT},
+    "member_join": {
+        "member": _STR,
+        "node": _INT,
+        "rank": _OPT_INT,
+        "generation": _INT,
+        "standby": _BOOL,
+    },
     "member_leave": {"member": _STR, "node": _INT, "rank": _OPT_INT, "reason": _STR},
     "generation": {"generation": _INT, "world_size": _INT, "reason": _STR},
     "steps": {

@@ -40,6 +40,9 @@ class WorkerEnv:
     min_world: int = 1  # elastic: fewest members the job trains with
     elastic_wait_s: float = 600.0  # elastic: how long to wait below min_world
     incarnation: str = ""  # elastic: this process's life of its member slot (set by the agent)
+    standby: str = (
+        ""  # a parked standby: the file whose appearance activates it (agent/_standby.py)
+    )
 
     @property
     def managed(self) -> bool:
@@ -83,4 +86,5 @@ class WorkerEnv:
             min_world=int(e.get("STALWART_MIN_WORLD", "1")),
             elastic_wait_s=float(e.get("STALWART_ELASTIC_WAIT", "600")),
             incarnation=e.get("STALWART_INCARNATION", ""),
+            standby=e.get("STALWART_STANDBY", ""),
         )

@@ -164,7 +164,7 @@ class Session:
         """Register the training state (model, optimizer, scheduler, anything with
         ``state_dict``). A DDP model gets the generation comm hook; an optimizer's
         ``step`` is skipped in a failed step."""
-        from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState
+        from stalwart.checkpoint import RNGState
         from stalwart.runtime._fsdp import refuse_sharded_persist
 
         refuse_sharded_persist(state, self.env.persist_every, self.world_size)
@@ -177,6 +177,15 @@ class Session:
         self._replicated = any(
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
+        if not self.env.standby:  # a parked standby opens them when activated
+            self._open_checkpoints()
+        return self._state
+
+    def _open_checkpoints(self) -> None:
+        """The snapshot slots and the persister of this rank (``track``'s second half)."""
+        from stalwart.checkpoint import CheckpointConfig, CheckpointManager
+
+        state = self._state
         run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
         # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
         own = not self._replicated and self.world_size > 1
@@ -196,7 +205,6 @@ class Session:
             self._elastic.tracked(self._state)
         if self.env.persist_every != 0 and (self.rank == 0 or not self._replicated):
             self._ckpt.persister.start()  # now, not at the first persist (process start)
-        return self._state
 
     def _guard_optimizer(self, opt: torch.optim.Optimizer) -> None:
         original = opt.step
@@ -231,6 +239,11 @@ class Session:
         """Yield step numbers 1..total; between steps, snapshot, detect, recover."""
         if not self._state:
             raise RuntimeError("call Session.track(...) before Session.steps()")
+        if self.env.standby:
+            from stalwart.runtime._standby import park
+
+            park(self)  # until the agent hands us a lost node's rank
+            self._open_checkpoints()
         self._join(min_generation=0)
         while True:
             if self.step >= total:

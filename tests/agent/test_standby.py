@@ -1,0 +1,199 @@
+"""Standby workers (agent/_standby.py, runtime/_standby.py), in-process: which ranks a
+node stands by for, starting and stopping them as the ring changes, claiming one for a
+lost rank and activating it; the worker's park; the config's refusals. The real thing
+(a node lost, its ranks resumed in standbys, the result bit-identical) is in
+test_node_replicas.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from stalwart.agent._cluster import ring_successor
+from stalwart.agent._lifecycle import discard_dir
+from stalwart.agent._standby import Standbys
+from stalwart.agent.agent import Agent
+from stalwart.agent.config import LaunchConfig
+from stalwart.errors import ConfigError
+from stalwart.runtime._standby import park
+
+
+@dataclass
+class _Cluster:
+    live: set[int]
+    ranks: dict[int, list[int]]
+
+    def live_nodes(self) -> set[int]:
+        return set(self.live)
+
+    def adopter(self, lost: int, live: set[int]) -> int | None:
+        return ring_successor(lost, live)
+
+    def ranks_of(self, node: int) -> list[int]:
+        return self.ranks[node]
+
+
+@dataclass
+class _Zygote:
+    sent: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+class _Board:
+    def clear(self, slot: int) -> None:
+        pass
+
+
+class _FakeAgent:
+    """What Standbys uses of the agent, and nothing else."""
+
+    def __init__(self, node: int, nnodes: int, nproc: int) -> None:
+        self.cfg = SimpleNamespace(node_rank=node, nproc_per_node=nproc, job="sbtest")
+        ranks = {n: list(range(n * nproc, (n + 1) * nproc)) for n in range(nnodes)}
+        self.cluster = _Cluster(set(range(nnodes)), ranks)
+        self.workers = {
+            r: Agent.new_worker(r, r % nproc, i, attached=True) for i, r in enumerate(ranks[node])
+        }
+        self._zygote = _Zygote()
+        self._board = _Board()
+        self.standbys: Standbys | None = None
+        self.step = 5
+
+    def last_step(self) -> int:
+        return self.step
+
+    def free_slot(self) -> int:
+        used = {w.slot for w in self.workers.values()}
+        if self.standbys is not None:
+            used |= self.standbys.used_slots()
+        return min(set(range(len(used) + 1)) - used)
+
+    def worker_spec(self, w: Any, extra: dict[str, str]) -> dict[str, Any]:
+        return {"rank": w.rank, "slot": w.slot, "env": dict(extra)}
+
+    @staticmethod
+    def new_worker(rank: int, local: int, slot: int, *, attached: bool) -> Any:
+        return Agent.new_worker(rank, local, slot, attached=attached)
+
+
+def _standbys(node: int, nnodes: int = 3, nproc: int = 2) -> tuple[_FakeAgent, Standbys]:
+    agent = _FakeAgent(node, nnodes, nproc)
+    sb = Standbys(agent)  # type: ignore[arg-type]
+    agent.standbys = sb
+    return agent, sb
+
+
+def test_a_node_stands_by_for_the_ranks_of_its_ring_predecessor() -> None:
+    _, sb = _standbys(node=1)
+    assert sb.targets() == {0, 1}  # node 0's successor is node 1
+    _, sb = _standbys(node=0)
+    assert sb.targets() == {4, 5}  # the ring wraps: node 2 -> node 0
+
+
+def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring() -> None:
+    agent, sb = _standbys(node=1)
+    agent.step = 0
+    sb.reconcile(0.0)
+    assert agent._zygote.sent == []  # the job's own start is not slowed
+    agent.step = 3
+    sb.reconcile(1.0)
+    spawned = [m for m in agent._zygote.sent if m["op"] == "spawn"]
+    assert sorted(m["spec"]["rank"] for m in spawned) == [0, 1]
+    assert sorted(m["spec"]["slot"] for m in spawned) == [2, 3]  # workers hold 0 and 1
+    for m in spawned:
+        go = m["spec"]["env"]["STALWART_STANDBY"]
+        assert go.startswith("/dev/shm/stalwart-sbtest-standby-r") and not os.path.exists(go)
+        assert sb.on_spawned(m["id"], 1_000_000 + m["spec"]["rank"])
+    sb.reconcile(1.5)  # within the second: nothing read, nothing started
+    assert len(agent._zygote.sent) == 2
+    # node 0 leaves the ring: node 1 now stands by for node 2's ranks, 0 and 1 are stale
+    agent.cluster.live = {1, 2}
+    sb.reconcile(3.0)
+    assert sorted(sb.by_rank) == [4, 5]
+    assert sorted(s.slot for s in sb.by_rank.values()) == [2, 3]  # the stale ones' slots
+    assert not sb.on_exit(1_000_000)  # the stopped standby's exit is not a standby's
+
+
+def test_a_claimed_standby_becomes_the_worker_and_is_activated_by_its_file() -> None:
+    agent, sb = _standbys(node=1)
+    sb.reconcile(1.0)
+    msg = next(m for m in agent._zygote.sent if m["spec"]["rank"] == 0)
+    pid = os.getpid()  # a live process stands in for the standby
+    sb.on_spawned(msg["id"], pid)
+    go = msg["spec"]["env"]["STALWART_STANDBY"]
+    try:
+        assert sb.claim(1) is None  # rank 1's standby has no pid yet: start one afresh
+        w = sb.claim(0)
+        assert w is not None and (w.rank, w.pid, w.state) == (0, pid, "running")
+        assert w.slot == msg["spec"]["slot"] and 0 not in sb.by_rank
+        assert not os.path.exists(go)
+        assert sb.activate(w) and os.path.exists(go) and sb.activated == 1
+        assert not sb.activate(w)  # once
+    finally:
+        if os.path.exists(go):
+            os.unlink(go)
+
+
+def test_a_dead_standby_is_not_claimed_and_is_replaced() -> None:
+    agent, sb = _standbys(node=1)
+    sb.reconcile(1.0)
+    for m in agent._zygote.sent:
+        sb.on_spawned(m["id"], 4_000_000 + m["spec"]["rank"])  # no such processes
+    assert sb.claim(0) is None
+    assert sb.on_exit(4_000_001) and 1 not in sb.by_rank
+    sb.reconcile(2.0)
+    assert sorted(m["spec"]["rank"] for m in agent._zygote.sent) == [0, 1, 1]
+
+
+def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    phases: list[str] = []
+    sess = SimpleNamespace(env=SimpleNamespace(standby=str(go)), _publish=phases.append)
+    timer = threading.Timer(0.2, go.write_text, args=("{}",))
+    timer.start()
+    t0 = time.monotonic()
+    parked = park(sess, poll_s=0.002)
+    assert parked >= 0.15 and time.monotonic() - t0 < 10
+    assert phases == ["standby"] and not go.exists()
+    timer.join()
+
+
+def test_discard_dir_frees_the_name_at_once(tmp_path: Path) -> None:
+    d = tmp_path / f"slots-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    (d / "slot0.data").write_bytes(b"x" * 4096)
+    discard_dir(str(d))
+    assert not d.exists()
+    deadline = time.monotonic() + 10
+    while any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(tmp_path.iterdir())  # the trash is gone too
+    discard_dir(str(d))  # already gone: nothing to do
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"strategy": "restart", "nnodes": 2}, "--standby needs --strategy flash or spare"),
+        ({"strategy": "elastic", "nnodes": 2}, "--standby needs --strategy flash or spare"),
+        ({"strategy": "flash", "nnodes": 1}, "--nnodes >= 2"),
+    ],
+)
+def test_config_refuses_standby_where_it_cannot_work(
+    kwargs: dict[str, Any], match: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    extra = {"rdzv_endpoint": "127.0.0.1:1"} if kwargs["nnodes"] > 1 else {}
+    with pytest.raises(ConfigError, match=match):
+        LaunchConfig(str(script), standby=True, **kwargs, **extra)
