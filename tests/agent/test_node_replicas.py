@@ -101,7 +101,12 @@ def test_without_a_complete_replica_the_lost_node_restores_from_disk(
     codes, digests = _run(etcd, run_dir, extra)
     assert codes == [0, 137]
     assert digests == reference
-    assert set(_restores(run_dir).values()) == {"disk"}
+    tiers = _restores(run_dir)
+    assert tiers[2] == tiers[3] == "disk", tiers  # node 1's ranks: nothing in memory
+    # the survivors read the agreed step from their own snapshot when it holds it
+    assert {tiers[0], tiers[1]} <= {"disk", "memory"}, tiers
+    ends = [f for k, f in events_of(run_dir) if k == "recovery_end"]
+    assert ends and all(f["source_tier"] == "disk" for f in ends), ends
 
 
 def test_standbys_resume_the_lost_nodes_ranks(

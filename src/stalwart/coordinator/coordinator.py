@@ -135,6 +135,11 @@ class Coordinator:
 
     # -- generations ----------------------------------------------------
 
+    @property
+    def generation_key(self) -> str:
+        """The store key holding the generation (for a watch on it)."""
+        return self._k("gen")
+
     def generation(self) -> int:
         """The job's current generation (0 before the first bump)."""
         kv = self.store.get(self._k("gen"))

@@ -11,7 +11,9 @@ waiting for a collective to fail.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -49,14 +51,21 @@ def fence_compares(env: WorkerEnv) -> list[Compare]:
 
 
 class GenerationWatch:
-    """Polls the job's generation; :attr:`moved` is set once it passes ``current``."""
+    """Follows the job's generation; :attr:`moved` is set once it passes ``current``.
 
-    def __init__(self, coord: Coordinator, interval_s: float = 0.2) -> None:
+    A store watch on the generation key says so at once (a worker stuck in a collective
+    with a lost peer leaves it then, runtime/group.py); a read every ``interval_s``
+    covers a watch that broke (etcd restarted, its history compacted) until a new one
+    is open. One watch stream and one read a second per worker: cheap for etcd at
+    thousands of workers, unlike a fast poll."""
+
+    def __init__(self, coord: Coordinator, interval_s: float = 1.0) -> None:
         self.coord = coord
         self.current = 0
         self.interval_s = interval_s
         self.moved = threading.Event()
         self._stop = threading.Event()
+        self._watch: Any = None
         self._thread = threading.Thread(target=self._run, name="stalwart-genwatch", daemon=True)
         self._thread.start()
 
@@ -64,13 +73,38 @@ class GenerationWatch:
         self.current = generation
         self.moved.clear()
 
+    def _check(self) -> None:
+        if self.coord.generation() > self.current:
+            self.moved.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        watch: Any = None
+        next_read = 0.0
+        while not self._stop.is_set():
             try:
-                if self.coord.generation() > self.current:
-                    self.moved.set()
-            except Exception:  # etcd away for a moment: the next poll tells
-                continue
+                if watch is None:  # open first, then read: no bump falls in between
+                    watch = self._watch = self.coord.store.watch(self.coord.generation_key)
+                    next_read = 0.0
+                if time.monotonic() >= next_read:
+                    self._check()
+                    next_read = time.monotonic() + self.interval_s
+                if watch.get(timeout=min(0.5, self.interval_s)):  # wakes for close() too
+                    self._check()
+            except Exception:  # etcd away for a moment: poll until a watch opens again
+                if watch is not None:
+                    with contextlib.suppress(Exception):
+                        watch.close()
+                watch = None
+                with contextlib.suppress(Exception):
+                    self._check()
+                self._stop.wait(self.interval_s)
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                watch.close()
 
     def close(self) -> None:
         self._stop.set()
+        if self._watch is not None:  # ends a get() in progress
+            with contextlib.suppress(Exception):
+                self._watch.close()
+        self._thread.join(5)

@@ -93,7 +93,7 @@ class SwapProcessGroup(dist.ProcessGroup):
             if gen.on_collective is not None:
                 gen.on_collective(True)
             try:
-                op(gen.pg).wait()
+                gen.wait(op(gen.pg))
                 return _done(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
                 gen.error = err

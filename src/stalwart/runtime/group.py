@@ -35,7 +35,39 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket, HashStore, PrefixStore, TCPStore
 
-__all__ = ["GenerationGroup", "ensure_local_default_group"]
+__all__ = [
+    "GenerationGroup",
+    "GenerationMovedError",
+    "ensure_local_default_group",
+    "leak_abandoned",
+]
+
+
+_SLICE = timedelta(milliseconds=50)  # how often a waiting collective looks at the generation
+_GRAVEYARD: list[tuple[Any, Any]] = []  # (group, work) abandoned while the work still ran
+
+
+class GenerationMovedError(RuntimeError):
+    """The job's generation moved on while this collective waited: its group is being
+    re-formed (a member was lost), so waiting longer cannot help."""
+
+
+def _bury(pg: Any, work: Any) -> None:
+    """Keep an abandoned group alive until its work ends: destroying a gloo group joins
+    its worker threads, which wait for the dead peer until the collective timeout."""
+    _GRAVEYARD[:] = [(g, w) for g, w in _GRAVEYARD if not w.is_completed()]
+    _GRAVEYARD.append((pg, work))
+
+
+def leak_abandoned() -> None:
+    """At exit: never destroy a group whose work may still wait (it would block the
+    process's exit for up to the collective timeout). The OS reclaims it."""
+    import ctypes
+
+    for pair in _GRAVEYARD:
+        if not pair[1].is_completed():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pair[0]))
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pair[1]))
 
 
 def ensure_local_default_group() -> None:
@@ -65,6 +97,10 @@ class GenerationGroup:
         self.generation = -1
         self.error: BaseException | None = None
         self.on_collective: Callable[[bool], None] | None = None
+        # set by the session under etcd: True once the generation moved on, so a
+        # collective stuck on a lost peer is left at once instead of at the peer's
+        # socket close (its process teardown) or, for a silent machine, the timeout
+        self.moved: Callable[[], bool] | None = None
         self._store: Any = None
         self._c10d = c10d
         self._is_master = is_master
@@ -118,7 +154,7 @@ class GenerationGroup:
             self.on_collective(True)
         t0 = time.perf_counter()
         try:
-            self.pg.allreduce([flat]).wait()
+            self.wait(self.pg.allreduce([flat]))
         except Exception as err:
             self.error = err
             # drop the group now: its sockets close, so the peers that are not our ring
@@ -128,6 +164,29 @@ class GenerationGroup:
             self.last_allreduce_s = time.perf_counter() - t0
             if self.on_collective is not None:
                 self.on_collective(False)
+
+    def wait(self, work: Any) -> None:
+        """Wait for ``work`` of the current group; raises its error, or
+        :class:`GenerationMovedError` (after burying the group) when the generation
+        moved on meanwhile. Without :attr:`moved`, a plain wait (no polling at all)."""
+        if self.moved is None:
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(timeout=_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed() or not self.moved():
+                    if work.is_completed():
+                        raise  # it failed (or timed out) for real
+                    continue  # a slice passed: look again
+                _bury(self.pg, work)
+                self.pg = None
+                raise GenerationMovedError(
+                    f"generation {self.generation} was left while a collective waited "
+                    "(the job moved to a new generation: a member was lost)"
+                ) from None
 
     # -- DDP -------------------------------------------------------------
     def attach(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:

@@ -41,7 +41,7 @@ from stalwart.runtime._memory import (
 )
 from stalwart.runtime._rendezvous import agree, no_common_point
 from stalwart.runtime.env import WorkerEnv
-from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
+from stalwart.runtime.group import GenerationGroup, ensure_local_default_group, leak_abandoned
 
 __all__ = ["Session", "init"]
 
@@ -109,6 +109,8 @@ class Session:
             store=c10d_store(env, self.store),
         )
         self.group.on_collective = self._on_collective
+        if self._genwatch is not None and env.strategy != "elastic":
+            self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
         self.acct = StepAccounting(self)
         self._state: dict[str, Any] = {}
         self._mesh: Any = None
@@ -330,7 +332,12 @@ class Session:
                     tier = "replica"  # a lost node's slots, kept by its buddy
                 nbytes = restore_memory_step(source, self._state, a.target)
             elif a.tier == "disk" and a.target is not None:
-                nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
+                if use_memory and a.target in memory_steps(snap):
+                    # the agreed step is on disk for everyone, and in our own memory
+                    # too (the snapshot it was persisted from): the same bytes, faster
+                    nbytes, tier = restore_memory_step(snap, self._state, a.target), "memory"
+                else:
+                    nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
             restored = a.target if a.target is not None else 0
             no_common_point(a, self.step, self.rank)  # raises: trained state, nowhere to go
             if self.events is not None and a.tier != "none":
@@ -381,7 +388,10 @@ class Session:
         self.acct.flush()
         if self.coord is None:
             raise RuntimeError(f"a step failed and there is no agent to recover with: {reason}")
-        self.coord.advance_generation(self.generation, reason)
+        if self.coord.advance_generation(self.generation, reason).won and self.events:
+            self.events.emit(
+                "note", message=f"rank {self.rank} ended generation {self.generation}: {reason}"
+            )
         self._join(min_generation=self.generation + 1)
 
     def _finish(self, total: int) -> bool:
@@ -406,6 +416,7 @@ class Session:
         self._stop.set()
         if self._genwatch is not None:
             self._genwatch.close()
+        leak_abandoned()
         if self._elastic is not None:
             self._elastic.close()
         if self._ckpt is not None:

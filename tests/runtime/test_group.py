@@ -1,0 +1,87 @@
+"""GenerationGroup's wait: a collective stuck on a lost peer is left as soon as the
+generation moves on (not at the peer's socket close or the collective timeout), a slow
+one that completes is not disturbed; GenerationWatch sees a bump through a store watch.
+
+Two ranks of a real gloo group run in two threads of this process (a group of two
+needs both to connect); the stuck peer is rank 1 simply never entering the collective.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+from torch.distributed import HashStore
+
+from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.runtime._coord import GenerationWatch
+from stalwart.runtime.group import GenerationGroup, GenerationMovedError
+
+# far longer than the test may take: only leaving early lets these tests pass
+TIMEOUT_S = 600.0
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[GenerationGroup, GenerationGroup]]:
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    groups = [GenerationGroup(None, r, 2, TIMEOUT_S, "group-test", store=store) for r in (0, 1)]
+    threads = [threading.Thread(target=g.build, args=(0,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(g.pg is not None for g in groups)
+    yield groups[0], groups[1]
+
+
+def test_a_stuck_collective_is_left_when_the_generation_moves(
+    pair: tuple[GenerationGroup, GenerationGroup],
+) -> None:
+    g0, g1 = pair
+    moved = threading.Event()
+    g0.moved = moved.is_set
+    threading.Timer(0.3, moved.set).start()
+    pg = g0.pg
+    g0.allreduce_(torch.ones(1))  # rank 1 never joins: only the move ends the wait
+    assert isinstance(g0.error, GenerationMovedError)
+    assert g0.pg is None and "generation 0" in str(g0.error)
+    # the abandoned work still runs in its buried group; rank 1 ends it cleanly
+    flat = torch.ones(1)
+    g1.allreduce_(flat)
+    assert g1.error is None and flat.item() == 2.0
+    assert pg is not None
+
+
+def test_a_slow_collective_completes_while_the_generation_stays(
+    pair: tuple[GenerationGroup, GenerationGroup],
+) -> None:
+    g0, g1 = pair
+    g0.moved = lambda: False
+    late = torch.full((1,), 2.0)
+    timer = threading.Timer(0.3, g1.allreduce_, args=(late,))  # several 50 ms slices
+    timer.start()
+    flat = torch.ones(1)
+    g0.allreduce_(flat)
+    timer.join()
+    assert g0.error is None and flat.item() == 3.0 and late.item() == 3.0
+
+
+def test_generation_watch_sees_a_bump_through_the_store_watch() -> None:
+    coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id="watch-test"))
+    # the fallback read comes every 10 minutes: only the watch can be this quick
+    watch = GenerationWatch(coord, interval_s=TIMEOUT_S)
+    try:
+        watch.follow(0)
+        coord.advance_generation(0, "test")
+        assert watch.moved.wait(30)
+        watch.follow(1)
+        assert not watch.moved.is_set()
+        coord.advance_generation(1, "test")
+        assert watch.moved.wait(30)
+    finally:
+        watch.close()
