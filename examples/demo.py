@@ -49,7 +49,15 @@ def run_job(
     out: Path,
     *,
     example: Path = EXAMPLE,
-    launch: tuple[str, ...] = ("--nnodes", "2", "--nproc-per-node", "2", "--strategy", "flash"),
+    launch: tuple[str, ...] = (
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--strategy",
+        "flash",
+        "--standby",  # node 0 keeps node 1's ranks parked: the node loss starts nothing
+    ),
 ) -> float:
     """Two agents (node 0 and node 1) on loopback; returns the wall time."""
     shutil.rmtree(run_dir, ignore_errors=True)

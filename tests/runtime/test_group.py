@@ -71,6 +71,30 @@ def test_a_slow_collective_completes_while_the_generation_stays(
     assert g0.error is None and flat.item() == 3.0 and late.item() == 3.0
 
 
+def test_a_dead_member_fails_every_peer_not_only_its_neighbours() -> None:
+    """Rank 3 dies (its group is dropped: its sockets close). Its ring neighbours see
+    that and drop their groups in turn, so rank 1, which never talks to rank 3, fails
+    too, well before the collective timeout. Regression: an error kept with its
+    traceback kept the waiting frame, the work and so the group's sockets alive."""
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    groups = [GenerationGroup(None, r, 4, TIMEOUT_S, "ring-test", store=store) for r in range(4)]
+    threads = [threading.Thread(target=g.build, args=(0,)) for g in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(g.pg is not None for g in groups)
+    live = [threading.Thread(target=g.allreduce_, args=(torch.ones(1),)) for g in groups[:3]]
+    for t in live:
+        t.start()
+    groups[3].close()  # the dead member's sockets close
+    for t in live:
+        t.join(90)  # only a timeout-free failure ends these in time
+    assert not any(t.is_alive() for t in live)
+    assert all(g.error is not None and g.pg is None for g in groups[:3])
+
+
 def test_generation_watch_sees_a_bump_through_the_store_watch() -> None:
     coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id="watch-test"))
     # the fallback read comes every 10 minutes: only the watch can be this quick

@@ -96,7 +96,7 @@ class SwapProcessGroup(dist.ProcessGroup):
                 gen.wait(op(gen.pg))
                 return _done(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
-                gen.error = err
+                gen.error = err.with_traceback(None)  # a traceback keeps frames alive
                 gen.pg = None  # close our sockets: the other peers fail at once too
             finally:
                 if gen.on_collective is not None:

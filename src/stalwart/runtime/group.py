@@ -154,12 +154,15 @@ class GenerationGroup:
             self.on_collective(True)
         t0 = time.perf_counter()
         try:
-            self.wait(self.pg.allreduce([flat]))
-        except Exception as err:
-            self.error = err
-            # drop the group now: its sockets close, so the peers that are not our ring
-            # neighbours fail within milliseconds too instead of waiting for a timeout
-            self.pg = None
+            try:
+                err = self._wait(self.pg.allreduce([flat]))
+            except Exception as failed:  # the call itself failed (no work to wait for)
+                err = failed.with_traceback(None)
+            if err is not None:
+                self.error = err
+                # drop the group now: its sockets close, so the peers that are not our
+                # ring neighbours fail within milliseconds too instead of at the timeout
+                self.pg = None
         finally:
             self.last_allreduce_s = time.perf_counter() - t0
             if self.on_collective is not None:
@@ -168,25 +171,37 @@ class GenerationGroup:
     def wait(self, work: Any) -> None:
         """Wait for ``work`` of the current group; raises its error, or
         :class:`GenerationMovedError` (after burying the group) when the generation
-        moved on meanwhile. Without :attr:`moved`, a plain wait (no polling at all)."""
-        if self.moved is None:
-            work.wait()
-            return
-        while True:
-            try:
-                work.wait(timeout=_SLICE)
-                return
-            except RuntimeError:
-                if work.is_completed() or not self.moved():
+        moved on meanwhile."""
+        err = self._wait(work)
+        del work  # not kept alive by the traceback of what we raise
+        if err is not None:
+            raise err
+
+    def _wait(self, work: Any) -> BaseException | None:
+        """The error of ``work`` (None: it succeeded), without its traceback: a traceback
+        keeps this frame, hence ``work``, hence the group's sockets alive, and the peers
+        that are not our ring neighbours would wait for the timeout instead of seeing
+        them close. Without :attr:`moved`, a plain wait (no polling at all)."""
+        try:
+            if self.moved is None:
+                work.wait()
+                return None
+            while True:
+                try:
+                    work.wait(timeout=_SLICE)
+                    return None
+                except RuntimeError:
                     if work.is_completed():
                         raise  # it failed (or timed out) for real
-                    continue  # a slice passed: look again
+                    if not self.moved():
+                        continue  # a slice passed: look again
                 _bury(self.pg, work)
-                self.pg = None
-                raise GenerationMovedError(
+                return GenerationMovedError(
                     f"generation {self.generation} was left while a collective waited "
                     "(the job moved to a new generation: a member was lost)"
-                ) from None
+                )
+        except Exception as err:
+            return err.with_traceback(None)
 
     # -- DDP -------------------------------------------------------------
     def attach(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
