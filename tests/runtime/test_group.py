@@ -25,17 +25,23 @@ TIMEOUT_S = 600.0
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[GenerationGroup, GenerationGroup]]:
+def _groups(n: int, namespace: str) -> list[GenerationGroup]:
+    """``n`` members of generation 0, built concurrently (each waits for the others)."""
     store = HashStore()
     store.set_timeout(timedelta(seconds=60))
-    groups = [GenerationGroup(None, r, 2, TIMEOUT_S, "group-test", store=store) for r in (0, 1)]
+    groups = [GenerationGroup(None, r, n, TIMEOUT_S, namespace, store=store) for r in range(n)]
     threads = [threading.Thread(target=g.build, args=(0,)) for g in groups]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert all(g.pg is not None for g in groups)
+    return groups
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[GenerationGroup, GenerationGroup]]:
+    groups = _groups(2, "group-test")
     yield groups[0], groups[1]
 
 
@@ -76,15 +82,7 @@ def test_a_dead_member_fails_every_peer_not_only_its_neighbours() -> None:
     that and drop their groups in turn, so rank 1, which never talks to rank 3, fails
     too, well before the collective timeout. Regression: an error kept with its
     traceback kept the waiting frame, the work and so the group's sockets alive."""
-    store = HashStore()
-    store.set_timeout(timedelta(seconds=60))
-    groups = [GenerationGroup(None, r, 4, TIMEOUT_S, "ring-test", store=store) for r in range(4)]
-    threads = [threading.Thread(target=g.build, args=(0,)) for g in groups]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert all(g.pg is not None for g in groups)
+    groups = _groups(4, "ring-test")
     live = [threading.Thread(target=g.allreduce_, args=(torch.ones(1),)) for g in groups[:3]]
     for t in live:
         t.start()

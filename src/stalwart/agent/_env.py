@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from stalwart.agent.config import LaunchConfig
 
-__all__ = ["WorkerSpec", "worker_env"]
+if TYPE_CHECKING:
+    from stalwart.agent.agent import Agent
+
+__all__ = ["Worker", "WorkerSpec", "spawn_spec", "worker_env"]
+
+
+@dataclass
+class Worker:
+    """One rank this agent runs: its process and what the agent knows of it."""
+
+    rank: int
+    local: int  # LOCAL_RANK
+    slot: int  # progress-board index
+    pid: int = 0
+    state: str = "starting"  # starting | running | done | dead | gone (left for good)
+    cause: str = ""  # why the agent killed it: hang | restart | chaos | shutdown
+    attached: bool = False  # its script runs the stalwart runtime (sticky across restarts)
+    t_spawn: float = 0.0
+    incarnation: str = ""  # elastic: this process's life of the member slot
 
 
 @dataclass(frozen=True)
@@ -58,3 +77,30 @@ def worker_env(
         }
     )
     return env
+
+
+def spawn_spec(agent: Agent, spec: WorkerSpec, extra: dict[str, str]) -> dict[str, Any]:
+    """What the zygote needs to start a worker of ``agent``: its environment (torchrun's
+    variables, the job's ``STALWART_*`` ones, then ``extra``), argv, cwd and log file."""
+    cfg = agent.cfg
+    env = worker_env(
+        cfg,
+        spec,
+        restarts=agent.restarts,
+        master_port=agent.master_port,
+        extra={
+            "STALWART_RUN_DIR": agent.run_dir,
+            "STALWART_STORE": agent.cluster.address,
+            "STALWART_TOKEN_FILE": os.path.abspath(agent.cluster.token_file),
+            "STALWART_C10D": agent.c10d_addr,
+            "STALWART_PROGRESS": agent._board.path if agent._board else "",
+            "STALWART_CHAOS_PLAN": agent.plan_path,
+            **agent.cluster.worker_env(),
+            **extra,
+        },
+    )
+    log = None
+    if cfg.redirect:
+        os.makedirs(os.path.join(agent.run_dir, "logs"), exist_ok=True)
+        log = os.path.join(agent.run_dir, "logs", f"rank{spec.rank}.log")
+    return {"env": env, "argv": [cfg.script, *cfg.script_args], "cwd": os.getcwd(), "log": log}

@@ -118,13 +118,6 @@ def adopt_lost_nodes(agent: Agent) -> None:
         )
         for w in adopted:
             if agent.standbys is not None and agent.standbys.activate(w):
-                agent.events.emit(
-                    "member_join",
-                    member=f"rank{w.rank}",
-                    node=agent.cfg.node_rank,
-                    rank=w.rank,
-                    generation=agent.generation,
-                    standby=True,
-                )
+                agent.emit_join(w, standby=True)
             else:
                 agent._spawn(w)

@@ -17,13 +17,12 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, pending_joins
-from stalwart.agent._env import WorkerSpec, worker_env
+from stalwart.agent._env import Worker, WorkerSpec, spawn_spec
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, teardown
@@ -37,19 +36,6 @@ from stalwart.errors import StalwartError
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = ["Agent", "run_agent"]
-
-
-@dataclass
-class _Worker:
-    rank: int
-    local: int  # LOCAL_RANK
-    slot: int  # progress-board index
-    pid: int = 0
-    state: str = "starting"  # starting | running | done | dead | gone (left for good)
-    cause: str = ""  # why the agent killed it: hang | restart | chaos | shutdown
-    attached: bool = False  # its script runs the stalwart runtime (sticky across restarts)
-    t_spawn: float = 0.0
-    incarnation: str = ""  # elastic: this process's life of the member slot
 
 
 def _free_port() -> int:
@@ -70,7 +56,7 @@ class Agent:
         self.events = EventLog(os.path.join(self.run_dir, EVENTS_FILE), node=config.node_rank)
         self.ledger = FaultLedger(self.run_dir)
         self.plan = FaultPlan.parse(config.chaos)
-        self.workers = {r: _Worker(r, i, i) for i, r in enumerate(config.local_ranks)}
+        self.workers = {r: Worker(r, i, i) for i, r in enumerate(config.local_ranks)}
         self.restarts = 0
         self.generation = 0
         self.master_port = _free_port()
@@ -142,36 +128,15 @@ class Agent:
         emit_run_start(self, ready)
 
     # ---------------------------------------------------------------- spawning
-    def _spec(self, w: _Worker) -> dict[str, Any]:
+    def _spec(self, w: Worker) -> dict[str, Any]:
         return self.worker_spec(w, {})
 
-    def worker_spec(self, w: _Worker, extra: dict[str, str]) -> dict[str, Any]:
+    def worker_spec(self, w: Worker, extra: dict[str, str]) -> dict[str, Any]:
         """What the zygote needs to start ``w`` (environment, argv, cwd, log file)."""
-        cfg = self.cfg
-        env = worker_env(
-            cfg,
-            WorkerSpec(w.rank, w.local, w.slot),
-            restarts=self.restarts,
-            master_port=self.master_port,
-            extra={
-                "STALWART_RUN_DIR": self.run_dir,
-                "STALWART_STORE": self.cluster.address,
-                "STALWART_TOKEN_FILE": os.path.abspath(self.cluster.token_file),
-                "STALWART_C10D": self.c10d_addr,
-                "STALWART_PROGRESS": self._board.path if self._board else "",
-                "STALWART_CHAOS_PLAN": self.plan_path,
-                **self.cluster.worker_env(),
-                **elastic_env(self, w),
-                **extra,
-            },
-        )
-        log = None
-        if cfg.redirect:
-            os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
-            log = os.path.join(self.run_dir, "logs", f"rank{w.rank}.log")
-        return {"env": env, "argv": [cfg.script, *cfg.script_args], "cwd": os.getcwd(), "log": log}
+        spec = WorkerSpec(w.rank, w.local, w.slot)
+        return spawn_spec(self, spec, {**elastic_env(self, w), **extra})
 
-    def _spawn(self, w: _Worker) -> None:
+    def _spawn(self, w: Worker) -> None:
         assert self._zygote is not None and self._board is not None
         self._board.clear(w.slot)
         w.state, w.cause, w.pid, w.t_spawn = "starting", "", 0, time.time()
@@ -183,12 +148,19 @@ class Agent:
         else:
             self._pending_spawn[f"rank-{w.rank}"] = w.rank
             self._zygote.send({"op": "spawn", "id": f"rank-{w.rank}", "spec": self._spec(w)})
+        self.emit_join(w)
+
+    def emit_join(self, w: Worker, *, standby: bool = False) -> None:
+        """``member_join`` for ``w`` at the current generation (``standby``: it runs in a
+        parked standby process, agent/_standby.py)."""
+        more = {"standby": True} if standby else {}
         self.events.emit(
             "member_join",
             member=f"rank{w.rank}",
             node=self.cfg.node_rank,
             rank=w.rank,
             generation=self.generation,
+            **more,
         )
 
     def free_slot(self) -> int:
@@ -220,7 +192,7 @@ class Agent:
         elif op == "exit":
             self._on_exit(int(msg["pid"]), int(msg["rc"]), float(msg["t"]))
 
-    def _by_pid(self, pid: int) -> _Worker | None:
+    def _by_pid(self, pid: int) -> Worker | None:
         return next((w for w in self.workers.values() if w.pid == pid), None)
 
     def _on_exit(self, pid: int, rc: int, t_exit: float) -> None:
@@ -265,7 +237,7 @@ class Agent:
             "generation", generation=self.generation, world_size=self.cfg.world_size, reason=reason
         )
 
-    def _recover(self, failed: _Worker, cause: str) -> None:
+    def _recover(self, failed: Worker, cause: str) -> None:
         cfg = self.cfg
         check_fenced(self, probe=True)  # our ranks may run elsewhere now
         self._t_recovery = time.time()
@@ -336,8 +308,8 @@ class Agent:
             self._restart_local()
 
     @staticmethod
-    def new_worker(rank: int, local: int, slot: int, *, attached: bool) -> _Worker:
-        return _Worker(rank, local, slot, attached=attached)
+    def new_worker(rank: int, local: int, slot: int, *, attached: bool) -> Worker:
+        return Worker(rank, local, slot, attached=attached)
 
     @staticmethod
     def say(msg: str) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "holds_replica",
     "memory_source",
     "memory_steps",
+    "restore_agreed",
     "restore_memory_step",
     "taken_from_replica",
 ]
@@ -71,3 +72,25 @@ def memory_source(job: str, rank: int, agreement: Any, own: Snapshotter) -> Snap
         if target in info.get("steps", []) and info.get("host") == host:
             return Snapshotter(SnapshotConfig(f"{job}-r{info['rank']}"))
     raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
+
+
+def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str]:
+    """Load the agreed step ``a.target`` into the session's state from the fastest source
+    that holds it; returns (bytes, tier): ``memory`` (own slots), ``replica`` (own slots
+    taken over from a buddy), ``peer`` (a same-host peer's slots) or ``disk``."""
+    snap = sess._ckpt.snapshots
+    if a.target is None:
+        return 0, a.tier
+    if a.tier in ("memory", "peer"):
+        source = memory_source(sess.env.job, sess.rank, a, snap)
+        tier = "memory" if source is snap else "peer"
+        if source is snap and taken_from_replica(snap):
+            tier = "replica"  # a lost node's slots, kept by its buddy
+        return restore_memory_step(source, sess._state, a.target), tier
+    if a.tier == "disk":
+        if use_memory and a.target in memory_steps(snap):
+            # the agreed step is on disk for everyone, and in our own memory too (the
+            # snapshot it was persisted from): the same bytes, faster
+            return restore_memory_step(snap, sess._state, a.target), "memory"
+        return sess._ckpt.restore(sess._state, step=a.target).bytes_read, "disk"
+    return 0, a.tier

@@ -20,7 +20,7 @@ from typing import Any
 from stalwart.coordinator import Compare, Coordinator, Put, Store
 from stalwart.errors import CheckpointNotFoundError, FencedError
 
-__all__ = ["Agreement", "agree", "choose"]
+__all__ = ["Agreement", "agree", "choose", "finish_barrier", "no_common_point"]
 
 
 @dataclass(frozen=True)
@@ -134,3 +134,21 @@ def agree(
                     f"{timeout_s:.0f}s"
                 )
             time.sleep(0.002)
+
+
+def finish_barrier(
+    store: Store, coord: Coordinator, prefix: str, who: tuple[int, int, int], timeout_s: float
+) -> bool:
+    """The end of the job: ``who`` = (rank, world_size, generation) reached the last step;
+    True once every member did in this generation, False if the generation moves (a
+    member failed on the way) or ``timeout_s`` passes."""
+    rank, world_size, generation = who
+    store.put(prefix + f"{rank:06d}", b"1")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(store.range(prefix).kvs) >= world_size:
+            return True
+        if coord.generation() != generation:
+            return False
+        time.sleep(0.005)
+    return False

@@ -34,12 +34,11 @@ from stalwart.runtime._faults import fire_worker_faults
 from stalwart.runtime._memory import (
     committed_disk_steps,
     holds_replica,
-    memory_source,
     memory_steps,
-    restore_memory_step,
-    taken_from_replica,
+    restore_agreed,
 )
-from stalwart.runtime._rendezvous import agree, no_common_point
+from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
+from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group, leak_abandoned
 
@@ -174,49 +173,14 @@ class Session:
             if isinstance(value, torch.nn.parallel.DistributedDataParallel):
                 self.group.attach(value)
             if isinstance(value, torch.optim.Optimizer):
-                self._guard_optimizer(value)
+                guard_optimizer(self.group, value)
         self._state = {**state, "_rng": RNGState()}
         self._replicated = any(
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
         if not self.env.standby:  # a parked standby opens them when activated
-            self._open_checkpoints()
+            open_checkpoints(self)
         return self._state
-
-    def _open_checkpoints(self) -> None:
-        """The snapshot slots and the persister of this rank (``track``'s second half)."""
-        from stalwart.checkpoint import CheckpointConfig, CheckpointManager
-
-        state = self._state
-        run_dir = self.env.run_dir or os.path.abspath("stalwart-local")
-        # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
-        own = not self._replicated and self.world_size > 1
-        root = os.path.join(run_dir, "ckpt", *([f"rank{self.rank}"] if own else []))
-        self._ckpt = CheckpointManager(
-            CheckpointConfig(
-                root=root,
-                namespace=f"{self.env.job}-r{self.rank}",
-                rank=0,
-                world_size=1,
-            )
-        )
-        for value in state.values():
-            if isinstance(value, torch.optim.Optimizer):
-                self._ckpt.snapshots.guard(value)
-        if self._elastic is not None:
-            self._elastic.tracked(self._state)
-        if self.env.persist_every != 0 and (self.rank == 0 or not self._replicated):
-            self._ckpt.persister.start()  # now, not at the first persist (process start)
-
-    def _guard_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        original = opt.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if self.group.error is not None:
-                return None  # the step failed somewhere: discard it everywhere
-            return original(*args, **kwargs)
-
-        opt.step = step  # type: ignore[method-assign]
 
     def use_batch(self, config: Any) -> None:
         """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
@@ -245,7 +209,7 @@ class Session:
             from stalwart.runtime._standby import park
 
             park(self)  # until the agent hands us a lost node's rank
-            self._open_checkpoints()
+            open_checkpoints(self)
         self._join(min_generation=0)
         while True:
             if self.step >= total:
@@ -323,21 +287,7 @@ class Session:
                 fence=fence_compares(self.env),
             )
             t_restore = time.perf_counter()
-            nbytes = 0
-            tier = a.tier
-            if a.tier in ("memory", "peer") and a.target is not None:
-                source = self._memory_source(a, snap)
-                tier = "memory" if source is snap else "peer"
-                if source is snap and taken_from_replica(snap):
-                    tier = "replica"  # a lost node's slots, kept by its buddy
-                nbytes = restore_memory_step(source, self._state, a.target)
-            elif a.tier == "disk" and a.target is not None:
-                if use_memory and a.target in memory_steps(snap):
-                    # the agreed step is on disk for everyone, and in our own memory
-                    # too (the snapshot it was persisted from): the same bytes, faster
-                    nbytes, tier = restore_memory_step(snap, self._state, a.target), "memory"
-                else:
-                    nbytes = self._ckpt.restore(self._state, step=a.target).bytes_read
+            nbytes, tier = restore_agreed(self, a, use_memory=use_memory)
             restored = a.target if a.target is not None else 0
             no_common_point(a, self.step, self.rank)  # raises: trained state, nowhere to go
             if self.events is not None and a.tier != "none":
@@ -377,9 +327,6 @@ class Session:
             self._publish("step")
             return
 
-    def _memory_source(self, a: Any, snap: Any) -> Any:
-        return memory_source(self.env.job, self.rank, a, snap)
-
     def _disk_step(self) -> int | None:
         steps = committed_steps(self._ckpt.storage)
         return steps[-1] if steps else None
@@ -400,17 +347,16 @@ class Session:
         self.acct.wait_persist()
         if self.store is None:
             return True
-        prefix = f"/stalwart/{self.env.job}/done/{self.generation:012d}/"
-        self.store.put(prefix + f"{self.rank:06d}", b"1")
-        deadline = time.monotonic() + self.env.hang_ceiling_s
-        while time.monotonic() < deadline:
-            if len(self.store.range(prefix).kvs) >= self.world_size:
-                self._publish("done")
-                return True
-            if self.coord.generation() != self.generation:
-                return False
-            time.sleep(0.005)
-        return False
+        done = finish_barrier(
+            self.store,
+            self.coord,
+            f"/stalwart/{self.env.job}/done/{self.generation:012d}/",
+            (self.rank, self.world_size, self.generation),
+            self.env.hang_ceiling_s,
+        )
+        if done:
+            self._publish("done")
+        return done
 
     def close(self) -> None:
         self._stop.set()

@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, pinned_slots, slot_dir
-from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint._shm import SlotMeta, pinned_slots, slot_dir
 from stalwart.errors import ConfigError
 from stalwart.transfer import _wire
+from stalwart.transfer._targets import Target, close_slots, hash_range, layout_fits, mismatch
 from stalwart.transfer.errors import ChunkMismatchError, TransferError, TransferProtocolError
 
 __all__ = ["ReceiveResult", "ReceiverConfig", "SlotReceiver"]
@@ -77,41 +77,6 @@ class ReceiveResult:
     bad_chunks: tuple[int, ...] = ()
 
 
-class _Target:
-    """The slots of one namespace; one transfer at a time writes into them."""
-
-    def __init__(self, directory: str, slots: int) -> None:
-        self.lock = threading.Lock()
-        self.directory = directory
-        self.slots = [SlotFiles(directory, i) for i in range(slots)]
-
-    def choose(self) -> SlotFiles:
-        """An empty slot, else the oldest complete one; never one that a reader (a
-        persist of the received copy, a restore, a transfer onwards) has pinned."""
-        pinned = pinned_slots(self.directory)
-        free = [s for s in self.slots if s.index not in pinned]
-        if not free:
-            raise TransferError(
-                f"every slot of {self.directory} is pinned by a reader; retry when it is done"
-            )
-        metas = {s.index: s.read_meta() for s in free}
-        return min(free, key=lambda s: (metas[s.index] is not None, _seq(metas[s.index])))
-
-
-def _seq(meta: SlotMeta | None) -> int:
-    return -1 if meta is None else meta.seq
-
-
-def _hash_range(mm: mmap.mmap, offset: int, length: int) -> str:
-    with memoryview(mm) as whole, whole[offset : offset + length] as part:
-        return checksum(part)
-
-
-def _close_slots(slots: list[Any]) -> None:
-    for s in slots:
-        s.close()
-
-
 class SlotReceiver:
     """TCP server that stores authenticated snapshot transfers as complete slots."""
 
@@ -124,7 +89,7 @@ class SlotReceiver:
         self.config = config or ReceiverConfig()
         self._token = token
         self._on_result = on_result
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[str, Target] = {}
         self._released: set[str] = set()
         self._results: deque[ReceiveResult] = deque(maxlen=1000)
         self._cond = threading.Condition()
@@ -292,7 +257,7 @@ class SlotReceiver:
                 f"inconsistent offer: {size} bytes, {count} chunks of {chunk}"
             )
         meta = SlotMeta.decode(ch.recv_raw(meta_len))
-        if meta is None or meta.data_size != size or not _layout_fits(meta, size):
+        if meta is None or meta.data_size != size or not layout_fits(meta, size):
             raise TransferProtocolError("the offered slot meta is not a valid stalwart slot meta")
         target = self._target(ns)
         with target.lock:
@@ -310,7 +275,7 @@ class SlotReceiver:
                         f"commit of seq {end.get('seq')!r}, offer was {meta.seq}"
                     )
                 if bad:
-                    raise ChunkMismatchError(_mismatch(bad, chunk, size), bad)
+                    raise ChunkMismatchError(mismatch(bad, chunk, size), bad)
                 slot.publish(meta)
             finally:
                 # unmapped between transfers: an idle receiver maps nothing, so its
@@ -342,7 +307,7 @@ class SlotReceiver:
                     with whole[offset : offset + length] as part:
                         _wire.recv_into_exact(ch.sock, part)
                     claims.append(digest)
-                    futures.append(pool.submit(_hash_range, mm, offset, length))
+                    futures.append(pool.submit(hash_range, mm, offset, length))
             return [
                 i for i, (f, c) in enumerate(zip(futures, claims, strict=True)) if f.result() != c
             ]
@@ -364,7 +329,7 @@ class SlotReceiver:
                 slots = list(target.slots)
             # unmapping 512 MB of populated tmpfs takes 0.07-0.12 s here: not on the
             # caller's path (a node-loss adoption). The files may be renamed meanwhile.
-            threading.Thread(target=_close_slots, args=(slots,), daemon=True).start()
+            threading.Thread(target=close_slots, args=(slots,), daemon=True).start()
         return slot_dir(self.config.shm_dir, namespace)
 
     def prepare(self, namespace: str, nbytes: int) -> None:
@@ -386,7 +351,7 @@ class SlotReceiver:
                 if slot.index not in pinned and slot.size < nbytes and on_disk <= nbytes:
                     slot.map_writable(nbytes)
 
-    def _target(self, namespace: str) -> _Target:
+    def _target(self, namespace: str) -> Target:
         with self._cond:
             if namespace in self._released:
                 raise TransferProtocolError(f"namespace {namespace!r} was released here")
@@ -394,28 +359,8 @@ class SlotReceiver:
             if target is None:
                 directory = slot_dir(self.config.shm_dir, namespace)
                 os.makedirs(directory, mode=0o700, exist_ok=True)
-                target = self._targets[namespace] = _Target(directory, self.config.slots)
+                target = self._targets[namespace] = Target(directory, self.config.slots)
             return target
-
-
-def _layout_fits(meta: SlotMeta, size: int) -> bool:
-    try:
-        return all(
-            0 <= int(e["offset"]) <= int(e["offset"]) + int(e["nbytes"]) <= size
-            for e in meta.layout
-        )
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def _mismatch(bad: list[int], chunk: int, size: int) -> str:
-    first = bad[0]
-    end = min(size, (first + 1) * chunk)
-    more = f" and {len(bad) - 1} more ({', '.join(map(str, bad[1:6]))}...)" if len(bad) > 1 else ""
-    return (
-        f"chunk {first} (bytes {first * chunk}..{end}) does not match its xxh3-128{more}; "
-        "the bytes were damaged in transit or at the source; resend"
-    )
 
 
 def _describe(err: BaseException) -> str:

@@ -1,0 +1,50 @@
+"""What ``Session.track`` sets up besides recording the state: the rank's checkpoint
+manager (snapshot slots, persister) and the optimizer guard.
+
+Separate from ``track`` because a standby (runtime/_standby.py) records its state at
+once but opens its checkpoints only when activated: until then its slots on this host
+may still be the live rank's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["guard_optimizer", "open_checkpoints"]
+
+
+def open_checkpoints(sess: Any) -> None:
+    """The snapshot slots and the persister of ``sess``'s rank."""
+    from stalwart.checkpoint import CheckpointConfig, CheckpointManager
+
+    env = sess.env
+    run_dir = env.run_dir or os.path.abspath("stalwart-local")
+    # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
+    own = not sess._replicated and sess.world_size > 1
+    root = os.path.join(run_dir, "ckpt", *([f"rank{sess.rank}"] if own else []))
+    sess._ckpt = CheckpointManager(
+        CheckpointConfig(root=root, namespace=f"{env.job}-r{sess.rank}", rank=0, world_size=1)
+    )
+    for value in sess._state.values():
+        if isinstance(value, torch.optim.Optimizer):
+            sess._ckpt.snapshots.guard(value)
+    if sess._elastic is not None:
+        sess._elastic.tracked(sess._state)
+    if env.persist_every != 0 and (sess.rank == 0 or not sess._replicated):
+        sess._ckpt.persister.start()  # now, not at the first persist (process start)
+
+
+def guard_optimizer(group: Any, opt: torch.optim.Optimizer) -> None:
+    """Skip ``opt.step`` in a step whose collective failed (the step is discarded
+    everywhere and redone after the recovery)."""
+    original = opt.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if group.error is not None:
+            return None  # the step failed somewhere: discard it everywhere
+        return original(*args, **kwargs)
+
+    opt.step = step  # type: ignore[method-assign]
