@@ -1,6 +1,11 @@
 from __future__ import annotations
 
-from stalwart.runtime._rendezvous import choose
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.runtime._rendezvous import Agreement, agree, choose
 
 
 def test_newest_step_every_member_holds() -> None:
@@ -55,3 +60,34 @@ def test_a_trained_worker_never_joins_a_fresh_start() -> None:
     no_common_point(Agreement(0, None, "none", 0), 0, rank=0)  # the job's first start
     with pytest.raises(CheckpointNotFoundError, match="trained to step 60"):
         no_common_point(fresh, 60, rank=0)
+
+
+def test_a_restarts_workers_never_count_the_infos_of_killed_ones() -> None:
+    """Both workers of the launch before a restart reached generation 1 (and agreed)
+    before they were killed; a restarted worker (launch 1) must wait for its own peers,
+    not agree with the dead ones' infos."""
+    store = MemoryStore()
+    coord = Coordinator(store, CoordinatorConfig(job_id="j"))
+    coord.advance_generation(0, "restart after a crash")
+
+    def join(rank: int, launch: int, timeout_s: float) -> Agreement:
+        info = {"steps": [8], "done": 9, "rank": rank, "host": "h", "replicated": True}
+        return agree(
+            store,
+            coord,
+            "j",
+            rank,
+            2,
+            info,
+            use_memory=True,
+            disk_step=4,
+            min_generation=1,
+            timeout_s=timeout_s,
+            launch=launch,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        old = [pool.submit(join, r, 0, 30.0) for r in (0, 1)]
+        assert [f.result().generation for f in old] == [1, 1]
+    with pytest.raises(TimeoutError, match="1 of 2 workers"):
+        join(0, 1, 0.3)

@@ -230,8 +230,13 @@ class Agent:
     def _attached(self) -> bool:
         return all(w.attached for w in self.workers.values())
 
-    def _bump(self, reason: str) -> None:
+    def _bump(self, reason: str, *, must_win: bool = False) -> None:
+        """Advance the generation; ``must_win``: until our own bump (with our reason) is
+        the current one, even if a worker bumped first (a restart must be recognisable
+        as one by the other agents, which read the reason)."""
         change = self.coord.advance_generation(self.generation, reason)
+        while must_win and not change.won:
+            change = self.coord.advance_generation(change.generation, reason)
         self.generation = change.generation
         self.events.emit(
             "generation", generation=self.generation, world_size=self.cfg.world_size, reason=reason
@@ -280,8 +285,8 @@ class Agent:
             raise _RunFailed(f"{what}; no restarts left")
         self.cluster.publish("last-done", {"step": self.last_step() or 0})
         self.master_port = _free_port()
-        self.cluster.publish(f"master-{self.generation + 1}", {"port": self.master_port})
-        self._bump(f"restart after {what}")
+        self._bump(f"restart after {what}", must_win=True)
+        self.cluster.publish(f"master-{self.generation}", {"port": self.master_port})
         self.events.emit(
             "recovery_begin", strategy="restart", generation=self.generation, cause=cause
         )

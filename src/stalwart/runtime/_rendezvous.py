@@ -97,17 +97,20 @@ def agree(
     min_generation: int,
     timeout_s: float,
     fence: Sequence[Compare] = (),
+    launch: int = 0,
 ) -> Agreement:
     """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
     members; raises TimeoutError at the deadline, and FencedError when a ``fence``
-    compare fails (the worker's agent lost its lease: its ranks may run elsewhere)."""
+    compare fails (the worker's agent lost its lease: its ranks may run elsewhere).
+    ``launch`` (the restart count) keeps apart the workers of a restart and those of the
+    launch before it, which may have reached the same generation before being killed."""
     deadline = time.monotonic() + timeout_s
     while True:
         gen = coord.generation()
         if gen < min_generation:
             coord.advance_generation(gen, "a member saw a collective fail")
             continue
-        prefix = f"/stalwart/{job}/rt/{gen:012d}/"
+        prefix = f"/stalwart/{job}/rt/{gen:012d}.{launch}/"
         arrive = Put(prefix + f"{rank:06d}", json.dumps(info).encode())
         if not store.txn(list(fence), [arrive]).succeeded:
             raise FencedError(

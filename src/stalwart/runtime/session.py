@@ -102,7 +102,9 @@ class Session:
             env.rank,
             env.world_size,
             env.collective_timeout_s,
-            env.job,
+            # the restart in the name: workers of an earlier launch that reached this
+            # generation before they were killed left addresses that must not be used
+            f"{env.job}.r{env.restart_count}",
             # under plain torchrun, rank 0 hosts the store unless torchrun's agent does
             is_master=not env.managed and env.rank == 0 and not env.agent_store,
             store=c10d_store(env, self.store),
@@ -285,6 +287,7 @@ class Session:
                 min_generation=min_generation,
                 timeout_s=self.env.hang_ceiling_s,
                 fence=fence_compares(self.env),
+                launch=self.env.restart_count,
             )
             t_restore = time.perf_counter()
             nbytes, tier = restore_agreed(self, a, use_memory=use_memory)
