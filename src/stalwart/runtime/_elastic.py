@@ -60,16 +60,32 @@ def use_batch(sess: Session, config: BatchConfig) -> None:
         apply_plan(sess._state, plan_batch(config, sess.world_size), sess.rank)
 
 
+def _job_token(sess: Session) -> bytes:
+    """The job token that authenticates state transfers between members: in etcd under
+    ``launch/token`` with ``--rdzv etcd://`` (agent/_etcd_cluster.py; no file is
+    written), else the launcher's token file."""
+    from stalwart.coordinator.token import read_token_file
+    from stalwart.errors import ConfigError
+
+    if not sess.env.rdzv:
+        return read_token_file(sess.env.token_file)
+    kv = sess.store.get(f"/stalwart/{sess.env.job}/launch/token")
+    if kv is None:
+        raise ConfigError(
+            f"job {sess.env.job}: no token in etcd (launch/token); start the "
+            "workers with `stalwart run --rdzv etcd://...`"
+        )
+    return bytes(kv.value)
+
+
 class Elastic(Membership):
     def __init__(self, sess: Session) -> None:
-        from stalwart.coordinator.token import read_token_file
-
         self.sess = sess
         env = sess.env
         self.member = env.rank  # the launch rank names the member for life
         self.inc = env.incarnation or "0"
         self.keys = Keys(env.job)
-        self.token = read_token_file(env.token_file)
+        self.token = _job_token(sess)
         self.batch: BatchConfig | None = None
         self.world = 0  # size of the last group formed (0: none yet)
         self.admitted = False  # this process is in a roster
@@ -227,6 +243,8 @@ class Elastic(Membership):
         sess = self.sess
         old = self.world
         sess.rank, sess.world_size, sess.generation = rank, world, gen
+        if sess._genwatch is not None:  # etcd: "moved" means past this generation now
+            sess._genwatch.follow(gen)
         self._members = set(infos)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
         fields = self._apply_plan(rank, world)

@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stalwart.coordinator.store import Compare, Delete, Put
-from stalwart.errors import StalwartError
+from stalwart.errors import FencedError, StalwartError
+from stalwart.runtime._coord import fence_compares
 from stalwart.runtime._joiners import (
     JoinRequest,
     JoinWatcher,
@@ -113,7 +114,13 @@ class Membership:
                 if me not in expected:
                     return None
                 if not published:
-                    sess.store.put(keys.member(prefix, self.member), json.dumps(info).encode())
+                    arrive = Put(keys.member(prefix, self.member), json.dumps(info).encode())
+                    if not sess.store.txn(fence_compares(sess.env), [arrive]).succeeded:
+                        raise FencedError(
+                            f"member {self.member}: this node's agent lost its lease (it was "
+                            "unresponsive for longer than --node-lease), so this worker stops "
+                            f"instead of joining generation {gen}"
+                        )
                     published = True
                 have = {
                     int(kv.key.rsplit("/", 1)[1]): json.loads(kv.value)
