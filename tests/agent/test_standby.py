@@ -68,9 +68,13 @@ class _FakeAgent:
         self._board = _Board()
         self.standbys: Standbys | None = None
         self.step = 5
+        self.attached = True  # the workers run the stalwart runtime
 
     def last_step(self) -> int:
         return self.step
+
+    def _attached(self) -> bool:
+        return self.attached
 
     def free_slot(self) -> int:
         used = {w.slot for w in self.workers.values()}
@@ -122,6 +126,15 @@ def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring()
     assert sorted(sb.by_rank) == [4, 5]
     assert sorted(s.slot for s in sb.by_rank.values()) == [2, 3]  # the stale ones' slots
     assert not sb.on_exit(1_000_000)  # the stopped standby's exit is not a standby's
+
+
+def test_a_plain_script_gets_no_standbys() -> None:
+    """A script without stalwart.init() never parks: a standby would train as a second
+    copy of its rank."""
+    agent, sb = _standbys(node=1)
+    agent.attached = False
+    sb.reconcile(1.0)
+    assert agent._zygote.sent == [] and not sb.by_rank
 
 
 def test_a_claimed_standby_becomes_the_worker_and_is_activated_by_its_file() -> None:

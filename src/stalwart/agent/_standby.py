@@ -83,8 +83,8 @@ class Standbys:
             return
         self._next = now + _RECONCILE_S
         agent = self.agent
-        if agent.last_step() in (None, 0):
-            return
+        if agent.last_step() in (None, 0) or not agent._attached():
+            return  # a plain script never parks: a standby of it would train as a 2nd rank
         try:
             want = self.targets()
         except Exception:  # the store is unreachable: keep what we have

@@ -293,7 +293,10 @@ class Agent:
         self._restart_local()
 
     def _restart_local(self) -> None:
-        """torchrun's route: every local worker is killed and started again."""
+        """torchrun's route: every local worker is killed and started again (standbys
+        too: they belong to the killed launch; the next reconcile starts new ones)."""
+        if self.standbys is not None:
+            self.standbys.close()
         self.restarts += 1
         self._stop_all("restart")
         _say(f"restarting all workers (restart {self.restarts}/{self.cfg.max_restarts})")
