@@ -107,3 +107,28 @@ def test_generation_watch_sees_a_bump_through_the_store_watch() -> None:
         assert watch.moved.wait(30)
     finally:
         watch.close()
+
+
+class _LateWork:
+    """A work whose slice times out, and which completes right after (a real race)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_work_that_completes_just_after_its_slice_is_a_success() -> None:
+    group = GenerationGroup(None, 0, 1, TIMEOUT_S, "late-test")
+    group.moved = lambda: False
+    assert group._wait(_LateWork()) is None  # not the slice's timeout
+    err = group._wait(_LateWork(RuntimeError("Connection closed by peer")))
+    assert isinstance(err, RuntimeError) and "closed by peer" in str(err)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import socket
 from typing import Any
@@ -99,8 +98,9 @@ def test_corrupted_chunk_is_named_and_nothing_becomes_visible(
     first = _send(receiver, token, spaces)
     write_slot(spaces.src_dir, 1, seq=2, data=DATA[::-1])
 
-    def flip(sock: socket.socket, mm: mmap.mmap, offset: int, n: int, pacer: Any) -> None:
-        data = bytearray(mm[offset : offset + n])
+    def flip(sock: socket.socket, src: Any, offset: int, n: int, pacer: Any) -> None:
+        with src.view(offset, n) as chunk:
+            data = bytearray(chunk)
         if offset == 2 * CHUNK:  # damage chunk 2 on the wire
             data[100] ^= 0xFF
         sock.sendall(data)

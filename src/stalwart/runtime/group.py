@@ -192,7 +192,10 @@ class GenerationGroup:
                     return None
                 except RuntimeError:
                     if work.is_completed():
-                        raise  # it failed (or timed out) for real
+                        # it ended between the slice's timeout and now, or failed: its
+                        # own outcome (a plain wait returns at once, or raises its error)
+                        work.wait()
+                        return None
                     if not self.moved():
                         continue  # a slice passed: look again
                 _bury(self.pg, work)
