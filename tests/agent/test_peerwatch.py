@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -41,58 +42,56 @@ def _wait(cond: object, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_a_dead_peer_loses_its_lease_at_once() -> None:
+@pytest.fixture
+def pair() -> Iterator[tuple[MemoryStore, PeerWatch, PeerWatch]]:
+    """Nodes 0 and 1, both members, each watching the other's ring position."""
     store = MemoryStore()
     _member(store, 0)
     _member(store, 1)
     w0, w1 = _pair(store)
-    try:
-        w1.tick(time.monotonic())  # node 1 connects to its successor, node 0
-        assert w1._out_node == 0
-        assert w1._out is not None
-        w1._out.close()  # what the kernel does when node 1's process dies (no farewell)
-        assert _wait(lambda: store.get(f"{ROOT}/members/node1") is None)
-        assert store.get(f"{ROOT}/members/node0") is not None
-        record = store.get(f"{ROOT}/watch-closed/node1")
-        assert record is not None and json.loads(record.value)["by"] == 0
-    finally:
-        w0.close()
-        w1.close()
+    yield store, w0, w1
+    w0.close()
+    w1.close()
 
 
-def test_a_deliberate_close_or_a_fenced_watcher_revokes_nothing() -> None:
-    store = MemoryStore()
-    _member(store, 0)
-    _member(store, 1)
-    w0, w1 = _pair(store)
-    try:
-        w1.tick(time.monotonic())
-        w1._drop()  # node 1's successor changed: it closes on purpose
-        assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
-        store.delete(f"{ROOT}/members/node0")  # node 0 itself lost its lease (fenced)
-        w1._next_tick = 0.0
-        w1.tick(time.monotonic())
-        assert w1._out is not None
-        w1._out.close()
-        assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
-    finally:
-        w0.close()
-        w1.close()
+def test_a_dead_peer_loses_its_lease_at_once(
+    pair: tuple[MemoryStore, PeerWatch, PeerWatch],
+) -> None:
+    store, _w0, w1 = pair
+    w1.tick(time.monotonic())  # node 1 connects to its successor, node 0
+    assert w1._out_node == 0
+    assert w1._out is not None
+    w1._out.close()  # what the kernel does when node 1's process dies (no farewell)
+    assert _wait(lambda: store.get(f"{ROOT}/members/node1") is None)
+    assert store.get(f"{ROOT}/members/node0") is not None
+    record = store.get(f"{ROOT}/watch-closed/node1")
+    assert record is not None and json.loads(record.value)["by"] == 0
 
 
-def test_a_goodbye_is_not_a_loss() -> None:
-    store = MemoryStore()
-    _member(store, 0)
-    _member(store, 1)
-    w0, w1 = _pair(store)
-    try:
-        w1.tick(time.monotonic())
-        store.put(f"{ROOT}/agents-done/node1", b"1")
-        w1.close()
-        assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
-        assert store.get(f"{ROOT}/watch-closed/node1") is None
-    finally:
-        w0.close()
+def test_a_deliberate_close_or_a_fenced_watcher_revokes_nothing(
+    pair: tuple[MemoryStore, PeerWatch, PeerWatch],
+) -> None:
+    store, _w0, w1 = pair
+    w1.tick(time.monotonic())
+    w1._drop()  # node 1's successor changed: it closes on purpose
+    assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
+    store.delete(f"{ROOT}/members/node0")  # node 0 itself lost its lease (fenced)
+    w1._next_tick = 0.0
+    w1.tick(time.monotonic())
+    assert w1._out is not None
+    w1._out.close()
+    assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
+
+
+def test_a_goodbye_is_not_a_loss(
+    pair: tuple[MemoryStore, PeerWatch, PeerWatch],
+) -> None:
+    store, _w0, w1 = pair
+    w1.tick(time.monotonic())
+    store.put(f"{ROOT}/agents-done/node1", b"1")
+    w1.close()
+    assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
+    assert store.get(f"{ROOT}/watch-closed/node1") is None
 
 
 @pytest.mark.parametrize("hello", [b'{"v": 1, "node": 1, "mac": "00"}\n', b"garbage\n", b""])
