@@ -56,21 +56,38 @@ def require_etcd() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports. The probe sockets are held open together:
+    probing one at a time can hand the same port out twice (a 3-member cluster once got
+    two members on one client port; one of them died on bind and the cluster had no
+    spare member)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 class EtcdServer:
     """One etcd process on 127.0.0.1; :meth:`kill` and :meth:`start` again reuse the
     same ports and data dir, as a restarted etcd member would."""
 
-    def __init__(self, binary: str, data_dir: Path, name: str = "default") -> None:
+    def __init__(
+        self,
+        binary: str,
+        data_dir: Path,
+        name: str = "default",
+        ports: tuple[int, int] | None = None,
+    ) -> None:
         self.binary = binary
         self.data_dir = data_dir
         self.name = name
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = ports if ports is not None else free_ports(2)
         self.initial_cluster = f"{name}={self.peer_url}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"etcd-{name}.log"
@@ -109,7 +126,9 @@ class EtcdServer:
     def wait_healthy(self, timeout: float = 20.0) -> None:
         assert self.proc is not None, "etcd not started"
         deadline = time.monotonic() + timeout
-        while not self._healthy():
+        # Its own process must be alive too: a member that died on bind would otherwise
+        # pass on the answer of whatever else listens on its port.
+        while not (self._healthy() and self.proc.poll() is None):
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 self.proc = None
@@ -181,7 +200,11 @@ def running_etcd_cluster(size: int = 3) -> Iterator[list[EtcdServer]]:
     is healthy only once a quorum has elected a leader)."""
     binary = require_etcd()
     with tempfile.TemporaryDirectory(prefix="stalwart-etcd-") as tmp:
-        members = [EtcdServer(binary, Path(tmp) / f"m{i}", f"m{i}") for i in range(size)]
+        ports = free_ports(2 * size)
+        members = [
+            EtcdServer(binary, Path(tmp) / f"m{i}", f"m{i}", (ports[2 * i], ports[2 * i + 1]))
+            for i in range(size)
+        ]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
         try:
             for member in members:
@@ -189,6 +212,8 @@ def running_etcd_cluster(size: int = 3) -> Iterator[list[EtcdServer]]:
                 member.start(wait=False)
             for member in members:
                 member.wait_healthy()
+            dead = [m.name for m in members if m.proc is None or m.proc.poll() is not None]
+            assert not dead, f"etcd members {dead} exited during start-up"
             yield members
         finally:
             for member in members:
