@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -68,3 +69,44 @@ def test_send_is_paced_in_pieces(receiver: SlotReceiver, token: bytes, spaces: S
 def test_bad_cap_is_refused(rate: Any) -> None:
     with pytest.raises(TransferError, match="bandwidth cap"):
         Pacer(rate)
+
+
+def _mapped_bytes(directory: str) -> int:
+    """Bytes of this process's address space mapped from files in ``directory``."""
+    total = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith(directory + "/"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                total += end - start
+    return total
+
+
+def test_a_paced_transfer_maps_one_chunk_at_a_time_on_both_sides(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    """A process's exit unmaps before it closes its sockets: an agent that died holding
+    a whole slot mapped would be seen dead later by its buddy. Sampled at every pacing
+    wait: each side holds at most two chunks (one in flight, one being hashed)."""
+    chunk = 64 * 1024 + 4096  # not a multiple of the mapping granularity on the receiver
+    data = bytes(range(256)) * (16 * chunk // 256)
+    write_slot(spaces.src_dir, 0, seq=1, data=data)
+    t = _FakeTime()
+    seen: list[tuple[int, int]] = []
+
+    def sleep(dt: float) -> None:
+        seen.append((_mapped_bytes(spaces.src_dir), _mapped_bytes(spaces.dst_dir)))
+        t.sleep(dt)
+
+    pacer = Pacer(4 * chunk, burst_s=0.01, clock=t.clock, sleep=sleep)
+    cfg = SendConfig(chunk_bytes=chunk)
+    send_slot(receiver.address, token, spaces.src_dir, spaces.dst, config=cfg, pacer=pacer)
+    (got,) = receiver.wait_results(1, timeout_s=10)
+    assert got.ok
+    assert len(seen) > 16
+    assert max(src for src, _ in seen) <= 2 * chunk + 8192
+    assert 0 < max(dst for _, dst in seen) <= 2 * chunk + 8192
+    assert _mapped_bytes(spaces.dst_dir) == 0  # nothing left mapped once it ended
+    with open(os.path.join(spaces.dst_dir, f"slot{got.slot}.data"), "rb") as f:
+        assert f.read() == data

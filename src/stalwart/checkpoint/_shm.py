@@ -25,7 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SlotFiles", "SlotMeta", "pin_slot", "pinned_slots", "slot_dir", "unpin_slot"]
+__all__ = ["SlotFiles", "SlotMeta", "Window", "pin_slot", "pinned_slots", "slot_dir", "unpin_slot"]
 
 SLOT_FORMAT = "stalwart.shm-slot"
 SLOT_VERSION = 1
@@ -130,6 +130,18 @@ class SlotFiles:
         self._size = size
         return self._map
 
+    def allocate(self, size: int) -> None:
+        """Size the data file to ``size`` bytes with its pages allocated, and map nothing
+        (a receiver writes through one chunk's :class:`Window` at a time)."""
+        self.close()
+        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fd, 0, max(size, 1))
+        finally:
+            os.close(fd)
+
     def map_readonly(self) -> mmap.mmap:
         fd = os.open(self.data_path, os.O_RDONLY)
         try:
@@ -150,6 +162,23 @@ class SlotFiles:
         for p in (self.meta_path, self.data_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
+
+
+class Window:
+    """A writable, pre-faulted mapping of ``[offset, offset + length)`` of an open file:
+    ``view`` is exactly that range (the mapping starts at the page boundary below)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._map = mmap.mmap(fd, length + offset - base, flags=flags, offset=base)
+        self._whole = memoryview(self._map)
+        self.view = self._whole[offset - base :]
+
+    def close(self) -> None:
+        self.view.release()
+        self._whole.release()
+        self._map.close()
 
 
 def latest_complete(directory: str, slots: int) -> tuple[int, SlotMeta] | None:

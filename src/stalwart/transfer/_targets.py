@@ -4,15 +4,13 @@ copy must pass (layout inside the data, chunk checksums)."""
 
 from __future__ import annotations
 
-import mmap
 import threading
-from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, pinned_slots
+from stalwart.checkpoint._shm import SlotFiles, SlotMeta, Window, pinned_slots
 from stalwart.checkpoint.format import checksum
 from stalwart.transfer.errors import TransferError
 
-__all__ = ["Target", "close_slots", "hash_range", "layout_fits", "mismatch"]
+__all__ = ["Target", "hash_window", "layout_fits", "mismatch"]
 
 
 class Target:
@@ -40,14 +38,12 @@ def _seq(meta: SlotMeta | None) -> int:
     return -1 if meta is None else meta.seq
 
 
-def hash_range(mm: mmap.mmap, offset: int, length: int) -> str:
-    with memoryview(mm) as whole, whole[offset : offset + length] as part:
-        return checksum(part)
-
-
-def close_slots(slots: list[Any]) -> None:
-    for s in slots:
-        s.close()
+def hash_window(window: Window) -> str:
+    """The xxh3 of a received chunk; its mapping is closed after."""
+    try:
+        return checksum(window.view)
+    finally:
+        window.close()
 
 
 def layout_fits(meta: SlotMeta, size: int) -> bool:

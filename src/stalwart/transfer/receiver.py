@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import re
 import socket
@@ -30,10 +29,10 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotMeta, pinned_slots, slot_dir
+from stalwart.checkpoint._shm import SlotMeta, Window, pinned_slots, slot_dir
 from stalwart.errors import ConfigError
 from stalwart.transfer import _wire
-from stalwart.transfer._targets import Target, close_slots, hash_range, layout_fits, mismatch
+from stalwart.transfer._targets import Target, hash_window, layout_fits, mismatch
 from stalwart.transfer.errors import ChunkMismatchError, TransferError, TransferProtocolError
 
 __all__ = ["ReceiveResult", "ReceiverConfig", "SlotReceiver"]
@@ -263,36 +262,33 @@ class SlotReceiver:
         with target.lock:
             slot = target.choose()
             slot.invalidate()  # from here until publish, this slot is not a snapshot
-            try:
-                mm = slot.map_writable(size)
-                ch.send({"type": "ready", "slot": slot.index})
-                bad = self._chunks(ch, mm, size, chunk, count)
-                end = ch.recv(("commit", "abort"))
-                if end["type"] == "abort":
-                    raise TransferError(f"sender aborted: {str(end.get('reason'))[:200]}")
-                if end.get("seq") != meta.seq:
-                    raise TransferProtocolError(
-                        f"commit of seq {end.get('seq')!r}, offer was {meta.seq}"
-                    )
-                if bad:
-                    raise ChunkMismatchError(mismatch(bad, chunk, size), bad)
-                slot.publish(meta)
-            finally:
-                # unmapped between transfers: an idle receiver maps nothing, so its
-                # process (a node's agent) exits fast and a node loss is seen sooner;
-                # the next transfer re-maps the slot's pages (MAP_POPULATE, no alloc)
-                slot.close()
+            slot.allocate(size)
+            ch.send({"type": "ready", "slot": slot.index})
+            bad = self._chunks(ch, slot.data_path, size, chunk, count)
+            end = ch.recv(("commit", "abort"))
+            if end["type"] == "abort":
+                raise TransferError(f"sender aborted: {str(end.get('reason'))[:200]}")
+            if end.get("seq") != meta.seq:
+                raise TransferProtocolError(
+                    f"commit of seq {end.get('seq')!r}, offer was {meta.seq}"
+                )
+            if bad:
+                raise ChunkMismatchError(mismatch(bad, chunk, size), bad)
+            slot.publish(meta)
         ch.send({"type": "result", "ok": True, "namespace": ns, "slot": slot.index})
         return ReceiveResult(True, peer, ns, slot.index, meta.step, meta.seq, size)
 
-    def _chunks(
-        self, ch: _wire.Channel, mm: mmap.mmap, size: int, chunk: int, count: int
-    ) -> list[int]:
-        """Receive every chunk into ``mm``; return the indices whose xxh3 differs."""
+    def _chunks(self, ch: _wire.Channel, path: str, size: int, chunk: int, count: int) -> list[int]:
+        """Receive every chunk into the file at ``path``; return the indices whose xxh3
+        differs. Each chunk is written through its own mapping, unmapped once hashed: a
+        process's exit tears its mappings down before it closes its sockets, so an agent
+        that died holding a whole slot mapped was seen by its buddy 20-60 ms later (a
+        replica transfer runs about half the time)."""
         claims: list[str] = []
-        with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-verify") as pool:
-            futures: list[Future[str]] = []
-            with memoryview(mm) as whole:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="stalwart-xfer-verify") as pool:
+                futures: list[Future[str]] = []
                 for i in range(count):
                     head = ch.recv("chunk")
                     offset = _wire.field(head, "offset", int)
@@ -304,13 +300,17 @@ class SlotReceiver:
                         min(chunk, size - i * chunk),
                     ) or not _HEX32.match(digest):
                         raise TransferProtocolError(f"chunk header {i} does not follow the offer")
-                    with whole[offset : offset + length] as part:
-                        _wire.recv_into_exact(ch.sock, part)
+                    window = Window(fd, offset, length)
+                    try:
+                        _wire.recv_into_exact(ch.sock, window.view)
+                    except BaseException:
+                        window.close()
+                        raise
                     claims.append(digest)
-                    futures.append(pool.submit(hash_range, mm, offset, length))
-            return [
-                i for i, (f, c) in enumerate(zip(futures, claims, strict=True)) if f.result() != c
-            ]
+                    futures.append(pool.submit(hash_window, window))
+        finally:
+            os.close(fd)  # each window holds its own reference to the file
+        return [i for i, (f, c) in enumerate(zip(futures, claims, strict=True)) if f.result() != c]
 
     def namespaces(self) -> list[str]:
         """Namespaces received into so far (and not released)."""
@@ -319,21 +319,18 @@ class SlotReceiver:
 
     def release(self, namespace: str) -> str:
         """Hand the received copy of ``namespace`` over to its new owner: wait for a
-        transfer into it to end, close its mappings, refuse further transfers into it,
+        transfer into it to end, refuse further transfers into it,
         and return its directory (the caller may move or delete it)."""
         with self._cond:
             self._released.add(namespace)
             target = self._targets.pop(namespace, None)
         if target is not None:
-            with target.lock:  # no transfer into it is in flight from here on
-                slots = list(target.slots)
-            # unmapping 512 MB of populated tmpfs takes 0.07-0.12 s here: not on the
-            # caller's path (a node-loss adoption). The files may be renamed meanwhile.
-            threading.Thread(target=close_slots, args=(slots,), daemon=True).start()
+            with target.lock:
+                pass  # a transfer into it has ended (and left nothing mapped)
         return slot_dir(self.config.shm_dir, namespace)
 
     def prepare(self, namespace: str, nbytes: int) -> None:
-        """Allocate and fault in every free slot of ``namespace`` for ``nbytes`` now, so
+        """Allocate the pages of every free slot of ``namespace`` for ``nbytes`` now, so
         that the next transfer of that size does not pay for it (a first transfer into a
         slot runs at about half speed here). A joiner calls this after the prefetch,
         while the survivors still train, so the transfer at the step boundary is warm."""
@@ -348,8 +345,8 @@ class SlotReceiver:
                 except FileNotFoundError:
                     on_disk = 0
                 # never shrink a file (a complete slot of a larger state stays intact)
-                if slot.index not in pinned and slot.size < nbytes and on_disk <= nbytes:
-                    slot.map_writable(nbytes)
+                if slot.index not in pinned and on_disk <= nbytes:
+                    slot.allocate(nbytes)
 
     def _target(self, namespace: str) -> Target:
         with self._cond:
