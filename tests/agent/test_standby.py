@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from stalwart.agent._cluster import ring_successor
-from stalwart.agent._lifecycle import discard_dir
 from stalwart.agent._standby import Standbys
 from stalwart.agent.agent import Agent
 from stalwart.agent.config import LaunchConfig
@@ -171,7 +170,8 @@ def test_a_dead_standby_is_not_claimed_and_is_replaced() -> None:
 def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
     go = tmp_path / "go"
     phases: list[str] = []
-    sess = SimpleNamespace(env=SimpleNamespace(standby=str(go)), _publish=phases.append)
+    env = SimpleNamespace(standby=str(go), job=f"test-park-{uuid.uuid4().hex[:8]}")
+    sess = SimpleNamespace(env=env, rank=0, _state={}, _publish=phases.append)
     timer = threading.Timer(0.2, go.write_text, args=("{}",))
     timer.start()
     t0 = time.monotonic()
@@ -179,19 +179,6 @@ def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
     assert parked >= 0.15 and time.monotonic() - t0 < 10
     assert phases == ["standby"] and not go.exists()
     timer.join()
-
-
-def test_discard_dir_frees_the_name_at_once(tmp_path: Path) -> None:
-    d = tmp_path / f"slots-{uuid.uuid4().hex[:6]}"
-    d.mkdir()
-    (d / "slot0.data").write_bytes(b"x" * 4096)
-    discard_dir(str(d))
-    assert not d.exists()
-    deadline = time.monotonic() + 10
-    while any(tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not any(tmp_path.iterdir())  # the trash is gone too
-    discard_dir(str(d))  # already gone: nothing to do
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ import time
 from typing import TYPE_CHECKING
 
 from stalwart.agent._elastic import elastic_lost_node
-from stalwart.agent._lifecycle import discard_dir
 from stalwart.agent.detect import find_hang
 
 if TYPE_CHECKING:
@@ -52,6 +51,16 @@ def check_hang(agent: Agent, now: float) -> None:
     agent._t_recovery = now
 
 
+def watch_closed(agent: Agent, node: int) -> float | None:
+    """When a watched connection to ``node`` ended (agent/_peerwatch.py): this agent's
+    own watch knows without a store round trip; another agent's wrote it down."""
+    watch = agent.cluster.watch
+    if watch is not None and node in watch.closed_at:
+        return watch.closed_at[node]
+    kv = agent.cluster.store.get(f"/stalwart/{agent.cfg.job}/watch-closed/node{node}")
+    return float(json.loads(kv.value)["t"]) if kv is not None else None
+
+
 def adopt_lost_nodes(agent: Agent) -> None:
     """The leader (node 0; under etcd the lowest live node) takes over the ranks of a
     node whose lease expired, including ranks that node had adopted itself."""
@@ -66,11 +75,11 @@ def adopt_lost_nodes(agent: Agent) -> None:
             ]
             latency = now - fired[0] if fired else agent.cfg.node_lease_s
             how = f"agent lease expired (ttl {agent.cfg.node_lease_s:.1f}s)"
-            closed = agent.cluster.store.get(f"/stalwart/{agent.cfg.job}/watch-closed/node{node}")
-            if closed is not None:  # agent/_peerwatch.py: the process died, seen at once
+            closed_at = watch_closed(agent, node)
+            if closed_at is not None:  # agent/_peerwatch.py: the process died, seen at once
                 how = "agent process gone: its watched connection closed, lease revoked"
                 if not fired:  # no injected fault to time from: from the connection's end
-                    latency = now - float(json.loads(closed.value)["t"])
+                    latency = now - closed_at
             agent.events.emit(
                 "fault_detected",
                 fault="node_loss",
@@ -88,7 +97,7 @@ def adopt_lost_nodes(agent: Agent) -> None:
         for rank in agent.cluster.ranks_of(node):
             local = rank % agent.cfg.nproc_per_node  # an adopted rank keeps its LOCAL_RANK
             # a lost node's memory is gone: its ranks restore from a peer's snapshot
-            discard_dir(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}")
+            agent.trash.add(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}")
             standby = agent.standbys.claim(rank) if agent.standbys is not None else None
             attached = all(x.attached for x in agent.workers.values())
             w = standby or agent.new_worker(rank, local, agent.free_slot(), attached=attached)

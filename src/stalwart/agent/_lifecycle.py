@@ -11,31 +11,13 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import secrets
 import shutil
-import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
-__all__ = ["discard_dir", "emit_run_start", "teardown"]
-
-_DISCARDING: list[threading.Thread] = []
-
-
-def discard_dir(path: str) -> None:
-    """Remove ``path`` off the caller's critical path: renamed at once (the name is free
-    for the next owner), deleted by a background thread. Freeing a lost rank's GB of
-    tmpfs pages takes 0.1-0.2 s here; adoption should not wait for it."""
-    trash = f"{path}.gone-{secrets.token_hex(4)}"
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
-        return
-    t = threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True)
-    t.start()
-    _DISCARDING.append(t)
+__all__ = ["emit_run_start", "teardown"]
 
 
 def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
@@ -67,8 +49,7 @@ def teardown(agent: Agent) -> None:
         agent._stop_all("shutdown", timeout=5.0)
     if agent.standbys is not None:
         agent.standbys.close()
-    while _DISCARDING:
-        _DISCARDING.pop().join(30)
+    agent.trash.close()
     replicas = getattr(agent, "replicas", None)
     if replicas is not None:
         replicas.close()

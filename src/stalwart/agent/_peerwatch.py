@@ -139,10 +139,10 @@ class PeerWatch:
             if kv is None or not kv.lease:
                 return
             self.closed_at[node] = time.time()
+            self.store.revoke(kv.lease)
+            self.gone.set()  # the agent adopts now; the record is for the other agents
             record = json.dumps({"by": self.node, "t": self.closed_at[node]}).encode()
             self.store.put(f"{self.root}/watch-closed/node{node}", record)
-            self.store.revoke(kv.lease)
-            self.gone.set()
 
     # ------------------------------------------------------------ the watching side
     def tick(self, now: float) -> None:

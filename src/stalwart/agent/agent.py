@@ -28,6 +28,7 @@ from stalwart.agent._incidents import adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, teardown
 from stalwart.agent._replica import start_replicas
 from stalwart.agent._standby import start_standbys
+from stalwart.agent._trash import Trash
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
@@ -55,6 +56,7 @@ class Agent:
         os.makedirs(self.run_dir, exist_ok=True)
         self.events = EventLog(os.path.join(self.run_dir, EVENTS_FILE), node=config.node_rank)
         self.ledger = FaultLedger(self.run_dir)
+        self.trash = Trash()  # a lost node's /dev/shm, freed once we recovered
         self.plan = FaultPlan.parse(config.chaos)
         self.workers = {r: Worker(r, i, i) for i, r in enumerate(config.local_ranks)}
         self.restarts = 0
@@ -356,6 +358,7 @@ class Agent:
                     return 0
                 now = time.time()
                 check_hang(self, now)
+                self.trash.collect(recovered=self._recovered())
                 self.chaos.tick(now - self._t0)
                 # store round trips: a few per second, or at once after a peer died
                 if now - last_poll > 0.1 or self.cluster.peer_gone():
@@ -380,6 +383,19 @@ class Agent:
             self.status = "interrupted"
             return 130
 
+    def _recovered(self) -> bool:
+        """Every running worker of this node is in the current generation, past its
+        recovery (read from the progress board: no store round trip)."""
+        if self._board is None:
+            return True
+        for w in self.workers.values():
+            if w.state != "running":
+                continue
+            slot = self._board.read(w.slot)
+            if slot.generation < self.generation or slot.phase not in _TRAINING:
+                return False
+        return True
+
     def last_step(self) -> int | None:
         if self._board is None:
             return None
@@ -388,6 +404,9 @@ class Agent:
 
     def close(self) -> None:
         teardown(self)
+
+
+_TRAINING = ("step", "collective", "done")
 
 
 class _RunFailed(StalwartError):

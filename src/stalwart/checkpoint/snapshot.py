@@ -37,7 +37,7 @@ from stalwart.checkpoint._state import capture, deferrable_ptrs
 from stalwart.checkpoint._tree import Leaf
 from stalwart.errors import CheckpointNotFoundError, ConfigError
 
-__all__ = ["SnapshotConfig", "SnapshotResult", "Snapshotter", "local_and_shard"]
+__all__ = ["SnapshotConfig", "SnapshotResult", "Snapshotter", "load_slot", "local_and_shard"]
 
 _ALIGN = 4096
 
@@ -325,21 +325,7 @@ class Snapshotter:
                 f"{self.directory}; restore from a persisted checkpoint"
             )
         index, meta = max(complete, key=lambda im: im[1].seq)
-        from stalwart.checkpoint._load import SavedTensor, load_into
-
-        # the mapping is released with the last tensor viewing it (torch holds the buffer)
-        buf = readonly_tensor(self._slots[index].map_readonly())
-        offsets = {e["id"]: int(e["offset"]) for e in meta.layout}
-
-        def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
-            off = offsets[entry.id]
-            dst.view(-1).view(torch.uint8).copy_(buf[off : off + entry.nbytes])
-
-        saved = [
-            SavedTensor(e["id"], e["path"], e["dtype"], e["shape"], e["nbytes"], e["shard"])
-            for e in meta.layout
-        ]
-        load_into(state, meta.tree, saved, fill)
+        load_slot(self._slots[index], meta, state)
         return meta.step
 
     def close(self, *, unlink: bool = False) -> None:
@@ -356,6 +342,26 @@ class Snapshotter:
         if unlink:
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)
+
+
+def load_slot(slot: SlotFiles, meta: SlotMeta, state: Mapping[str, Any]) -> None:
+    """Copy the snapshot that ``meta`` describes out of ``slot`` into ``state`` (the
+    caller makes sure the slot holds it throughout: its own slots, or a pinned one)."""
+    from stalwart.checkpoint._load import SavedTensor, load_into
+
+    # the mapping is released with the last tensor viewing it (torch holds the buffer)
+    buf = readonly_tensor(slot.map_readonly())
+    offsets = {e["id"]: int(e["offset"]) for e in meta.layout}
+
+    def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
+        off = offsets[entry.id]
+        dst.view(-1).view(torch.uint8).copy_(buf[off : off + entry.nbytes])
+
+    saved = [
+        SavedTensor(e["id"], e["path"], e["dtype"], e["shape"], e["nbytes"], e["shard"])
+        for e in meta.layout
+    ]
+    load_into(state, meta.tree, saved, fill)
 
 
 def readonly_tensor(buffer: Any) -> torch.Tensor:

@@ -96,7 +96,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "steps_lost": _INT,
         "ok": _BOOL,
     },
-    "restore": {"step": _INT, "tier": _STR, "seconds": _NUM, "bytes": _INT},
+    "restore": {"step": _INT, "tier": _STR, "seconds": _NUM, "bytes": _INT, "preloaded": _BOOL},
     "waiting": {"have": _INT, "need": _INT, "reason": _STR},
     "resize": {
         "world_size": _INT,

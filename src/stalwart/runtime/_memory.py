@@ -74,23 +74,29 @@ def memory_source(job: str, rank: int, agreement: Any, own: Snapshotter) -> Snap
     raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
 
 
-def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str]:
+def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str, bool]:
     """Load the agreed step ``a.target`` into the session's state from the fastest source
-    that holds it; returns (bytes, tier): ``memory`` (own slots), ``replica`` (own slots
-    taken over from a buddy), ``peer`` (a same-host peer's slots) or ``disk``."""
+    that holds it; returns (bytes, tier, preloaded): tier ``memory`` (own slots),
+    ``replica`` (own slots taken over from a buddy), ``peer`` (a same-host peer's slots)
+    or ``disk``; ``preloaded``: a standby's state already held it (runtime/_standby.py),
+    nothing was copied."""
     snap = sess._ckpt.snapshots
     if a.target is None:
-        return 0, a.tier
+        return 0, a.tier, False
     if a.tier in ("memory", "peer"):
         source = memory_source(sess.env.job, sess.rank, a, snap)
         tier = "memory" if source is snap else "peer"
         if source is snap and taken_from_replica(snap):
             tier = "replica"  # a lost node's slots, kept by its buddy
-        return restore_memory_step(source, sess._state, a.target), tier
+            preload = getattr(sess, "_preload", None)
+            if preload is not None and preload.holds(snap.directory, a.target):
+                meta = snap.latest()
+                return (int(meta.data_size) if meta is not None else 0), tier, True
+        return restore_memory_step(source, sess._state, a.target), tier, False
     if a.tier == "disk":
         if use_memory and a.target in memory_steps(snap):
             # the agreed step is on disk for everyone, and in our own memory too (the
             # snapshot it was persisted from): the same bytes, faster
-            return restore_memory_step(snap, sess._state, a.target), "memory"
-        return sess._ckpt.restore(sess._state, step=a.target).bytes_read, "disk"
-    return 0, a.tier
+            return restore_memory_step(snap, sess._state, a.target), "memory", False
+        return sess._ckpt.restore(sess._state, step=a.target).bytes_read, "disk", False
+    return 0, a.tier, False

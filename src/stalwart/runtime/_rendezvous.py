@@ -57,15 +57,17 @@ def choose(
     return None, "none"
 
 
-def no_common_point(a: Agreement, done: int, rank: int) -> None:
-    """A worker that trained (``done`` > 0) cannot join a fresh start: its tensors hold
-    trained state that no restore will overwrite. It exits instead; its replacement
-    starts from the initial state like every other member (the job restarts from step 0,
-    bit-identical, slowly) rather than silently mixing trained and initial state."""
-    if a.target is None and a.generation > 0 and done > 0:
+def no_common_point(a: Agreement, done: int, rank: int, *, preloaded: bool = False) -> None:
+    """A worker that trained (``done`` > 0), or a standby that preloaded a replica into its
+    state, cannot join a fresh start: its tensors hold state that no restore will
+    overwrite. It exits instead; its replacement starts from the initial state like every
+    other member (the job restarts from step 0, bit-identical, slowly) rather than
+    silently mixing trained and initial state."""
+    if a.target is None and a.generation > 0 and (done > 0 or preloaded):
+        held = f"trained to step {done}" if done > 0 else "preloaded a replica"
         raise CheckpointNotFoundError(
             f"rank {rank}: generation {a.generation} has no step that every member holds "
-            f"(memory, replica or disk) and this worker trained to step {done}; it exits so "
+            f"(memory, replica or disk) and this worker {held}; it exits so "
             "that the job restarts from the initial state. Keep a common restore point: "
             "--persist-every N, or --replica-rate with --snapshot-every longer than one "
             "replication round"

@@ -12,6 +12,16 @@ freshly started replacement, only without the set-up.
 Why a file and a 5 ms poll: a stat on tmpfs costs microseconds, needs no handler inside
 the script's main thread (as a signal would), and the file survives a race in which the
 agent activates the standby before it has reached ``steps()``.
+
+While parked, a standby also *preloads*: when this node holds a buddy replica of its rank
+(``--replica-rate``: the adopter is the buddy), it copies each new complete replica into
+its own state. If the node is lost, the recovery agrees on a step the replica holds,
+almost always the one preloaded, and the standby's restore is then no copy at all (the
+node-loss benchmark: the restore of the lost ranks, 0.1-0.2 s of a 0.45 s RTO with
+512 MB per node on 2 cores, goes; the survivors restore alone). Trade-off: one memcpy of
+the rank's state per replica received (one per snapshot interval), on the adopter's
+cores, while nothing fails. The copy is checked like a seqlock: the slot is pinned (the
+receiver writes the other one), and a meta that changed during the copy discards it.
 """
 
 from __future__ import annotations
@@ -19,11 +29,76 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["park"]
+from stalwart.checkpoint._shm import SlotFiles, latest_complete, pin_slot, slot_dir, unpin_slot
+
+__all__ = ["Preload", "park"]
 
 _POLL_S = 0.005
+_PRELOAD_EVERY = 10  # look for a new replica every 10th poll (50 ms)
+_SLOTS = 2  # a replica receiver's double buffer (transfer.ReceiverConfig.slots)
+
+
+@dataclass
+class Preload:
+    """What a parked standby copied into its state from its rank's replica.
+
+    ``seq``/``step``: the replica snapshot its state now equals (None: none does).
+    ``touched``: its state is no longer the script's initial state (a copy was made, or
+    began and was discarded), so it must not start a job from step 0."""
+
+    shm_dir: str
+    job: str
+    rank: int
+    seq: int | None = None
+    step: int | None = None
+    touched: bool = False
+
+    def holds(self, directory: str, step: int) -> bool:
+        """Whether the state already equals the newest complete slot of ``step`` in
+        ``directory`` (the replica's slots, taken over as the rank's own)."""
+        if self.seq is None or self.step != step:
+            return False
+        metas = [SlotFiles(directory, i).read_meta() for i in range(_SLOTS)]
+        newest = max(
+            (m for m in metas if m is not None and m.step == step),
+            default=None,
+            key=lambda m: m.seq,
+        )
+        return newest is not None and newest.seq == self.seq
+
+    def poll(self, state: Any) -> None:
+        """Copy the newest complete replica into ``state`` if it is not there yet."""
+        from stalwart.checkpoint.snapshot import load_slot
+
+        directory = slot_dir(self.shm_dir, f"{self.job}-replica-r{self.rank}")
+        found = latest_complete(directory, _SLOTS)
+        if found is None or found[1].seq == self.seq:
+            return
+        index, meta = found
+        try:
+            pin = pin_slot(directory, index)  # the receiver writes the other slot now
+        except FileNotFoundError:
+            return  # taken over or removed meanwhile
+        slot = SlotFiles(directory, index)
+        own = slot_dir(self.shm_dir, f"{self.job}-r{self.rank}")
+        try:
+            again = slot.read_meta()  # a writer that chose it before the pin unlinks it
+            if again is None or again.seq != meta.seq:
+                return
+            self.seq = self.step = None
+            self.touched = True
+            load_slot(slot, meta, state)
+            # unchanged: no writer touched the slot meanwhile (or it was taken over
+            # during the copy, and its files moved to the rank's own directory)
+            after = slot.read_meta() or SlotFiles(own, index).read_meta()
+            if after is not None and after.seq == meta.seq:
+                self.seq, self.step = meta.seq, meta.step
+        finally:
+            unpin_slot(pin)
+            unpin_slot(os.path.join(own, os.path.basename(pin)))
 
 
 def park(sess: Any, poll_s: float = _POLL_S) -> float:
@@ -31,10 +106,18 @@ def park(sess: Any, poll_s: float = _POLL_S) -> float:
 
     The worker's heartbeat keeps running meanwhile (the agent's board shows it alive),
     and it is killed by its agent if never needed: there is no timeout here."""
+    from stalwart.checkpoint import SnapshotConfig
+
     path = sess.env.standby
     sess._publish("standby")
+    shm_dir = SnapshotConfig(f"{sess.env.job}-r{sess.rank}").shm_dir
+    preload = sess._preload = Preload(shm_dir, sess.env.job, sess.rank)
     t0 = time.monotonic()
+    polls = 0
     while not os.path.exists(path):
+        if polls % _PRELOAD_EVERY == 0:
+            preload.poll(sess._state)
+        polls += 1
         time.sleep(poll_s)
     with contextlib.suppress(OSError):
         os.unlink(path)  # read once; nothing left in /dev/shm

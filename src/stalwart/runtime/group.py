@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-_SLICE = timedelta(milliseconds=50)  # how often a waiting collective looks at the generation
+_SLICE = timedelta(milliseconds=10)  # how often a waiting collective looks at the generation
 _GRAVEYARD: list[tuple[Any, Any]] = []  # (group, work) abandoned while the work still ran
 
 

@@ -38,6 +38,7 @@ from stalwart.runtime._memory import (
     restore_agreed,
 )
 from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
+from stalwart.runtime._standby import Preload
 from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, ensure_local_default_group, leak_abandoned
@@ -117,6 +118,7 @@ class Session:
         self._mesh: Any = None
         self._ckpt: Any = None
         self._replicated = False
+        self._preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
         self._phase = "starting"
         self._t_progress = time.time()
         self._elastic: Any = None
@@ -290,9 +292,11 @@ class Session:
                 launch=self.env.restart_count,
             )
             t_restore = time.perf_counter()
-            nbytes, tier = restore_agreed(self, a, use_memory=use_memory)
+            nbytes, tier, preloaded = restore_agreed(self, a, use_memory=use_memory)
             restored = a.target if a.target is not None else 0
-            no_common_point(a, self.step, self.rank)  # raises: trained state, nowhere to go
+            # raises: trained (or preloaded) state, and nowhere to go
+            touched = self._preload is not None and self._preload.touched
+            no_common_point(a, self.step, self.rank, preloaded=touched)
             if self.events is not None and a.tier != "none":
                 self.events.emit(
                     "restore",
@@ -300,6 +304,7 @@ class Session:
                     tier=tier,
                     seconds=time.perf_counter() - t_restore,
                     bytes=nbytes,
+                    **({"preloaded": True} if preloaded else {}),
                 )
             try:
                 self.group.build(a.generation)
