@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.distributed import HashStore
 
-from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.coordinator import Coordinator, CoordinatorConfig, Event, KeyValue, MemoryStore
 from stalwart.runtime._coord import GenerationWatch
 from stalwart.runtime.group import GenerationGroup, GenerationMovedError
 
@@ -132,3 +132,23 @@ def test_a_work_that_completes_just_after_its_slice_is_a_success() -> None:
     assert group._wait(_LateWork()) is None  # not the slice's timeout
     err = group._wait(_LateWork(RuntimeError("Connection closed by peer")))
     assert isinstance(err, RuntimeError) and "closed by peer" in str(err)
+
+
+def test_a_watch_event_is_read_without_a_store_round_trip() -> None:
+    """The event carries the new generation: the watch does not read the key again."""
+    coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id="watch-event-test"))
+    watch = GenerationWatch(coord, interval_s=TIMEOUT_S)
+    try:
+        watch.follow(2)
+
+        def no_read() -> int:
+            raise AssertionError("read the generation although the event carried it")
+
+        coord.generation = no_read  # type: ignore[method-assign]
+        same = KeyValue(coord.generation_key, b"2", 5, 1, 2)
+        watch._seen([Event("put", same)])
+        assert not watch.moved.is_set()
+        watch._seen([Event("put", same), Event("put", KeyValue(same.key, b"3", 6, 1, 3))])
+        assert watch.moved.is_set()
+    finally:
+        watch.close()

@@ -235,7 +235,13 @@ class Cluster:
         if self.watch is None or not self.watch.gone.is_set():
             return False
         self.watch.gone.clear()
+        with contextlib.suppress(OSError):
+            os.read(self.watch.wake_fd, 64)  # drained: the agent's wait blocks again
         return True
+
+    def wake_fd(self) -> int | None:
+        """A file descriptor readable when the agent should poll the store now."""
+        return self.watch.wake_fd if self.watch is not None else None
 
     def lost_nodes(self) -> list[int]:
         """Nodes whose lease expired without a goodbye, claimed by this agent (their

@@ -73,6 +73,10 @@ class PeerWatch:
         self.successor = successor
         self.closed_at: dict[int, float] = {}  # node -> when its connection ended
         self.gone = threading.Event()  # set when a lease was revoked: the agent polls now
+        # ... and is woken for it: its loop waits on this pipe too (agent.py)
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._wake_w, False)
         self._listener = socket.create_server((host, 0))
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._stop = threading.Event()
@@ -141,6 +145,8 @@ class PeerWatch:
             self.closed_at[node] = time.time()
             self.store.revoke(kv.lease)
             self.gone.set()  # the agent adopts now; the record is for the other agents
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"!")
             record = json.dumps({"by": self.node, "t": self.closed_at[node]}).encode()
             self.store.put(f"{self.root}/watch-closed/node{node}", record)
 
@@ -196,3 +202,6 @@ class PeerWatch:
         self._drop()
         with contextlib.suppress(OSError):
             self._listener.close()
+        for fd in (self.wake_fd, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

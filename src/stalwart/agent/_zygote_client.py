@@ -34,13 +34,15 @@ class ZygoteClient:
     def send(self, msg: dict[str, Any]) -> None:
         os.write(self._ctl_w, (json.dumps(msg) + "\n").encode())
 
-    def events(self, timeout: float) -> list[dict[str, Any]]:
-        """Messages from the zygote, waiting up to ``timeout`` for the first."""
+    def events(self, timeout: float, wake: int | None = None) -> list[dict[str, Any]]:
+        """Messages from the zygote, waiting up to ``timeout`` for the first (or until
+        ``wake`` is readable: then maybe none)."""
         if self._backlog:
             out, self._backlog = self._backlog, []
             return out
-        ready, _, _ = select.select([self._evt_r], [], [], max(0.0, timeout))
-        if not ready:
+        fds = [self._evt_r] if wake is None else [self._evt_r, wake]
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        if self._evt_r not in ready:
             return []
         chunk = os.read(self._evt_r, 1 << 20)
         if not chunk:

@@ -349,7 +349,8 @@ class Agent:
         last_poll = 0.0
         try:
             while True:
-                for msg in self._zygote.events(self.cfg.monitor_interval_s):
+                wake = self.cluster.wake_fd()  # a watched peer died: poll the store now
+                for msg in self._zygote.events(self.cfg.monitor_interval_s, wake):
                     self._on_message(msg)
                 if all(w.state in ("done", "gone") for w in self.workers.values()) and not (
                     self.cfg.strategy == "elastic" and pending_joins(self)
