@@ -116,7 +116,10 @@ def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:
 
 
 def test_a_preloaded_standby_cannot_join_a_fresh_start() -> None:
-    fresh = Agreement(2, None, "none", 0, ())
+    infos = ({"rank": 3, "steps": [150, 200]}, {"rank": 0, "steps": [250], "disk": [100]})
+    fresh = Agreement(2, None, "none", 0, infos)
     no_common_point(fresh, 0, 3)  # a standby with its initial state may
-    with pytest.raises(CheckpointNotFoundError, match="preloaded a replica"):
+    with pytest.raises(CheckpointNotFoundError, match="preloaded a replica") as err:
         no_common_point(fresh, 0, 3, preloaded=True)
+    # the message says who held what
+    assert "rank 0 memory [250] disk [100]; rank 3 memory [150, 200]" in str(err.value)

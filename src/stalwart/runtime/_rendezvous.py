@@ -67,11 +67,20 @@ def no_common_point(a: Agreement, done: int, rank: int, *, preloaded: bool = Fal
         held = f"trained to step {done}" if done > 0 else "preloaded a replica"
         raise CheckpointNotFoundError(
             f"rank {rank}: generation {a.generation} has no step that every member holds "
-            f"(memory, replica or disk) and this worker {held}; it exits so "
+            f"(memory, replica or disk; held: {_held(a)}) and this worker {held}; it exits so "
             "that the job restarts from the initial state. Keep a common restore point: "
             "--persist-every N, or --replica-rate with --snapshot-every longer than one "
             "replication round"
         )
+
+
+def _held(a: Agreement) -> str:
+    """What each member said it holds, for the error message."""
+    parts = []
+    for i in sorted(a.infos, key=lambda i: int(i.get("rank", -1))):
+        disk = f" disk {i['disk']}" if "disk" in i else ""
+        parts.append(f"rank {i.get('rank')} memory {i.get('steps', [])}{disk}")
+    return "; ".join(parts) or "nothing"
 
 
 def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[int, str] | None:
