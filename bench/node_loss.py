@@ -8,6 +8,8 @@ running examples/train_sharded.py: every rank owns ``--size-mb / 2`` of state (s
 Runs (each a fresh job):
   steady-off / steady-on  no fault, replicas off / on -> replication_overhead_ratio
                           (median step time on / off, first quarter of steps left out)
+  steady-standby          no fault, replicas and --standby (the standbys preload each
+                          replica) -> standby_overhead_ratio (step time / steady-off's)
   loss-memory             replicas on, node 1 killed (agent, workers; its /dev/shm slots
                           removed by the adopter, as if the machine were gone): node 0
                           adopts its ranks and restores them from its replica memory
@@ -246,6 +248,7 @@ def run_job(
         res["detect_s"] = float(detected[0]["latency_s"]) if detected else float("nan")
         joins = [e for e in events if e["kind"] == "member_join" and e["t"] > t_fault]
         res["standbys_used"] = sum(1 for e in joins if e.get("standby"))
+        res["preloaded"] = sum(1 for e in restores if e.get("preloaded"))
     if t_kill is not None and t_back is not None:
         window = [g for a, g in zip(times, gaps, strict=False) if t_kill - 1 <= a <= t_back + 10]
         res["etcd_down_s"] = t_back - t_kill
@@ -284,8 +287,8 @@ def main() -> None:
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated runs to do (steady-off,steady-on,loss-memory,loss-disk,"
-        "etcd-bounce); figures that need a skipped run are null",
+        help="comma-separated runs to do (steady-off,steady-on,steady-standby,loss-memory,"
+        "loss-disk,loss-mem-cold,etcd-bounce); figures that need a skipped run are null",
     )
     p.add_argument("--keep", action="store_true", help="keep the run dirs and logs")
     p.add_argument(
@@ -305,6 +308,7 @@ def main() -> None:
         plan = [
             ("steady-off", [], False),
             ("steady-on", rep, False),
+            ("steady-standby", [*rep, *standby], False),
             ("loss-memory", [*rep, *standby, *kill], False),
             ("loss-disk", ["--persist-every", str(args.persist_every), *standby, *kill], False),
             ("loss-mem-cold", [*rep, *kill], False),
@@ -350,6 +354,8 @@ def main() -> None:
             runs.get("loss-mem-cold", empty).get("rto_s", nan), 3
         ),
         "standbys_used": [mem.get("standbys_used"), disk.get("standbys_used")],
+        # lost ranks whose standby already held the agreed replica (no copy at restore)
+        "replica_restores_preloaded": mem.get("preloaded"),
         # RTO less the detection of the loss (the same for both variants)
         "node_loss_rto_after_detect_memory_s": round(
             mem.get("rto_s", float("nan")) - mem.get("detect_s", float("nan")), 3
@@ -360,6 +366,9 @@ def main() -> None:
         "memory_restore_tiers": mem.get("tiers", []),
         "disk_restore_tiers": disk.get("tiers", []),
         "replication_overhead_ratio": round(on["step_s"] / off["step_s"], 4),
+        "standby_overhead_ratio": round(
+            runs.get("steady-standby", empty)["step_s"] / off["step_s"], 4
+        ),
         "etcd_failover_pause_s": round(runs.get("etcd-bounce", empty).get("pause_s", nan), 3),
         "size_mb_per_node": args.size_mb,
         "replica_rate_mb_s": args.replica_rate,
