@@ -39,10 +39,46 @@ def test_sends_each_new_snapshot_once(
     assert sorted(r.nbytes for r in rep.sync_once()) == [5000, 7000]
     assert rep.sync_once() == []  # the buddy is up to date
     write_slot(spaces.src_dir, 1, seq=2, data=b"c" * 5000, step=2)
-    (res,) = rep.sync_once()
-    assert (res.namespace, res.step) == (spaces.dst, 2)
+    write_slot(second_rank, 1, seq=2, data=b"d" * 7000, step=2)
+    assert sorted((r.namespace, r.step) for r in rep.sync_once()) == [
+        (spaces.dst, 2),
+        (f"{spaces.dst}-r1", 2),
+    ]
     found = latest_complete(spaces.dst_dir, 2)
     assert found is not None and read_slot(spaces.dst_dir, found[0])[1] == b"c" * 5000
+
+
+def test_a_round_sends_one_step_that_every_rank_holds(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces, second_rank: str
+) -> None:
+    """Rank 0 is a snapshot ahead of rank 1: the round sends the step both hold, so the
+    replicas of the node's ranks never drift apart (a lost node is restored to a step
+    every one of its ranks holds)."""
+    sources = {spaces.dst: spaces.src_dir, f"{spaces.dst}-r1": second_rank}
+    rep = Replicator(token, receiver.address, sources, ReplicaConfig(rate_bytes_per_s=None))
+    write_slot(spaces.src_dir, 0, seq=1, data=b"a" * 5000, step=50)
+    write_slot(spaces.src_dir, 1, seq=2, data=b"c" * 5000, step=100)
+    write_slot(second_rank, 0, seq=1, data=b"b" * 7000, step=50)
+    assert rep.round_step() == 50
+    assert sorted((r.namespace, r.step) for r in rep.sync_once()) == [
+        (spaces.dst, 50),
+        (f"{spaces.dst}-r1", 50),
+    ]
+    assert rep.sync_once() == []  # rank 1 has no step 100 yet: rank 0's waits for it
+    write_slot(second_rank, 1, seq=2, data=b"d" * 7000, step=100)
+    assert rep.round_step() == 100
+    assert sorted(r.step for r in rep.sync_once()) == [100, 100]
+
+
+def test_ranks_that_share_no_step_each_send_their_newest(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces, second_rank: str
+) -> None:
+    sources = {spaces.dst: spaces.src_dir, f"{spaces.dst}-r1": second_rank}
+    rep = Replicator(token, receiver.address, sources, ReplicaConfig(rate_bytes_per_s=None))
+    write_slot(spaces.src_dir, 0, seq=1, data=b"a" * 5000, step=7)
+    write_slot(second_rank, 0, seq=1, data=b"b" * 7000, step=9)
+    assert rep.round_step() is None
+    assert sorted(r.step for r in rep.sync_once()) == [7, 9]
 
 
 def test_background_thread_replicates_and_stops(

@@ -11,6 +11,16 @@ workers are separate processes and the slot files are the interface between them
 (checkpoint/_shm.py); reading a few small JSON files per interval costs microseconds.
 Why "newest only": a replica is useful only as the latest restorable state; sending a
 snapshot that is already superseded would spend bandwidth on something never used.
+
+Why one step for the whole node: a lost node's ranks are restored together, to a step
+that all of them (and the survivors) hold. Each round sends, for every rank, the slot of
+the newest step that *every* rank of the node holds complete. Sending each rank's own
+newest instead let the ranks' replicas drift apart when a round was slower than the
+snapshot interval (1 GB per node, 2 saturated cores: rank 2's replica held step 150,
+rank 3's steps 50 and 200), and the recovery found no common step and restarted the job
+from step 0. With one step per round, a round cut by the loss leaves every rank with the
+previous round's step at least. (When the ranks share no step at all, say while they
+take their first snapshots, each rank's newest is sent.)
 """
 
 from __future__ import annotations
@@ -20,10 +30,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stalwart.checkpoint._shm import latest_complete
 from stalwart.transfer._wire import Pacer
 from stalwart.transfer.errors import TransferError
-from stalwart.transfer.sender import SendConfig, SendResult, _slot_count, send_slot
+from stalwart.transfer.sender import (
+    SendConfig,
+    SendResult,
+    complete_steps,
+    newest_of,
+    send_slot,
+)
 
 __all__ = ["ReplicaConfig", "Replicator"]
 
@@ -86,25 +101,45 @@ class Replicator:
         """Send everything again at the next sync (e.g. the buddy changed)."""
         self.stats.sent.clear()
 
+    def round_step(self) -> int | None:
+        """The step this round sends: the newest one that every source holds complete
+        (None: they share none; each source's newest is sent)."""
+        held: list[set[int]] = []
+        for directory in self._sources.values():
+            try:
+                held.append(complete_steps(directory))
+            except TransferError:
+                return None  # a source without slots yet
+        common = set.intersection(*held) if held else set()
+        return max(common) if common else None
+
     def sync_once(self) -> list[SendResult]:
-        """Send every source whose newest complete snapshot the buddy does not have."""
+        """Send every source's slot of this round's step (see :meth:`round_step`) that
+        the buddy does not have."""
         address = self._address() if callable(self._address) else self._address
         if address is None:
             return []
         cfg = SendConfig(chunk_bytes=self.config.chunk_bytes)
+        step = self.round_step()
         out = []
         for namespace, directory in self._sources.items():
             if self._stop.is_set():
                 break
             try:
-                found = latest_complete(directory, _slot_count(directory))
+                found = newest_of(directory, step)
             except TransferError:
                 continue  # no slots yet
             if found is None or self.stats.sent.get(namespace) == found[1].seq:
                 continue
             try:
                 res = send_slot(
-                    address, self._token, directory, namespace, config=cfg, pacer=self._pacer
+                    address,
+                    self._token,
+                    directory,
+                    namespace,
+                    config=cfg,
+                    pacer=self._pacer,
+                    step=step,
                 )
             except TransferError as err:
                 if self._stop.is_set():

@@ -45,7 +45,7 @@ from stalwart.transfer.errors import (
     TransferProtocolError,
 )
 
-__all__ = ["SendConfig", "SendResult", "send_slot"]
+__all__ = ["SendConfig", "SendResult", "complete_steps", "newest_of", "send_slot"]
 
 _SLOT_RE = re.compile(r"^slot(\d+)\.data$")
 
@@ -135,9 +135,11 @@ def send_slot(
     config: SendConfig | None = None,
     pacer: Pacer | None = None,
     slot: int | None = None,
+    step: int | None = None,
 ) -> SendResult:
     """Send the newest complete slot of ``source_dir`` (a Snapshotter's slot directory)
-    to the receiver at ``address``, to be stored under ``namespace`` there.
+    to the receiver at ``address``, to be stored under ``namespace`` there; with
+    ``step``, the newest complete slot holding that step (pinned the same way).
 
     ``slot`` sends that slot instead: inside a training process, pin it first
     (``Snapshotter.pin_latest()`` ... ``unpin``) so that snapshots keep going into the
@@ -147,12 +149,13 @@ def send_slot(
         pacer = Pacer(cfg.rate_bytes_per_s)
     pin: str | None = None
     if slot is None:
-        found, pin = _pin_latest(source_dir)
+        found, pin = _pin_latest(source_dir, step)
     else:
         chosen = SlotFiles(source_dir, slot).read_meta()
         found = None if chosen is None else (slot, chosen)
     if found is None:
-        which = "" if slot is None else f" in slot {slot}"
+        which = f" in slot {slot}" if slot is not None else ""
+        which += f" of step {step}" if step is not None else ""
         raise TransferError(f"no complete snapshot{which} of {source_dir}; take a snapshot first")
     try:
         return _send_slot(address, token, source_dir, namespace, cfg, pacer, *found)
@@ -161,13 +164,30 @@ def send_slot(
             unpin_slot(pin)
 
 
-def _pin_latest(source_dir: str) -> tuple[tuple[int, SlotMeta] | None, str | None]:
-    """The newest complete slot, pinned against the Snapshotter (in whatever process it
-    runs) by a pin file. A snapshot may have chosen the slot just before the pin became
-    visible: re-read its meta after pinning, and retry with the newer one if it went."""
+def newest_of(source_dir: str, step: int | None = None) -> tuple[int, SlotMeta] | None:
+    """The newest complete slot of ``source_dir`` (of ``step``, if given)."""
     count = _slot_count(source_dir)
+    if step is None:
+        return latest_complete(source_dir, count)
+    metas = [(i, SlotFiles(source_dir, i).read_meta()) for i in range(count)]
+    held = [(i, m) for i, m in metas if m is not None and m.step == step]
+    return max(held, key=lambda im: im[1].seq) if held else None
+
+
+def complete_steps(source_dir: str) -> set[int]:
+    """The steps held by complete slots of ``source_dir``."""
+    metas = (SlotFiles(source_dir, i).read_meta() for i in range(_slot_count(source_dir)))
+    return {m.step for m in metas if m is not None}
+
+
+def _pin_latest(
+    source_dir: str, step: int | None = None
+) -> tuple[tuple[int, SlotMeta] | None, str | None]:
+    """The newest complete slot (of ``step``), pinned against the Snapshotter (in
+    whatever process it runs) by a pin file. A snapshot may have chosen the slot just
+    before the pin became visible: re-read its meta after pinning, and retry if it went."""
     for _ in range(5):
-        found = latest_complete(source_dir, count)
+        found = newest_of(source_dir, step)
         if found is None:
             return None, None
         pin = pin_slot(source_dir, found[0])
@@ -175,7 +195,7 @@ def _pin_latest(source_dir: str) -> tuple[tuple[int, SlotMeta] | None, str | Non
         if again is not None and again.seq == found[1].seq:
             return found, pin
         unpin_slot(pin)
-    return latest_complete(source_dir, count), None  # the final seq check still guards
+    return newest_of(source_dir, step), None  # the final seq check still guards
 
 
 def _send_slot(
