@@ -129,3 +129,37 @@ def test_close_cuts_a_capped_transfer_and_nothing_is_published(
     (got,) = receiver.wait_results(1, timeout_s=30)
     assert not got.ok and rep.stats.sent == {} and rep.stats.failures == 0
     assert latest_complete(spaces.dst_dir, 2) is None
+
+
+def test_a_replica_older_than_every_kept_snapshot_is_reported(
+    receiver: SlotReceiver, token: bytes, spaces: Spaces
+) -> None:
+    """Rounds slower than the snapshot interval: the buddy's copy falls out of the two
+    snapshots the rank keeps, where no recovery can use it. Said once, not every round."""
+    told: list[str] = []
+    rep = Replicator(
+        token,
+        receiver.address,
+        {spaces.dst: spaces.src_dir},
+        ReplicaConfig(rate_bytes_per_s=None),
+        on_behind=told.append,
+    )
+    write_slot(spaces.src_dir, 0, seq=1, data=b"a" * 5000, step=50)
+    rep.sync_once()
+    assert rep.behind() is None
+    write_slot(spaces.src_dir, 1, seq=2, data=b"b" * 5000, step=100)
+    assert rep.behind() is None  # step 100 not sent yet, but 50 is still kept
+    write_slot(spaces.src_dir, 0, seq=3, data=b"c" * 5000, step=150)
+    why = rep.behind()
+    assert why is not None and "step 50, older than every snapshot" in why
+    assert "[100, 150]" in why and "--replica-rate" in why
+    rep.check_behind()
+    rep.check_behind()
+    assert told == [why]
+    rep.sync_once()  # catches up: step 150 sent
+    assert rep.behind() is None
+    rep.check_behind()
+    write_slot(spaces.src_dir, 1, seq=4, data=b"d" * 5000, step=200)
+    write_slot(spaces.src_dir, 0, seq=5, data=b"e" * 5000, step=250)
+    rep.check_behind()  # behind again: said again
+    assert len(told) == 2

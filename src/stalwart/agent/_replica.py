@@ -67,8 +67,13 @@ class NodeReplicas:
             self._buddy_address,
             self._sources(),
             ReplicaConfig(rate_bytes_per_s=rate_bytes_per_s, poll_s=0.05),
+            on_behind=self._behind,
         )
         self.rep.start()
+
+    def _behind(self, why: str) -> None:
+        self.agent.say(why)
+        self.agent.events.emit("note", message=why)
 
     def _sources(self) -> dict[str, str]:
         return {

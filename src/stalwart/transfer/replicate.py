@@ -57,6 +57,7 @@ class ReplicaConfig:
 @dataclass
 class ReplicaStats:
     sent: dict[str, int] = field(default_factory=dict)  # buddy namespace -> last seq sent
+    sent_step: dict[str, int] = field(default_factory=dict)  # ... and its step
     failures: int = 0
     last_error: str | None = None
 
@@ -76,8 +77,13 @@ class Replicator:
         address: tuple[str, int] | Callable[[], tuple[str, int] | None],
         sources: dict[str, str],
         config: ReplicaConfig | None = None,
+        on_behind: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_behind`` is told once (again only after it caught up) when a buddy's copy
+        fell out of the snapshots the rank keeps (see :meth:`behind`)."""
         self.config = config or ReplicaConfig()
+        self._on_behind = on_behind
+        self._warned = False
         self._token = token
         self._address = address
         self._sources = dict(sources)
@@ -100,6 +106,7 @@ class Replicator:
     def forget_sent(self) -> None:
         """Send everything again at the next sync (e.g. the buddy changed)."""
         self.stats.sent.clear()
+        self.stats.sent_step.clear()
 
     def round_step(self) -> int | None:
         """The step this round sends: the newest one that every source holds complete
@@ -149,8 +156,38 @@ class Replicator:
                 _log.warning("replica of %s to %s:%d failed: %s", namespace, *address, err)
                 continue
             self.stats.sent[namespace] = res.seq
+            self.stats.sent_step[namespace] = res.step
             out.append(res)
         return out
+
+    def check_behind(self) -> None:
+        """Tell ``on_behind`` once when the copies fell behind (again after a catch-up)."""
+        if self._on_behind is None:
+            return
+        why = self.behind()
+        if why is not None and not self._warned:
+            self._on_behind(why)
+        self._warned = why is not None
+
+    def behind(self) -> str | None:
+        """Why the buddy's copies no longer help a recovery, or None. A replica restores
+        a lost node only to a step the survivors still hold, and every rank keeps its
+        two newest snapshots: a replica older than both (rounds slower than the snapshot
+        interval) is useless, and the recovery goes to disk or restarts the job."""
+        for namespace, directory in self._sources.items():
+            sent = self.stats.sent_step.get(namespace)
+            try:
+                held = complete_steps(directory)
+            except TransferError:
+                continue
+            if sent is not None and held and sent < min(held):
+                return (
+                    f"replication is behind: the buddy's copy of {namespace} is step {sent}, "
+                    f"older than every snapshot the rank keeps ({sorted(held)}), so a node "
+                    "loss now restores from disk or restarts the job; raise --replica-rate "
+                    "or --snapshot-every"
+                )
+        return None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="stalwart-replicate", daemon=True)
@@ -160,6 +197,7 @@ class Replicator:
         while not self._stop.is_set():
             failures = self.stats.failures
             self.sync_once()
+            self.check_behind()
             # a buddy that stopped answering (lost, restarting): retry once a second
             failed = self.stats.failures != failures
             self._stop.wait(max(self.config.poll_s, 1.0) if failed else self.config.poll_s)
