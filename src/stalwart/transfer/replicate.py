@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,9 +41,11 @@ from stalwart.transfer.sender import (
     send_slot,
 )
 
-__all__ = ["ReplicaConfig", "Replicator"]
+__all__ = ["BEHIND_GRACE_S", "ReplicaConfig", "Replicator"]
 
 _log = logging.getLogger(__name__)
+
+BEHIND_GRACE_S = 10.0  # how long copies may stay behind before the user is told
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,11 @@ class Replicator:
         on_behind: Callable[[str], None] | None = None,
     ) -> None:
         """``on_behind`` is told once (again only after it caught up) when a buddy's copy
-        fell out of the snapshots the rank keeps (see :meth:`behind`)."""
+        stayed out of the snapshots the rank keeps for ``BEHIND_GRACE_S`` (see
+        :meth:`behind`)."""
         self.config = config or ReplicaConfig()
         self._on_behind = on_behind
+        self._behind_since: float | None = None
         self._warned = False
         self._token = token
         self._address = address
@@ -160,14 +165,22 @@ class Replicator:
             out.append(res)
         return out
 
-    def check_behind(self) -> None:
-        """Tell ``on_behind`` once when the copies fell behind (again after a catch-up)."""
+    def check_behind(self, now: float) -> None:
+        """Tell ``on_behind`` once when the copies stayed behind for ``BEHIND_GRACE_S``
+        (again after a catch-up). Not at once: the first rounds of a job (slots being
+        allocated) and a round cut short by a snapshot are behind for a moment; a
+        replication that cannot keep up stays behind."""
         if self._on_behind is None:
             return
         why = self.behind()
-        if why is not None and not self._warned:
+        if why is None:
+            self._behind_since, self._warned = None, False
+            return
+        if self._behind_since is None:
+            self._behind_since = now
+        if not self._warned and now - self._behind_since >= BEHIND_GRACE_S:
             self._on_behind(why)
-        self._warned = why is not None
+            self._warned = True
 
     def behind(self) -> str | None:
         """Why the buddy's copies no longer help a recovery, or None. A replica restores
@@ -197,7 +210,7 @@ class Replicator:
         while not self._stop.is_set():
             failures = self.stats.failures
             self.sync_once()
-            self.check_behind()
+            self.check_behind(time.monotonic())
             # a buddy that stopped answering (lost, restarting): retry once a second
             failed = self.stats.failures != failures
             self._stop.wait(max(self.config.poll_s, 1.0) if failed else self.config.poll_s)
