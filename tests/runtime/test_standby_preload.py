@@ -66,6 +66,11 @@ def test_a_copy_overtaken_by_a_writer_is_discarded(
 ) -> None:
     replica = _replica(job)
     _snapshot(replica, 1.0, step=5)
+    # on one host the rank's own slots (the live rank's) may hold the same seq
+    live = Snapshotter(SnapshotConfig(f"{job}-r1", shm_dir=SHM))
+    _snapshot(live, 9.0, step=5)
+    assert live.latest() is not None and replica.latest() is not None
+    assert live.latest().seq == replica.latest().seq  # type: ignore[union-attr]
     original = snapshot_module.load_slot
 
     def overtaken(slot: SlotFiles, meta: Any, state: Any) -> None:
@@ -78,6 +83,7 @@ def test_a_copy_overtaken_by_a_writer_is_discarded(
     assert pre.seq is None and pre.step is None and pre.touched
     assert not pre.holds(replica.directory, 5)
     replica.close(unlink=True)
+    live.close(unlink=True)
 
 
 def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:

@@ -359,7 +359,8 @@ class Agent:
                     return 0
                 now = time.time()
                 check_hang(self, now)
-                self.trash.collect(recovered=self._recovered())
+                if self.trash.pending:  # (the board is read only then)
+                    self.trash.collect(recovered=self._recovered())
                 self.chaos.tick(now - self._t0)
                 # store round trips: a few per second, or at once after a peer died
                 if now - last_poll > 0.1 or self.cluster.peer_gone():

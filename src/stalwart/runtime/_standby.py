@@ -92,8 +92,11 @@ class Preload:
             self.touched = True
             load_slot(slot, meta, state)
             # unchanged: no writer touched the slot meanwhile (or it was taken over
-            # during the copy, and its files moved to the rank's own directory)
-            after = slot.read_meta() or SlotFiles(own, index).read_meta()
+            # during the copy, and its files moved to the rank's own directory; only
+            # then: on one host, that name may still be the live rank's own slots)
+            after = slot.read_meta()
+            if after is None and not os.path.isdir(directory):
+                after = SlotFiles(own, index).read_meta()
             if after is not None and after.seq == meta.seq:
                 self.seq, self.step = meta.seq, meta.step
         finally:
