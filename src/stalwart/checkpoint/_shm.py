@@ -181,12 +181,17 @@ class Window:
         self._map.close()
 
 
-def latest_complete(directory: str, slots: int) -> tuple[int, SlotMeta] | None:
-    """The complete slot with the highest sequence number, read from files only."""
+def latest_complete(
+    directory: str, slots: int, step: int | None = None
+) -> tuple[int, SlotMeta] | None:
+    """The complete slot with the highest sequence number (among those holding ``step``,
+    if given), read from files only."""
     best: tuple[int, SlotMeta] | None = None
     for i in range(slots):
         meta = SlotFiles(directory, i).read_meta()
-        if meta is not None and (best is None or meta.seq > best[1].seq):
+        if meta is None or (step is not None and meta.step != step):
+            continue
+        if best is None or meta.seq > best[1].seq:
             best = (i, meta)
     return best
 

@@ -61,13 +61,8 @@ class Preload:
         ``directory`` (the replica's slots, taken over as the rank's own)."""
         if self.seq is None or self.step != step:
             return False
-        metas = [SlotFiles(directory, i).read_meta() for i in range(_SLOTS)]
-        newest = max(
-            (m for m in metas if m is not None and m.step == step),
-            default=None,
-            key=lambda m: m.seq,
-        )
-        return newest is not None and newest.seq == self.seq
+        newest = latest_complete(directory, _SLOTS, step)
+        return newest is not None and newest[1].seq == self.seq
 
     def poll(self, state: Any) -> None:
         """Copy the newest complete replica into ``state`` if it is not there yet."""

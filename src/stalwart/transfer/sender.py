@@ -166,12 +166,7 @@ def send_slot(
 
 def newest_of(source_dir: str, step: int | None = None) -> tuple[int, SlotMeta] | None:
     """The newest complete slot of ``source_dir`` (of ``step``, if given)."""
-    count = _slot_count(source_dir)
-    if step is None:
-        return latest_complete(source_dir, count)
-    metas = [(i, SlotFiles(source_dir, i).read_meta()) for i in range(count)]
-    held = [(i, m) for i, m in metas if m is not None and m.step == step]
-    return max(held, key=lambda im: im[1].seq) if held else None
+    return latest_complete(source_dir, _slot_count(source_dir), step)
 
 
 def complete_steps(source_dir: str) -> set[int]:
