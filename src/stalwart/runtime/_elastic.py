@@ -98,8 +98,9 @@ class Elastic(Membership):
         sess.group.signal_slot = True
 
     def tracked(self, state: dict[str, Any]) -> None:
-        """After ``Session.track``: guard schedulers, prepare live rollback."""
-        self.live = LiveRollback(state, lambda: self.sess.group.error is not None)
+        """After ``Session.track``: prepare live rollback (nothing is installed on the
+        tracked objects: a failed step's scheduler step is undone, not skipped)."""
+        self.live = LiveRollback(state)
 
     # ------------------------------------------------------------ the step loop
     def before_step(self) -> None:

@@ -9,6 +9,7 @@ may still be the live rank's.
 from __future__ import annotations
 
 import os
+import types
 from typing import Any
 
 import torch
@@ -39,12 +40,26 @@ def open_checkpoints(sess: Any) -> None:
 
 def guard_optimizer(group: Any, opt: torch.optim.Optimizer) -> None:
     """Skip ``opt.step`` in a step whose collective failed (the step is discarded
-    everywhere and redone after the recovery)."""
+    everywhere and redone after the recovery).
+
+    The guard is a method bound to ``opt`` (``__func__`` is what an LR scheduler built
+    later wraps) and keeps torch's ``_wrapped_by_lr_sched`` mark when a scheduler built
+    earlier had set it: otherwise the scheduler warns that ``optimizer.step()`` was
+    overridden after its initialization. Nothing is added to the optimizer's
+    ``state_dict()`` (it holds only ``state`` and ``param_groups``)."""
+    if getattr(opt.step, _GUARDED, False):
+        return  # tracked twice (a standby re-tracks): one guard is enough
     original = opt.step
 
-    def step(*args: Any, **kwargs: Any) -> Any:
+    def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         if group.error is not None:
             return None  # the step failed somewhere: discard it everywhere
         return original(*args, **kwargs)
 
-    opt.step = step  # type: ignore[method-assign]
+    setattr(step, _GUARDED, True)
+    if getattr(original, "_wrapped_by_lr_sched", False):
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
+
+
+_GUARDED = "_stalwart_guarded"
