@@ -8,7 +8,8 @@ writer process takes seconds). It runs at a lower CPU priority than training.
 
 Protocol: one JSON object per line on stdin, one reply per line on stdout.
 ``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
-"commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` ->
+"commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` (optionally
+``"only": [names]``: write only those top-level entries of the slot) ->
 ``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}`` or
 ``{"id", "ok": false, "kind": "<error class>", "error": "<one line>"}``.
 """
@@ -23,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from stalwart.checkpoint._select import select
 from stalwart.checkpoint._shm import SlotFiles
 from stalwart.checkpoint._writer import commit_step, known_chunks, write_rank
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
@@ -96,6 +98,10 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     if meta is None:
         raise CheckpointError(f"snapshot slot {slot.meta_path} is not complete; snapshot again")
     base = _BASES.setdefault(storage.url, _DedupBase())
+    tree, layout = meta.tree, meta.layout
+    only = req.get("only")
+    if only is not None:
+        tree, layout = select(tree, layout, [str(n) for n in only])
     data = _MAPS.view(slot.data_path)
     try:
         result = write_rank(
@@ -103,8 +109,8 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
             step=meta.step,
             rank=int(req["rank"]),
             world_size=int(req["world_size"]),
-            tree=meta.tree,
-            layout=meta.layout,
+            tree=tree,
+            layout=layout,
             data=data,
             known=base.get(storage),
             chunk_bytes=int(req.get("chunk_bytes", 4 << 20)),

@@ -13,7 +13,7 @@ rank has finished, with its generation so that a fenced member cannot commit.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +82,33 @@ class CheckpointManager:
         )
         fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
         self._inflight = fut
+        return fut
+
+    def persist_part(
+        self, storage: Storage, names: Sequence[str], *, keep_last: int
+    ) -> Future[PersistResult]:
+        """Write only the top-level entries ``names`` of the newest snapshot into
+        ``storage`` (a one-rank checkpoint of its own), committed and pruned to
+        ``keep_last`` steps by the persister; the request queues behind :meth:`persist`'s
+        in the same process and never waits for it."""
+        found = self.snapshots.pin_latest()
+        if found is None:
+            raise CheckpointNotFoundError("nothing to persist: take a snapshot first")
+        slot, _ = found
+        fut = self.persister.submit(
+            {
+                "storage": storage.url,
+                "slot_dir": self.snapshots.directory,
+                "slot": slot,
+                "rank": 0,
+                "world_size": 1,
+                "commit": True,
+                "only": list(names),
+                "keep_last": keep_last,
+                "keep_every": None,
+            }
+        )
+        fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
         return fut
 
     def save(self, state: Mapping[str, Any], step: int) -> PersistResult:

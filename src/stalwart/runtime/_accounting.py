@@ -135,8 +135,14 @@ class StepAccounting:
 
     def _persist_due(self, step: int) -> bool:
         every = self.sess.env.persist_every
-        # replicated (DDP) state has one copy to persist, rank 0's; own shards: each rank
-        if (self.sess.rank != 0 and getattr(self.sess, "_replicated", True)) or every == 0:
+        # replicated (DDP) state has one copy to persist, rank 0's, and every rank its
+        # per-rank part at the same steps (runtime/_perrank.py); own shards: each rank
+        part = getattr(self.sess, "_part", None)
+        if every == 0 or (
+            self.sess.rank != 0
+            and getattr(self.sess, "_replicated", True)
+            and (part is None or every < 0)
+        ):
             return False
         if every > 0:
             return step % every == 0
@@ -178,6 +184,10 @@ class StepAccounting:
     # ------------------------------------------------------------ persist
     def _start_persist(self, step: int) -> None:
         sess = self.sess
+        if sess._part is not None and sess.env.persist_every > 0:
+            sess._part.persist(step)  # small, never skipped: queued before rank 0's copy
+        if sess.rank != 0 and sess._replicated:
+            return
         if self._persist is not None and not self._persist.done():
             return  # one at a time; the next cadence point will catch up
         if sess.events is not None:

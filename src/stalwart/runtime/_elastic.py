@@ -33,6 +33,7 @@ from stalwart.runtime._joiners import JoinWatcher, Keys
 from stalwart.runtime._live import LiveRollback
 from stalwart.runtime._membership import ElasticWaitError, Membership
 from stalwart.runtime._memory import memory_steps, restore_memory_step
+from stalwart.runtime._perrank import derive_rng
 from stalwart.runtime._rendezvous import choose
 
 if TYPE_CHECKING:
@@ -215,6 +216,10 @@ class Elastic(Membership):
             nbytes = sess._ckpt.restore(sess._state, step=target).bytes_read
         if self._received is not None and self._received.get("step") == target:
             tier = "transfer"  # a joiner: the state came from a survivor's memory
+        if sess._part is not None and tier in ("peer", "disk"):
+            sess._part.restore(target, tier)  # the own part over the peer's / rank 0's
+        elif tier == "transfer":
+            derive_rng(self.member, target)  # not the survivor's RNG stream
         sess.step = target
         if sess.events is not None:
             sess.events.emit(

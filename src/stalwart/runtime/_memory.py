@@ -78,7 +78,8 @@ def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str, bo
     """Load the agreed step ``a.target`` into the session's state from the fastest source
     that holds it; returns (bytes, tier, preloaded): tier ``memory`` (own slots),
     ``replica`` (own slots taken over from a buddy), ``peer`` (a same-host peer's slots)
-    or ``disk``; ``preloaded``: a standby's state already held it (runtime/_standby.py),
+    or ``disk`` (a replicated state: rank 0's copy, then the rank's own per-rank part,
+    runtime/_perrank.py); ``preloaded``: a standby's state already held it (runtime/_standby.py),
     nothing was copied."""
     snap = sess._ckpt.snapshots
     if a.target is None:
@@ -92,11 +93,17 @@ def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str, bo
             if preload is not None and preload.holds(snap.directory, a.target):
                 meta = snap.latest()
                 return (int(meta.data_size) if meta is not None else 0), tier, True
-        return restore_memory_step(source, sess._state, a.target), tier, False
+        nbytes = restore_memory_step(source, sess._state, a.target)
+        if source is not snap and sess._part is not None:
+            sess._part.restore(a.target, tier)  # a peer's slots hold the peer's RNG
+        return nbytes, tier, False
     if a.tier == "disk":
         if use_memory and a.target in memory_steps(snap):
             # the agreed step is on disk for everyone, and in our own memory too (the
             # snapshot it was persisted from): the same bytes, faster
             return restore_memory_step(snap, sess._state, a.target), "memory", False
-        return sess._ckpt.restore(sess._state, step=a.target).bytes_read, "disk", False
+        nbytes = sess._ckpt.restore(sess._state, step=a.target).bytes_read
+        if sess._part is not None:  # rank 0's copy: then this rank's own part over it
+            sess._part.restore(a.target, "disk")
+        return nbytes, "disk", False
     return 0, a.tier, False

@@ -1,5 +1,6 @@
 """What ``Session.track`` sets up besides recording the state: the rank's checkpoint
-manager (snapshot slots, persister) and the optimizer guard.
+manager (snapshot slots, persister, the per-rank part of a replicated state:
+runtime/_perrank.py) and the optimizer guard.
 
 Separate from ``track`` because a standby (runtime/_standby.py) records its state at
 once but opens its checkpoints only when activated: until then its slots on this host
@@ -20,6 +21,7 @@ __all__ = ["guard_optimizer", "open_checkpoints"]
 def open_checkpoints(sess: Any) -> None:
     """The snapshot slots and the persister of ``sess``'s rank."""
     from stalwart.checkpoint import CheckpointConfig, CheckpointManager
+    from stalwart.runtime._perrank import open_part
 
     env = sess.env
     run_dir = env.run_dir or os.path.abspath("stalwart-local")
@@ -34,7 +36,10 @@ def open_checkpoints(sess: Any) -> None:
             sess._ckpt.snapshots.guard(value)
     if sess._elastic is not None:
         sess._elastic.tracked(sess._state)
-    if env.persist_every != 0 and (sess.rank == 0 or not sess._replicated):
+    # replicated: every rank persists its per-rank part (RNG, loader, values) beside
+    sess._part = open_part(sess, run_dir)
+    persists = sess.rank == 0 or not sess._replicated or sess._part is not None
+    if env.persist_every != 0 and persists:
         sess._ckpt.persister.start()  # now, not at the first persist (process start)
 
 

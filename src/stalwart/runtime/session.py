@@ -37,6 +37,7 @@ from stalwart.runtime._memory import (
     memory_steps,
     restore_agreed,
 )
+from stalwart.runtime._perrank import PerRankPart
 from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
 from stalwart.runtime._standby import Preload
 from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
@@ -117,6 +118,7 @@ class Session:
         self._state: dict[str, Any] = {}
         self._mesh: Any = None
         self._ckpt: Any = None
+        self._part: PerRankPart | None = None  # replicated: this rank's own state on disk
         self._replicated = False
         self._preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
         self._phase = "starting"
@@ -166,9 +168,12 @@ class Session:
 
     # ------------------------------------------------------------ tracking
     def track(self, **state: Any) -> dict[str, Any]:
-        """Register the training state (model, optimizer, scheduler, anything with
-        ``state_dict``). A DDP model gets the generation comm hook; an optimizer's
-        ``step`` is skipped in a failed step."""
+        """Register the training state (model, optimizer, scheduler, loader, anything
+        with ``state_dict``, tensors, and dicts of small Python values such as
+        ``meta={"best_val_loss": 1e9}``: mutate the dict, it is rolled back with the
+        step). The process RNGs are tracked too. A DDP model gets the generation comm
+        hook; an optimizer's ``step`` is skipped in a failed step. docs/porting.md says
+        what is and is not rolled back."""
         from stalwart.checkpoint import RNGState
         from stalwart.runtime._fsdp import refuse_sharded_persist
 
@@ -178,7 +183,10 @@ class Session:
                 self.group.attach(value)
             if isinstance(value, torch.optim.Optimizer):
                 guard_optimizer(self.group, value)
-        self._state = {**state, "_rng": RNGState()}
+        # the process RNGs are held here (as "_rng") unless the script tracks its own
+        # RNGState: one copy, never two of the same generators
+        held = any(isinstance(v, RNGState) for v in state.values())
+        self._state = {**state} if held else {**state, "_rng": RNGState()}
         self._replicated = any(
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
@@ -277,6 +285,8 @@ class Session:
                 info["replica"] = True
             if not self._replicated:  # own shards on disk: agree on a step all ranks hold
                 info["disk"] = committed_disk_steps(self._ckpt.storage)
+            elif self._part is not None:  # rank 0's copy and this rank's own part
+                info["disk"] = self._part.disk_steps(committed_disk_steps(self._ckpt.storage))
             a = agree(
                 self.store,
                 self.coord,

@@ -1,0 +1,132 @@
+"""The per-rank part of a replicated (DDP) job's state, on disk.
+
+A DDP job persists one copy of the replicated state (rank 0's, in ``<run>/ckpt``). What
+is not replicated is persisted by every rank beside it, from its own snapshot slot, into
+``<run>/ckpt/per-rank/rank<member:05d>`` (a one-rank checkpoint of the same format):
+the process RNGs (``RNGState``), loaders, tracked dicts and any other tracked object that
+is not a module, an optimizer or an LR scheduler (those are replicas). A disk restore
+loads rank 0's full state, then the rank's own part of the same step over it.
+
+Where a rank has no part of the agreed step (a checkpoint written before per-rank parts
+existed, a member that never persisted one, or a peer-tier restore after its node was
+lost), it keeps rank 0's values for the part's objects (a stalwart loader's state is
+rank-independent) and gets process RNGs *derived* from rank 0's restored RNG, the rank
+and the step: distinct per rank and reproducible, but not the stream the fault-free run
+drew; a note event and a line on stderr say so (docs/porting.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stalwart.checkpoint import committed_steps, open_storage, restore_state
+from stalwart.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from stalwart.runtime.session import Session
+
+__all__ = ["PerRankPart", "derive_rng", "open_part", "per_rank_names"]
+
+_KEEP_LAST = 16  # steps of the part kept: tiny, and more than rank 0 keeps (see persist)
+
+
+def per_rank_names(state: Mapping[str, Any]) -> list[str]:
+    """Tracked names whose objects are not replicas in a DDP job."""
+    replica = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+    return [name for name, obj in state.items() if not isinstance(obj, replica)]
+
+
+def derive_rng(rank: int, step: int) -> None:
+    """Seed this process's RNGs from the current torch RNG state, ``rank`` and ``step``."""
+    base = torch.get_rng_state().numpy().tobytes()
+    digest = hashlib.blake2b(base + f"stalwart:{rank}:{step}".encode(), digest_size=8).digest()
+    seed = int.from_bytes(digest, "little") >> 1
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (1 << 32))
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+
+
+class PerRankPart:
+    def __init__(self, sess: Session, root: str, names: list[str]) -> None:
+        self.sess = sess
+        self.storage = open_storage(root)
+        self.names = names
+        self.member = sess.rank  # the launch rank (under elastic: the member's name)
+        self._warned = False
+
+    def steps(self) -> list[int]:
+        return [int(s) for s in committed_steps(self.storage)]
+
+    def disk_steps(self, shared: list[int]) -> list[int]:
+        """The persisted steps this rank can restore completely: committed in the shared
+        checkpoint and in its own part (all shared ones when it has no part at all, as
+        with a checkpoint written before parts existed: the part is then derived)."""
+        own = set(self.steps())
+        return [s for s in shared if s in own] if own else list(shared)
+
+    def persist(self, step: int) -> None:
+        """Queue the part of the newest snapshot (that of ``step``) for persisting."""
+        fut = self.sess._ckpt.persist_part(self.storage, self.names, keep_last=_KEEP_LAST)
+        events = self.sess.events
+
+        def done(f: Any) -> None:
+            err = f.exception()
+            if err is not None and events is not None:
+                events.emit(
+                    "note",
+                    message=f"rank {self.member}: per-rank state of step {step} not "
+                    f"persisted: {str(err).splitlines()[0]}",
+                )
+
+        fut.add_done_callback(done)
+
+    def restore(self, step: int, tier: str) -> None:
+        """After the replicated state of ``step`` was loaded from rank 0's copy (disk) or
+        a peer's slots: load this rank's own part of ``step``, else derive it."""
+        if step in self.steps():
+            part = {name: self.sess._state[name] for name in self.names}
+            try:
+                restore_state(self.storage, part, step=step)
+                return
+            except CheckpointError as err:
+                why = f"its per-rank part does not load ({str(err).splitlines()[0]})"
+        elif tier == "disk" and self.sess.rank == 0:
+            return  # the shared copy is rank 0's own state (a checkpoint from before parts)
+        else:
+            why = "no per-rank part of that step was persisted by this rank"
+        derive_rng(self.member, step)
+        self._note(step, tier, why)
+
+    def _note(self, step: int, tier: str, why: str) -> None:
+        message = (
+            f"rank {self.member}: restored step {step} from the {tier} tier, but {why}: "
+            "its RNG is derived from rank 0's (per rank, not the fault-free stream) and its "
+            "other per-rank values are rank 0's"
+        )
+        if self.sess.events is not None:
+            self.sess.events.emit("note", message=message)
+        if not self._warned:
+            self._warned = True
+            print(f"stalwart: {message}", file=sys.stderr, flush=True)
+
+
+def open_part(sess: Session, run_dir: str) -> PerRankPart | None:
+    """The part of a replicated job with more than one rank (else None: one rank, or
+    every rank persists its whole own state)."""
+    if not sess._replicated or sess.world_size <= 1:
+        return None
+    names = per_rank_names(sess._state)
+    root = os.path.join(run_dir, "ckpt", "per-rank", f"rank{sess.rank:05d}")
+    return PerRankPart(sess, root, names) if names else None

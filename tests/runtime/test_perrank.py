@@ -1,0 +1,96 @@
+"""The per-rank part of a replicated state: which objects are in it, which persisted
+steps a rank can restore completely, and what a rank without its part gets."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState
+from stalwart.runtime._perrank import PerRankPart, derive_rng, per_rank_names
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        assert kind == "note"
+        self.notes.append(str(fields["message"]))
+
+
+def _state() -> dict[str, Any]:
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    return {"model": model, "opt": opt, "sched": sched, "meta": {"best": 1.0}, "_rng": RNGState()}
+
+
+def test_replicas_are_models_optimizers_and_schedulers_the_rest_is_per_rank() -> None:
+    assert per_rank_names(_state()) == ["meta", "_rng"]
+
+
+def test_derived_rng_differs_per_rank_and_is_reproducible() -> None:
+    draws = {}
+    for rank in (1, 2, 1):
+        torch.manual_seed(5)
+        derive_rng(rank, 40)
+        draws.setdefault(rank, []).append(
+            (torch.randint(1 << 30, (4,)).tolist(), random.random(), float(np.random.rand()))
+        )
+    assert draws[1][0] == draws[1][1]
+    assert draws[1][0] != draws[2][0]
+
+
+@pytest.fixture
+def part(tmp_path: Path, shm_namespace: str) -> Any:
+    state = _state()
+    events = _Events()
+    sess = SimpleNamespace(rank=1, _state=state, events=events)
+    sess._ckpt = CheckpointManager(
+        CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace)
+    )
+    p = PerRankPart(sess, str(tmp_path / "ckpt" / "per-rank" / "rank00001"), per_rank_names(state))
+    yield p, sess, events
+    sess._ckpt.close()
+
+
+def test_own_part_of_the_step_is_restored(part: Any) -> None:
+    p, sess, events = part
+    assert p.disk_steps([4, 8]) == [4, 8]  # no part yet (an older checkpoint): all
+    torch.manual_seed(11)
+    sess._state["meta"]["best"] = 0.5
+    sess._ckpt.snapshot(sess._state, 8)
+    want = torch.get_rng_state()
+    p.persist(8)
+    sess._ckpt.persister.close()  # waits for the queued persist
+    assert p.steps() == [8]
+    assert p.disk_steps([4, 8, 12]) == [8]
+    torch.manual_seed(0)
+    sess._state["meta"]["best"] = 9.0
+    p.restore(8, "disk")
+    assert torch.equal(torch.get_rng_state(), want)
+    assert sess._state["meta"] == {"best": 0.5}
+    assert events.notes == []
+
+
+def test_a_rank_without_its_part_gets_a_derived_rng_and_a_note(
+    part: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p, sess, events = part
+    torch.manual_seed(0)
+    rank0 = torch.get_rng_state()
+    p.restore(12, "peer")
+    assert not torch.equal(torch.get_rng_state(), rank0)
+    assert len(events.notes) == 1 and "derived" in events.notes[0]
+    assert "rank 1: restored step 12 from the peer tier" in capsys.readouterr().err
+    sess.rank = 0  # rank 0's disk copy is its own state: left as loaded
+    torch.manual_seed(0)
+    p.restore(12, "disk")
+    assert torch.equal(torch.get_rng_state(), rank0)
