@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent(
     sess = stalwart.init()
     torch.manual_seed(0)
     data = torch.randn(512, 9)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    nn = torch.nn
+    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.97**e)  # before track()
     torch.manual_seed(1337 + sess.rank)  # per-rank seeds, as nanoGPT does
