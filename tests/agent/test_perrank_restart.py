@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent(
         opt.step()
         sched.step()
         meta["seen"] += int(ix.sum())
-        meta["best"] = min(meta["best"], float(loss))
+        meta["best"] = min(meta["best"], loss.item())
     out = {k: v for k, v in model.module.state_dict().items()}
     out["seen"] = torch.tensor(meta["seen"])
     out["best"] = torch.tensor(meta["best"])

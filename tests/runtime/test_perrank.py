@@ -94,3 +94,26 @@ def test_a_rank_without_its_part_gets_a_derived_rng_and_a_note(
     torch.manual_seed(0)
     p.restore(12, "disk")
     assert torch.equal(torch.get_rng_state(), rank0)
+
+
+def test_a_tracked_dict_is_checked_at_track_time() -> None:
+    from stalwart.errors import UnsupportedStateError
+    from stalwart.runtime._perrank import check_values
+
+    check_values({"meta": {"best": 1.0, "hist": [1, 2.5, None], "t": torch.ones(2)}})
+    with pytest.raises(UnsupportedStateError, match=r"tracked meta\.fn is a function"):
+        check_values({"meta": {"best": 1.0, "fn": lambda: 0}})
+
+
+def test_a_tracked_dict_round_trips_through_a_snapshot(shm_namespace: str) -> None:
+    from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+    meta: dict[str, Any] = {"best_val_loss": 2.0, "iter_num": 3, "hist": [1.0, 0.5]}
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    try:
+        snap.snapshot({"meta": meta}, 3)
+        meta["best_val_loss"], meta["iter_num"], meta["later"] = 1.0, 4, "x"
+        assert snap.restore({"meta": meta}) == 3
+    finally:
+        snap.close(unlink=True)
+    assert meta == {"best_val_loss": 2.0, "iter_num": 3, "hist": [1.0, 0.5]}

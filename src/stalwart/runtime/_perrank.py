@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stalwart.checkpoint import committed_steps, open_storage, restore_state
-from stalwart.errors import CheckpointError
+from stalwart.errors import CheckpointError, UnsupportedStateError
 
 if TYPE_CHECKING:
     from stalwart.runtime.session import Session
 
-__all__ = ["PerRankPart", "derive_rng", "open_part", "per_rank_names"]
+__all__ = ["PerRankPart", "check_values", "derive_rng", "open_part", "per_rank_names"]
 
 _KEEP_LAST = 16  # steps of the part kept: tiny, and more than rank 0 keeps (see persist)
 
@@ -41,6 +41,33 @@ def per_rank_names(state: Mapping[str, Any]) -> list[str]:
     """Tracked names whose objects are not replicas in a DDP job."""
     replica = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
     return [name for name, obj in state.items() if not isinstance(obj, replica)]
+
+
+def check_values(state: Mapping[str, Any]) -> None:
+    """Refuse, at ``track()``, a tracked dict holding something a checkpoint cannot store
+    (no pickle: docs/checkpoint-format.md), rather than at the first snapshot."""
+    for name, obj in state.items():
+        if isinstance(obj, dict):
+            _check_value(obj, name)
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes, torch.Tensor, torch.dtype)
+
+
+def _check_value(obj: Any, path: str) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _check_value(k, f"{path}.<key>")
+            _check_value(v, f"{path}.{k}")
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            _check_value(v, f"{path}[{i}]")
+    elif not isinstance(obj, _SCALARS) and type(obj).__module__ != "numpy":
+        raise UnsupportedStateError(
+            f"tracked {path} is a {type(obj).__name__}: a tracked dict holds numbers, "
+            "strings, bools, None, bytes, tensors, numpy arrays and lists/tuples/dicts of "
+            "those (stored without pickle); convert it or track an object with state_dict()"
+        )
 
 
 def derive_rng(rank: int, step: int) -> None:

@@ -37,7 +37,7 @@ from stalwart.runtime._memory import (
     memory_steps,
     restore_agreed,
 )
-from stalwart.runtime._perrank import PerRankPart
+from stalwart.runtime._perrank import PerRankPart, check_values
 from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
 from stalwart.runtime._standby import Preload
 from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
@@ -178,6 +178,7 @@ class Session:
         from stalwart.runtime._fsdp import refuse_sharded_persist
 
         refuse_sharded_persist(state, self.env.persist_every, self.world_size)
+        check_values(state)  # a tracked dict holds only what a checkpoint stores
         for value in state.values():
             if isinstance(value, torch.nn.parallel.DistributedDataParallel):
                 self.group.attach(value)
