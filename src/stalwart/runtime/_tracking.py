@@ -53,7 +53,7 @@ def guard_optimizer(group: Any, opt: torch.optim.Optimizer) -> None:
     overridden after its initialization. Nothing is added to the optimizer's
     ``state_dict()`` (it holds only ``state`` and ``param_groups``)."""
     if getattr(opt.step, _GUARDED, False):
-        return  # tracked twice (a standby re-tracks): one guard is enough
+        return  # tracked twice: one guard is enough
     original = opt.step
 
     def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
