@@ -117,3 +117,27 @@ def test_a_tracked_dict_round_trips_through_a_snapshot(shm_namespace: str) -> No
     finally:
         snap.close(unlink=True)
     assert meta == {"best_val_loss": 2.0, "iter_num": 3, "hist": [1.0, 0.5]}
+
+
+def test_track_holds_the_rngs_once(tmp_path: Path, shm_namespace: str) -> None:
+    """An RNGState the script tracks replaces the one track() adds; a rollback (alone:
+    a restore from the step's snapshot) gives back the RNGs and a tracked dict."""
+    from stalwart.runtime import Session
+    from stalwart.runtime.env import WorkerEnv
+
+    env = WorkerEnv.from_environ({"STALWART_RUN_DIR": str(tmp_path), "STALWART_JOB": shm_namespace})
+    sess = Session(env)
+    try:
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        meta = {"best": 1.0}
+        state = sess.track(model=model, optimizer=opt, rng=RNGState(), meta=meta)
+        assert sorted(state) == ["meta", "model", "optimizer", "rng"]
+        for _ in sess.steps(2):
+            pass
+        want = torch.get_rng_state()
+        torch.rand(3)
+        sess._ckpt.restore_from_memory(sess._state)
+        assert torch.equal(torch.get_rng_state(), want)
+    finally:
+        sess.close()
