@@ -88,3 +88,55 @@ def test_ledger_tells_permanent_faults(tmp_path: object) -> None:
     assert ledger.claim(kill, rank=3, pid=111) and ledger.claim(other, rank=2, pid=222)
     assert ledger.permanent(pid=111) and not ledger.permanent(pid=222)
     assert not ledger.permanent(node=1)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "rank=²",
+        "rank=٣",
+        "rank=1000000",
+        "rank=-1",
+        "at=step:²",
+        "at=step:0",
+        "at=step:" + "9" * 40,
+        "at=time:٣s",
+        "at=time:" + "9" * 400,
+        "at=time:31d",
+        "at=time:721h",
+        "at=time:1e3",
+        "factor=inf",
+        "factor=nan",
+        "factor=1e400",
+        "factor=1001",
+        "factor=٣",
+        "for=0s",
+        "for=9999999999s",
+        "steps=0",
+    ],
+)
+def test_out_of_bounds_values_are_refused(token: str) -> None:
+    defaults = {"rank": "rank=1", "factor": "factor=2", "at": "at=step:2"}
+    key = token.partition("=")[0]
+    spec = " ".join(["slow", *(v for k, v in defaults.items() if k != key), token])
+    with pytest.raises(ChaosSpecError) as err:
+        FaultPlan.parse(spec)
+    assert repr(token) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bounds_that_hold() -> None:
+    (f,) = FaultPlan.parse("slow rank=999999 factor=1000 at=time:720h for=.5s").faults
+    assert (f.rank, f.factor, f.at_time, f.duration) == (999999, 1000.0, 720 * 3600.0, 0.5)
+    with pytest.raises(ChaosSpecError, match="more than 1000 faults"):
+        FaultPlan.parse("; ".join(["kill rank=0 at=step:1"] * 1001))
+
+
+def test_targets_outside_the_job_are_refused() -> None:
+    plan = FaultPlan.parse("kill rank=3 at=step:5; hang node=1 at=time:2s")
+    plan.check_targets(world_size=4, nnodes=2)
+    with pytest.raises(ChaosSpecError, match=r"rank 3 is outside the job \(ranks 0..1\)"):
+        plan.check_targets(world_size=2, nnodes=2)
+    with pytest.raises(ChaosSpecError, match="node 1 is outside the job"):
+        plan.check_targets(world_size=4, nnodes=1)
+    assert [f.id for f in plan.home_faults(1, 2)] == [0, 1]
+    assert plan.home_faults(0, 2) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -29,6 +30,11 @@ __all__ = ["AgentChaos"]
 _PERIOD = 0.1  # duty-cycle period of `slow`
 
 
+_REQUEST = re.compile(r"([0-9]{1,20})\.json", re.ASCII)
+_MAX_REQUEST_BYTES = 64 * 1024
+_MIN_QUEUE_NS = 10**18  # 2001: below it, request ids could collide with the plan's
+
+
 class AgentChaos:
     def __init__(self, agent: Agent, faults: list[Fault]) -> None:
         self.agent = agent
@@ -36,10 +42,16 @@ class AgentChaos:
         self.slowing: list[tuple[Fault, int, float]] = []  # fault, pid, fired at
         self._stopped: set[int] = set()
         self._seen: set[str] = set()
+        # the `time:` origin: the job's first step, as this node's workers report it
+        self.first_step: float | None = None
+        self._origins: dict[int, float] = {}  # fault id -> origin (queued requests)
+        cfg = agent.cfg
+        self.answerable = agent.plan.home_faults(cfg.node_rank, cfg.nproc_per_node)
 
-    def _due(self, fault: Fault, elapsed: float) -> bool:
+    def _due(self, fault: Fault, now: float) -> bool:
         if fault.at_time is not None:
-            return elapsed >= fault.at_time
+            origin = self._origins.get(fault.id, self.first_step)
+            return origin is not None and now - origin >= fault.at_time
         board = self.agent._board
         assert board is not None and fault.at_step is not None
         return any(
@@ -49,33 +61,73 @@ class AgentChaos:
             and (fault.rank is None or fault.kind == "join" or fault.rank == w.rank)
         )
 
+    def _watch_first_step(self, now: float) -> None:
+        board = self.agent._board
+        if self.first_step is not None or board is None:
+            return
+        for w in self.agent.workers.values():
+            if w.state != "running" or not w.pid:
+                continue
+            slot = board.read(w.slot)
+            if slot.pid == w.pid and (slot.step >= 1 or slot.phase in ("step", "collective")):
+                self.first_step = now
+                return
+
     def poll_requests(self) -> None:
-        """Faults queued by `stalwart chaos RUN_DIR ...` for this node's ranks."""
+        """Faults queued by `stalwart chaos RUN_DIR ...` for this node's ranks. A request
+        that cannot be read (a stray file, bad JSON, a bad spec) is reported once, as a
+        line on stderr and a ``note`` event, and skipped: it never ends the agent's loop."""
         directory = os.path.join(self.agent.run_dir, "chaos", "requests")
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
-        except FileNotFoundError:
+        except OSError:
             return
         for name in names:
             if name in self._seen:
                 continue
             self._seen.add(name)
             try:
-                with open(os.path.join(directory, name)) as fh:
-                    spec = str(json.load(fh)["spec"])
-                plan = FaultPlan.parse(spec)
-            except (OSError, ValueError, KeyError, StalwartError) as err:
-                print(f"stalwart: chaos request {name} ignored: {err}", file=sys.stderr)
+                base, plan = _read_request(directory, name)
+            except (OSError, ValueError, RecursionError, StalwartError) as err:
+                why = str(err).splitlines()[0] if str(err) else type(err).__name__
+                self._note(f"chaos request {name} ignored: {why}")
                 continue
-            base = int(name.split(".")[0])  # unique per request: the ledger key
             node, ranks = self.agent.cfg.node_rank, list(self.agent.workers)
             for fault in plan.faults:
                 if fault.node == node or fault.rank in ranks:
-                    self.pending.append(replace(fault, id=base + fault.id))
+                    mine = replace(fault, id=base + fault.id)
+                    self._origins[mine.id] = base / 1e9  # at=time: counts from the queueing
+                    self.pending.append(mine)
+                    self.answerable.append(mine)
 
-    def tick(self, elapsed: float) -> None:
+    def _note(self, message: str) -> None:
+        print(f"stalwart: {message}", file=sys.stderr, flush=True)
+        with contextlib.suppress(StalwartError, OSError):
+            self.agent.events.emit("note", message=message)
+
+    def report_unfired(self) -> list[Fault]:
+        """At the end of the run: one warning line (and a ``note`` event) per fault aimed
+        at this node that never fired; returns them."""
+        fired = self.agent.ledger.fired()
+        last = self.agent.last_step()
+        unfired = [f for f in self.answerable if str(f.id) not in fired]
+        for fault in unfired:
+            if fault.at_step is not None:
+                why = f"the job ended at step {last or 0} before step {fault.at_step}"
+                if not any(w.attached for w in self.agent.workers.values()):
+                    why += " (a plain script's step is its optimizer.step(): did it step one?)"
+            elif self.first_step is None:
+                why = "no worker of its node ever reported a step (at=time: counts from the first)"
+            else:
+                why = "the job ended first"
+            self._note(f"chaos fault {fault.text!r} never fired: {why}")
+        return unfired
+
+    def tick(self, now: float) -> None:
+        """Fire what is due at wall-clock ``now``."""
+        self._watch_first_step(now)
         for fault in list(self.pending):
-            if self._due(fault, elapsed) and self._fire(fault):
+            if self._due(fault, now) and self._fire(fault):
                 self.pending.remove(fault)
         self._duty_cycle()
 
@@ -163,3 +215,18 @@ class AgentChaos:
             self._stopped.add(pid)
         else:
             self._stopped.discard(pid)
+
+
+def _read_request(directory: str, name: str) -> tuple[int, FaultPlan]:
+    """One request file: ``<ns>.json`` holding ``{"spec": "..."}``; (ns, plan)."""
+    m = _REQUEST.fullmatch(name)
+    if m is None or int(m.group(1)) < _MIN_QUEUE_NS:
+        raise ValueError("not a request name (<queue time in ns>.json)")
+    with open(os.path.join(directory, name), "rb") as fh:
+        raw = fh.read(_MAX_REQUEST_BYTES + 1)
+    if len(raw) > _MAX_REQUEST_BYTES:
+        raise ValueError("over 64 KiB")
+    doc = json.loads(raw.decode("utf-8"))
+    if not isinstance(doc, dict) or not isinstance(doc.get("spec"), str):
+        raise ValueError('expected {"spec": "FAULT ..."}')
+    return int(m.group(1)), FaultPlan.parse(doc["spec"])

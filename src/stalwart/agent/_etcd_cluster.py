@@ -17,9 +17,13 @@ from stalwart.coordinator import Compare, EtcdStore, EtcdStoreConfig, Put
 __all__ = ["open_etcd", "rdzv_from_file"]
 
 
+_MAX_CONF_BYTES = 64 * 1024
+
+
 def rdzv_from_file(path: str) -> str:
     """The etcd URL of a ``--rdzv-conf`` file: JSON, either ``{"url": "etcd://h:2379/job"}``
-    or ``{"endpoints": ["h1:2379", "h2:2379"], "job": "job7"}``."""
+    or ``{"endpoints": ["h1:2379", "h2:2379"], "job": "job7"}``. Every problem (unreadable,
+    over 64 KiB, not JSON, nested too deep, wrong shape, a bad URL) is one ``ConfigError``."""
     import json
 
     from stalwart.coordinator import parse_etcd_url
@@ -27,20 +31,26 @@ def rdzv_from_file(path: str) -> str:
 
     example = '{"endpoints": ["10.0.0.5:2379", "10.0.0.6:2379"], "job": "job7"}'
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_CONF_BYTES + 1)
     except OSError as err:
-        raise ConfigError(f"--rdzv-conf {path!r}: {err.strerror}") from None
-    except ValueError as err:
-        raise ConfigError(f"--rdzv-conf {path!r} is not JSON ({err}); e.g. {example}") from None
+        raise ConfigError(f"--rdzv-conf {path!r}: {err.strerror or err}") from None
+    if len(raw) > _MAX_CONF_BYTES:
+        raise ConfigError(f"--rdzv-conf {path!r} is over 64 KiB; expected {example}")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        why = "nested too deep" if isinstance(err, RecursionError) else str(err)
+        raise ConfigError(f"--rdzv-conf {path!r} is not JSON ({why}); e.g. {example}") from None
     if isinstance(doc, dict) and isinstance(doc.get("url"), str):
         url = str(doc["url"])
     elif (
         isinstance(doc, dict)
         and isinstance(doc.get("endpoints"), list)
+        and all(isinstance(e, str) for e in doc["endpoints"])
         and isinstance(doc.get("job"), str)
     ):
-        url = f"etcd://{','.join(str(e) for e in doc['endpoints'])}/{doc['job']}"
+        url = f"etcd://{','.join(doc['endpoints'])}/{doc['job']}"
     else:
         raise ConfigError(f'--rdzv-conf {path!r}: expected {example} or {{"url": ...}}')
     parse_etcd_url(url)  # a one-line ConfigError naming what is wrong

@@ -53,6 +53,10 @@ def teardown(agent: Agent) -> None:
     replicas = getattr(agent, "replicas", None)
     if replicas is not None:
         replicas.close()
+    chaos = getattr(agent, "chaos", None)  # (none if the agent ended before it started)
+    if chaos is not None:
+        with contextlib.suppress(Exception):
+            chaos.report_unfired()  # a warning per chaos fault that never fired
     if agent.cluster.reports_end():
         agent.events.emit(
             "run_end",

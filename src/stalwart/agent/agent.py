@@ -67,7 +67,6 @@ class Agent:
         self.cluster = Cluster(config, self.run_dir)
         self._zygote: ZygoteClient | None = None
         self._board: ProgressBoard | None = None
-        self._t0 = time.time()
         self.status = "failed"
         self._t_recovery = 0.0
         self._goodbye = True
@@ -361,7 +360,7 @@ class Agent:
                 check_hang(self, now)
                 if self.trash.pending:  # (the board is read only then)
                     self.trash.collect(recovered=self._recovered())
-                self.chaos.tick(now - self._t0)
+                self.chaos.tick(now)
                 # store round trips: a few per second, or at once after a peer died
                 if now - last_poll > 0.1 or self.cluster.peer_gone():
                     last_poll = now

@@ -6,6 +6,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
+from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
 from stalwart.errors import ConfigError
 
@@ -114,6 +115,12 @@ class LaunchConfig:
             raise ConfigError("--elastic-wait must be > 0 seconds")
         if not self.job or "/" in self.job:
             raise ConfigError(f"--rdzv-id {self.job!r}: use a non-empty name without '/'")
+        self.endpoint()  # a bad --rdzv-endpoint fails here, before the run directory exists
+        if self.chaos:
+            from stalwart.chaos import FaultPlan
+
+            plan = FaultPlan.parse(self.chaos)  # one line quoting the bad token
+            plan.check_targets(world_size=self.world_size, nnodes=self.nnodes)
 
     @property
     def world_size(self) -> int:
@@ -141,7 +148,4 @@ class LaunchConfig:
     def endpoint(self) -> tuple[str, int]:
         if not self.rdzv_endpoint:
             return "127.0.0.1", 0
-        host, sep, port = self.rdzv_endpoint.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r}: expected HOST:PORT")
-        return host or "127.0.0.1", int(port)
+        return parse_endpoint(self.rdzv_endpoint)

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from typing import Any
 
+from stalwart.agent._plain_chaos import install_plain_chaos
 from stalwart.agent.progress import OBSERVED, ProgressBoard
 
 __all__ = ["detach", "install"]
@@ -39,6 +40,7 @@ class _Observer:
         self.intervals: deque[float] = deque(maxlen=_WINDOW)
         self.stop = threading.Event()
         self.handle: Any = None
+        self.chaos: Any = None
         self.thread = threading.Thread(target=self._beat, name="stalwart-observe", daemon=True)
 
     def on_step(self, *_: Any) -> None:
@@ -79,6 +81,9 @@ def install(board_path: str, slot: int) -> None:
         return
     observer = _Observer(ProgressBoard(board_path, slot + 1), slot)
     observer.handle = register_optimizer_step_post_hook(observer.on_step)
+    observer.chaos = install_plain_chaos(  # step-keyed chaos faults (agent/_plain_chaos.py)
+        lambda: observer.step, lambda: observer.intervals[-1] if observer.intervals else 0.0
+    )
     observer.thread.start()
     _OBSERVER = observer
 
@@ -90,5 +95,7 @@ def detach() -> None:
     if observer is None:
         return
     observer.handle.remove()
+    if observer.chaos is not None:
+        observer.chaos.remove()
     observer.stop.set()
     observer.thread.join(timeout=1.0)

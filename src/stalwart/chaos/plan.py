@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-from stalwart.chaos.spec import parse_spec
+from stalwart.chaos.spec import ChaosSpecError, parse_spec
 
 __all__ = ["Fault", "FaultLedger", "FaultPlan"]
 
@@ -62,6 +62,30 @@ class FaultPlan:
     @classmethod
     def from_json(cls, text: str) -> FaultPlan:
         return cls(tuple(Fault(**rec) for rec in json.loads(text)))
+
+    def check_targets(self, *, world_size: int, nnodes: int) -> None:
+        """Refuse a fault aimed outside the job (``rank=5`` of a 2-rank job, a node
+        beyond ``--nnodes``): it could never fire. ``ChaosSpecError``, one line."""
+        for f in self.faults:
+            if f.rank is not None and f.rank >= world_size:
+                raise ChaosSpecError(
+                    f"chaos fault {f.text!r}: rank {f.rank} is outside the job (ranks "
+                    f"0..{world_size - 1}); name a rank below {world_size}"
+                )
+            if f.node is not None and f.node >= nnodes:
+                raise ChaosSpecError(
+                    f"chaos fault {f.text!r}: node {f.node} is outside the job (nodes "
+                    f"0..{nnodes - 1}, --nnodes {nnodes}); name a node below {nnodes}"
+                )
+
+    def home_faults(self, node: int, nproc_per_node: int) -> list[Fault]:
+        """Faults aimed at ``node`` or at a rank it was launched with (the faults whose
+        firing that node's agent answers for at the end of the run)."""
+        return [
+            f
+            for f in self.faults
+            if f.node == node or (f.rank is not None and f.rank // nproc_per_node == node)
+        ]
 
     def worker_faults(self, rank: int, step: int) -> list[Fault]:
         """Faults the worker of ``rank`` fires itself when it begins ``step``."""

@@ -2,7 +2,8 @@
 
 The request is a file in ``RUN_DIR/chaos/requests/``; every agent of the run polls that
 directory (a few times a second) and fires the faults aimed at its ranks or its node. A
-fault without ``at=`` fires now.
+fault without ``at=`` fires now; ``at=time:`` counts from the moment it was queued. A fault
+aimed outside the run's job (a rank or a node its ``run_start`` does not have) is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def queue_faults(run_dir: str, spec: str) -> str:
     if not os.path.exists(os.path.join(run_dir, "events.jsonl")):
         raise ConfigError(f"{run_dir}: not the run directory of a `stalwart run` (no events.jsonl)")
     spec = _with_default_trigger(spec)
-    FaultPlan.parse(spec)  # one-line error naming the bad token
+    plan = FaultPlan.parse(spec)  # one-line error naming the bad token
+    shape = _job_shape(run_dir)
+    if shape is not None:  # a fault no agent of the run would fire: refuse it now
+        plan.check_targets(world_size=shape[0], nnodes=shape[1])
     requests = os.path.join(run_dir, "chaos", "requests")
     os.makedirs(requests, exist_ok=True)
     name = f"{time.time_ns()}.json"
@@ -44,6 +48,20 @@ def queue_faults(run_dir: str, spec: str) -> str:
         json.dump({"spec": spec}, f)
     os.replace(tmp, os.path.join(requests, name))
     return spec
+
+
+def _job_shape(run_dir: str) -> tuple[int, int] | None:
+    """(world size, nodes) from the run's newest ``run_start`` (None: not known yet)."""
+    from stalwart.metrics import read_events
+
+    events = read_events(os.path.join(run_dir, "events.jsonl")).events
+    starts = [e for e in events if e.kind == "run_start"]
+    if not starts:
+        return None
+    world, nodes = starts[-1].get("world_size"), starts[-1].get("nnodes")
+    if isinstance(world, int) and isinstance(nodes, int) and world > 0 and nodes > 0:
+        return world, nodes
+    return None
 
 
 def register(sub: Any) -> None:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from stalwart.errors import ConfigError
 
 __all__ = ["register"]
 
+_COUNT = re.compile(r"[0-9]{1,9}", re.ASCII)  # str.isdigit() also passes '²', int() does not
+
 
 def _range(text: str, flag: str) -> tuple[int | None, int]:
     """``N`` -> (None, N); ``MIN:MAX`` -> (MIN, MAX). The job starts with MAX; MIN
     matters under --strategy elastic (the fewest it trains with)."""
     low, sep, high = text.partition(":")
-    if not (high if sep else low).isdigit() or (sep and not low.isdigit()):
+    if not _COUNT.fullmatch(high if sep else low) or (sep and not _COUNT.fullmatch(low)):
         raise ConfigError(f"{flag} {text!r}: use N or MIN:MAX, e.g. {flag} 2:4")
     return (int(low), int(high)) if sep else (None, int(low))
 
@@ -24,7 +27,7 @@ def _persist_every(text: str | None, strategy: str) -> int:
         return 20 if strategy == "restart" else 0
     if text == "auto":
         return -1
-    if not text.isdigit():
+    if not _COUNT.fullmatch(text):
         raise ConfigError(f"--persist-every {text!r}: use a number of steps or 'auto'")
     return int(text)
 

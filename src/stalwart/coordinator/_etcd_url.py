@@ -6,6 +6,7 @@ print a one-line error) before it starts anything.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -14,8 +15,10 @@ from stalwart.errors import ConfigError
 __all__ = ["DEFAULT_PORT", "EtcdTarget", "parse_etcd_url"]
 
 DEFAULT_PORT = 2379
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+_MAX_ENDPOINTS = 64
 _EXAMPLE = "etcd://host:2379/job-id (several endpoints: etcd://h1:2379,h2:2379/job-id)"
 
 
@@ -32,7 +35,8 @@ class EtcdTarget:
 
 
 def _bad(url: str, problem: str) -> ConfigError:
-    return ConfigError(f"bad etcd URL {url!r}: {problem}; expected {_EXAMPLE}")
+    shown = url if len(url) <= 300 else url[:300] + "..."
+    return ConfigError(f"bad etcd URL {shown!r}: {problem}; expected {_EXAMPLE}")
 
 
 def _endpoint(url: str, text: str) -> tuple[str, int]:
@@ -40,6 +44,10 @@ def _endpoint(url: str, text: str) -> tuple[str, int]:
         host, sep, rest = text[1:].partition("]")
         if not sep or not host or (rest and not rest.startswith(":")):
             raise _bad(url, f"endpoint {text!r} is not [ipv6]:port")
+        try:  # what lands in the Host header and the socket address: a real literal
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _bad(url, f"endpoint {text!r}: {host!r} is not an IPv6 address") from None
         port_text = rest[1:]
     else:
         host, _, port_text = text.partition(":")
@@ -47,9 +55,10 @@ def _endpoint(url: str, text: str) -> tuple[str, int]:
             raise _bad(url, f"endpoint {text!r} has no valid host name")
     if not port_text:
         return host, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    port = int(port_text) if _PORT.fullmatch(port_text) else 0
+    if not 0 < port < 65536:
         raise _bad(url, f"port {port_text!r} is not a number in 1..65535")
-    return host, int(port_text)
+    return host, port
 
 
 def parse_etcd_url(url: str) -> EtcdTarget:
@@ -62,7 +71,10 @@ def parse_etcd_url(url: str) -> EtcdTarget:
         raise _bad(url, "no etcd host")
     if "@" in netloc:
         raise _bad(url, "credentials in the URL are not supported")
-    endpoints = [_endpoint(url, part.strip()) for part in netloc.split(",")]
+    parts = netloc.split(",")
+    if len(parts) > _MAX_ENDPOINTS:
+        raise _bad(url, f"more than {_MAX_ENDPOINTS} endpoints")
+    endpoints = [_endpoint(url, part.strip()) for part in parts]
     job_id = path.rstrip("/") if slash else ""
     if not job_id:
         raise _bad(url, "no job id after the host")

@@ -1,0 +1,86 @@
+"""Step-keyed chaos for a plain script (one that never calls ``stalwart.init()``).
+
+The stalwart runtime fires a rank's ``at=step:N`` faults itself, at the start of step N.
+A plain script has no step boundary stalwart can see except its optimizer: the zygote
+watches ``optimizer.step()`` (agent/observe.py), and step N of a plain script is its Nth
+``optimizer.step()`` call. The fault fires just before that call (a global optimizer
+pre-hook), so it lands at the same point of training in every run, as for the runtime;
+``slow`` sleeps ``factor - 1`` times the last step interval before each step of its
+window. Each fault is claimed in the run's ledger first, so a restarted worker that
+counts its steps from 1 again does not fire it twice. The hook exists only when the plan
+has a step-keyed fault for this rank; ``stalwart.init()`` removes it with the observer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["install_plain_chaos"]
+
+
+class _PlainChaos:
+    def __init__(self, faults: list[Any], run_dir: str, rank: int, node: int) -> None:
+        from stalwart.chaos import FaultLedger
+
+        self.faults = faults
+        self.run_dir = run_dir
+        self.rank = rank
+        self.node = node
+        self.ledger = FaultLedger(run_dir)
+        self.slowing: list[tuple[Any, float]] = []  # fault, fired at (monotonic)
+
+    def before(self, step: int, interval: float) -> None:
+        for fault in [f for f in self.faults if f.at_step == step]:
+            self.faults.remove(fault)
+            if self.ledger.claim(fault, rank=self.rank, pid=os.getpid()):
+                self._fire(fault)
+        now = time.monotonic()
+        for fault, t0 in list(self.slowing):
+            if fault.slows(step, now - t0):
+                time.sleep((fault.factor - 1.0) * interval)
+            else:
+                self.slowing.remove((fault, t0))
+
+    def _fire(self, fault: Any) -> None:
+        from stalwart.metrics.events import EVENTS_FILE, EventLog
+
+        with EventLog(
+            os.path.join(self.run_dir, EVENTS_FILE), node=self.node, rank=self.rank
+        ) as log:
+            log.emit(
+                "fault_injected",
+                fault=fault.kind,
+                domain={"rank": self.rank, "node": self.node},
+                spec=fault.text,
+            )
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            self.slowing.append((fault, time.monotonic()))
+
+
+def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], float]) -> Any:
+    """Hook this worker's step-keyed chaos faults to ``optimizer.step()``; the hook's
+    handle (``.remove()``), or None when the plan has none for this rank."""
+    from stalwart.chaos import FaultPlan
+
+    plan_path = os.environ.get("STALWART_CHAOS_PLAN", "")
+    run_dir = os.environ.get("STALWART_RUN_DIR", "")
+    if not plan_path or not run_dir or not os.path.exists(plan_path):
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    with open(plan_path) as f:
+        plan = FaultPlan.from_json(f.read())
+    mine = [f for f in plan.faults if f.rank == rank and f.at_step is not None and f.kind != "join"]
+    if not mine:
+        return None
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    chaos = _PlainChaos(mine, run_dir, rank, int(os.environ.get("STALWART_NODE_RANK", "0")))
+    return register_optimizer_step_pre_hook(lambda *_: chaos.before(steps_done() + 1, interval()))

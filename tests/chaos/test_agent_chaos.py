@@ -1,0 +1,115 @@
+"""The agent's side of chaos, in-process: request files, the `time:` origin, unfired faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from stalwart.agent._chaos_exec import AgentChaos
+from stalwart.agent.progress import ProgressBoard
+from stalwart.chaos import FaultLedger, FaultPlan
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if kind == "note":
+            self.notes.append(str(fields["message"]))
+
+
+def _agent(tmp_path: Path, spec: str | None = None, *, board: ProgressBoard | None = None) -> Any:
+    worker = SimpleNamespace(rank=0, slot=0, state="running", pid=os.getpid(), attached=True)
+    return SimpleNamespace(
+        run_dir=str(tmp_path),
+        cfg=SimpleNamespace(node_rank=0, nproc_per_node=2),
+        plan=FaultPlan.parse(spec),
+        workers={0: worker},
+        events=_Events(),
+        ledger=FaultLedger(str(tmp_path)),
+        _board=board,
+        last_step=lambda: 12,
+    )
+
+
+def _request(tmp_path: Path, name: str, content: bytes) -> None:
+    requests = tmp_path / "chaos" / "requests"
+    requests.mkdir(parents=True, exist_ok=True)
+    (requests / name).write_bytes(content)
+
+
+def test_malformed_requests_are_reported_once_and_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent = _agent(tmp_path)
+    chaos = AgentChaos(agent, [])
+    good = time.time_ns()
+    _request(tmp_path, "abc.json", b'{"spec": "kill rank=0 at=time:0s"}')  # int(name) failed
+    _request(tmp_path, "12.json", b'{"spec": "kill rank=0 at=time:0s"}')  # collides with ids
+    _request(tmp_path, f"{good - 5}.json", b'["spec"]')  # a JSON list
+    _request(tmp_path, f"{good - 4}.json", b'{"spec": 7}')
+    _request(tmp_path, f"{good - 3}.json", '{"spec": "kill rank=² at=time:0s"}'.encode())
+    _request(tmp_path, f"{good - 2}.json", b"[" * 50_000)
+    _request(tmp_path, f"{good - 1}.json", b"\xff\xfe")
+    (tmp_path / "chaos" / "requests" / f"{good - 6}.json").mkdir()  # a directory
+    _request(tmp_path, f"{good}.json", json.dumps({"spec": "kill rank=0 at=time:0s"}).encode())
+    chaos.poll_requests()
+    chaos.poll_requests()  # each bad file is reported once
+    assert len(agent.events.notes) == 8, agent.events.notes
+    assert all("ignored" in n and "\n" not in n for n in agent.events.notes)
+    assert capsys.readouterr().err.count("ignored") == 8
+    (fault,) = chaos.pending  # the good request still arrived
+    assert fault.id == good and fault.rank == 0
+
+
+def test_time_faults_count_from_the_first_step(tmp_path: Path) -> None:
+    board = ProgressBoard(str(tmp_path / "board"), 1, create=True)
+    try:
+        agent = _agent(tmp_path, "kill rank=0 at=time:10s", board=board)
+        chaos = AgentChaos(agent, list(agent.plan.faults))
+        (fault,) = chaos.pending
+        t = 1_000_000.0
+        assert not chaos._due(fault, t + 3600)  # no step yet: the origin is unknown
+        board.write(0, pid=os.getpid(), step=0, phase="step", generation=0, t_progress=t,
+                    t_alive=t, p99_s=0.0)  # fmt: skip
+        chaos._watch_first_step(t)
+        assert chaos.first_step == t
+        assert not chaos._due(fault, t + 9.9) and chaos._due(fault, t + 10.0)
+        chaos._watch_first_step(t + 50)  # the origin never moves (restarts included)
+        assert chaos.first_step == t
+    finally:
+        board.close()
+
+
+def test_queued_requests_count_from_their_queue_time(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    chaos = AgentChaos(agent, [])
+    queued = time.time_ns()
+    _request(tmp_path, f"{queued}.json", b'{"spec": "hang rank=0 at=time:5s"}')
+    chaos.poll_requests()
+    (fault,) = chaos.pending
+    assert chaos.first_step is None  # not needed for a queued request
+    assert not chaos._due(fault, queued / 1e9 + 4.9) and chaos._due(fault, queued / 1e9 + 5)
+
+
+def test_unfired_faults_are_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent = _agent(
+        tmp_path, "kill rank=1 at=step:50; hang rank=0 at=time:1h; kill rank=2 at=step:3"
+    )
+    chaos = AgentChaos(agent, [])
+    agent.ledger.claim(agent.plan.faults[0], rank=1, pid=1)  # this one fired
+    chaos.first_step = time.time()
+    unfired = chaos.report_unfired()
+    assert [f.text for f in unfired] == ["hang rank=0 at=time:1h"]  # rank 2 is node 1's
+    (note,) = agent.events.notes
+    assert "'hang rank=0 at=time:1h' never fired" in note
+    assert capsys.readouterr().err.count("never fired") == 1
