@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from stalwart.agent._elastic import elastic_join
 from stalwart.chaos import Fault, FaultPlan
 from stalwart.errors import StalwartError
+from stalwart.metrics.console import terminal_safe
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -101,7 +102,7 @@ class AgentChaos:
                     self.answerable.append(mine)
 
     def _note(self, message: str) -> None:
-        print(f"stalwart: {message}", file=sys.stderr, flush=True)
+        print(f"stalwart: {terminal_safe(message)}", file=sys.stderr, flush=True)
         with contextlib.suppress(StalwartError, OSError):
             self.agent.events.emit("note", message=message)
 
@@ -138,7 +139,7 @@ class AgentChaos:
             domain={"rank": rank, "node": self.agent.cfg.node_rank},
             spec=fault.text,
         )
-        print(f"stalwart: chaos: {fault.text}", file=sys.stderr, flush=True)
+        print(f"stalwart: chaos: {terminal_safe(fault.text)}", file=sys.stderr, flush=True)
 
     def _fire(self, fault: Fault) -> bool:
         agent = self.agent

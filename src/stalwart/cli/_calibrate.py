@@ -38,6 +38,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     import os
     import sys
 
+    from stalwart.metrics.console import terminal_safe
     from stalwart.sim.calibrate import calibrate
     from stalwart.sim.calibration import calibration_to_dict
     from stalwart.sim.replay import replay
@@ -89,7 +90,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
         return 0
     for w in warnings:
-        print(f"stalwart: warning: {w}", file=sys.stderr)
+        print(f"stalwart: warning: {terminal_safe(w)}", file=sys.stderr)
     m = cal.measured
     head = f"calibrated {cal.source.get('run_dir')} ({cal.source.get('events')} events"
     if m is not None:
@@ -97,7 +98,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             f", strategy {cal.source.get('strategy')}, {m.gpus} GPUs on {m.nodes} node(s), "
             f"{m.failures} failure(s), wall {m.wall_s:.1f}s"
         )
-    print(head + ")")
+    print(terminal_safe(head + ")"))  # run_dir and strategy come from the event log
     rows = [[k, f"{v:.4g}", str(run.counts.get(k, 0))] for k, v in cal.costs.items()]
     if rows:
         print(table(["cost", "seconds", "samples"], rows))

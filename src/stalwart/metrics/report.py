@@ -253,16 +253,23 @@ def _f(x: float | None, fmt: str = ".1f", unit: str = "s") -> str:
 
 
 def format_summary(d: dict[str, Any]) -> str:
-    """The terminal summary of a :meth:`RunReport.to_dict` document."""
+    """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
+    comes from the event log is printed with its control characters escaped (an ESC
+    sequence in events.jsonl must not reach the terminal): metrics.console.terminal_safe."""
+    from stalwart.metrics.console import terminal_safe
+
+    def t(value: Any) -> str:
+        return terminal_safe(str(value))
+
     wall = d["wall_s"]
     lines = [
-        f"run {d['run_dir']}  job={d['job'] or '-'}  strategy={d['strategy'] or '-'}  "
-        f"status={d['status'] or 'unknown (no run_end)'}",
+        f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(d['strategy'] or '-')}  "
+        f"status={t(d['status'] or 'unknown (no run_end)')}",
     ]
     if d["partial"]:
-        lines.append("PARTIAL REPORT: " + "; ".join(d["problems"][:3]))
+        lines.append("PARTIAL REPORT: " + "; ".join(t(p) for p in d["problems"][:3]))
     elif d["problems"]:
-        lines.append("warnings: " + "; ".join(d["problems"][:3]))
+        lines.append("warnings: " + "; ".join(t(p) for p in d["problems"][:3]))
     ettr = d["ettr"]
     lines.append(
         f"wall {wall:.1f}s  ETTR {_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
@@ -295,7 +302,7 @@ def format_summary(d: dict[str, Any]) -> str:
     )
     for i in d["incidents"]:
         lines.append(
-            f"  incident {i['index']}: {i['fault']} {i['domain']} at {i['t_fault']:.2f}s  "
+            f"  incident {i['index']}: {t(i['fault'])} {t(i['domain'])} at {i['t_fault']:.2f}s  "
             f"detected {_f(i['detection_latency_s'], '.2f')}  RTO {_f(i['rto_s'], '.2f')}"
             + ("  (during recovery)" if i["during_recovery"] else "")
             + ("" if i["interrupted"] else "  (no interruption)")
@@ -303,7 +310,7 @@ def format_summary(d: dict[str, Any]) -> str:
     for cv in d["convergence"]:
         s = cv["steps_to_converge"]
         lines.append(
-            f"  after resume at step {cv['resume_step']} ({cv['cause']}): "
+            f"  after resume at step {cv['resume_step']} ({t(cv['cause'])}): "
             + ("never back within the band" if s is None else f"within band after {s} steps")
         )
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines), newlines=True)
