@@ -51,3 +51,21 @@ def test_a_fixed_snapshot_cadence_skips_the_calibration() -> None:
     acct.sess.env.snapshot_every = 25
     fixed = StepAccounting(acct.sess)
     assert [fixed._cadence(s) for s in (1, 3, 50)] == [25, 25, 25]
+
+
+def test_a_run_resumed_past_the_calibration_step_still_agrees_on_a_cadence() -> None:
+    """A run resumed from a checkpoint after step CALIBRATE never sees step == CALIBRATE:
+    rank 0 publishes at its first step past it (else every rank waited for the ceiling)."""
+    from stalwart.coordinator import MemoryStore
+
+    store = MemoryStore()
+    ranks = []
+    for rank in (0, 1):
+        acct = _acct(0, rank=rank)
+        env = acct.sess.env
+        env.job, env.hang_ceiling_s, env.snapshot_every = "j", 1.0, 0
+        acct.sess.store, acct.sess.events = store, None
+        acct.sess.coord = SimpleNamespace(generation=lambda: 0)
+        ranks.append(StepAccounting(acct.sess))
+    assert [r._cadence(13) for r in ranks] == [1, 1]  # no stalls measured: every step
+    assert [r.every for r in ranks] == [1, 1]  # agreed through the store, not timed out

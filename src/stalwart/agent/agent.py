@@ -27,6 +27,7 @@ from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, teardown
 from stalwart.agent._replica import start_replicas
+from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import start_standbys
 from stalwart.agent._trash import Trash
 from stalwart.agent._zygote_client import ZygoteClient
@@ -53,8 +54,12 @@ class Agent:
     def __init__(self, config: LaunchConfig) -> None:
         self.cfg = config
         self.run_dir = os.path.abspath(config.run_dir or os.path.join("runs", config.job))
-        os.makedirs(self.run_dir, exist_ok=True)
+        moved = claim_run_dir(self.run_dir, config.job)  # a reused --run-dir: rotated
         self.events = EventLog(os.path.join(self.run_dir, EVENTS_FILE), node=config.node_rank)
+        if moved is not None:
+            why = f"the previous run's records moved to {moved}; checkpoints stay in ckpt/"
+            _say(f"{self.run_dir}: {why}")
+            self.events.emit("note", message=why)
         self.ledger = FaultLedger(self.run_dir)
         self.trash = Trash()  # a lost node's /dev/shm, freed once we recovered
         self.plan = FaultPlan.parse(config.chaos)

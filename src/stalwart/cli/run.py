@@ -81,7 +81,8 @@ def register(sub: Any) -> None:
         "--log_dir",
         dest="run_dir",
         default=None,
-        help="run directory: events.jsonl, token, logs (default runs/JOB)",
+        help="run directory: events.jsonl, token, logs, ckpt (default runs/JOB); reused, it "
+        "resumes from ckpt/ and the previous run's records move to RUN_DIR/prev/N",
     )
     p.add_argument("--strategy", default="flash", help="restart | flash | spare | elastic")
     p.add_argument(
@@ -100,7 +101,12 @@ def register(sub: Any) -> None:
         "set-up done and parked before their first step, so a lost node's ranks resume "
         "without starting processes (stalwart.init() scripts; flash or spare)",
     )
-    p.add_argument("--chaos", default=None, help='e.g. "kill rank=1 at=step:50"')
+    p.add_argument(
+        "--chaos",
+        default=None,
+        help='e.g. "kill rank=1 at=step:50; hang rank=0 at=time:40s" (time: from the first '
+        "step; a plain script's step N is its Nth optimizer.step())",
+    )
     p.add_argument(
         "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
     )

@@ -109,7 +109,7 @@ class StepAccounting:
             self.every = self._choose()
             return self.every
         prefix = f"/stalwart/{sess.env.job}/cadence/"
-        if step == CALIBRATE and sess.rank == 0:
+        if step >= CALIBRATE and sess.rank == 0:  # (>=: a run resumed past CALIBRATE)
             sess.store.put(f"{prefix}{sess.generation:012d}", str(self._choose()).encode())
         deadline = time.monotonic() + sess.env.hang_ceiling_s
         while time.monotonic() < deadline:
