@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent.progress import ProgressBoard
@@ -113,3 +118,32 @@ def test_unfired_faults_are_warned_about(
     (note,) = agent.events.notes
     assert "'hang rank=0 at=time:1h' never fired" in note
     assert capsys.readouterr().err.count("never fired") == 1
+
+
+_REQUEST_BODIES = st.one_of(
+    st.binary(max_size=80),
+    st.recursive(
+        st.one_of(st.none(), st.integers(), st.text(max_size=30), st.floats()),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3), st.dictionaries(st.just("spec"), inner, max_size=1)
+        ),
+        max_leaves=6,
+    ).map(lambda doc: json.dumps(doc).encode()),
+)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.lists(st.tuples(st.text(max_size=25), _REQUEST_BODIES), max_size=4))
+def test_no_request_file_ends_the_loop(files: list[tuple[str, bytes]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = _agent(Path(tmp))
+        chaos = AgentChaos(agent, [])
+        requests = Path(tmp) / "chaos" / "requests"
+        requests.mkdir(parents=True)
+        for i, (name, body) in enumerate(files):
+            safe = "".join(c for c in name if c not in "/\x00") or "x"
+            for candidate in (f"{safe}.json", f"{time.time_ns() + i}.json"):
+                with contextlib.suppress(OSError):
+                    (requests / candidate).write_bytes(body)
+        with contextlib.redirect_stderr(io.StringIO()):
+            chaos.poll_requests()  # never raises, whatever the files hold
