@@ -147,3 +147,25 @@ def test_no_request_file_ends_the_loop(files: list[tuple[str, bytes]]) -> None:
                     (requests / candidate).write_bytes(body)
         with contextlib.redirect_stderr(io.StringIO()):
             chaos.poll_requests()  # never raises, whatever the files hold
+
+
+def test_plain_script_slow_fault_sleeps_in_its_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`slow factor=3 steps=2` on a plain script: before optimizer steps 2 and 3 (its
+    window) the hook sleeps twice the last step interval; claimed and logged once."""
+    from stalwart.agent import _plain_chaos
+    from stalwart.metrics import read_events
+
+    plan = FaultPlan.parse("slow rank=1 factor=3 at=step:2 steps=2; kill rank=0 at=step:2")
+    chaos = _plain_chaos._PlainChaos(
+        [f for f in plan.faults if f.rank == 1], str(tmp_path), rank=1, node=0
+    )
+    slept: list[float] = []
+    monkeypatch.setattr(_plain_chaos.time, "sleep", slept.append)
+    for step in range(1, 6):
+        chaos.before(step, 0.5)
+    assert slept == [1.0, 1.0]
+    (injected,) = read_events(str(tmp_path / "events.jsonl")).events
+    assert injected.kind == "fault_injected" and injected.get("domain") == {"rank": 1, "node": 0}
+    assert list(FaultLedger(str(tmp_path)).fired()) == ["0"]
