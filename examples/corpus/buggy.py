@@ -46,8 +46,14 @@ def main() -> None:
         optimizer.step()
         sess.log(loss=loss)  # stalwart
         if sess.step_ok:
-            rec.step(step, generation=sess.generation, rank=sess.rank, world=sess.world_size,
-                     loss=loss.item(), samples=[])
+            rec.step(
+                step,
+                generation=sess.generation,
+                rank=sess.rank,
+                world=sess.world_size,
+                loss=loss.item(),
+                samples=[],
+            )
     rec.final(model.module.state_dict(), step=a.steps, world=sess.world_size)
     sess.close()  # stalwart
 

@@ -11,8 +11,8 @@ plain ``dist.all_reduce`` on the default group.
 
 The loader is resumed at the step ``sess.steps()`` hands out (the epoch and the batch in
 it follow from the step, as a resumed Trainer skips the batches already seen), so a
-rollback replays the same batches. The stalwart lines are marked; ``--plain`` runs the
-same loop as a plain torchrun script.
+rollback replays the same batches (the train loader has its own generator: see there).
+The stalwart lines are marked; ``--plain`` runs the same loop as a plain torchrun script.
 """
 
 from __future__ import annotations
@@ -88,7 +88,16 @@ def main() -> None:
     train_ds = CopyTask(a.train_samples, a.seq_len, config.vocab_size, salt=1)
     eval_ds = CopyTask(a.eval_samples, a.seq_len, config.vocab_size, salt=2)
     sampler = DistributedSampler(train_ds, num_replicas=world, rank=rank, shuffle=True, seed=42)
-    train_dl = DataLoader(train_ds, batch_size=a.per_device_batch_size, sampler=sampler, drop_last=True)
+    # its own generator: opening a DataLoader iterator draws a seed from the global RNG
+    # otherwise, and the loader is re-opened after a rollback (not in a fault-free run),
+    # which would shift every dropout mask after it
+    train_dl = DataLoader(
+        train_ds,
+        batch_size=a.per_device_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     eval_sampler = DistributedSampler(eval_ds, num_replicas=world, rank=rank, shuffle=False)
     eval_dl = DataLoader(eval_ds, batch_size=a.per_device_batch_size, sampler=eval_sampler)
 
@@ -146,9 +155,20 @@ def main() -> None:
         if sess is None or sess.step_ok:
             gen = sess.generation if sess is not None else 0
             samples = batch["index"].tolist()
-            rec.step(step, generation=gen, rank=rank, world=world, loss=loss.item(), samples=samples, **extra)
+            rec.step(
+                step,
+                generation=gen,
+                rank=rank,
+                world=world,
+                loss=loss.item(),
+                samples=samples,
+                **extra,
+            )
         if rank == 0 and step % 8 == 0:
-            print(f"step {step} loss {loss.item():.4f} lr {lr_scheduler.get_last_lr()[0]:.2e}", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} lr {lr_scheduler.get_last_lr()[0]:.2e}",
+                flush=True,
+            )
     rec.final(model.module.state_dict(), step=a.max_steps, world=world)
     if sess is not None:
         sess.close()  # stalwart

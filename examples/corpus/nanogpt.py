@@ -60,7 +60,10 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
         self.ln_2 = nn.LayerNorm(n_embd)
         self.mlp = nn.Sequential(
-            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout)
+            nn.Linear(n_embd, 4 * n_embd),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,7 +72,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, block: int, n_layer: int, n_head: int, n_embd: int, dropout: float):
+    def __init__(
+        self, vocab: int, block: int, n_layer: int, n_head: int, n_embd: int, dropout: float
+    ):
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block, n_embd)
@@ -87,7 +92,9 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             torch.nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(idx.size(1))
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:
@@ -107,7 +114,10 @@ class GPT(nn.Module):
 def make_corpus(n_tokens: int, vocab: int) -> torch.Tensor:
     """A stand-in for a tokenized text file: phrases of a small grammar, so the loss falls."""
     g = torch.Generator().manual_seed(42)
-    words = [torch.randint(vocab, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g) for _ in range(32)]
+    words = [
+        torch.randint(vocab, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
+        for _ in range(32)
+    ]
     out, n = [], 0
     while n < n_tokens:
         w = words[int(torch.randint(len(words), (1,), generator=g))]
@@ -119,11 +129,11 @@ def make_corpus(n_tokens: int, vocab: int) -> torch.Tensor:
 class Windows(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
     """Non-overlapping (x, y) windows of the train split: the epoch data for --data epoch."""
 
-    def __init__(self, data: torch.Tensor, block: int) -> None:
-        self.data, self.block = data, block
+    def __init__(self, data: torch.Tensor, block: int, n: int) -> None:
+        self.data, self.block, self.n = data, block, min(n, (len(data) - 1) // block)
 
     def __len__(self) -> int:
-        return (len(self.data) - 1) // self.block
+        return self.n
 
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
         chunk = self.data[i * self.block : (i + 1) * self.block + 1]
@@ -152,6 +162,7 @@ def main() -> None:
     p.add_argument("--weight_decay", type=float, default=0.1)
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--data", choices=["randint", "epoch"], default="randint")
+    p.add_argument("--epoch_windows", type=int, default=96, help="--data epoch: samples per epoch")
     p.add_argument("--schedule", choices=["manual", "cosine"], default="manual")
     a = p.parse_args()
     if a.plain and a.data == "epoch":
@@ -197,14 +208,18 @@ def main() -> None:
         )
     if a.data == "epoch":
         assert sess is not None
-        loader = stalwart.data.loader(Windows(train_data, a.block_size), a.batch_size)
+        loader = stalwart.data.loader(
+            Windows(train_data, a.block_size, a.epoch_windows), a.batch_size
+        )
         state["loader"] = loader
     if sess is not None:
         sess.track(**state)  # stalwart
     if loader is not None:
         assert sess is not None
         global_batch = a.batch_size * a.gradient_accumulation_steps * world
-        sess.use_batch(stalwart.data.BatchConfig(global_batch=global_batch, micro_batch=a.batch_size))
+        sess.use_batch(
+            stalwart.data.BatchConfig(global_batch=global_batch, micro_batch=a.batch_size)
+        )
 
     @torch.no_grad()
     def estimate_loss() -> dict[str, float]:
@@ -236,7 +251,9 @@ def main() -> None:
                 param_group["lr"] = lr
         if iter_num % a.eval_interval == 0 and master:
             losses = estimate_loss()
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            print(
+                f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+            )
             if losses["val"] < best_val_loss:
                 best_val_loss = losses["val"]
                 checkpoint = {
@@ -271,7 +288,15 @@ def main() -> None:
             gen = sess.generation if sess is not None else 0
             world = sess.world_size if sess is not None else world
             epoch = loader.epoch if loader is not None else 0
-            rec.step(iter_num, generation=gen, rank=rank, world=world, loss=lossf, samples=seen, epoch=epoch)
+            rec.step(
+                iter_num,
+                generation=gen,
+                rank=rank,
+                world=world,
+                loss=lossf,
+                samples=seen,
+                epoch=epoch,
+            )
         if master and iter_num % 10 == 0:
             print(f"iter {iter_num}: loss {lossf:.4f}, time {time.time() - t0:.1f}s", flush=True)
     rec.final(raw_model.state_dict(), step=a.max_iters, world=world)

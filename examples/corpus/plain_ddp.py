@@ -51,7 +51,9 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            rec.step(step, generation=0, rank=rank, world=world, loss=loss.item(), samples=idx.tolist())
+            rec.step(
+                step, generation=0, rank=rank, world=world, loss=loss.item(), samples=idx.tolist()
+            )
             if step % a.eval_every == 0:
                 if rank == 0:
                     t0 = time.monotonic()

@@ -59,7 +59,9 @@ class Transformer(nn.Module):
     def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(TransformerBlock(dim, n_heads, 2 * dim) for _ in range(n_layers))
+        self.layers = nn.ModuleList(
+            TransformerBlock(dim, n_heads, 2 * dim) for _ in range(n_layers)
+        )
         self.norm = RMSNorm(dim)
         self.output = nn.Linear(dim, vocab, bias=False)
 
@@ -110,7 +112,9 @@ def main() -> None:
         fully_shard(layer, mesh=sess.mesh)  # stalwart: mesh=sess.mesh
     fully_shard(model, mesh=sess.mesh)  # stalwart: mesh=sess.mesh
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_cosine(a.warmup_steps, a.steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, linear_warmup_cosine(a.warmup_steps, a.steps)
+    )
     sess.track(model=model, optimizer=optimizer, lr_scheduler=scheduler)  # stalwart
 
     rec = Recorder(a.out, sess.env.rank)
@@ -126,11 +130,25 @@ def main() -> None:
         scheduler.step()
         sess.log(loss=loss)  # stalwart
         if sess.step_ok:
-            norm = float(grad_norm.full_tensor()) if hasattr(grad_norm, "full_tensor") else float(grad_norm)
-            rec.step(step, generation=sess.generation, rank=sess.rank, world=sess.world_size,
-                     loss=loss.item(), samples=[step * 1000 + sess.rank], grad_norm=norm)
+            norm = (
+                float(grad_norm.full_tensor())
+                if hasattr(grad_norm, "full_tensor")
+                else float(grad_norm)
+            )
+            rec.step(
+                step,
+                generation=sess.generation,
+                rank=sess.rank,
+                world=sess.world_size,
+                loss=loss.item(),
+                samples=[step * 1000 + sess.rank],
+                grad_norm=norm,
+            )
         if sess.rank == 0 and step % 8 == 0:
-            print(f"step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}",
+                flush=True,
+            )
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a collective
     if not sess.step_ok:
         raise SystemExit("a peer failed while gathering the final parameters; not saved")
