@@ -61,6 +61,7 @@ REFS = {
     "hf": Ref("hf_gpt2.py", tuple(HF)),
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
+    "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
 }
 
 
@@ -142,8 +143,6 @@ CELLS = [
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
 ]
 # fmt: on
-# the buggy script has no fault-free reference: it fails by design
-REFS["buggy"] = Ref("buggy.py", tuple(BUGGY))
 
 
 class References:
@@ -151,8 +150,10 @@ class References:
 
     def __init__(self, root: Path) -> None:
         self.root, self.done = root, dict[str, Outcome]()
+        self.failed: dict[str, str] = {}  # a reference that failed fails its cells at once
 
     def __getitem__(self, key: str) -> Outcome:
+        assert key not in self.failed, self.failed[key]
         if key not in self.done:
             ref = REFS[key]
             run_dir = self.root / key.replace("@", "-")
@@ -162,7 +163,9 @@ class References:
             else:
                 flags = ["--nproc-per-node", str(ref.nproc)]
                 out = run_script(run_dir, ref.script, flags, list(ref.args), timeout=120)
-            assert out.rc == 0, f"reference {key} failed:\n{out.stderr[-3000:]}"
+            if out.rc != 0:
+                self.failed[key] = f"reference {key} failed:\n{out.stderr[-3000:]}"
+                raise AssertionError(self.failed[key])
             self.done[key] = out
         return self.done[key]
 
