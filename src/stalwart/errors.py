@@ -16,6 +16,7 @@ __all__ = [
     "FencedError",
     "StalwartError",
     "StateMismatchError",
+    "UnsafePathError",
     "UnsupportedStateError",
 ]
 
@@ -38,6 +39,11 @@ class CheckpointNotFoundError(CheckpointError):
 
 class CheckpointFormatError(CheckpointError):
     """A manifest or index cannot be parsed or has an unknown format version."""
+
+
+class UnsafePathError(CheckpointFormatError):
+    """A checkpoint path would leave the checkpoint root: absolute, ``..``, or reached
+    through a symbolic link. Nothing is read, written or deleted through it."""
 
 
 class CheckpointCorruptError(CheckpointError):

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from stalwart.checkpoint.format import IndexRef, Manifest, RankIndex, TensorEntry
+from stalwart.checkpoint.format import ChunkRef, IndexRef, Manifest, RankIndex, TensorEntry
 from stalwart.errors import CheckpointFormatError
+
+_PACK = "data/000000000003-r00001-abcd1234.pack"
 
 
 def _manifest() -> Manifest:
@@ -13,7 +15,7 @@ def _manifest() -> Manifest:
         step=7,
         world_size=1,
         indexes=[IndexRef(0, "step_000000000007/rank_00000.json", "ab" * 16, 10)],
-        packs=["data/p.pack"],
+        packs=["data/000000000007-r00000-abcd1234.pack"],
         total_bytes=100,
         new_bytes=50,
         created_unix=1.0,
@@ -43,7 +45,11 @@ def test_truncated_and_unknown_version() -> None:
 
 def test_rank_index_round_trip() -> None:
     idx = RankIndex(
-        3, 1, 2, {"t": "tensor", "id": 0}, [TensorEntry(0, ".w", "float32", [2], 8, [])]
+        3,
+        1,
+        2,
+        {"t": "tensor", "id": 0},
+        [TensorEntry(0, ".w", "float32", [2], 8, [ChunkRef("cd" * 16, _PACK, 0, 8)])],
     )
     again = RankIndex.decode(idx.encode(), "i")
     assert again.tensors[0].path == ".w" and again.world_size == 2

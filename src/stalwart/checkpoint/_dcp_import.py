@@ -16,6 +16,7 @@ import importlib
 import itertools
 import os
 import pickle
+import stat
 import warnings
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -87,7 +88,38 @@ def read_metadata(src: str) -> Metadata:
         ) from err
     if not isinstance(metadata, Metadata):
         raise CheckpointFormatError(f"{path}: holds a {type(metadata).__name__}, not DCP metadata")
+    _check_data_files(src, metadata)
     return metadata
+
+
+def _check_data_files(src: str, metadata: Metadata) -> None:
+    """Every ``storage_data`` entry names a plain file directly in ``src`` (no ``/``,
+    no ``..``, not a link): DCP joins ``relative_path`` to the directory as given, so a
+    crafted ``.metadata`` could otherwise make it read any file on the machine."""
+    storage_data = getattr(metadata, "storage_data", None) or {}
+    if not isinstance(storage_data, dict):
+        raise CheckpointFormatError(f"{src}: DCP metadata has malformed storage_data")
+    for info in storage_data.values():
+        rel = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", 0), getattr(info, "length", 0)
+        ok = type(offset) is int and type(length) is int and offset >= 0 and length >= 0
+        if not isinstance(rel, str) or rel in ("", ".", "..") or "/" in rel or "\x00" in rel:
+            ok = False
+        if not ok or not isinstance(rel, str):
+            raise CheckpointFormatError(
+                f"{src}: DCP metadata names data file {str(rel)[:80]!r} at {offset!r}+"
+                f"{length!r}, outside the checkpoint directory or out of bounds; "
+                "the .metadata file is damaged or crafted"
+            )
+        try:
+            st = os.lstat(os.path.join(src, rel))
+        except FileNotFoundError:
+            continue  # DCP reports a missing file itself
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointFormatError(
+                f"{src}/{rel}: not a regular file (a link or directory); stalwart reads "
+                "only plain files inside the DCP directory"
+            )
 
 
 class _SafeReader(FileSystemReader):

@@ -71,11 +71,21 @@ def load_manifest(storage: Storage, step: int) -> Manifest:
         raw = storage.read(path)
     except FileNotFoundError as err:
         raise CheckpointNotFoundError(f"step {step} has no manifest ({path})") from err
-    return Manifest.decode(raw, f"{storage.url}/{path}")
+    except OSError as err:
+        raise CheckpointFormatError(f"{path}: unreadable ({err.strerror or err})") from err
+    m = Manifest.decode(raw, f"{storage.url}/{path}")
+    if m.step != step:
+        raise CheckpointFormatError(f"{path}: manifest of step {m.step} in step {step}'s place")
+    return m
 
 
 def load_index(storage: Storage, manifest: Manifest, rank: int) -> RankIndex:
-    """The rank's index, checked against the checksum the manifest recorded for it."""
+    """The rank's index, checked against the checksum the manifest recorded for it, and
+    against the manifest itself (same step, rank, world size; only packs it lists)."""
+    if not 0 <= rank < len(manifest.indexes):
+        raise CheckpointFormatError(
+            f"step {manifest.step} has rank indexes 0..{len(manifest.indexes) - 1}, not {rank}"
+        )
     ref = manifest.indexes[rank]
     try:
         raw = storage.read(ref.path)
@@ -84,12 +94,29 @@ def load_index(storage: Storage, manifest: Manifest, rank: int) -> RankIndex:
             f"{ref.path} is missing (step {manifest.step}, rank {rank})",
             [f"{ref.path}: missing"],
         ) from err
+    except OSError as err:
+        raise CheckpointCorruptError(
+            f"{ref.path} is unreadable ({err.strerror or err}; step {manifest.step})",
+            [f"{ref.path}: unreadable ({err.strerror or err})"],
+        ) from err
     if checksum(raw) != ref.checksum:
         raise CheckpointCorruptError(
             f"{ref.path} fails its checksum (step {manifest.step}, rank {rank})",
             [f"{ref.path}: checksum mismatch"],
         )
-    return RankIndex.decode(raw, ref.path)
+    index = RankIndex.decode(raw, ref.path)
+    if (index.step, index.rank, index.world_size) != (manifest.step, rank, manifest.world_size):
+        raise CheckpointFormatError(
+            f"{ref.path}: index of step {index.step} rank {index.rank}/{index.world_size} "
+            f"under step {manifest.step} rank {rank}/{manifest.world_size}; damaged"
+        )
+    foreign = index.packs - set(manifest.packs)
+    if foreign:
+        raise CheckpointFormatError(
+            f"{ref.path}: references pack {sorted(foreign)[0]} that the manifest does not "
+            "list; the checkpoint is not self-contained: use an earlier one"
+        )
+    return index
 
 
 def iter_chunks(index: RankIndex) -> Iterator[tuple[TensorEntry, int]]:
@@ -106,8 +133,9 @@ def read_chunk(storage: Storage, t: TensorEntry, i: int, buf: memoryview) -> str
     hasher = new_hasher()
     try:
         storage.read_into(c.pack, c.offset, buf, hasher.update)
-    except (FileNotFoundError, EOFError) as err:
-        return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({err})"
+    except (OSError, EOFError, CheckpointFormatError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} unreadable ({why})"
     if hasher.hexdigest() != c.hash:
         return f"{c.pack}: chunk at offset {c.offset} of tensor {t.path!r} fails its checksum"
     return None
@@ -137,7 +165,11 @@ def verify_step(
     except (CheckpointFormatError, CheckpointNotFoundError) as err:
         report.add(str(err))
         return report
-    present = set(storage.listdir("data"))
+    try:
+        present = set(storage.listdir("data"))
+    except CheckpointFormatError as err:  # data/ is a link: nothing in it is read
+        report.add(str(err))
+        return report
     for pack in manifest.packs:
         if pack.rsplit("/", 1)[-1] not in present:
             report.add(f"{pack}: missing pack file")

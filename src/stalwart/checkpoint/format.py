@@ -22,6 +22,7 @@ from typing import Any
 
 import xxhash
 
+from stalwart.checkpoint import _validate as v
 from stalwart.errors import CheckpointFormatError
 
 __all__ = [
@@ -100,9 +101,13 @@ class ChunkRef:
         return [self.hash, self.pack, self.offset, self.length]
 
     @staticmethod
-    def from_json(v: Any) -> ChunkRef:
-        h, p, o, n = v
-        return ChunkRef(str(h), str(p), int(o), int(n))
+    def from_json(raw: Any, where: str = "index") -> ChunkRef:
+        if not isinstance(raw, list) or len(raw) != 4:
+            raise CheckpointFormatError(f"{where}: a chunk is not [hash, pack, offset, length]")
+        h, p, o, n = raw
+        offset = v.want_int(o, where, "chunk offset", 0, v.MAX_FILE_BYTES)
+        length = v.want_int(n, where, "chunk length", 1, v.MAX_CHUNK_BYTES)
+        return ChunkRef(v.want_hash(h, where, "chunk hash"), v.want_pack(p, where), offset, length)
 
 
 @dataclass
@@ -124,16 +129,51 @@ class TensorEntry:
         return d
 
     @staticmethod
-    def from_json(d: dict[str, Any]) -> TensorEntry:
+    def from_json(raw: Any, where: str = "index") -> TensorEntry:
+        d = v.want_dict(raw, where, "a tensor entry")
+        try:
+            tid, path, dtype = d["id"], d["path"], d["dtype"]
+            shape, nbytes, chunks = d["shape"], d["nbytes"], d["chunks"]
+        except KeyError as err:
+            raise CheckpointFormatError(f"{where}: a tensor entry has no {err}") from err
+        path = v.want_str(path, where, "tensor path")
+        at = f"{where}: tensor {path[:80]!r}"
+        if dtype not in v.DTYPE_SIZES:
+            raise CheckpointFormatError(f"{at}: unknown dtype {str(dtype)[:20]!r}; damaged")
+        dims = v.want_shape(shape, at, "shape")
+        size = v.want_int(nbytes, at, "nbytes", 0, v.MAX_TENSOR_BYTES)
+        if v.numel(dims) * v.DTYPE_SIZES[dtype] != size:
+            raise CheckpointFormatError(
+                f"{at}: shape {dims[:8]} of {dtype} is not {size} bytes; the index is damaged"
+            )
+        refs = [ChunkRef.from_json(c, at) for c in v.want_list(chunks, at, "chunks")]
+        if sum(c.length for c in refs) != size:
+            raise CheckpointFormatError(f"{at}: its chunks do not add up to {size} bytes")
         return TensorEntry(
-            id=int(d["id"]),
-            path=str(d["path"]),
-            dtype=str(d["dtype"]),
-            shape=[int(x) for x in d["shape"]],
-            nbytes=int(d["nbytes"]),
-            chunks=[ChunkRef.from_json(c) for c in d["chunks"]],
-            shard=d.get("shard"),
+            id=v.want_int(tid, at, "id", 0, 1 << 40),
+            path=path,
+            dtype=dtype,
+            shape=dims,
+            nbytes=size,
+            chunks=refs,
+            shard=_shard(d.get("shard"), dims, at),
         )
+
+
+def _shard(raw: Any, shape: list[int], where: str) -> dict[str, list[int]] | None:
+    """A DTensor box: offsets + shape inside global_shape, as many dims as the shape."""
+    if raw is None:
+        return None
+    d = v.want_dict(raw, where, "shard")
+    glob = v.want_shape(d.get("global_shape"), where, "shard global_shape")
+    offs = v.want_shape(d.get("offsets"), where, "shard offsets")
+    if len(glob) != len(shape) or len(offs) != len(shape) or set(d) - {"global_shape", "offsets"}:
+        raise CheckpointFormatError(f"{where}: shard box does not match the shape; damaged")
+    if any(o + n > g for o, n, g in zip(offs, shape, glob, strict=True)):
+        raise CheckpointFormatError(f"{where}: shard lies outside its global shape; damaged")
+    if v.numel(glob) > v.MAX_TENSOR_BYTES:
+        raise CheckpointFormatError(f"{where}: shard global shape too large; damaged")
+    return {"global_shape": glob, "offsets": offs}
 
 
 @dataclass
@@ -171,20 +211,28 @@ class RankIndex:
     def decode(data: bytes, where: str) -> RankIndex:
         d = _load_json(data, where, "stalwart.rank-index")
         try:
-            return RankIndex(
-                step=int(d["step"]),
-                rank=int(d["rank"]),
-                world_size=int(d["world_size"]),
-                tree=d["tree"],
-                tensors=[TensorEntry.from_json(t) for t in d["tensors"]],
-                new_bytes=int(d.get("new_bytes", 0)),
-                version=int(d["version"]),
-            )
-        except (KeyError, TypeError, ValueError) as err:
+            step, rank, world = d["step"], d["rank"], d["world_size"]
+            tree, tensors = d["tree"], d["tensors"]
+        except KeyError as err:
             raise CheckpointFormatError(
-                f"{where}: malformed rank index ({err!r}); the file is damaged: "
+                f"{where}: malformed rank index (no {err}); the file is damaged: "
                 "use an earlier checkpoint"
             ) from err
+        world_size = v.want_int(world, where, "world_size", 1, v.MAX_RANKS)
+        entries = [TensorEntry.from_json(t, where) for t in v.want_list(tensors, where, "tensors")]
+        ids = {t.id for t in entries}
+        if len(ids) != len(entries):
+            raise CheckpointFormatError(f"{where}: two tensors share an id; damaged")
+        v.check_tree(tree, ids, where)
+        return RankIndex(
+            step=v.want_int(step, where, "step", 0, v.MAX_STEP),
+            rank=v.want_int(rank, where, "rank", 0, world_size - 1),
+            world_size=world_size,
+            tree=tree,
+            tensors=entries,
+            new_bytes=v.want_int(d.get("new_bytes", 0), where, "new_bytes", 0, v.MAX_FILE_BYTES),
+            version=FORMAT_VERSION,
+        )
 
 
 @dataclass(frozen=True)
@@ -237,25 +285,36 @@ class Manifest:
     def decode(data: bytes, where: str) -> Manifest:
         d = _load_json(data, where, "stalwart.manifest")
         try:
+            step = v.want_int(d["step"], where, "step", 0, v.MAX_STEP)
+            world = v.want_int(d["world_size"], where, "world_size", 1, v.MAX_RANKS)
+            raw_indexes = v.want_list(d["indexes"], where, "indexes", v.MAX_RANKS)
+            packs = [v.want_pack(p, where) for p in v.want_list(d["packs"], where, "packs")]
             m = Manifest(
-                step=int(d["step"]),
-                world_size=int(d["world_size"]),
-                generation=int(d["generation"]),
-                replicated=bool(d["replicated"]),
-                indexes=[IndexRef(**i) for i in d["indexes"]],
-                packs=[str(p) for p in d["packs"]],
-                total_bytes=int(d["total_bytes"]),
-                new_bytes=int(d["new_bytes"]),
-                created_unix=float(d["created_unix"]),
-                meta=dict(d["meta"]),
-                version=int(d["version"]),
+                step=step,
+                world_size=world,
+                generation=v.want_int(d["generation"], where, "generation", 0, v.MAX_GENERATION),
+                replicated=v.want_bool(d["replicated"], where, "replicated"),
+                indexes=[_index_ref(i, r, step, where) for r, i in enumerate(raw_indexes)],
+                packs=packs,
+                total_bytes=v.want_int(d["total_bytes"], where, "total_bytes", 0, 1 << 60),
+                new_bytes=v.want_int(d["new_bytes"], where, "new_bytes", 0, 1 << 60),
+                created_unix=v.want_float(d["created_unix"], where, "created_unix", 0, v.MAX_UNIX),
+                meta=v.want_dict(d["meta"], where, "meta"),
+                version=FORMAT_VERSION,
             )
-            stored = str(d["checksum"])
-        except (KeyError, TypeError, ValueError) as err:
+            stored = v.want_hash(d["checksum"], where, "checksum")
+        except KeyError as err:
             raise CheckpointFormatError(
-                f"{where}: malformed manifest ({err!r}); the file is damaged: "
+                f"{where}: malformed manifest (no {err}); the file is damaged: "
                 "use an earlier checkpoint"
             ) from err
+        if len(m.indexes) != world:
+            raise CheckpointFormatError(
+                f"{where}: world_size {world} but {len(m.indexes)} rank index(es); "
+                "the manifest is damaged: use an earlier checkpoint"
+            )
+        if len(set(packs)) != len(packs):
+            raise CheckpointFormatError(f"{where}: a pack is listed twice; damaged")
         canon = json.dumps(m._body(), sort_keys=True, separators=(",", ":"), allow_nan=False)
         if checksum(canon.encode()) != stored:
             raise CheckpointFormatError(
@@ -265,10 +324,29 @@ class Manifest:
         return m
 
 
+def _index_ref(raw: Any, rank: int, step: int, where: str) -> IndexRef:
+    """Entry ``rank`` of a manifest's index list: exactly that rank's index file."""
+    d = v.want_dict(raw, where, f"indexes[{rank}]")
+    if set(d) != {"rank", "path", "checksum", "nbytes"}:
+        raise CheckpointFormatError(f"{where}: indexes[{rank}] has the wrong fields; damaged")
+    v.want_int(d["rank"], where, f"indexes[{rank}].rank", rank, rank)
+    if d["path"] != index_path(step, rank):
+        raise CheckpointFormatError(
+            f"{where}: indexes[{rank}].path {str(d['path'])[:80]!r} is not "
+            f"{index_path(step, rank)}; the manifest is damaged or crafted"
+        )
+    return IndexRef(
+        rank,
+        d["path"],
+        v.want_hash(d["checksum"], where, f"indexes[{rank}].checksum"),
+        v.want_int(d["nbytes"], where, f"indexes[{rank}].nbytes", 0, v.MAX_INDEX_BYTES),
+    )
+
+
 def _load_json(data: bytes, where: str, fmt: str) -> dict[str, Any]:
     try:
-        d = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        d = json.loads(data, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise CheckpointFormatError(
             f"{where}: not valid JSON ({err.__class__.__name__}: truncated or damaged); "
             "use an earlier checkpoint"
@@ -282,3 +360,7 @@ def _load_json(data: bytes, where: str, fmt: str) -> dict[str, Any]:
             f"(reads version {FORMAT_VERSION}); upgrade stalwart to read it"
         )
     return d
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -21,6 +21,9 @@ class StreamWriter(Protocol):
 
 
 class Storage(Protocol):
+    """Paths are relative to the root; a backend refuses (:class:`UnsafePathError`) any
+    path that would leave it: absolute, ``..``, or through a symbolic link."""
+
     url: str
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -42,6 +45,12 @@ class Storage(Protocol):
         (so a checksum can run on bytes still in the CPU cache), and covers all of buf."""
 
     def exists(self, path: str) -> bool: ...
+
+    def kind(self, path: str) -> str:
+        """``file``, ``dir``, ``link``, ``other`` or ``missing``; never follows a link."""
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` so that ``dst`` appears whole or not at all."""
 
     def listdir(self, path: str) -> list[str]:
         """Names directly under ``path`` (empty if it does not exist)."""

@@ -12,6 +12,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from stalwart.checkpoint.storage.local import split_relpath
 from stalwart.errors import ConfigError
 
 __all__ = ["FsspecStorage"]
@@ -58,6 +59,7 @@ class FsspecStorage:
         self.root = str(root).rstrip("/")
 
     def _p(self, path: str) -> str:
+        split_relpath(path)  # nothing outside the root: no absolute paths, no '..'
         return f"{self.root}/{path}" if path else self.root
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -86,6 +88,19 @@ class FsspecStorage:
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(self._p(path)))
+
+    def kind(self, path: str) -> str:
+        """``file``, ``dir`` or ``missing`` (object stores have no links)."""
+        try:
+            info = self.fs.info(self._p(path))
+        except FileNotFoundError:
+            return "missing"
+        return "dir" if info.get("type") == "directory" else "file"
+
+    def rename(self, src: str, dst: str) -> None:
+        """Copy then delete: the copy is one put, so ``dst`` appears whole or not at all."""
+        _put(self.fs, self._p(dst), bytes(self.fs.cat_file(self._p(src))))
+        self.delete(src)
 
     def listdir(self, path: str) -> list[str]:
         try:
