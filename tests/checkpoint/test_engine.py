@@ -213,7 +213,10 @@ def test_damaged_shared_chunk_is_quarantined_not_spread(tmp_path: Path, shm_name
         assert any("step 1" in p for p in info.value.problems)
         storage = open_storage(str(tmp_path))
         assert committed_steps(storage) == []
-        assert (tmp_path / "step_000000000002" / "QUARANTINED.json").exists()
+        moved = sorted((tmp_path / "quarantine").iterdir())  # moved aside, inside the root
+        assert [m.name.split("-")[0] for m in moved] == ["step_000000000001", "step_000000000002"]
+        assert all((m / "QUARANTINED.json").exists() for m in moved)
+        assert not (tmp_path / "step_000000000002").exists()
         train_step(state)
         result = mgr.save(state, 3)
         assert result.written_bytes >= result.total_bytes - 64  # no reuse of old chunks

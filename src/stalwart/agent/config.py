@@ -24,9 +24,22 @@ class RuntimeKnobs:
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
     snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
     collective_timeout_s: float = 60.0
+    keep_last: int = 3
+    """Committed checkpoints each checkpoint directory keeps (retention after each commit):
+    a long run's disk use stays bounded; at least 1, and the newest is always kept."""
+    keep_every: int = 0
+    """Also keep every step divisible by this as a milestone (0: none)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ConfigError(f"--keep-last {self.keep_last}: keep at least 1 checkpoint")
+        if self.keep_every < 0:
+            raise ConfigError(f"--keep-every {self.keep_every}: use 0 (off) or a step count")
 
     def env(self) -> dict[str, str]:
         return {
+            "STALWART_KEEP_LAST": str(self.keep_last),
+            "STALWART_KEEP_EVERY": str(self.keep_every),
             "STALWART_PERSIST_EVERY": str(self.persist_every),
             "STALWART_SNAPSHOT_BUDGET": str(self.snapshot_budget),
             "STALWART_SNAPSHOT_EVERY": str(self.snapshot_every),

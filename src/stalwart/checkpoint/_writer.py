@@ -1,7 +1,8 @@
 """Write one rank's shard (pack + index) and commit a step (manifest). No torch here.
 
 Order of writes, which is what makes a checkpoint "committed and verifiable, or
-invisible": pack (fsync, rename) -> rank index (atomic) -> manifest (atomic, last).
+invisible": pack (fsync, rename) -> rank index (atomic) -> manifest (atomic, last; under
+a coordinator: pending name -> fenced record -> rename, see :func:`commit_step`).
 A manifest is only written after every rank's index exists and every pack it references
 is present, so a visible manifest never points at bytes that are not durable.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stalwart.checkpoint.format import (
+    PENDING_PREFIX,
     ChunkRef,
     IndexRef,
     Manifest,
@@ -28,6 +30,7 @@ from stalwart.checkpoint.format import (
     index_path,
     manifest_path,
     pack_path,
+    step_dir,
 )
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import CheckpointError, FencedError
@@ -251,16 +254,51 @@ def commit_step(
     replicated: bool = False,
     meta: dict[str, Any] | None = None,
     is_current: Callable[[int], bool] | None = None,
+    record: Callable[[Manifest], object] | None = None,
+    pause: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Write the manifest of ``step`` once every rank's index is there.
 
-    ``is_current(generation)`` is the fence: a member of an old generation gets
-    :class:`FencedError` and nothing is written."""
+    ``is_current(generation)`` is an early check: a member of an old generation gets
+    :class:`FencedError` and nothing is written. ``record`` is the fence itself (the
+    coordinator's compare-and-swap on the generation, which raises FencedError when it
+    is stale): with it, the manifest is written under a pending name, ``record`` is
+    called, and only then is the manifest renamed to ``MANIFEST.json``, so a member
+    stopped anywhere before its compare-and-swap can never make the step visible.
+    ``pause(stage)`` (tests) runs after the check (``"checked"``) and after the record
+    (``"recorded"``)."""
     if is_current is not None and not is_current(generation):
         raise FencedError(
             f"generation {generation} is no longer current: this member was fenced and may not "
             f"commit step {step}; rejoin the job to get the current generation"
         )
+    if pause is not None:
+        pause("checked")
+    manifest = _build_manifest(storage, step, world_size, generation, replicated, meta)
+    if record is None:
+        storage.write_atomic(manifest_path(step), manifest.encode())
+        return manifest
+    pending = f"{step_dir(step)}/{PENDING_PREFIX}{generation}.{uuid.uuid4().hex[:8]}.json"
+    storage.write_atomic(pending, manifest.encode())
+    try:
+        record(manifest)
+    except BaseException:
+        storage.delete(pending)
+        raise
+    if pause is not None:
+        pause("recorded")
+    storage.rename(pending, manifest_path(step))
+    return manifest
+
+
+def _build_manifest(
+    storage: Storage,
+    step: int,
+    world_size: int,
+    generation: int,
+    replicated: bool,
+    meta: dict[str, Any] | None,
+) -> Manifest:
     refs: list[IndexRef] = []
     packs: set[str] = set()
     total = new = 0
@@ -285,7 +323,7 @@ def commit_step(
             f"cannot commit step {step}: referenced pack files are missing: "
             + ", ".join(missing[:5])
         )
-    manifest = Manifest(
+    return Manifest(
         step=step,
         world_size=world_size,
         indexes=refs,
@@ -297,8 +335,6 @@ def commit_step(
         replicated=replicated,
         meta=dict(meta or {}),
     )
-    storage.write_atomic(manifest_path(step), manifest.encode())
-    return manifest
 
 
 def known_chunks(storage: Storage, manifest: Manifest | None) -> dict[str, ChunkRef]:

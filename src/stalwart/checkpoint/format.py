@@ -28,6 +28,8 @@ from stalwart.errors import CheckpointFormatError
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "PENDING_PREFIX",
+    "QUARANTINE_DIR",
     "QUARANTINE_NAME",
     "ChunkRef",
     "IndexRef",
@@ -46,6 +48,8 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
 QUARANTINE_NAME = "QUARANTINED.json"  # replaces the manifest of a step found damaged
+QUARANTINE_DIR = "quarantine"  # damaged steps are moved here, inside the root
+PENDING_PREFIX = "MANIFEST.pending-g"  # a manifest awaiting its fenced commit record
 _STEP_RE = re.compile(r"^step_(\d{12})$")
 
 

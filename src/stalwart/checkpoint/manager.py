@@ -13,14 +13,16 @@ rank has finished, with its generation so that a fenced member cannot commit.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from stalwart.checkpoint._writer import commit_step
+from stalwart.checkpoint.format import Manifest
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
-from stalwart.checkpoint.retention import RetentionPolicy
+from stalwart.checkpoint.retention import GcReport, RetentionPolicy, collect_garbage
 from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError, CheckpointNotFoundError
@@ -110,6 +112,31 @@ class CheckpointManager:
         )
         fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
         return fut
+
+    def commit(
+        self,
+        step: int,
+        *,
+        generation: int,
+        is_current: Callable[[int], bool] | None = None,
+        record: Callable[[Manifest], object] | None = None,
+        protect: Collection[int] = (),
+    ) -> tuple[Manifest, GcReport]:
+        """Commit a step persisted with ``commit=False`` (fenced by ``record``: see
+        :func:`commit_step`), then apply the retention policy. ``protect`` names steps
+        GC must keep (ones another member may still restore from); the newest committed
+        step is always kept."""
+        manifest = commit_step(
+            self.storage,
+            step,
+            self.config.world_size,
+            generation=generation,
+            replicated=self.config.replicated,
+            is_current=is_current,
+            record=record,
+        )
+        gc = collect_garbage(self.storage, self.config.retention, protect=protect)
+        return manifest, gc
 
     def save(self, state: Mapping[str, Any], step: int) -> PersistResult:
         """Snapshot and persist, and wait for the commit (for scripts and tests)."""

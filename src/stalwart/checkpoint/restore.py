@@ -12,7 +12,6 @@ re-cut from the saved shards' boxes (global offsets recorded at save time).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ import torch
 from stalwart.checkpoint._load import SavedTensor, byte_view, load_into
 from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest, read_chunk
 from stalwart.checkpoint.format import (
+    QUARANTINE_DIR,
     QUARANTINE_NAME,
     RankIndex,
     TensorEntry,
@@ -46,6 +46,7 @@ class RestoreResult:
     step: int
     skipped: list[str] = field(default_factory=list)  # problems of newer steps passed over
     bytes_read: int = 0
+    quarantined: list[str] = field(default_factory=list)  # where damaged steps were moved
 
 
 def _read_entry(
@@ -197,18 +198,28 @@ def _fill_box(
         )
 
 
-def quarantine(storage: Storage, step: int, problems: list[str]) -> None:
-    """Make a damaged step invisible, keeping a record of why.
+def quarantine(storage: Storage, step: int, problems: list[str]) -> str:
+    """Make a damaged step invisible, keeping it and a record of why; returns where it
+    went (``quarantine/step_<step>-<time>`` inside the root).
 
     Deduplication stores a shared chunk once, so a damaged chunk breaks every step that
     references it; a damaged step left visible would also be the base that the next
     save deduplicates against, and would spread the damage. Quarantined, it is neither
     restored nor used as a base, so the next save writes those chunks afresh."""
     record = {"step": step, "quarantined_unix": time.time(), "problems": problems}
-    with contextlib.suppress(FileNotFoundError):
-        record["manifest"] = storage.read(manifest_path(step)).decode(errors="replace")
     storage.write_atomic(f"{step_dir(step)}/{QUARANTINE_NAME}", json.dumps(record).encode())
-    storage.delete(manifest_path(step))
+    dest = f"{QUARANTINE_DIR}/{step_dir(step)}-{time.time_ns()}"
+    try:
+        storage.rename(step_dir(step), dest)  # the whole directory: one atomic move
+    except (OSError, NotImplementedError):  # an object store has no directories to move
+        storage.delete(manifest_path(step))
+        return f"{step_dir(step)}/{QUARANTINE_NAME}"
+    return dest
+
+
+_BAD_STEP = (CheckpointCorruptError, CheckpointFormatError, OSError, EOFError)
+"""What a damaged or crafted step can raise once every field is validated (the format
+error covers unsafe paths too); anything else is a bug or a state that does not fit."""
 
 
 def restore_state(
@@ -222,9 +233,11 @@ def restore_state(
 ) -> RestoreResult:
     """Load the newest valid checkpoint (or exactly ``step``) into ``state``.
 
-    ``quarantine_damaged`` hides every step found damaged (see :func:`quarantine`).
-    Only a job's single restorer should set it: ranks restoring in parallel must first
-    agree on the step, or one rank could hide a step another just loaded."""
+    A step that is damaged or crafted (any :data:`_BAD_STEP`) is reported in
+    ``skipped`` and the next older one is tried. ``quarantine_damaged`` moves every
+    such step aside (see :func:`quarantine`; listed in ``quarantined``). Only a job's
+    single restorer should set it: ranks restoring in parallel must first agree on the
+    step, or one rank could hide a step another just loaded."""
     steps = committed_steps(storage)
     if step is not None:
         steps = [s for s in steps if s == step]
@@ -235,17 +248,16 @@ def restore_state(
             + "; start from scratch or pass the directory of a run that saved"
         )
     skipped: list[str] = []
+    quarantined: list[str] = []
     for s in reversed(steps):
         try:
             nbytes = _restore_step(storage, state, s, rank, world_size)
-            return RestoreResult(s, skipped, nbytes)
-        except CheckpointCorruptError as err:
-            problems = err.problems or [str(err)]
+            return RestoreResult(s, skipped, nbytes, quarantined)
+        except _BAD_STEP as err:
+            problems = getattr(err, "problems", None) or [str(err).splitlines()[0]]
             skipped.extend(f"step {s}: {p}" for p in problems)
             if quarantine_damaged:
-                quarantine(storage, s, problems)
-        except CheckpointFormatError as err:
-            skipped.append(f"step {s}: {err}")
+                quarantined.append(quarantine(storage, s, problems))
     raise CheckpointCorruptError(
         f"no checkpoint in {storage.url} loads: " + "; ".join(skipped[:5]), skipped
     )

@@ -10,7 +10,9 @@ is safe against a crash at any instant:
 2. a pack is removed only when no remaining manifest references it;
 3. packs and step directories newer than the newest commit belong to a save in flight
    and are left alone; so are the packs of the two newest manifests, which a save that
-   started before the newest commit may be deduplicating against.
+   started before the newest commit may be deduplicating against;
+4. nothing outside the root is touched: the storage never follows a link, and a linked
+   ``step_*``, ``data/`` or pack is reported (``GcReport.skipped``) and left alone.
 
 GC runs in the committer right after a commit; at most one checkpoint is in flight per
 job (the same rule torch's async_save has).
@@ -18,6 +20,7 @@ job (the same rule torch's async_save has).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from stalwart.checkpoint.format import (
@@ -58,12 +61,29 @@ class RetentionPolicy:
 
 @dataclass
 class GcReport:
-    deleted_steps: list[int] = field(default_factory=list)
+    deleted_steps: list[int] = field(default_factory=list)  # committed steps removed
+    deleted_partial: list[int] = field(default_factory=list)  # uncommitted leftovers removed
     deleted_packs: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)  # entries left alone, and why
+
+    def summary(self) -> str:
+        line = (
+            f"deleted {len(self.deleted_steps)} checkpoint(s) {self.deleted_steps}, "
+            f"{len(self.deleted_partial)} uncommitted step dir(s), "
+            f"{len(self.deleted_packs)} pack file(s), freed {self.freed_bytes} bytes"
+        )
+        if self.skipped:
+            line += f"; left {len(self.skipped)} entr(ies) alone: {'; '.join(self.skipped[:3])}"
+        return line
 
 
-def collect_garbage(storage: Storage, policy: RetentionPolicy) -> GcReport:
+def collect_garbage(
+    storage: Storage, policy: RetentionPolicy, *, protect: Collection[int] = ()
+) -> GcReport:
+    """Apply ``policy``; ``protect`` names steps kept whatever the policy says (a step
+    another member may still restore from). Never follows a link: a linked ``step_*``,
+    ``data/`` or pack is reported in ``skipped`` and left alone."""
     report = GcReport()
     manifests: dict[int, Manifest | None] = {}
     all_steps: list[int] = []
@@ -71,16 +91,23 @@ def collect_garbage(storage: Storage, policy: RetentionPolicy) -> GcReport:
         step = parse_step_dir(name)
         if step is None:
             continue
+        kind = storage.kind(name)
+        if kind != "dir":
+            report.skipped.append(f"{name}: a {kind}, not a step directory")
+            continue
         all_steps.append(step)
-        if storage.exists(manifest_path(step)):
+        mkind = storage.kind(manifest_path(step))
+        if mkind == "file":
             try:
                 manifests[step] = Manifest.decode(storage.read(manifest_path(step)), name)
-            except CheckpointFormatError:
+            except (CheckpointFormatError, OSError):
                 manifests[step] = None  # damaged: unloadable, so it protects nothing
+        elif mkind != "missing":
+            manifests[step] = None
     if not manifests:
         return report
     newest = max(manifests)
-    kept = policy.keep(list(manifests))
+    kept = policy.keep(list(manifests)) | {s for s in protect if s in manifests}
     live: set[str] = set()
     for step in kept | set(sorted(manifests)[-2:]):
         m = manifests.get(step)
@@ -90,24 +117,44 @@ def collect_garbage(storage: Storage, policy: RetentionPolicy) -> GcReport:
     for step in sorted(all_steps):
         if step in kept or step > newest:
             continue
-        d = step_dir(step)
-        storage.delete(f"{d}/{MANIFEST_NAME}")  # invisible first
-        for name in storage.listdir(d):
-            storage.delete(f"{d}/{name}")
-        storage.delete_dir(d)
-        if step in manifests:
-            report.deleted_steps.append(step)
+        if _delete_step(storage, step, report):
+            (report.deleted_steps if step in manifests else report.deleted_partial).append(step)
 
+    data_kind = storage.kind("data")
+    if data_kind not in ("dir", "missing"):
+        report.skipped.append(f"data: a {data_kind}, not a directory; no pack collected")
+        return report
     for name in storage.listdir("data"):
         path = f"data/{name}"
         base = name.split(".", 1)[0] + ".pack" if name.endswith(".tmp") else name
         written_for = pack_step(base)
         if written_for is None or written_for > newest or path in live:
             continue
-        try:
-            report.freed_bytes += storage.size(path)
-        except FileNotFoundError:
+        kind = storage.kind(path)
+        if kind != "file":
+            report.skipped.append(f"{path}: a {kind}, not a pack file")
             continue
-        storage.delete(path)
+        try:
+            size = storage.size(path)
+            storage.delete(path)
+        except (FileNotFoundError, CheckpointFormatError):
+            continue
+        report.freed_bytes += size
         report.deleted_packs.append(path)
     return report
+
+
+def _delete_step(storage: Storage, step: int, report: GcReport) -> bool:
+    """Manifest first (invisible), then the files, then the directory; True if it went."""
+    d = step_dir(step)
+    if storage.kind(f"{d}/{MANIFEST_NAME}") in ("file", "link"):
+        storage.delete(f"{d}/{MANIFEST_NAME}")  # a link itself, never its target
+    for name in storage.listdir(d):
+        path = f"{d}/{name}"
+        kind = storage.kind(path)
+        if kind in ("file", "link"):
+            storage.delete(path)  # unlinks a link itself: its target is never touched
+        else:
+            report.skipped.append(f"{path}: a {kind} inside a step directory")
+    storage.delete_dir(d)
+    return storage.kind(d) == "missing"

@@ -17,8 +17,9 @@ from stalwart.checkpoint.catalog import (
     require_checkpoint_root,
     verify_step,
 )
+from stalwart.checkpoint.format import PENDING_PREFIX, parse_step_dir
 from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
-from stalwart.checkpoint.storage import open_storage
+from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError, ConfigError
 
 __all__ = ["register"]
@@ -69,8 +70,25 @@ def _ls(args: argparse.Namespace) -> int:
             )
         else:
             lines.append(f"{r['step']:>10}  DAMAGED: {r['error']}")
-    _emit(args, {"dir": args.dir, "checkpoints": rows}, lines)
+    pending = _pending(storage)
+    lines.append(
+        "trusted: MANIFEST.json on disk (no coordinator read); under `stalwart run` it is "
+        "published only after the coordinator's fenced commit record"
+        + (f"; {len(pending)} unpublished manifest(s) not trusted" if pending else "")
+    )
+    doc = {"dir": args.dir, "checkpoints": rows, "trusted": "disk-manifest", "pending": pending}
+    _emit(args, doc, lines)
     return 0
+
+
+def _pending(storage: Storage) -> list[str]:
+    """Manifests written under a pending name whose fenced record never came (a member
+    fenced meanwhile): never trusted, removed by GC."""
+    out = []
+    for name in storage.listdir(""):
+        if parse_step_dir(name) is not None and storage.kind(name) == "dir":
+            out += [f"{name}/{n}" for n in storage.listdir(name) if n.startswith(PENDING_PREFIX)]
+    return out
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -165,8 +183,11 @@ def _gc(args: argparse.Namespace) -> int:
     report = collect_garbage(storage, RetentionPolicy(args.keep_last, args.keep_every))
     print(
         f"deleted {len(report.deleted_steps)} checkpoint(s) {report.deleted_steps}, "
+        f"{len(report.deleted_partial)} uncommitted step dir(s) {report.deleted_partial}, "
         f"{len(report.deleted_packs)} pack file(s), freed {_human(report.freed_bytes)}"
     )
+    for why in report.skipped:
+        print(f"  left alone (never followed): {why}")
     return 0
 
 

@@ -126,6 +126,18 @@ def register(sub: Any) -> None:
         "observed persist time and MTBF); default 20 under --strategy restart, else 0",
     )
     p.add_argument(
+        "--keep-last",
+        type=int,
+        default=3,
+        help="committed checkpoints kept on disk (retention runs after each commit; default 3)",
+    )
+    p.add_argument(
+        "--keep-every",
+        type=int,
+        default=0,
+        help="also keep every step divisible by this as a milestone (default 0: none)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -216,6 +228,8 @@ def _run(args: argparse.Namespace) -> int:
             persist_every=persist,
             snapshot_budget=args.snapshot_budget,
             snapshot_every=args.snapshot_every,
+            keep_last=args.keep_last,
+            keep_every=args.keep_every,
         ),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,

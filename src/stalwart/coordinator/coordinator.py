@@ -361,6 +361,26 @@ class Coordinator:
             raise self._fenced(generation, f"commit the checkpoint of step {step}")
         raise AlreadyCommittedError(f"the checkpoint of step {step} is already committed")
 
+    def record_shard_commit(self, generation: int, step: int, shard: str) -> CheckpointRecord:
+        """The fenced record that lets ``shard`` (one checkpoint directory) publish its
+        manifest of ``step``: a compare-and-swap on the generation, FencedError when it
+        is stale. One key per shard, overwritten by its next commit (the store does not
+        grow with the run); see docs/checkpoint-format.md, "The fence"."""
+        _check_id(shard)
+        record = CheckpointRecord(step, generation, shard, self._clock())
+        key = self._k("ckpt_shard", shard)
+        if self.store.txn([self._gen_is(generation)], [Put(key, _dump(record))]).succeeded:
+            return record
+        raise self._fenced(generation, f"commit the checkpoint of step {step}")
+
+    def shard_commits(self) -> dict[str, CheckpointRecord]:
+        """The newest fenced commit of every shard, by shard name."""
+        prefix = self._k("ckpt_shard") + "/"
+        return {
+            kv.key[len(prefix) :]: CheckpointRecord(**json.loads(kv.value))
+            for kv in self.store.range(prefix).kvs
+        }
+
     def latest_checkpoint(self) -> CheckpointRecord | None:
         kv = self.store.get(self._k("ckpt_latest"))
         return None if kv is None else CheckpointRecord(**json.loads(kv.value))

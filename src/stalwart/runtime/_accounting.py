@@ -226,19 +226,21 @@ class StepAccounting:
         fut.add_done_callback(done)
 
     def _commit(self, step: int, generation: int) -> BaseException | None:
-        from stalwart.checkpoint import commit_step
-
         sess = self.sess
+        coord = sess.coord
+        shard = f"rank{sess.rank}"
         try:
-            commit_step(
-                sess._ckpt.storage,
+            # visible only after the coordinator's fenced record (docs/checkpoint-format.md),
+            # then retention, keeping the newest step every rank's directory holds
+            sess._ckpt.commit(
                 step,
-                1,
                 generation=generation,
-                is_current=lambda g: bool(sess.coord.generation() == g),
+                is_current=lambda g: bool(coord.generation() == g),
+                record=lambda _m: coord.record_shard_commit(generation, step, shard),
+                protect=_common_step(coord, sess.world_size, sess._replicated),
             )
             if sess.rank == 0:  # the job's record (every rank committed its own files)
-                sess.coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
+                coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
         except Exception as err:  # FencedError, storage errors: reported, never raised
             return err
         return None
@@ -246,3 +248,13 @@ class StepAccounting:
     def wait_persist(self) -> None:
         if self._persist is not None:
             self._persist.exception()
+
+
+def _common_step(coord: Any, world_size: int, replicated: bool) -> set[int]:
+    """The newest step every rank's checkpoint directory committed (per-rank shards):
+    a restore may need it on every rank, so no rank's retention deletes it."""
+    if replicated or world_size <= 1:
+        return set()
+    records = coord.shard_commits()
+    steps = [records[f"rank{r}"].step for r in range(world_size) if f"rank{r}" in records]
+    return {min(steps)} if len(steps) == world_size else set()

@@ -20,7 +20,7 @@ __all__ = ["guard_optimizer", "open_checkpoints"]
 
 def open_checkpoints(sess: Any) -> None:
     """The snapshot slots and the persister of ``sess``'s rank."""
-    from stalwart.checkpoint import CheckpointConfig, CheckpointManager
+    from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
     from stalwart.runtime._perrank import open_part
 
     env = sess.env
@@ -29,7 +29,13 @@ def open_checkpoints(sess: Any) -> None:
     own = not sess._replicated and sess.world_size > 1
     root = os.path.join(run_dir, "ckpt", *([f"rank{sess.rank}"] if own else []))
     sess._ckpt = CheckpointManager(
-        CheckpointConfig(root=root, namespace=f"{env.job}-r{sess.rank}", rank=0, world_size=1)
+        CheckpointConfig(
+            root=root,
+            namespace=f"{env.job}-r{sess.rank}",
+            rank=0,
+            world_size=1,
+            retention=RetentionPolicy(env.keep_last, env.keep_every or None),
+        )
     )
     for value in sess._state.values():
         if isinstance(value, torch.optim.Optimizer):

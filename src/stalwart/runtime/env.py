@@ -43,6 +43,8 @@ class WorkerEnv:
     standby: str = (
         ""  # a parked standby: the file whose appearance activates it (agent/_standby.py)
     )
+    keep_last: int = 3  # retention: committed checkpoints kept per checkpoint directory
+    keep_every: int = 0  # retention: milestone steps also kept (0: none)
 
     @property
     def managed(self) -> bool:
@@ -87,4 +89,6 @@ class WorkerEnv:
             elastic_wait_s=float(e.get("STALWART_ELASTIC_WAIT", "600")),
             incarnation=e.get("STALWART_INCARNATION", ""),
             standby=e.get("STALWART_STANDBY", ""),
+            keep_last=max(1, int(e.get("STALWART_KEEP_LAST", "3"))),
+            keep_every=max(0, int(e.get("STALWART_KEEP_EVERY", "0"))),
         )

@@ -1,0 +1,158 @@
+"""Crafted checkpoints whose checksums are valid: every `stalwart ckpt` verb answers in
+one line with a non-zero exit, nothing outside the root is read or deleted, and restore
+falls back to the previous good step and moves the bad one aside."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _models import make_state, params, train_step
+
+from stalwart.checkpoint import CheckpointConfig, CheckpointManager, restore_state
+from stalwart.checkpoint.format import checksum, index_path, manifest_path
+from stalwart.checkpoint.storage import LocalStorage
+from stalwart.cli.main import main
+from stalwart.errors import CheckpointCorruptError
+
+Edit = Callable[[dict[str, Any], dict[str, Any], Path], None]
+
+
+@pytest.fixture
+def saved(tmp_path: Path, shm_namespace: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A checkpoint with steps 1 (good) and 2 (to be crafted), and the params of step 1."""
+    root = tmp_path / "ckpt"
+    mgr = CheckpointManager(CheckpointConfig(str(root), namespace=shm_namespace))
+    try:
+        state = make_state()
+        mgr.save(state, 1)
+        want = params(state)
+        train_step(state)
+        mgr.save(state, 2)
+    finally:
+        mgr.close()
+    yield root, want
+
+
+def _craft(root: Path, step: int, edit: Edit) -> None:
+    """Apply ``edit(manifest_doc, index_doc, root)`` and re-checksum both files, so that
+    only the validation of fields (not a checksum) can catch the change."""
+    mdoc = json.loads((root / manifest_path(step)).read_bytes())
+    idoc = json.loads((root / index_path(step, 0)).read_bytes())
+    edit(mdoc, idoc, root)
+    raw = json.dumps(idoc).encode()
+    (root / index_path(step, 0)).write_bytes(raw)
+    mdoc["indexes"][0].update(checksum=checksum(raw), nbytes=len(raw))
+    del mdoc["checksum"]
+    canon = json.dumps(mdoc, sort_keys=True, separators=(",", ":"))
+    mdoc["checksum"] = checksum(canon.encode())
+    (root / manifest_path(step)).write_text(json.dumps(mdoc))
+
+
+def _chunk(i: int, value: Any) -> Edit:
+    def edit(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+        idx["tensors"][0]["chunks"][0][i] = value
+
+    return edit
+
+
+def _tensor(key: str, value: Any) -> Edit:
+    def edit(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+        idx["tensors"][0][key] = value
+
+    return edit
+
+
+def _manifest(key: str, value: Any) -> Edit:
+    def edit(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+        m[key] = value
+
+    return edit
+
+
+def _index_path(value: Any) -> Edit:
+    def edit(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+        m["indexes"][0]["path"] = value
+
+    return edit
+
+
+def _pack_is_dir(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+    pack = root / idx["tensors"][0]["chunks"][0][1]
+    pack.unlink()
+    pack.mkdir()
+
+
+def _outside_pack(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+    (root.parent / "outside").mkdir()
+    (root.parent / "outside" / "secret.bin").write_bytes(b"x" * 64)
+    idx["tensors"][0]["chunks"][0][1] = "../outside/secret.bin"
+
+
+def _tree_id(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+    idx["tree"] = {"t": "tensor", "id": 999}
+
+
+CASES: dict[str, Edit] = {
+    "chunk length -5": _chunk(3, -5),
+    "chunk length 2^50": _chunk(3, 1 << 50),
+    "chunk offset -4096": _chunk(2, -4096),
+    "pack outside the root": _outside_pack,
+    "pack is a directory": _pack_is_dir,
+    "created_unix 1e300": _manifest("created_unix", 1e300),
+    "integer index path": _index_path(5),
+    "absolute index path": _index_path("/etc/passwd"),
+    "world_size 3, one index": _manifest("world_size", 3),
+    "unknown dtype": _tensor("dtype", "float99"),
+    "shape 2^48": _tensor("shape", [1 << 48]),
+    "unknown tree id": _tree_id,
+}
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_crafted_step_gets_one_line_and_restore_falls_back(
+    case: str, saved: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, want = saved
+    _craft(root, 2, CASES[case])
+    for verb in (["verify"], ["inspect", "--step", "2"], ["ls"], ["export"]):
+        extra = [str(root.parent / f"out-{verb[0]}")] if verb == ["export"] else []
+        args = ["ckpt", verb[0], str(root), *extra, *verb[1:]]
+        if verb == ["export"]:
+            args += ["--step", "2"]
+        rc, text = _cli(args, capsys)
+        assert "Traceback" not in text, (verb, text)
+        reads_bytes = case == "pack is a directory"  # inspect reads no chunk: fine there
+        if verb != ["ls"] and not (reads_bytes and verb[0] == "inspect"):
+            assert rc != 0, (verb, case, text)
+    storage = LocalStorage(str(root))
+    state = make_state(seed=9)
+    result = restore_state(storage, state, quarantine_damaged=True)
+    assert result.step == 1 and result.skipped
+    assert result.quarantined and result.quarantined[0].startswith("quarantine/step_000000000002")
+    assert (root / result.quarantined[0]).is_dir()
+    got = params(state)
+    assert all((got[k] == want[k]).all() for k in want)
+
+
+def test_linked_data_dir_is_refused_not_followed(
+    saved: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = saved
+    elsewhere = root.parent / "elsewhere"
+    os.rename(root / "data", elsewhere)
+    os.symlink(elsewhere, root / "data")
+    rc, text = _cli(["ckpt", "verify", str(root)], capsys)
+    assert rc != 0 and "symbolic link" in text and "Traceback" not in text
+    with pytest.raises(CheckpointCorruptError, match="loads"):
+        restore_state(LocalStorage(str(root)), make_state())
