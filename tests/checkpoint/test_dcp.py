@@ -355,3 +355,27 @@ def test_errors(tmp_path: Path, stalwart_ckpt: Path) -> None:
     (evil / ".metadata").write_bytes(pickle.dumps(_Boom()))
     with pytest.raises(CheckpointFormatError, match=r"refusing posix\.system"):
         import_dcp(str(evil), str(tmp_path / "o2"))
+
+
+class _DDPLike(nn.Module):
+    """What DistributedDataParallel's state_dict looks like: the model under ``module``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
+def test_export_of_a_ddp_model_loads_into_the_plain_model(tmp_path: Path) -> None:
+    model, opt = trained(steps=2)
+    wrapped = _DDPLike(model)
+    assert all(k.startswith("module.") for k in wrapped.state_dict())
+    save(tmp_path / "ck", {"model": wrapped, "optimizer": opt}, 3)
+    report = export_dcp(str(tmp_path / "ck"), str(tmp_path / "out"))
+    assert any("'module.' prefix removed" in n for n in report.notes)
+    plain = build()  # the docs/interop.md recipe, unchanged
+    sd = {"model": plain.state_dict()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.distributed.checkpoint.load(sd, checkpoint_id=str(tmp_path / "out"), no_dist=True)
+    plain.load_state_dict(sd["model"])
+    assert_same(model.state_dict(), plain.state_dict(), "model")

@@ -140,7 +140,9 @@ def check_tree(tree: Any, ids: set[int], where: str) -> None:
             if not math.isfinite(node):
                 raise _bad(where, "the state tree holds a bare non-finite number")
             continue
-        if not isinstance(node, dict) or node.get("t") not in _TREE_TAGS:
+        if not isinstance(node, dict) or not isinstance(node.get("t"), str):
+            raise _bad(where, f"malformed state tree node {str(node)[:60]!r}")
+        if node["t"] not in _TREE_TAGS:
             raise _bad(where, f"malformed state tree node {str(node)[:60]!r}")
         tag = node["t"]
         if tag in ("list", "tuple"):
@@ -163,5 +165,5 @@ def check_tree(tree: Any, ids: set[int], where: str) -> None:
             b64 = want_str(node.get("b64"), where, "tree bytes", 1 << 30)
             if len(b64) % 4 or not _B64_RE.match(b64):
                 raise _bad(where, "tree bytes are not base64")
-        elif node.get("v") not in DTYPE_SIZES:  # dtype
+        elif not isinstance(node.get("v"), str) or node["v"] not in DTYPE_SIZES:  # dtype
             raise _bad(where, f"unknown dtype {str(node.get('v'))[:20]!r} in the state tree")

@@ -207,7 +207,28 @@ def _read_step(storage: Storage, step: int) -> tuple[dict[str, Any], ExportRepor
         raise CheckpointFormatError(f"step {step}: malformed state tree in rank 0 ({err})") from err
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise CheckpointFormatError(f"step {step}: the saved state is not a mapping of names")
+    for name, value in state.items():
+        stripped = _strip_ddp_prefix(value)
+        if stripped is not value:
+            state[name] = stripped
+            report.notes.append(f"{name}: DDP's 'module.' prefix removed from its keys")
     return state, report
+
+
+_DDP_PREFIX = "module."
+
+
+def _strip_ddp_prefix(value: Any) -> Any:
+    """A DDP model's state dict without DDP's ``module.`` prefix (``value`` itself when
+    it is not one: every key must be a string with the prefix), so that the export loads
+    into the plain model, as docs/interop.md shows. An optimizer's state dict (int
+    parameter ids) never matches."""
+    if not isinstance(value, dict) or not value:
+        return value
+    if not all(isinstance(k, str) and k.startswith(_DDP_PREFIX) for k in value):
+        return value
+    out = {k[len(_DDP_PREFIX) :]: v for k, v in value.items()}
+    return out if len(out) == len(value) else value
 
 
 def _unique_boxes(parts: list[TensorEntry]) -> list[TensorEntry]:

@@ -142,7 +142,7 @@ class TensorEntry:
             raise CheckpointFormatError(f"{where}: a tensor entry has no {err}") from err
         path = v.want_str(path, where, "tensor path")
         at = f"{where}: tensor {path[:80]!r}"
-        if dtype not in v.DTYPE_SIZES:
+        if not isinstance(dtype, str) or dtype not in v.DTYPE_SIZES:
             raise CheckpointFormatError(f"{at}: unknown dtype {str(dtype)[:20]!r}; damaged")
         dims = v.want_shape(shape, at, "shape")
         size = v.want_int(nbytes, at, "nbytes", 0, v.MAX_TENSOR_BYTES)
