@@ -183,3 +183,29 @@ def test_device_tensors_are_routed_to_the_side_stream_copy(
     finally:
         snap.close(unlink=True)
     assert seen == [fake] and torch.equal(cpu_dst, cpu_src)
+
+
+def test_slot_directory_must_be_private(tmp_path: Path) -> None:
+    """A pre-created slot directory that others may write, or a link, is refused in one
+    line; files are never opened through a link."""
+    from stalwart.checkpoint._shm import SlotFiles, ensure_private_dir
+
+    shared = tmp_path / "stalwart-open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        Snapshotter(SnapshotConfig("open", shm_dir=str(tmp_path)))
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "stalwart-linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="a link"):
+        ensure_private_dir(str(tmp_path / "stalwart-linked"))
+    own = tmp_path / "stalwart-own"
+    ensure_private_dir(str(own))
+    ensure_private_dir(str(own))  # reusing our own private directory is fine
+    (tmp_path / "target.json").write_text("{}")
+    (own / "slot0.json").symlink_to(tmp_path / "target.json")
+    assert SlotFiles(str(own), 0).read_meta() is None
+    (own / "slot0.data").symlink_to(tmp_path / "target.json")
+    with pytest.raises(OSError):
+        SlotFiles(str(own), 0).map_writable(4096)
+    assert (tmp_path / "target.json").read_text() == "{}"

@@ -17,15 +17,28 @@ is created or grown, never during a snapshot.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SlotFiles", "SlotMeta", "Window", "pin_slot", "pinned_slots", "slot_dir", "unpin_slot"]
+from stalwart.errors import ConfigError
+
+__all__ = [
+    "SlotFiles",
+    "SlotMeta",
+    "Window",
+    "ensure_private_dir",
+    "pin_slot",
+    "pinned_slots",
+    "slot_dir",
+    "unpin_slot",
+]
 
 SLOT_FORMAT = "stalwart.shm-slot"
 SLOT_VERSION = 1
@@ -33,6 +46,32 @@ SLOT_VERSION = 1
 
 def slot_dir(shm_dir: str, namespace: str) -> str:
     return os.path.join(shm_dir, f"stalwart-{namespace}")
+
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create ``path`` (mode 0700), or accept an existing one only if it is a real
+    directory (not a link) owned by this user and writable by no one else: on a shared
+    host another user could otherwise pre-create a job's slot directory (its name is
+    derived from the job id) and read or replace the snapshots written into it."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        what = (
+            "a link or not a directory"
+            if not stat.S_ISDIR(st.st_mode)
+            else (f"owned by uid {st.st_uid}" if st.st_uid != os.getuid() else "writable by others")
+        )
+        raise ConfigError(
+            f"{path} exists and is {what}: refusing to put snapshots there; remove it, "
+            "or run the job under another --rdzv-id / job id"
+        )
 
 
 @dataclass
@@ -97,18 +136,24 @@ class SlotFiles:
 
     def read_meta(self) -> SlotMeta | None:
         try:
-            with open(self.meta_path, "rb") as f:
-                return SlotMeta.decode(f.read())
-        except FileNotFoundError:
+            fd = os.open(self.meta_path, os.O_RDONLY | _NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return None  # a link is never a slot of ours
+            raise
+        with os.fdopen(fd, "rb") as f:
+            return SlotMeta.decode(f.read())
 
     def invalidate(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)
 
     def publish(self, meta: SlotMeta) -> None:
-        tmp = f"{self.meta_path}.tmp"
-        with open(tmp, "wb") as f:
+        tmp = f"{self.meta_path}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(meta.encode())
         os.replace(tmp, self.meta_path)
 
@@ -118,7 +163,7 @@ class SlotFiles:
             return self._map
         self.close()
         size = max(size, 1)
-        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, size)
             with contextlib.suppress(OSError):
@@ -134,7 +179,7 @@ class SlotFiles:
         """Size the data file to ``size`` bytes with its pages allocated, and map nothing
         (a receiver writes through one chunk's :class:`Window` at a time)."""
         self.close()
-        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, max(size, 1))
             with contextlib.suppress(OSError):
@@ -143,7 +188,7 @@ class SlotFiles:
             os.close(fd)
 
     def map_readonly(self) -> mmap.mmap:
-        fd = os.open(self.data_path, os.O_RDONLY)
+        fd = os.open(self.data_path, os.O_RDONLY | _NOFOLLOW)
         try:
             size = os.fstat(fd).st_size
             return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
@@ -208,7 +253,7 @@ _PIN_RE = re.compile(r"^slot(\d+)\.pin-(\d+)-[0-9a-f]+$")
 def pin_slot(directory: str, index: int) -> str:
     """Pin slot ``index`` of ``directory`` for this process; returns the pin's path."""
     path = os.path.join(directory, f"slot{index}.pin-{os.getpid()}-{secrets.token_hex(4)}")
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600))
     return path
 
 

@@ -29,6 +29,7 @@ import torch
 from stalwart.checkpoint._shm import (
     SlotFiles,
     SlotMeta,
+    ensure_private_dir,
     latest_complete,
     pinned_slots,
     slot_dir,
@@ -115,7 +116,8 @@ class Snapshotter:
     def __init__(self, config: SnapshotConfig) -> None:
         self.config = config
         self.directory = slot_dir(config.shm_dir, config.namespace)
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(self.directory), exist_ok=True)
+        ensure_private_dir(self.directory)
         self._slots = [SlotFiles(self.directory, i) for i in range(config.slots)]
         metas = [s.read_meta() for s in self._slots]
         self._seq = max((m.seq for m in metas if m is not None), default=0)
