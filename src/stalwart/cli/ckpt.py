@@ -71,10 +71,11 @@ def _ls(args: argparse.Namespace) -> int:
         else:
             lines.append(f"{r['step']:>10}  DAMAGED: {r['error']}")
     pending = _pending(storage)
-    lines.append(
+    lines.insert(
+        0,
         "trusted: MANIFEST.json on disk (no coordinator read); under `stalwart run` it is "
         "published only after the coordinator's fenced commit record"
-        + (f"; {len(pending)} unpublished manifest(s) not trusted" if pending else "")
+        + (f"; {len(pending)} unpublished manifest(s) not trusted" if pending else ""),
     )
     doc = {"dir": args.dir, "checkpoints": rows, "trusted": "disk-manifest", "pending": pending}
     _emit(args, doc, lines)
