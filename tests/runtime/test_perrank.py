@@ -52,7 +52,9 @@ def test_derived_rng_differs_per_rank_and_is_reproducible() -> None:
 def part(tmp_path: Path, shm_namespace: str) -> Any:
     state = _state()
     events = _Events()
-    sess = SimpleNamespace(rank=1, _state=state, events=events)
+    sess = SimpleNamespace(
+        rank=1, _state=state, events=events, env=SimpleNamespace(keep_last=3, keep_every=0)
+    )
     sess._ckpt = CheckpointManager(
         CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace)
     )

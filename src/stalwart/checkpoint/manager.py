@@ -87,7 +87,12 @@ class CheckpointManager:
         return fut
 
     def persist_part(
-        self, storage: Storage, names: Sequence[str], *, keep_last: int
+        self,
+        storage: Storage,
+        names: Sequence[str],
+        *,
+        keep_last: int,
+        keep_every: int | None = None,
     ) -> Future[PersistResult]:
         """Write only the top-level entries ``names`` of the newest snapshot into
         ``storage`` (a one-rank checkpoint of its own), committed and pruned to
@@ -107,7 +112,7 @@ class CheckpointManager:
                 "commit": True,
                 "only": list(names),
                 "keep_last": keep_last,
-                "keep_every": None,
+                "keep_every": keep_every,
             }
         )
         fut.add_done_callback(lambda _: self.snapshots.unpin(slot))

@@ -105,7 +105,15 @@ class PerRankPart:
 
     def persist(self, step: int) -> None:
         """Queue the part of the newest snapshot (that of ``step``) for persisting."""
-        fut = self.sess._ckpt.persist_part(self.storage, self.names, keep_last=_KEEP_LAST)
+        env = self.sess.env
+        # at least what the shared checkpoint keeps (its milestones too): every step a
+        # restore may pick must find this rank's part beside it
+        fut = self.sess._ckpt.persist_part(
+            self.storage,
+            self.names,
+            keep_last=max(_KEEP_LAST, env.keep_last),
+            keep_every=env.keep_every or None,
+        )
         events = self.sess.events
 
         def done(f: Any) -> None:
