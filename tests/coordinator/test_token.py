@@ -60,3 +60,27 @@ def test_client_from_token_file(tmp_path: Path) -> None:
         StoreClient.from_token_file("127.0.0.1", server.port, path) as client,
     ):
         assert client.put("k", b"v") == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
+def test_read_refuses_a_file_of_another_user(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    create_token_file(path)
+    os.chown(path, os.geteuid() + 4242, -1)
+    with pytest.raises(TokenFileError, match="belongs to uid"):
+        read_token_file(path)
+
+
+def test_read_refuses_group_writable_and_non_regular(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    create_token_file(path)
+    path.chmod(0o620)
+    with pytest.raises(TokenFileError, match="chmod 600"):
+        read_token_file(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(TokenFileError, match="not a regular file"):
+        read_token_file(fifo)
+    (tmp_path / "dir").mkdir(mode=0o700)
+    with pytest.raises(TokenFileError, match="not a regular file|cannot read"):
+        read_token_file(tmp_path / "dir")

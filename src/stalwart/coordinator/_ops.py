@@ -8,6 +8,7 @@ server turns into error replies.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 from stalwart.coordinator import wire
 from stalwart.coordinator.errors import FrameTooLargeError
-from stalwart.coordinator.memory import MemoryStore
+from stalwart.coordinator.memory import MAX_LEASE_TTL, MemoryStore
 from stalwart.coordinator.store import Put
 
 __all__: list[str] = []
@@ -82,7 +83,7 @@ def _op_txn(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
 
 
 def _op_grant(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
-    return {"lease": ctx.store.grant(float(wire.field(a, "ttl", (int, float))))}
+    return {"lease": ctx.store.grant(wire.number(a, "ttl", 0.0, MAX_LEASE_TTL))}
 
 
 def _op_keepalive(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +101,7 @@ def _op_revoke(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
 def _op_watch(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
     prefix = _key(ctx, a, "prefix") if a.get("prefix") else ""
     start = wire.field(a, "start_revision", int)
-    wait = min(float(wire.field(a, "timeout", (int, float), 0.0)), ctx.max_watch_wait)
+    wait = min(wire.number(a, "timeout", 0.0, math.inf, 0.0), ctx.max_watch_wait)
     deadline = time.monotonic() + max(0.0, wait)
     budget = ctx.max_frame_bytes // 4
     while True:  # in slices, so that stop() never waits for a long-poll

@@ -32,6 +32,9 @@ from stalwart.coordinator.store import (
 __all__ = ["MemoryStore"]
 
 _DEFAULT_HISTORY = 10_000
+# longest lease granted: leases are failure detectors of seconds; a lease that outlives
+# the job (or never expires: inf) would keep a lost member's keys forever
+MAX_LEASE_TTL = 7 * 86400.0
 
 
 @dataclass
@@ -148,8 +151,10 @@ class MemoryStore:
     # -- leases ---------------------------------------------------------
 
     def grant(self, ttl: float) -> int:
-        if not ttl > 0:
-            raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
+        if not 0 < ttl <= MAX_LEASE_TTL:  # also refuses NaN
+            raise ValueError(
+                f"lease ttl must be > 0 and <= {MAX_LEASE_TTL:.0f} seconds, got {ttl!r:.40}"
+            )
         with self._lock:
             self._enter_locked()
             lease_id = secrets.randbits(62) + 1

@@ -5,7 +5,10 @@ Hosted by the node-rank-0 agent (as torchrun hosts its c10d store), it serves a
 connection: connections are few (one pool per agent or worker) and long-poll
 watches simply block their thread. Every frame is size-bounded and authenticated
 (see docs/wire-protocol.md); a bad frame gets an error reply and costs at most its
-own connection, never the server.
+own connection, never the server. Connections that have not yet proved the token
+are held apart, in a small pool with a deadline for the whole handshake
+(:mod:`stalwart.coordinator.admission`), so nobody without the token can keep a
+member out.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from stalwart.coordinator import wire
 from stalwart.coordinator._ops import HANDLERS, WAIT_SLICE, Handler, OpContext
+from stalwart.coordinator.admission import Admission, accept_loop
 from stalwart.coordinator.errors import (
     FrameTooLargeError,
     ProtocolError,
@@ -47,7 +51,17 @@ class StoreServerConfig:
     max_key_bytes: int = 4096
     max_value_bytes: int = 1536 << 10  # etcd's default request limit
     max_connections: int = 512
-    frame_timeout: float = 10.0  # to finish a started frame, and the handshake
+    """Authenticated connections held at once (every agent's and worker's pool)."""
+    max_unauthenticated: int = 64
+    """Connections not yet authenticated, held apart from ``max_connections``: a new one
+    over the cap evicts the oldest, so a flood of them cannot keep a member out."""
+    max_unauthenticated_per_peer: int = 32
+    """Unauthenticated connections from one address: one host's flood evicts its own
+    oldest connections, never another host's handshakes."""
+    handshake_timeout: float = 5.0
+    """The whole handshake (hello sent to auth frame received) must end within this."""
+    frame_timeout: float = 10.0
+    """A started frame must arrive in full within this (a deadline, not per ``recv``)."""
     idle_timeout: float = 600.0  # an idle connection is closed; clients reconnect
     max_watch_wait: float = 30.0  # longest a single watch long-poll blocks
     dedup_entries: int = 10_000  # remembered request ids (exactly-once retries)
@@ -56,10 +70,17 @@ class StoreServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"store server port must be 0-65535, got {self.port}")
-        for name in ("max_frame_bytes", "max_key_bytes", "max_value_bytes", "max_connections"):
+        for name in (
+            "max_frame_bytes",
+            "max_key_bytes",
+            "max_value_bytes",
+            "max_connections",
+            "max_unauthenticated",
+            "max_unauthenticated_per_peer",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"StoreServerConfig.{name} must be >= 1")
-        for name in ("frame_timeout", "idle_timeout", "max_watch_wait"):
+        for name in ("handshake_timeout", "frame_timeout", "idle_timeout", "max_watch_wait"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"StoreServerConfig.{name} must be > 0 seconds")
         if self.max_value_bytes + self.max_key_bytes > self.max_frame_bytes // 2:
@@ -100,7 +121,11 @@ class StoreServer:
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._admission = Admission(
+            self.config.max_connections,
+            self.config.max_unauthenticated,
+            self.config.max_unauthenticated_per_peer,
+        )
         self._accept_thread: threading.Thread | None = None
         cfg = self.config
         self._ctx = OpContext(
@@ -112,7 +137,7 @@ class StoreServer:
             self._stopping,
         )
         self._dedup: OrderedDict[str, _Pending] = OrderedDict()
-        self._stats = {"connections": 0, "requests": 0, "rejected": 0, "auth_failures": 0}
+        self._stats = {"requests": 0, "rejected": 0, "auth_failures": 0}
 
     # -- lifecycle ------------------------------------------------------
 
@@ -136,7 +161,10 @@ class StoreServer:
         listener.settimeout(WAIT_SLICE)
         self._listener = listener
         self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="stalwart-store-accept", daemon=True
+            target=accept_loop,
+            args=(listener, self._admission, self._serve, self._stopping.is_set, "store", _log),
+            name="stalwart-store-accept",
+            daemon=True,
         )
         self._accept_thread.start()
         return self
@@ -155,9 +183,20 @@ class StoreServer:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: connections accepted, requests served, frames rejected, auth failures."""
+        """Counters: connections accepted, unauthenticated ones evicted, authenticated ones
+        refused (over ``max_connections``), requests served, frames rejected, auth
+        failures; and the connections held now (``unauthenticated``, ``authenticated``)."""
+        admission = self._admission.stats
+        pending, authed = self._admission.counts()
         with self._lock:
-            return dict(self._stats)
+            return {
+                "connections": admission["accepted"],
+                "evicted": admission["evicted"],
+                "refused": admission["refused"],
+                **self._stats,
+                "unauthenticated": pending,
+                "authenticated": authed,
+            }
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close every connection and join every thread the server started."""
@@ -169,14 +208,7 @@ class StoreServer:
             self._accept_thread.join(timeout)
         if self._listener is not None:
             self._listener.close()
-        with self._lock:
-            conns = list(self._conns.items())
-        for conn, _ in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + timeout
-        for _, thread in conns:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._admission.close_all(timeout)
         if self._owns_store:
             self.store.close()
 
@@ -197,31 +229,6 @@ class StoreServer:
         with self._lock:
             self._stats[name] += 1
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stopping.is_set():
-            try:
-                conn, peer = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._conns) >= self.config.max_connections
-            if full:
-                _log.warning("store: refusing %s: %d connections open", peer, len(self._conns))
-                self._reject(conn, "too_many_connections", "server connection limit reached")
-                conn.close()
-                continue
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            thread = threading.Thread(
-                target=self._serve, args=(conn, peer), name=f"stalwart-store-{peer}", daemon=True
-            )
-            with self._lock:
-                self._conns[conn] = thread
-                self._stats["connections"] += 1
-            thread.start()
-
     def _reject(
         self, conn: socket.socket, code: str, message: str, key: bytes = b"", seq: int = 0
     ) -> None:
@@ -238,8 +245,16 @@ class StoreServer:
         key = b""
         wseq = 0
         try:
-            conn.settimeout(cfg.frame_timeout)
+            if self._admission.authenticated_full():
+                _log.warning("store: refusing %s: %d connections open", peer, cfg.max_connections)
+                self._reject(conn, "too_many_connections", "server connection limit reached")
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             key = self._handshake(conn, peer)
+            if not self._admission.promote(conn):
+                _log.warning("store: refusing %s: %d connections open", peer, cfg.max_connections)
+                self._reject(conn, "too_many_connections", "server connection limit reached")
+                return
             rseq = 0
             while not self._stopping.is_set():
                 conn.settimeout(cfg.idle_timeout)
@@ -266,15 +281,11 @@ class StoreServer:
             _log.warning("store: %s from %s; closing the connection", exc, peer)
             self._reject(conn, "bad_frame", str(exc), key, wseq)
         except (OSError, TimeoutError):
-            pass  # peer went away, idled out, or the server is stopping
-        except Exception:  # never let one connection take the server down
-            _log.exception("store: unexpected error serving %s", peer)
-        finally:
-            with self._lock:
-                self._conns.pop(conn, None)
-            conn.close()
+            pass  # peer went away, idled out, evicted, or the server is stopping
 
     def _handshake(self, conn: socket.socket, peer: Any) -> bytes:
+        deadline = time.monotonic() + self.config.handshake_timeout
+        conn.settimeout(self.config.handshake_timeout)
         server_nonce = os.urandom(wire.NONCE_SIZE)
         hello = {
             "type": "hello",
@@ -282,7 +293,7 @@ class StoreServer:
             "nonce": wire.b64e(server_nonce),
         }
         wire.send_frame(conn, wire.ZERO_MAC, wire.encode(hello))
-        mac, body = wire.recv_frame(conn, 4096, self.config.frame_timeout)
+        mac, body = wire.recv_frame(conn, 4096, deadline=deadline)
         msg = wire.decode(body)
         if msg.get("type") != "auth":
             raise ProtocolError(f"expected an 'auth' frame, got {msg.get('type')!r}")

@@ -2,7 +2,8 @@
 
 The token authenticates every control message. It is passed around as a *path*
 (never in argv, where ``ps`` shows it to every user) and is refused when other
-users could read the file.
+users could read or write the file, or when it is not this user's own (on a shared
+host another user could have planted a file of their choosing at that path).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from pathlib import Path
 
 from stalwart.coordinator.errors import TokenFileError
 
@@ -44,22 +44,37 @@ def create_token_file(path: str | os.PathLike[str]) -> bytes:
 
 
 def read_token_file(path: str | os.PathLike[str]) -> bytes:
-    """Return the token stored at ``path``, refusing files that others can read."""
-    p = Path(path)
+    """Return the token stored at ``path``: a regular file of this user's that no other
+    user can read or write (checked on the opened file, so a swap between the check
+    and the read is impossible; a FIFO does not block the open)."""
     try:
-        st = p.stat()
-        data = p.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise TokenFileError(
             f"token file {path} not found; pass the job's token file (created by the launcher)"
         ) from None
     except OSError as exc:
         raise TokenFileError(f"cannot read token file {path}: {exc.strerror}") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise TokenFileError(
-            f"token file {path} is accessible by other users (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run: chmod 600 {path}"
-        )
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenFileError(f"token file {path} is not a regular file; pass the token file")
+        if st.st_uid != os.geteuid():
+            raise TokenFileError(
+                f"token file {path} belongs to uid {st.st_uid}, not to this user "
+                f"(uid {os.geteuid()}): another user could have planted it; run the job "
+                "as the user who created the token file"
+            )
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TokenFileError(
+                f"token file {path} is accessible by other users "
+                f"(mode {stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}"
+            )
+        data = os.read(fd, 4096)
+    except OSError as exc:
+        raise TokenFileError(f"cannot read token file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     token = data.strip()
     if len(token) < _MIN_TOKEN_CHARS:
         raise TokenFileError(

@@ -13,8 +13,10 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
 import socket
 import struct
+import time
 from typing import Any
 
 from stalwart.coordinator.errors import (
@@ -113,9 +115,14 @@ def send_frame(sock: socket.socket, mac: bytes, body: bytes) -> None:
     sock.sendall(_HEADER.pack(MAC_SIZE + len(body)) + mac + body)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     chunks: list[bytes] = []
     while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the frame did not arrive in full before its deadline")
+            sock.settimeout(left)
         chunk = sock.recv(min(n, 1 << 20))
         if not chunk:
             raise ConnectionResetError("peer closed the connection")
@@ -125,25 +132,41 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_frame(
-    sock: socket.socket, max_bytes: int, frame_timeout: float | None = None
+    sock: socket.socket,
+    max_bytes: int,
+    frame_timeout: float | None = None,
+    *,
+    deadline: float | None = None,
 ) -> tuple[bytes, bytes]:
     """Read one frame; return ``(mac, body)``.
 
-    The (possibly long) wait for a frame to start uses the socket's current
-    timeout; once its first byte arrives the rest must come within
-    ``frame_timeout``, so a stalled half-frame cannot pin a server thread.
+    With ``deadline`` (a ``time.monotonic()`` instant) the whole frame, its first byte
+    included, must have arrived by then (a handshake). Otherwise the (possibly long)
+    wait for a frame to start uses the socket's current timeout, and once its first
+    byte arrives the *whole* frame must follow within ``frame_timeout``: a deadline for
+    the frame, not for each ``recv``, so a peer dribbling a byte now and then cannot
+    keep a half-frame, and the thread reading it, alive. Raises ``TimeoutError`` when
+    a deadline passes.
     """
-    first = sock.recv(1)
-    if not first:
-        raise ConnectionResetError("peer closed the connection")
-    if frame_timeout is not None:
-        sock.settimeout(frame_timeout)
-    (length,) = _HEADER.unpack(first + _recv_exact(sock, _HEADER.size - 1))
-    if length > max_bytes:
-        raise FrameTooLargeError(f"frame of {length} bytes exceeds the limit of {max_bytes}")
-    if length < MAC_SIZE:
-        raise ProtocolError(f"frame of {length} bytes is shorter than its {MAC_SIZE}-byte MAC")
-    data = _recv_exact(sock, length)
+    timeout = sock.gettimeout()
+    try:
+        if deadline is not None:
+            first = _recv_exact(sock, 1, deadline)
+        else:
+            first = sock.recv(1)
+            if not first:
+                raise ConnectionResetError("peer closed the connection")
+            if frame_timeout is not None:
+                deadline = time.monotonic() + frame_timeout
+        (length,) = _HEADER.unpack(first + _recv_exact(sock, _HEADER.size - 1, deadline))
+        if length > max_bytes:
+            raise FrameTooLargeError(f"frame of {length} bytes exceeds the limit of {max_bytes}")
+        if length < MAC_SIZE:
+            raise ProtocolError(f"frame of {length} bytes is shorter than its {MAC_SIZE}-byte MAC")
+        data = _recv_exact(sock, length, deadline)
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)  # what the caller had, not the deadline's remainder
     return data[:MAC_SIZE], data[MAC_SIZE:]
 
 
@@ -151,14 +174,48 @@ def encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"{name} is not a JSON number; send a finite number")
+
+
 def decode(body: bytes) -> dict[str, Any]:
+    """Parse a frame body: a JSON object whose numbers are finite.
+
+    Anything else (not UTF-8, not JSON, ``NaN``/``Infinity``, a float that overflows,
+    an integer of more than 4300 digits, nesting deeper than the parser's recursion
+    limit) is a :class:`ProtocolError`, never another exception."""
     try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"frame body is not JSON: {exc}") from None
+        obj = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
+    except ProtocolError:
+        raise
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ProtocolError(f"frame body is not JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ProtocolError("frame body is nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def number(obj: dict[str, Any], name: str, low: float, high: float, default: Any = ...) -> float:
+    """``obj[name]`` as a number within ``[low, high]``; ProtocolError naming it otherwise."""
+    value = field(obj, name, (int, float), default)
+    if value is default and default is not ...:
+        return float(value)
+    try:
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if not low <= as_float <= high:
+        raise ProtocolError(f"field {name!r} must be between {low:g} and {high:g}")
+    return as_float
 
 
 # -- field access and type encodings ------------------------------------------------

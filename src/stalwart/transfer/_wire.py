@@ -37,8 +37,11 @@ class Channel:
     """One authenticated connection: MAC'd JSON frames in both directions plus raw
     payload bytes. ``side`` is ``b"C"`` (sender) or ``b"S"`` (receiver)."""
 
-    def __init__(self, sock: socket.socket, key: bytes, side: bytes) -> None:
+    def __init__(
+        self, sock: socket.socket, key: bytes, side: bytes, frame_timeout: float | None = None
+    ) -> None:
         self.sock = sock
+        self.frame_timeout = frame_timeout  # a started frame must arrive in full within this
         self._key = key
         self._out = side
         self._in = b"S" if side == b"C" else b"C"
@@ -54,14 +57,14 @@ class Channel:
         wire.send_frame(self.sock, mac, body)
 
     def recv_raw(self, max_bytes: int = CONTROL_MAX) -> bytes:
-        mac, body = _recv(self.sock, max_bytes)
+        mac, body = _recv(self.sock, max_bytes, self.frame_timeout)
         if not wire.mac_ok(wire.frame_mac(self._key, self._in, self._seq_in, body), mac):
             raise TransferAuthError("a frame failed its MAC: the peer is not this job's peer")
         self._seq_in += 1
         return body
 
     def recv(self, expect: str | tuple[str, ...]) -> dict[str, Any]:
-        obj = _decode(self.recv_raw())
+        obj = decode(self.recv_raw())
         kinds = (expect,) if isinstance(expect, str) else expect
         if obj.get("type") not in kinds:
             raise TransferProtocolError(
@@ -70,16 +73,21 @@ class Channel:
         return obj
 
 
-def _recv(sock: socket.socket, max_bytes: int) -> tuple[bytes, bytes]:
+def _recv(
+    sock: socket.socket,
+    max_bytes: int,
+    frame_timeout: float | None = None,
+    deadline: float | None = None,
+) -> tuple[bytes, bytes]:
     try:
-        return wire.recv_frame(sock, max_bytes + wire.MAC_SIZE)
+        return wire.recv_frame(sock, max_bytes + wire.MAC_SIZE, frame_timeout, deadline=deadline)
     except FrameTooLargeError as err:
         raise TransferProtocolError(f"{err}; the peer is not a stalwart transfer peer") from None
     except ProtocolError as err:
         raise TransferProtocolError(str(err)) from None
 
 
-def _decode(body: bytes) -> dict[str, Any]:
+def decode(body: bytes) -> dict[str, Any]:
     try:
         return wire.decode(body)
     except ProtocolError as err:
@@ -93,34 +101,41 @@ def field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
         raise TransferProtocolError(f"{obj.get('type', 'frame')}: {err}") from None
 
 
-def server_handshake(sock: socket.socket, token: bytes) -> Channel:
-    """Receiver side: greet, check the sender's proof of the token, prove ours."""
+def server_handshake(
+    sock: socket.socket, token: bytes, deadline: float, frame_timeout: float
+) -> Channel:
+    """Receiver side: greet, check the sender's proof of the token, prove ours. The
+    sender's answer must arrive in full by ``deadline`` (``time.monotonic()``); the
+    channel's later frames each within ``frame_timeout`` once started."""
     ns = os.urandom(_NONCE)
     hello = {"type": "hello", "protocol": PROTOCOL, "versions": [VERSION], "nonce": wire.b64e(ns)}
     wire.send_frame(sock, wire.ZERO_MAC, wire.encode(hello))
-    mac, body = _recv(sock, 4096)
-    auth = _decode(body)
+    mac, body = _recv(sock, 4096, deadline=deadline)
+    auth = decode(body)
     if auth.get("type") != "auth":
         raise TransferProtocolError("the peer did not answer the hello with 'auth'")
-    if auth.get("v") != VERSION:
-        _refuse(sock, "unsupported_version", f"transfer protocol {auth.get('v')!r}; speak 1")
+    if auth.get("v") != VERSION or isinstance(auth.get("v"), bool):
+        refuse(sock, "unsupported_version", f"transfer protocol {auth.get('v')!r}; speak 1")
         raise TransferProtocolError(f"peer speaks transfer protocol {auth.get('v')!r}, not 1")
     try:
         nc = wire.b64d(auth.get("nonce"), "nonce")
     except ProtocolError as err:
         raise TransferProtocolError(str(err)) from None
     if len(nc) != _NONCE or not wire.mac_ok(wire.auth_mac(token, b"tc", ns, nc, body), mac):
-        _refuse(sock, "auth_failed", "wrong job token")
+        refuse(sock, "auth_failed", "wrong job token")
         raise TransferAuthError("a peer failed the handshake: it does not hold the job token")
     ok = wire.encode({"type": "auth_ok", "v": VERSION})
     wire.send_frame(sock, wire.auth_mac(token, b"ts", ns, nc, ok), ok)
-    return Channel(sock, _session_key(token, ns, nc), b"S")
+    return Channel(sock, _session_key(token, ns, nc), b"S", frame_timeout)
 
 
 def client_handshake(sock: socket.socket, token: bytes) -> Channel:
     """Sender side: answer the hello and check that the receiver holds the token too."""
     _, body = _recv(sock, 4096)
-    hello = _decode(body)
+    hello = decode(body)
+    if hello.get("type") == "error":  # turned away before the handshake (connection limit)
+        code, message = str(hello.get("code"))[:40], str(hello.get("message"))[:200]
+        raise TransferProtocolError(f"receiver refused the connection: {message} [{code}]")
     if hello.get("type") != "hello" or hello.get("protocol") != PROTOCOL:
         raise TransferProtocolError(
             "the peer did not greet as a stalwart transfer receiver; wrong address?"
@@ -136,7 +151,7 @@ def client_handshake(sock: socket.socket, token: bytes) -> Channel:
     wire.send_frame(sock, wire.auth_mac(token, b"tc", ns, nc, auth), auth)
     mac, body = _recv(sock, 4096)
     if not wire.mac_ok(wire.auth_mac(token, b"ts", ns, nc, body), mac):
-        reply = _decode(body)
+        reply = decode(body)
         if reply.get("code") == "auth_failed":
             raise TransferAuthError(
                 "the receiver refused our job token; both sides must read the same token file"
@@ -145,7 +160,8 @@ def client_handshake(sock: socket.socket, token: bytes) -> Channel:
     return Channel(sock, _session_key(token, ns, nc), b"C")
 
 
-def _refuse(sock: socket.socket, code: str, message: str) -> None:
+def refuse(sock: socket.socket, code: str, message: str) -> None:
+    """Tell an unauthenticated peer why it is turned away (zero MAC: no key yet)."""
     try:
         body = wire.encode({"type": "error", "code": code, "message": message})
         wire.send_frame(sock, wire.ZERO_MAC, body)

@@ -23,15 +23,16 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 from stalwart.checkpoint._shm import SlotMeta, Window, pinned_slots, slot_dir
-from stalwart.errors import ConfigError
+from stalwart.coordinator.admission import Admission, accept_loop
 from stalwart.transfer import _wire
+from stalwart.transfer._receiver_config import ReceiverConfig, ReceiveResult
 from stalwart.transfer._targets import Target, hash_window, layout_fits, mismatch
 from stalwart.transfer.errors import ChunkMismatchError, TransferError, TransferProtocolError
 
@@ -40,40 +41,7 @@ __all__ = ["ReceiveResult", "ReceiverConfig", "SlotReceiver"]
 _log = logging.getLogger(__name__)
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
-
-
-@dataclass(frozen=True)
-class ReceiverConfig:
-    """Where received slots go and what a sender may ask for."""
-
-    shm_dir: str = "/dev/shm"
-    slots: int = 2
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_bytes: int = 64 << 30  # largest snapshot accepted
-    max_meta_bytes: int = 64 << 20
-    io_timeout_s: float = 60.0  # a stalled sender loses its connection after this
-
-    def __post_init__(self) -> None:
-        if self.slots < 2:
-            raise ConfigError(f"receiver slots={self.slots}: need at least 2 (double buffer)")
-
-
-@dataclass(frozen=True)
-class ReceiveResult:
-    """One incoming transfer, successful or not (``error`` says why, ``bad_chunks``
-    which chunks failed their checksum)."""
-
-    ok: bool
-    peer: str
-    namespace: str | None = None
-    slot: int | None = None
-    step: int | None = None
-    seq: int | None = None
-    nbytes: int = 0
-    seconds: float = 0.0
-    error: str | None = None
-    bad_chunks: tuple[int, ...] = ()
+_QUIET_S = 10.0  # failed handshakes are logged at most once per this many seconds
 
 
 class SlotReceiver:
@@ -92,9 +60,14 @@ class SlotReceiver:
         self._released: set[str] = set()
         self._results: deque[ReceiveResult] = deque(maxlen=1000)
         self._cond = threading.Condition()
-        self._conns: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
+        cfg = self.config
+        self._admission = Admission(
+            cfg.max_connections, cfg.max_unauthenticated, cfg.max_unauthenticated_per_peer
+        )
+        self._writing: dict[str, socket.socket] = {}  # namespace -> its transfer's socket
         self._closing = False
+        self._failed_handshakes = 0
+        self._quiet_until = 0.0
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
 
@@ -103,7 +76,10 @@ class SlotReceiver:
         sock = socket.create_server((self.config.host, self.config.port))
         self._listener = sock
         self._acceptor = threading.Thread(
-            target=self._accept_loop, name="stalwart-xfer-accept", daemon=True
+            target=accept_loop,
+            args=(sock, self._admission, self._serve, self._is_closing, "replica receiver", _log),
+            name="stalwart-xfer-accept",
+            daemon=True,
         )
         self._acceptor.start()
         return self.address
@@ -119,18 +95,14 @@ class SlotReceiver:
         """Stop listening, cut transfers in flight (they publish nothing), join threads."""
         with self._cond:
             self._closing = True
-            conns = list(self._conns)
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
-            self._listener.close()
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
         if self._acceptor is not None:
             self._acceptor.join()
-        for t in list(self._threads):
-            t.join()
+        if self._listener is not None:
+            self._listener.close()
+        self._admission.close_all(self.config.io_timeout_s)
         for target in self._targets.values():
             for s in target.slots:
                 s.close()
@@ -160,43 +132,59 @@ class SlotReceiver:
                 self._cond.wait(left)
             return list(self._results)
 
-    def _record(self, result: ReceiveResult) -> None:
+    def _record(self, result: ReceiveResult, handshake: bool = False) -> None:
+        quiet, count = False, 0
         with self._cond:
             self._results.append(result)
             self._cond.notify_all()
-        if not result.ok:
+            if handshake:  # anyone can fail a handshake: a flood must not flood the log
+                self._failed_handshakes += 1
+                now = time.monotonic()
+                quiet = now < self._quiet_until
+                if not quiet:
+                    self._quiet_until = now + _QUIET_S
+                    count, self._failed_handshakes = self._failed_handshakes, 0
+        if handshake and not quiet:
+            _log.warning(
+                "%d connection(s) failed the handshake (latest from %s: %s); more in the "
+                "next %gs are not logged",
+                count,
+                result.peer,
+                result.error,
+                _QUIET_S,
+            )
+        elif not result.ok and not handshake:
             _log.warning("transfer from %s rejected: %s", result.peer, result.error)
         if self._on_result is not None:
             self._on_result(result)
 
     # ------------------------------------------------------------ serving
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
-                return  # closed
-            with self._cond:
-                if self._closing:
-                    conn.close()
-                    return
-                self._conns.add(conn)
-                self._threads = [t for t in self._threads if t.is_alive()]
-                t = threading.Thread(
-                    target=self._serve, args=(conn, f"{peer[0]}:{peer[1]}"), daemon=True
-                )
-                self._threads.append(t)
-            t.start()
+    def _is_closing(self) -> bool:
+        return self._closing
 
-    def _serve(self, conn: socket.socket, peer: str) -> None:
+    @property
+    def stats(self) -> dict[str, int]:
+        """Connection counters (coordinator/admission.py): accepted, evicted, refused,
+        authenticated."""
+        return self._admission.stats
+
+    def _serve(self, conn: socket.socket, address: Any) -> None:
+        cfg = self.config
+        peer = f"{address[0]}:{address[1]}"
         t0 = time.perf_counter()
         ch: _wire.Channel | None = None
         state: dict[str, Any] = {}
         try:
-            conn.settimeout(self.config.io_timeout_s)
+            if self._admission.authenticated_full():
+                _wire.refuse(conn, "too_many_connections", "receiver connection limit reached")
+                return
+            conn.settimeout(cfg.handshake_timeout_s)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ch = _wire.server_handshake(conn, self._token)
+            deadline = time.monotonic() + cfg.handshake_timeout_s
+            ch = _wire.server_handshake(conn, self._token, deadline, cfg.io_timeout_s)
+            if not self._admission.promote(conn):
+                raise TransferProtocolError("receiver connection limit reached; retry later")
+            conn.settimeout(cfg.io_timeout_s)
             result = self._receive(ch, peer, state)
             self._record(replace(result, seconds=time.perf_counter() - t0))
         except (TransferError, OSError) as err:
@@ -222,7 +210,8 @@ class SlotReceiver:
                     error=message,
                     bad_chunks=bad,
                     seconds=time.perf_counter() - t0,
-                )
+                ),
+                handshake=ch is None,
             )
         except Exception as err:  # a bug must not kill the server thread silently
             _log.exception("transfer from %s failed", peer)
@@ -231,10 +220,6 @@ class SlotReceiver:
                     False, peer, state.get("namespace"), error=f"internal error: {err!r}"[:300]
                 )
             )
-        finally:
-            with self._cond:
-                self._conns.discard(conn)
-            conn.close()
 
     def _receive(self, ch: _wire.Channel, peer: str, state: dict[str, Any]) -> ReceiveResult:
         cfg = self.config
@@ -255,11 +240,13 @@ class SlotReceiver:
             raise TransferProtocolError(
                 f"inconsistent offer: {size} bytes, {count} chunks of {chunk}"
             )
-        meta = SlotMeta.decode(ch.recv_raw(meta_len))
+        meta_bytes = ch.recv_raw(meta_len)
+        _wire.decode(meta_bytes)  # a JSON object of finite numbers, else a protocol error
+        meta = SlotMeta.decode(meta_bytes)
         if meta is None or meta.data_size != size or not layout_fits(meta, size):
             raise TransferProtocolError("the offered slot meta is not a valid stalwart slot meta")
         target = self._target(ns)
-        with target.lock:
+        with target.lock, self._transfer_into(ns, ch.sock):
             slot = target.choose()
             slot.invalidate()  # from here until publish, this slot is not a snapshot
             slot.allocate(size)
@@ -324,10 +311,31 @@ class SlotReceiver:
         with self._cond:
             self._released.add(namespace)
             target = self._targets.pop(namespace, None)
+            writer = self._writing.get(namespace)
+        if writer is not None:  # its sender may hang (a lost node): cut it, never wait on it
+            with contextlib.suppress(OSError):
+                writer.shutdown(socket.SHUT_RDWR)
         if target is not None:
-            with target.lock:
-                pass  # a transfer into it has ended (and left nothing mapped)
+            if not target.lock.acquire(timeout=self.config.release_timeout_s):
+                raise TransferError(
+                    f"a transfer into {namespace!r} did not stop within "
+                    f"{self.config.release_timeout_s:g}s of being cut; its copy cannot be "
+                    "handed over (retry the takeover, or restore from disk)"
+                )
+            target.lock.release()  # a transfer into it has ended (and left nothing mapped)
         return slot_dir(self.config.shm_dir, namespace)
+
+    @contextlib.contextmanager
+    def _transfer_into(self, namespace: str, sock: socket.socket) -> Iterator[None]:
+        with self._cond:
+            if namespace in self._released:
+                raise TransferProtocolError(f"namespace {namespace!r} was released here")
+            self._writing[namespace] = sock
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing.pop(namespace, None)
 
     def prepare(self, namespace: str, nbytes: int) -> None:
         """Allocate the pages of every free slot of ``namespace`` for ``nbytes`` now, so
