@@ -30,19 +30,52 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PeerWatch"]
+from stalwart.coordinator.admission import Admission, accept_loop
+
+__all__ = ["PeerWatch", "parse_hello"]
 
 _VERSION = 1
 _TAG = b"stalwart-watch-v1"
-_HANDSHAKE_S = 5.0
+_HANDSHAKE_S = 5.0  # the whole hello must arrive within this
+_MAX_HELLO = 512
+_MAX_WATCHED = 16  # authenticated (watched) connections: one per predecessor, a few in flux
+_MAX_UNAUTHENTICATED = 32
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_log = logging.getLogger("stalwart.agent.peerwatch")
 _BYE = b"B"  # sent before a deliberate close
+
+
+def parse_hello(line: bytes) -> tuple[int, str] | None:
+    """``(node, mac)`` of a watch hello line, or None for anything malformed: not one
+    JSON object, another version, a node id that is not an integer in 0..2^31, a MAC
+    that is not 64 hex characters. Never raises."""
+    try:
+        hello = json.loads(line, parse_constant=_reject)
+    except (ValueError, RecursionError):  # JSONDecodeError and our _reject are ValueErrors
+        return None
+    if not isinstance(hello, dict):
+        return None
+    node, mac, version = hello.get("node"), hello.get("mac"), hello.get("v")
+    if type(version) is not int or version != _VERSION:
+        return None
+    if type(node) is not int or not 0 <= node < 2**31:
+        return None
+    if not isinstance(mac, str) or not _HEX64.match(mac):
+        return None
+    return node, mac
+
+
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
 
 
 def _mac(token: bytes, nonce: bytes, node: int) -> str:
@@ -83,52 +116,56 @@ class PeerWatch:
         self._out: socket.socket | None = None
         self._out_node: int | None = None
         self._next_tick = 0.0
-        threading.Thread(target=self._accept, name="stalwart-peerwatch", daemon=True).start()
+        # one authenticated connection per watched predecessor (a few while the ring
+        # changes); unauthenticated ones apart, the oldest evicted (coordinator/admission.py)
+        self.admission = Admission(_MAX_WATCHED, _MAX_UNAUTHENTICATED, _MAX_UNAUTHENTICATED)
+        threading.Thread(
+            target=accept_loop,
+            args=(self._listener, self.admission, self._serve, self._stop.is_set, "watch", _log),
+            name="stalwart-peerwatch",
+            daemon=True,
+        ).start()
 
     def publish(self) -> None:
         self.store.put(f"{self.root}/launch/watch-node{self.node}", self.address.encode())
 
     # ------------------------------------------------------------ the watched side
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            node = self._handshake(conn)
-            if node is None:
-                return
-            conn.settimeout(None)
-            farewell = False
-            with contextlib.suppress(OSError):
-                while data := conn.recv(64):
-                    farewell |= _BYE in data  # a deliberate close, not a death
-            if not farewell and not self._stop.is_set():
-                self._peer_gone(node)
+    def _serve(self, conn: socket.socket, _peer: Any) -> None:
+        node = self._handshake(conn)
+        if node is None or not self.admission.promote(conn):
+            return
+        conn.settimeout(None)
+        farewell = False
+        with contextlib.suppress(OSError):
+            while data := conn.recv(64):
+                farewell |= _BYE in data  # a deliberate close, not a death
+        if not farewell and not self._stop.is_set():
+            self._peer_gone(node)
 
     def _handshake(self, conn: socket.socket) -> int | None:
-        conn.settimeout(_HANDSHAKE_S)
+        """The peer's node id once it proved the token, else None (dropped, ignored)."""
+        deadline = time.monotonic() + _HANDSHAKE_S  # for the whole hello, not per recv
         nonce = os.urandom(16)
         try:
+            conn.settimeout(_HANDSHAKE_S)
             conn.sendall(nonce)
             line = b""
-            while not line.endswith(b"\n") and len(line) < 512:
-                piece = conn.recv(512 - len(line))
+            while not line.endswith(b"\n") and len(line) < _MAX_HELLO:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                conn.settimeout(left)
+                piece = conn.recv(_MAX_HELLO - len(line))
                 if not piece:
                     return None
                 line += piece
-            hello = json.loads(line)
-            node = int(hello["node"])
-            ok = hello.get("v") == _VERSION and hmac.compare_digest(
-                str(hello["mac"]), _mac(self.token, nonce, node)
-            )
-        except (OSError, ValueError, KeyError, TypeError):
+        except OSError:
             return None
-        return node if ok else None
+        hello = parse_hello(line)
+        if hello is None:
+            return None
+        node, mac = hello
+        return node if hmac.compare_digest(mac, _mac(self.token, nonce, node)) else None
 
     def _peer_gone(self, node: int) -> None:
         """The peer's process is gone unless it said goodbye: revoke its lease now.
@@ -201,7 +238,10 @@ class PeerWatch:
         self._stop.set()
         self._drop()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+        with contextlib.suppress(OSError):
             self._listener.close()
+        self.admission.close_all(1.0)
         for fd in (self.wake_fd, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
