@@ -82,5 +82,5 @@ def test_read_refuses_group_writable_and_non_regular(tmp_path: Path) -> None:
     with pytest.raises(TokenFileError, match="not a regular file"):
         read_token_file(fifo)
     (tmp_path / "dir").mkdir(mode=0o700)
-    with pytest.raises(TokenFileError, match="not a regular file|cannot read"):
+    with pytest.raises(TokenFileError, match=r"not a regular file|cannot read"):
         read_token_file(tmp_path / "dir")

@@ -11,8 +11,11 @@ Names follow Prometheus conventions: ``stalwart_`` prefix, base units (seconds, 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import socket
 import threading
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -97,6 +100,40 @@ def render_metrics(s: LiveSnapshot, labels: dict[str, str] | None = None) -> str
     return "\n".join(out) + "\n"
 
 
+_MAX_ACTIVE = 16  # connections served at once; a new one evicts the oldest
+_REQUEST_TIMEOUT_S = 10.0  # a client silent this long loses its connection
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that holds at most ``_MAX_ACTIVE`` connections: a new one
+    evicts the oldest, so clients that open connections and dribble (or send nothing)
+    cannot keep a scraper out, nor pile up threads."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._active: OrderedDict[Any, None] = OrderedDict()
+        self._active_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._active_lock:
+            if len(self._active) >= _MAX_ACTIVE:
+                oldest, _ = self._active.popitem(last=False)
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)
+            self._active[request] = None
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._active_lock:
+            self._active.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away (or a thread that could not start): nothing to do
+
+
 class MetricsExporter:
     """Serves ``GET /metrics`` from a background thread; :meth:`update` swaps in new
     figures (the agent calls it as events arrive). Use as a context manager or call
@@ -143,6 +180,8 @@ class MetricsExporter:
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = _REQUEST_TIMEOUT_S  # StreamRequestHandler sets it on the socket
+
             def do_GET(self) -> None:
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
@@ -158,13 +197,12 @@ class MetricsExporter:
                 pass  # scrapes every few seconds would flood the launcher's output
 
         try:
-            self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+            self._server = _BoundedHTTPServer((self.host, self.port), Handler)
         except OSError as err:
             raise ConfigError(
                 f"cannot serve metrics on {self.host}:{self.port}: {err.strerror}; "
                 "pass a free --metrics-port (0 picks one)"
             ) from err
-        self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever,
