@@ -8,13 +8,31 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stalwart.agent._cluster import ring_successor
-from stalwart.agent._peerwatch import PeerWatch
+from stalwart.agent._peerwatch import PeerWatch, parse_hello
 from stalwart.coordinator import MemoryStore
 
 ROOT = "/stalwart/job"
 TOKEN = b"t" * 32
+_anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(),
+    st.text(max_size=70),
+    st.lists(st.integers(), max_size=3),
+)
+_hellos = st.fixed_dictionaries(
+    {},
+    optional={
+        "v": st.one_of(st.just(1), _anything),
+        "node": _anything,
+        "mac": st.one_of(st.just("a" * 64), _anything),
+    },
+).map(lambda d: json.dumps(d).encode() + b"\n")
 
 
 def _member(store: MemoryStore, node: int) -> int:
@@ -107,3 +125,56 @@ def test_an_unauthenticated_connection_cannot_get_a_node_fenced(hello: bytes) ->
         assert not _wait(lambda: store.get(f"{ROOT}/members/node1") is None, timeout=0.5)
     finally:
         w0.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"v": 1, "node": 1e400, "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1, "node": "1", "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1, "node": true, "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1, "node": -1, "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1, "node": NaN, "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1.0, "node": 1, "mac": "' + b"0" * 64 + b'"}\n',
+        b'{"v": 1, "node": 1, "mac": 5}\n',
+        b"[" * 500 + b"\n",
+        b"1" * 5000,
+    ],
+)
+def test_a_malformed_hello_is_dropped_without_an_error(line: bytes) -> None:
+    assert parse_hello(line) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.binary(max_size=600), _hellos))
+def test_parse_hello_never_raises(line: bytes) -> None:
+    got = parse_hello(line)
+    assert got is None or (type(got[0]) is int and len(got[1]) == 64)
+
+
+def test_the_watch_survives_a_flood_and_fuzzed_hellos() -> None:
+    """Dozens of silent or garbage-sending sockets, then a real predecessor's death is
+    still seen at once; the unauthenticated pool stays capped."""
+    store = MemoryStore()
+    _member(store, 0)
+    _member(store, 1)
+    w0, w1 = _pair(store)
+    host, port = w0.address.rsplit(":", 1)
+    junk = [socket.create_connection((host, int(port)), timeout=5) for _ in range(80)]
+    try:
+        for i, s in enumerate(junk):
+            if i % 2:
+                s.sendall(b'{"v": 1, "node": 1e400, "mac": "x"}\n')
+        assert _wait(lambda: w0.admission.stats["accepted"] >= 80)
+        assert _wait(lambda: w0.admission.stats["evicted"] > 0)  # 40 silent ones > 32
+        assert w0.admission.counts()[0] <= 32
+        w1.tick(time.monotonic())
+        assert _wait(lambda: w0.admission.counts()[1] == 1)  # node 1 is watched
+        assert w1._out is not None
+        w1._out.close()  # node 1 dies
+        assert _wait(lambda: store.get(f"{ROOT}/members/node1") is None)
+    finally:
+        for s in junk:
+            s.close()
+        w0.close()
+        w1.close()
