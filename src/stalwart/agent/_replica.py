@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING
 
 from stalwart.agent._cluster import ring_successor
 from stalwart.checkpoint._shm import latest_complete, slot_dir
-from stalwart.transfer import ReceiverConfig, ReplicaConfig, Replicator, SlotReceiver
+from stalwart.transfer import (
+    ReceiverConfig,
+    ReplicaConfig,
+    Replicator,
+    SlotReceiver,
+    TransferError,
+)
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -117,8 +123,14 @@ class NodeReplicas:
                     found[rank] = latest[1].step
         if len(found) != len(ranks):
             return {}
-        for rank in ranks:
-            src = self.rx.release(f"{self.job}-replica-r{rank}")
+        sources: dict[int, str] = {}
+        try:  # a transfer in flight into a copy (its sender hung) is cut, not waited for
+            for rank in ranks:
+                sources[rank] = self.rx.release(f"{self.job}-replica-r{rank}")
+        except TransferError as err:
+            self._behind(f"replica takeover of ranks {ranks} abandoned: {err}")
+            return {}
+        for rank, src in sources.items():
             dst = slot_dir(_SHM, f"{self.job}-r{rank}")
             shutil.rmtree(dst, ignore_errors=True)
             os.rename(src, dst)
