@@ -6,7 +6,10 @@ worker per node, examples/train_sharded.py, replicas on: every agent runs a repl
 receiver and a peer watch). Once it trains, an attacker process (no token) opens
 ``--conns`` connections to the coordinator, ``--conns`` spread over the two replica
 receivers and ``--conns`` over the two peer watches, sends one byte on each every
-``--every`` seconds, and reopens each one the server drops, for ``--seconds``.
+``--every`` seconds, and reopens each one the server drops, for ``--seconds``. It
+connects from ``--source`` (127.0.0.2 by default: another host, as an attacker on the
+network is; ``--source 127.0.0.1`` floods from the members' own address, the worst case,
+where only the oldest-first eviction separates them).
 Meanwhile this process measures, holding the job token:
 
 * ping: a ``StoreClient.ping()`` over a pooled connection every 0.2 s (what an agent's
@@ -52,15 +55,18 @@ def _port() -> int:
 
 # ---------------------------------------------------------------- the attacker process
 def attack(
-    targets: list[tuple[str, int]], per_target: list[int], seconds: float, every: float
+    targets: list[tuple[str, int]], per_target: list[int], seconds: float, every: float, source: str
 ) -> None:
-    """Hold ``per_target[i]`` dribbling connections to ``targets[i]``; print counts."""
+    """Hold ``per_target[i]`` dribbling connections to ``targets[i]`` from address
+    ``source``; print counts."""
     counts = {"opened": 0, "dropped": 0, "connect_failed": 0}
     socks: list[tuple[socket.socket | None, int, float]] = []  # sock, target, opened at
 
     def open_one(t: int) -> tuple[socket.socket | None, int, float]:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
+        if source:
+            s.bind((source, 0))
         rc = s.connect_ex(targets[t])
         if rc not in (0, errno.EINPROGRESS):
             s.close()
@@ -128,7 +134,8 @@ class Probe:
     def close(self) -> None:
         self.stop.set()
         for t in self._threads:
-            t.join()
+            if t.is_alive():
+                t.join()
         self.client.close()
 
     def _pings(self) -> None:
@@ -223,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for n in range(2)
     ]
     res: dict[str, Any] = {"lease_s": args.node_lease, "conns_per_kind": args.conns}
+    res["attacker_address"] = args.source
     probe: Probe | None = None
     attacker: subprocess.Popen[str] | None = None
     try:
@@ -239,6 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flat = [t for group in kinds for t in group]
         per = [args.conns // len(group) for group in kinds for _ in group]
         pace = ["--seconds", str(args.seconds), "--every", str(args.every)]
+        pace += ["--source", args.source]
         attacker = subprocess.Popen(
             [sys.executable, __file__, "--attack", json.dumps([flat, per]), *pace],
             stdout=subprocess.PIPE,
@@ -249,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res["attacker"] = json.loads(out.strip().splitlines()[-1])
         res["steps_during_attack"] = len(_steps(log)) - steps_before
         res["job_ran_through_the_attack"] = all(p.poll() is None for p in procs)
+        probe.close()  # measured during the attack only
         for p in procs:
             p.wait(timeout=args.seconds + 600)
     finally:
@@ -293,11 +303,17 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=40.0)
     p.add_argument("--node-lease", type=float, default=3.0)
     p.add_argument("--replica-rate", type=float, default=100.0, help="MB/s per node")
+    p.add_argument(
+        "--source",
+        default="127.0.0.2",
+        help="the attacker's address: another host's by default (127.0.0.2, as from the "
+        "network); 127.0.0.1 = the members' own address, the worst case",
+    )
     p.add_argument("--attack", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.attack is not None:
         flat, per = json.loads(args.attack)
-        attack([(h, int(q)) for h, q in flat], per, args.seconds, args.every)
+        attack([(h, int(q)) for h, q in flat], per, args.seconds, args.every, args.source)
         return
     res = run(args)
     print(json.dumps(res))

@@ -165,11 +165,20 @@ def test_the_watch_survives_a_flood_and_fuzzed_hellos() -> None:
         for i, s in enumerate(junk):
             if i % 2:
                 s.sendall(b'{"v": 1, "node": 1e400, "mac": "x"}\n')
-        assert _wait(lambda: w0.admission.stats["accepted"] >= 80)
-        assert _wait(lambda: w0.admission.stats["evicted"] > 0)  # 40 silent ones > 32
+        stats = w0.admission
+        assert _wait(lambda: stats.stats["accepted"] + stats.stats["refused"] >= 80)
+        assert _wait(lambda: stats.stats["evicted"] + stats.stats["refused"] > 0)  # 40 > 32
         assert w0.admission.counts()[0] <= 32
-        w1.tick(time.monotonic())
-        assert _wait(lambda: w0.admission.counts()[1] == 1)  # node 1 is watched
+
+        def watched() -> bool:  # from the flood's own address it may take a retry
+            if w0.admission.counts()[1] == 1:
+                return True
+            w1._drop()
+            w1._next_tick = 0.0
+            w1.tick(time.monotonic())
+            return _wait(lambda: w0.admission.counts()[1] == 1, timeout=0.5)
+
+        assert _wait(watched)  # node 1 is watched
         assert w1._out is not None
         w1._out.close()  # node 1 dies
         assert _wait(lambda: store.get(f"{ROOT}/members/node1") is None)

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.coordinator.admission import Admission, accept_loop
+from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
 
 __all__ = ["PeerWatch", "parse_hello"]
 
@@ -110,7 +110,7 @@ class PeerWatch:
         self.wake_fd, self._wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
         os.set_blocking(self._wake_w, False)
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, 0), backlog=LISTEN_BACKLOG)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._stop = threading.Event()
         self._out: socket.socket | None = None

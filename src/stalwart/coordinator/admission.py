@@ -7,12 +7,14 @@ the port can open one. So unauthenticated connections live in a small pool of th
 own, apart from authenticated ones:
 
 * at most ``max_unauthenticated`` in all and ``max_unauthenticated_per_peer`` from one
-  address; a new connection over either cap **evicts the oldest** unauthenticated
-  connection (of that address, or of the address holding the most), it is never
-  refused. An honest client finishes its handshake within one round trip, so it
-  only loses its place if a whole pool's worth of connections arrives during that
-  round trip; then it sees the connection end and reconnects. Refusing new ones
-  instead would let anyone who holds the pool keep every member out.
+  address. A new connection over the global cap **evicts the oldest** unauthenticated
+  connection of the address holding the most: an address other than the flooder's
+  always gets in (refusing new ones instead would let anyone who holds the pool keep
+  every member out). Over the per-peer cap it evicts that address's own oldest once
+  that one had ``min_age`` for its handshake, else it is closed at once: one address
+  cannot churn the server (a thread per connection) faster than ``per_peer /
+  min_age`` a second. An honest client finishes its handshake within one round trip;
+  if it loses its place anyway it sees the connection end and reconnects.
 * the handshake has a deadline for the whole exchange (the servers' own setting), so
   a byte dribbled now and then keeps nothing alive;
 * authenticated connections have their own cap (``max_authenticated``), which only
@@ -36,9 +38,14 @@ from typing import Any
 
 from stalwart.errors import ConfigError
 
-__all__ = ["Admission", "accept_loop"]
+__all__ = ["LISTEN_BACKLOG", "Admission", "accept_loop"]
 
+_QUIET_S = 10.0  # warnings about unauthenticated peers: at most one per this
 _RETRY_ACCEPT_S = 0.05  # after a failed accept (out of descriptors): let some close
+# listen() backlog of every job listener: under a flood the kernel's queue of completed
+# connections fills between two accepts, and a member's SYN that finds it full is
+# retransmitted only after 1 s (then 3 s): a deep queue keeps its place
+LISTEN_BACKLOG = 1024
 
 
 class Admission:
@@ -47,7 +54,11 @@ class Admission:
     oldest evicted for a new one. Thread-safe."""
 
     def __init__(
-        self, max_authenticated: int, max_unauthenticated: int, max_unauthenticated_per_peer: int
+        self,
+        max_authenticated: int,
+        max_unauthenticated: int,
+        max_unauthenticated_per_peer: int,
+        min_age: float = 0.5,
     ) -> None:
         for name, value in (
             ("max_authenticated", max_authenticated),
@@ -60,18 +71,34 @@ class Admission:
         self.max_unauthenticated = max_unauthenticated
         self.max_per_peer = max_unauthenticated_per_peer
         self._lock = threading.Lock()
-        self._pending: OrderedDict[socket.socket, str] = OrderedDict()  # oldest first
+        self.min_age = min_age
+        # connection -> (peer address, when admitted), oldest first
+        self._pending: OrderedDict[socket.socket, tuple[str, float]] = OrderedDict()
+        self._unlogged = 0
+        self._quiet_until = 0.0
         self._per_peer: Counter[str] = Counter()
         self._authenticated: set[socket.socket] = set()
         self._threads: dict[socket.socket, threading.Thread] = {}
         self._stats = {"accepted": 0, "evicted": 0, "refused": 0, "authenticated": 0}
 
-    def admit(self, conn: socket.socket, peer_host: str) -> None:
-        """Hold ``conn`` as unauthenticated, evicting the oldest one over a cap."""
+    def admit(self, conn: socket.socket, peer_host: str) -> bool:
+        """Hold ``conn`` as unauthenticated, evicting the oldest one over a cap; False:
+        refused (the caller closes it at once, without a thread).
+
+        Over the per-peer cap the peer's own oldest connection is evicted only once it
+        has had ``min_age`` seconds for its handshake, else the new one is refused: so
+        one address churns at most ``per_peer / min_age`` connections a second, and a
+        connection from a flooding address still keeps its place for a handshake. Over
+        the global cap the busiest peer's oldest goes, whatever its age: another
+        address always gets in."""
+        now = time.monotonic()
         with self._lock:
             victim: socket.socket | None = None
             if self._per_peer[peer_host] >= self.max_per_peer:
                 victim = self._oldest(peer_host)
+                if victim is not None and now - self._pending[victim][1] < self.min_age:
+                    self._stats["refused"] += 1
+                    return False
             elif len(self._pending) >= self.max_unauthenticated:
                 busiest = max(self._per_peer.items(), key=lambda kv: kv[1])[0]
                 victim = self._oldest(busiest)
@@ -81,9 +108,23 @@ class Admission:
                 # shut down under the lock: its owner closes it only after release()
                 with contextlib.suppress(OSError):
                     victim.shutdown(socket.SHUT_RDWR)
-            self._pending[conn] = peer_host
+            self._pending[conn] = (peer_host, now)
             self._per_peer[peer_host] += 1
             self._stats["accepted"] += 1
+            return True
+
+    def quiet_warning(self, log: logging.Logger, message: str, *args: Any) -> None:
+        """Log a warning about an unauthenticated peer at most once per ``_QUIET_S``
+        (anyone can cause one: a flood must not flood the log), with the count."""
+        now = time.monotonic()
+        with self._lock:
+            self._unlogged += 1
+            if now < self._quiet_until:
+                return
+            self._quiet_until = now + _QUIET_S
+            count, self._unlogged = self._unlogged, 0
+        more = f" ({count} such in the last {_QUIET_S:g}s)" if count > 1 else ""
+        log.warning(message + more, *args)
 
     def track(self, conn: socket.socket, thread: threading.Thread) -> None:
         """``thread`` serves ``conn``: :meth:`close_all` joins it."""
@@ -125,8 +166,8 @@ class Admission:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: accepted, evicted (unauthenticated, over a cap), refused (over the
-        authenticated cap), authenticated."""
+        """Counters: accepted, evicted (unauthenticated, over a cap), refused (closed at
+        once: a flooding address's, or over the authenticated cap), authenticated."""
         with self._lock:
             return dict(self._stats)
 
@@ -143,13 +184,13 @@ class Admission:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     def _oldest(self, peer_host: str) -> socket.socket | None:
-        for conn, host in self._pending.items():
+        for conn, (host, _) in self._pending.items():
             if host == peer_host:
                 return conn
         return None
 
     def _drop_pending(self, conn: socket.socket) -> None:
-        host = self._pending.pop(conn)
+        host, _ = self._pending.pop(conn)
         self._per_peer[host] -= 1
         if self._per_peer[host] <= 0:
             del self._per_peer[host]
@@ -184,7 +225,9 @@ def accept_loop(
         if stopping():
             conn.close()
             return
-        admission.admit(conn, str(peer[0]))
+        if not admission.admit(conn, str(peer[0])):
+            conn.close()
+            continue
         thread = threading.Thread(
             target=_run, args=(admission, serve, conn, peer, log, name), daemon=True
         )

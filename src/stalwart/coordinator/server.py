@@ -26,7 +26,7 @@ from typing import Any
 
 from stalwart.coordinator import wire
 from stalwart.coordinator._ops import HANDLERS, WAIT_SLICE, Handler, OpContext
-from stalwart.coordinator.admission import Admission, accept_loop
+from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
 from stalwart.coordinator.errors import (
     FrameTooLargeError,
     ProtocolError,
@@ -157,7 +157,7 @@ class StoreServer:
                 f"store server cannot bind {cfg.host}:{cfg.port}: {exc.strerror}; "
                 "pick another port (0 = any free one)"
             ) from None
-        listener.listen(128)
+        listener.listen(LISTEN_BACKLOG)
         listener.settimeout(WAIT_SLICE)
         self._listener = listener
         self._accept_thread = threading.Thread(
@@ -274,11 +274,11 @@ class StoreServer:
             return
         except FrameTooLargeError as exc:
             self._count("rejected")
-            _log.warning("store: %s from %s; closing the connection", exc, peer)
+            self._warn(bool(key), "store: %s from %s; closing the connection", exc, peer)
             self._reject(conn, "too_large", str(exc), key, wseq)
         except ProtocolError as exc:
             self._count("rejected")
-            _log.warning("store: %s from %s; closing the connection", exc, peer)
+            self._warn(bool(key), "store: %s from %s; closing the connection", exc, peer)
             self._reject(conn, "bad_frame", str(exc), key, wseq)
         except (OSError, TimeoutError):
             pass  # peer went away, idled out, evicted, or the server is stopping
@@ -300,7 +300,7 @@ class StoreServer:
         version = msg.get("v")
         if isinstance(version, bool) or version not in wire.SUPPORTED_VERSIONS:
             self._count("rejected")
-            _log.warning("store: %s speaks unsupported protocol version %r", peer, version)
+            self._warn(False, "store: %s speaks unsupported protocol version %r", peer, version)
             self._reject(
                 conn,
                 "unsupported_version",
@@ -313,12 +313,20 @@ class StoreServer:
             wire.auth_mac(self._token, b"c", server_nonce, client_nonce, body), mac
         ):
             self._count("auth_failures")
-            _log.warning("store: authentication failed for %s (wrong job token?)", peer)
+            self._warn(False, "store: authentication failed for %s (wrong job token?)", peer)
             self._reject(conn, "auth_failed", "authentication failed: wrong job token")
             raise _HandshakeFailed
         ok = wire.encode({"type": "auth_ok", "v": version})
         wire.send_frame(conn, wire.auth_mac(self._token, b"s", server_nonce, client_nonce, ok), ok)
         return wire.session_key(self._token, server_nonce, client_nonce)
+
+    def _warn(self, authenticated: bool, message: str, *args: Any) -> None:
+        """Warn about a peer; about an unauthenticated one at most once per 10 s (anyone
+        can cause those, and a flood must not flood the agent's log)."""
+        if authenticated:
+            _log.warning(message, *args)
+        else:
+            self._admission.quiet_warning(_log, message, *args)
 
     # -- requests -------------------------------------------------------
 

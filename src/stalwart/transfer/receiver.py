@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from stalwart.checkpoint._shm import SlotMeta, Window, pinned_slots, slot_dir
-from stalwart.coordinator.admission import Admission, accept_loop
+from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
 from stalwart.transfer import _wire
 from stalwart.transfer._receiver_config import ReceiverConfig, ReceiveResult
 from stalwart.transfer._targets import Target, hash_window, layout_fits, mismatch
@@ -73,7 +73,7 @@ class SlotReceiver:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> tuple[str, int]:
-        sock = socket.create_server((self.config.host, self.config.port))
+        sock = socket.create_server((self.config.host, self.config.port), backlog=LISTEN_BACKLOG)
         self._listener = sock
         self._acceptor = threading.Thread(
             target=accept_loop,
