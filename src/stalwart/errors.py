@@ -14,8 +14,12 @@ __all__ = [
     "ConfigError",
     "DiskFullError",
     "FencedError",
+    "GroupNotFormedError",
+    "ProcessGroupInitError",
+    "ReplicaMismatchError",
     "StalwartError",
     "StateMismatchError",
+    "StepFailedError",
     "UnsafePathError",
     "UnsupportedStateError",
 ]
@@ -71,3 +75,24 @@ class DiskFullError(CheckpointError, OSError):
 
 class FencedError(StalwartError):
     """A member of an old generation tried to commit; it must rejoin first."""
+
+
+class StepFailedError(StalwartError, RuntimeError):
+    """A collective of the current step failed (a peer was lost) or the step had already
+    failed: its result would be wrong. ``Session.steps()`` discards the step and redoes
+    it after recovery when the loop goes on (``except StepFailedError: continue``)."""
+
+
+class GroupNotFormedError(StalwartError, RuntimeError):
+    """A collective on the job's group ran before its first formation (the first
+    ``Session.steps()`` iteration), when no member is connected yet."""
+
+
+class ProcessGroupInitError(StalwartError, ValueError):
+    """``torch.distributed`` was (or is about to be) initialised a second time beside the
+    job's default group that ``stalwart.init()`` installs."""
+
+
+class ReplicaMismatchError(StalwartError):
+    """The members' replicated state (a DDP model's parameters) differs at a formation:
+    training on would average gradients of different models."""

@@ -13,7 +13,8 @@ from torch.distributed.tensor import DTensor
 
 from stalwart.errors import ConfigError
 from stalwart.runtime._fsdp import SwapProcessGroup, generation_mesh, refuse_sharded_persist
-from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
+from stalwart.runtime._world import install, uninstall
+from stalwart.runtime.group import GenerationGroup
 
 
 class _Work:
@@ -57,10 +58,11 @@ class _StubGloo:
 @pytest.fixture(scope="module")
 def job() -> Iterator[tuple[GenerationGroup, Any]]:
     """One generation group and mesh per process, as in a worker (c10d names are global)."""
-    ensure_local_default_group()
     gen = GenerationGroup(("127.0.0.1", 0), 1, 2, 5.0, "fsdp-test", is_master=True)
+    install(gen, "fsdp-test")  # the job's default group: global rank 1 of 2
     yield gen, generation_mesh(gen, "fsdp-test")
     gen.close()
+    uninstall()
 
 
 @pytest.fixture
@@ -147,13 +149,3 @@ def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh
     model(torch.ones(2, 4)).sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     assert stub.calls[-1] == "allreduce" and gen.error is None
-
-
-def test_alone_the_mesh_is_the_local_group() -> None:
-    ensure_local_default_group()
-    solo = GenerationGroup(None, 0, 1, 5.0, "fsdp-solo")
-    mesh = generation_mesh(solo, "fsdp-solo")
-    assert (mesh.size(), mesh.get_local_rank()) == (1, 0)
-    model = _sharded(mesh)
-    model(torch.ones(2, 4)).sum().backward()  # runs on the world-size-1 gloo group
-    assert model.weight.grad is not None

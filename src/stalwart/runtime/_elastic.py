@@ -29,6 +29,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from stalwart.errors import ReplicaMismatchError
 from stalwart.runtime._joiners import JoinWatcher, Keys
 from stalwart.runtime._live import LiveRollback
 from stalwart.runtime._membership import ElasticWaitError, Membership
@@ -186,6 +187,9 @@ class Elastic(Membership):
             sess.group.resize(rank, world)
             try:
                 sess.group.build(gen)
+                sess._formed_group(sess.step, fresh=target is None)
+            except ReplicaMismatchError:
+                raise
             except Exception:
                 if sess.coord.generation() == gen:
                     sess.coord.advance_generation(gen, "group formation failed")

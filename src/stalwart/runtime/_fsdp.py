@@ -8,10 +8,9 @@ once, registered with c10d under a fixed name, whose collectives run on whatever
 After a failure the session builds the next generation's gloo group and the same FSDP
 module, DTensors and optimizer carry on over it.
 
-Two details make this work with the world-size-1 default group that DDP needs (see
-group.py): the group reports the job's rank and size, and c10d's global-to-group rank
-map is *rotated* so that this process's global rank (0 in the local default group)
-maps to its job rank. ``DeviceMesh.from_group`` then computes the right coordinate,
+The group reports the job's rank and size, and since c10d's default group is the job's
+(runtime/_world.py: global rank = job rank), its global-to-group rank map is the
+identity: ``DeviceMesh.from_group`` computes the right coordinate,
 ``mesh.get_local_rank()`` is the job rank, and FSDP2 shards accordingly.
 
 Like the DDP hook, a collective never raises: its error is recorded on the generation
@@ -46,10 +45,18 @@ if TYPE_CHECKING:
 
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["SwapProcessGroup", "generation_mesh", "is_sharded", "refuse_sharded_persist"]
+__all__ = [
+    "SwapProcessGroup",
+    "done_work",
+    "generation_mesh",
+    "is_sharded",
+    "refuse_sharded_persist",
+    "register_group",
+]
 
 
-def _done(result: Any) -> dist.Work:
+def done_work(result: Any) -> dist.Work:
+    """A completed c10d ``Work`` whose result is ``result``."""
     fut: torch.futures.Future[Any] = torch.futures.Future()
     fut.set_result(result)
     work: dist.Work = _c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
@@ -94,7 +101,7 @@ class SwapProcessGroup(dist.ProcessGroup):
                 gen.on_collective(True)
             try:
                 gen.wait(op(gen.pg))
-                return _done(list(outputs))  # a c10d Work, whatever the backend returned
+                return done_work(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
                 gen.error = err.with_traceback(None)  # a traceback keeps frames alive
                 gen.pg = None  # close our sockets: the other peers fail at once too
@@ -105,7 +112,7 @@ class SwapProcessGroup(dist.ProcessGroup):
             gen.error = RuntimeError("no process group formed for this generation yet")
         for t in outputs:
             t.zero_()
-        return _done(list(outputs))
+        return done_work(list(outputs))
 
     # -- collectives FSDP2, DTensor and functional collectives use ------------
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
@@ -139,7 +146,7 @@ class SwapProcessGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
         # gloo has no coalesced form: one all-gather per pair, each recorded like any
-        work: dist.Work = _done(outputs)
+        work: dist.Work = done_work(outputs)
         for out, inp in zip(outputs, inputs, strict=True):
             work = self.all_gather_single(out, inp, opts)
         return work
@@ -147,7 +154,7 @@ class SwapProcessGroup(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        work: dist.Work = _done(outputs)
+        work: dist.Work = done_work(outputs)
         for out, inp in zip(outputs, inputs, strict=True):
             work = self.reduce_scatter_single(out, inp, opts)
         return work
@@ -172,17 +179,16 @@ class SwapProcessGroup(dist.ProcessGroup):
         return self._run(lambda pg: pg.barrier(o), [])
 
 
-def _register(pg: SwapProcessGroup, store: Any) -> None:
+def register_group(pg: Any, store: Any, ranks: dict[int, int], backend: str) -> None:
     """Register ``pg`` with c10d so that ``DeviceMesh.from_group``, ``get_rank(group)``
-    and functional collectives (which look groups up by name) accept it."""
+    and functional collectives (which look groups up by name) accept it. ``ranks`` maps
+    global ranks to group ranks, in group-rank order (get_process_group_ranks() lists
+    them so)."""
     from torch.distributed.distributed_c10d import _world
 
-    rank, size = pg.rank(), pg.size()
-    _world.pg_map[pg] = ("stalwart", store)
+    _world.pg_map[pg] = (backend, store)
     _world.pg_names[pg] = pg.group_name
-    # global ids rotated so that our global rank (0 in the local default group) is our
-    # job rank; keys in group-rank order: get_process_group_ranks() lists them so
-    _world.pg_group_ranks[pg] = {(i - rank) % size: i for i in range(size)}
+    _world.pg_group_ranks[pg] = dict(ranks)
     _world.pg_to_tag[pg] = f"ptd:{pg.group_name}"
     _world.tags_to_pg.setdefault(f"ptd:{pg.group_name}", []).append(pg)
     _register_process_group(pg.group_name, pg)
@@ -196,7 +202,8 @@ def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:
     if gen.world_size == 1:
         return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]
     pg = SwapProcessGroup(gen, f"stalwart:{job}:dp")
-    _register(pg, gen._store)
+    # the job's default group (runtime/_world.py) makes our global rank the job rank
+    register_group(pg, gen._store, {i: i for i in range(gen.world_size)}, "stalwart")
     return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
 
 

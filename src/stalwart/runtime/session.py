@@ -1,7 +1,7 @@
 """``stalwart.init()`` and :class:`Session`: the few lines a training script changes.
 
     sess = stalwart.init()
-    model = DDP(build_model())                 # over a local default group
+    model = DDP(build_model())                 # unchanged (runtime/_world.py)
     opt = torch.optim.AdamW(model.parameters())
     sess.track(model=model, optimizer=opt)     # hook + snapshots + rollback
     for step in sess.steps(total=1000):        # 1..total; recovers between steps
@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from stalwart.checkpoint.catalog import committed_steps
+from stalwart.errors import ReplicaMismatchError
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
 from stalwart.runtime._faults import fire_worker_faults
@@ -39,10 +41,12 @@ from stalwart.runtime._memory import (
 )
 from stalwart.runtime._perrank import PerRankPart, check_values
 from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
+from stalwart.runtime._replicas import check_replicas, replicated_modules
 from stalwart.runtime._standby import Preload
 from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
+from stalwart.runtime._world import follow, install, localize
 from stalwart.runtime.env import WorkerEnv
-from stalwart.runtime.group import GenerationGroup, ensure_local_default_group, leak_abandoned
+from stalwart.runtime.group import GenerationGroup, leak_abandoned
 
 __all__ = ["Session", "init"]
 
@@ -54,12 +58,13 @@ def init() -> Session:
     """Join the job (or run alone when not launched by `stalwart run`)."""
     global _SESSION
     if _SESSION is None:
-        _SESSION = Session(WorkerEnv.from_environ())
+        # the caller's `from torch.distributed import init_process_group` is refused too
+        _SESSION = Session(WorkerEnv.from_environ(), caller=sys._getframe(1).f_globals)
     return _SESSION
 
 
 class Session:
-    def __init__(self, env: WorkerEnv) -> None:
+    def __init__(self, env: WorkerEnv, caller: dict[str, Any] | None = None) -> None:
         from stalwart.chaos import FaultLedger, FaultPlan
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
@@ -69,7 +74,6 @@ class Session:
         self.generation = 0
         self.step = 0  # last completed step
         self.metrics: dict[str, float] = {}
-        ensure_local_default_group()
         self.events: EventLog | None = None
         self.store: Any = None
         self.coord: Any = None
@@ -112,6 +116,8 @@ class Session:
             store=c10d_store(env, self.store),
         )
         self.group.on_collective = self._on_collective
+        # the job's default group (dist.all_reduce, get_world_size) and DDP's local one
+        install(self.group, env.job, caller)
         if self._genwatch is not None and env.strategy != "elastic":
             self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
         self.acct = StepAccounting(self)
@@ -181,6 +187,7 @@ class Session:
         check_values(state)  # a tracked dict holds only what a checkpoint stores
         for value in state.values():
             if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+                localize(value)  # DDP over a local group, gradients through the hook
                 self.group.attach(value)
             if isinstance(value, torch.optim.Optimizer):
                 guard_optimizer(self.group, value)
@@ -270,6 +277,7 @@ class Session:
         while True:
             if self.coord is None:  # alone: nothing to agree on
                 self.group.build(0)
+                self._formed_group(0, fresh=True)
                 self.acct.snapshot_now(0)
                 self._publish("step")
                 return
@@ -319,6 +327,9 @@ class Session:
                 )
             try:
                 self.group.build(a.generation)
+                self._formed_group(restored, fresh=a.target is None)
+            except ReplicaMismatchError:
+                raise
             except Exception:
                 if self.coord.generation() == a.generation:
                     self.coord.advance_generation(a.generation, "group formation failed")
@@ -345,6 +356,12 @@ class Session:
             self.acct.recovered(time.perf_counter() - t0)
             self._publish("step")
             return
+
+    def _formed_group(self, step: int, fresh: bool) -> None:
+        """After the group formed: the default group follows it; replicas are made equal
+        (``fresh``: rank 0's state broadcast) and compared (runtime/_replicas.py)."""
+        follow(self.group)
+        check_replicas(self.group, replicated_modules(self._state), step=step, fresh=fresh)
 
     def _disk_step(self) -> int | None:
         steps = committed_steps(self._ckpt.storage)
