@@ -84,7 +84,7 @@ def test_the_default_group_is_the_jobs(gen: GenerationGroup) -> None:
 
 
 def test_a_collective_before_the_formation_is_refused(gen: GenerationGroup) -> None:
-    with pytest.raises(GroupNotFormedError, match="sess.steps"):
+    with pytest.raises(GroupNotFormedError, match=r"sess\.steps"):
         dist.all_reduce(torch.ones(1))
 
 
