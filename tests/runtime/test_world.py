@@ -245,3 +245,18 @@ def test_diverged_replicas_are_refused_naming_the_ranks() -> None:
     for err in errors:
         assert isinstance(err, ReplicaMismatchError)
         assert "rank(s) 1 " in str(err) and "step 7" in str(err) and "\n" not in str(err)
+
+
+def test_a_large_model_is_digested_from_a_sample_that_moves_with_the_generation() -> None:
+    from stalwart.runtime._replicas import FULL_BYTES
+
+    m = torch.nn.Module()
+    m.w = torch.nn.Parameter(torch.zeros(FULL_BYTES // 2))  # 2 x FULL_BYTES: every 2nd chunk
+    before = [digest([m], salt=s) for s in (0, 1)]
+    with torch.no_grad():
+        m.w[1024] = 1.0  # in chunk 1 (4 KiB chunks): salt 1's sample, not salt 0's
+    assert digest([m], salt=0) == before[0]
+    assert digest([m], salt=1) != before[1]
+    other = torch.nn.Module()
+    other.w = torch.nn.Parameter(torch.ones(FULL_BYTES // 2))
+    assert digest([other], salt=0) != before[0]  # replicas that diverged differ everywhere

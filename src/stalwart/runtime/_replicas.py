@@ -5,11 +5,12 @@ DDP's constructor broadcasts rank 0's parameters and buffers over its group; und
 stalwart it runs before any member is connected (runtime/_world.py), so at the first
 formation of a fresh start (nothing restored) the runtime broadcasts rank 0's
 parameters and buffers of every tracked DDP model itself. At every formation the
-members then all-gather a 64-bit xxh3 digest of those parameters (the bytes, in the
-model's order) and refuse to train on when they differ (:class:`ReplicaMismatchError`,
-naming the ranks). Buffers are broadcast but not compared: DDP broadcasts them at each
-forward, which the local group DDP runs over under stalwart does not, so a buffer that
-a rank updates on its own (BatchNorm's running statistics) may legitimately differ.
+members then all-gather a 64-bit xxh3 digest of those parameters (their bytes in the
+model's order, or a sample of 16 MiB of them in a larger model: :func:`digest`) and
+refuse to train on when they differ (:class:`ReplicaMismatchError`, naming the ranks).
+Buffers are broadcast but not compared: DDP broadcasts them at each forward, which the
+local group DDP runs over under stalwart does not, so a buffer that a rank updates on
+its own (BatchNorm's running statistics) may legitimately differ.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from stalwart.errors import ReplicaMismatchError
 if TYPE_CHECKING:
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["broadcast_replicas", "check_replicas", "digest", "replicated_modules"]
+__all__ = ["FULL_BYTES", "broadcast_replicas", "check_replicas", "digest", "replicated_modules"]
 
 
 def replicated_modules(state: Mapping[str, Any]) -> list[torch.nn.Module]:
@@ -44,11 +45,30 @@ def _tensors(modules: Iterable[torch.nn.Module], buffers: bool) -> list[torch.Te
     return out
 
 
-def digest(modules: Iterable[torch.nn.Module]) -> int:
-    """xxh3-64 of the parameters' bytes, in the modules' order, as a signed int64."""
+FULL_BYTES = 16 << 20  # up to this much, every byte is hashed
+_CHUNK = 4096
+
+
+def digest(modules: Iterable[torch.nn.Module], salt: int = 0) -> int:
+    """xxh3-64 of the parameters' bytes, in the modules' order, as a signed int64. Past
+    :data:`FULL_BYTES` in all, a sample of about that size: every k-th 4 KiB chunk of
+    each tensor (plus its tail), starting at chunk ``salt % k``, so that formations of
+    successive generations look at different chunks. Replicas that diverged (other
+    seeds, other steps) differ in every chunk; a change to a few elements of a large
+    model may be missed by one formation's sample."""
+    tensors = _tensors(modules, buffers=False)
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    every = max(1, -(-total // FULL_BYTES))  # ceil
     h = xxhash.xxh3_64()
-    for t in _tensors(modules, buffers=False):
-        h.update(t.contiguous().view(torch.uint8).numpy().data)
+    for t in tensors:
+        data = t.contiguous().view(torch.uint8).numpy().reshape(-1)
+        if every == 1 or data.size <= _CHUNK:
+            h.update(data.data)
+            continue
+        whole = data.size // _CHUNK * _CHUNK
+        sample = data[:whole].reshape(-1, _CHUNK)[salt % every :: every]
+        h.update(sample.copy().data)
+        h.update(data[whole:].data)
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
@@ -83,7 +103,7 @@ def check_replicas(
         return
     if fresh:
         broadcast_replicas(gen, modules)
-    mine = torch.tensor([digest(modules)], dtype=torch.int64)
+    mine = torch.tensor([digest(modules, salt=gen.generation)], dtype=torch.int64)
     every = [torch.zeros_like(mine) for _ in range(gen.world_size)]
     gen.wait(gen.pg.allgather([every], [mine]))
     values = [int(t.item()) for t in every]
