@@ -56,6 +56,10 @@ class _Peer:
         self.calls.append("barrier")
         return _Work(None)
 
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        self.calls.append(f"reduce to {opts.rootRank}")
+        return self.allreduce(tensors)
+
 
 @pytest.fixture
 def gen() -> Iterator[GenerationGroup]:
@@ -80,7 +84,8 @@ def test_the_default_group_is_the_jobs(gen: GenerationGroup) -> None:
     dist.all_reduce(t)  # no group=: the job's
     assert torch.equal(t, torch.full((3,), 11.0)) and peer.calls == ["allreduce"]
     dist.barrier()
-    assert peer.calls == ["allreduce", "barrier"]
+    dist.reduce(t, dst=0)
+    assert peer.calls == ["allreduce", "barrier", "reduce to 0", "allreduce"]
 
 
 def test_a_collective_before_the_formation_is_refused(gen: GenerationGroup) -> None:

@@ -174,6 +174,37 @@ class SwapProcessGroup(dist.ProcessGroup):
         # root's input on the root, and the step is discarded anyway
         return self._run(lambda pg: pg.broadcast(tensors, opts), [])
 
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
+        o = opts if opts is not None else dist.ReduceOptions()
+        return self._run(lambda pg: pg.reduce(tensors, o), tensors)
+
+    def gather(  # type: ignore[override]
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        o = opts if opts is not None else dist.GatherOptions()
+        flat = [t for ts in outputs for t in ts]
+        return self._run(lambda pg: pg.gather(outputs, inputs, o), flat)
+
+    def scatter(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
+        o = opts if opts is not None else dist.ScatterOptions()
+        return self._run(lambda pg: pg.scatter(outputs, inputs, o), outputs)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> dist.Work:
+        o = opts if opts is not None else dist.AllToAllOptions()
+        return self._run(
+            lambda pg: pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, o),
+            [output],
+        )
+
     def barrier(self, opts: Any = None) -> dist.Work:
         o = opts if opts is not None else dist.BarrierOptions()
         return self._run(lambda pg: pg.barrier(o), [])
