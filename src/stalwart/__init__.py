@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stalwart.errors import StalwartError
+from stalwart.errors import StalwartError, StepFailedError
 
 if TYPE_CHECKING:
     from stalwart.runtime import Session, init
 
-__all__ = ["Session", "StalwartError", "__version__", "init"]
+__all__ = ["Session", "StalwartError", "StepFailedError", "__version__", "init"]
 
 __version__ = "0.1.0"
 

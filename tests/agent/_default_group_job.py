@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import stalwart
-from stalwart.errors import StepFailedError
+from stalwart import StepFailedError
 
 
 def main() -> None:
