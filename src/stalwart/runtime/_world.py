@@ -106,7 +106,7 @@ class JobProcessGroup(SwapProcessGroup):
             "a collective on the default group ran before the job's group formed: members "
             "connect at the first `for step in sess.steps(...)` iteration (a replaced worker "
             "is alone before it); move the collective into the loop (e.g. under "
-            "`if step == 1:`)"
+            "`if step == 1:`), and pass a DDP model to sess.track() before the loop"
         )
 
 
