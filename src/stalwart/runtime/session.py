@@ -17,7 +17,6 @@ kept: only their tensors are rewritten.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -358,8 +357,7 @@ class Session:
             return
 
     def _formed_group(self, step: int, fresh: bool) -> None:
-        """After the group formed: the default group follows it; replicas are made equal
-        (``fresh``: rank 0's state broadcast) and compared (runtime/_replicas.py)."""
+        """The default group follows; replicas made equal and compared (_replicas.py)."""
         follow(self.group)
         check_replicas(self.group, replicated_modules(self._state), step=step, fresh=fresh)
 
@@ -409,7 +407,3 @@ class Session:
                 self.store.close()
         if self.events is not None:
             self.events.close()
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj)
