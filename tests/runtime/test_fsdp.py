@@ -149,3 +149,8 @@ def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh
     model(torch.ones(2, 4)).sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     assert stub.calls[-1] == "allreduce" and gen.error is None
+
+
+def test_the_mesh_is_refused_under_elastic(gen: GenerationGroup) -> None:
+    with pytest.raises(ConfigError, match="--strategy flash or spare"):
+        generation_mesh(gen, "fsdp-test", elastic=True)

@@ -225,10 +225,18 @@ def register_group(pg: Any, store: Any, ranks: dict[int, int], backend: str) -> 
     _register_process_group(pg.group_name, pg)
 
 
-def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:
+def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> DeviceMesh:
     """A 1-D CPU ``DeviceMesh`` over the job's ranks (``mesh_dim_names=("dp",)``) whose
-    group follows the generations of ``gen``; alone, the local default group's mesh."""
+    group follows the generations of ``gen``; alone, the local default group's mesh.
+    Refused under elastic: its size and the shards would stay the launch world's."""
     from torch.distributed.device_mesh import DeviceMesh
+
+    if elastic:
+        raise ConfigError(
+            "sess.mesh (FSDP2) is not supported under --strategy elastic: the shards "
+            "would need resharding at every resize; use --strategy flash or spare, or "
+            "DDP under elastic"
+        )
 
     if gen.world_size == 1:
         return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]

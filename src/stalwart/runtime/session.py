@@ -168,7 +168,7 @@ class Session:
         if self._mesh is None:
             from stalwart.runtime._fsdp import generation_mesh
 
-            self._mesh = generation_mesh(self.group, self.env.job)
+            self._mesh = generation_mesh(self.group, self.env.job, self._elastic is not None)
         return self._mesh
 
     # ------------------------------------------------------------ tracking
