@@ -265,3 +265,15 @@ def test_a_large_model_is_digested_from_a_sample_that_moves_with_the_generation(
     other = torch.nn.Module()
     other.w = torch.nn.Parameter(torch.ones(FULL_BYTES // 2))
     assert digest([other], salt=0) != before[0]  # replicas that diverged differ everywhere
+
+
+def test_a_later_session_of_the_process_replaces_the_earlier_ones_group() -> None:
+    first = GenerationGroup(None, 0, 1, 5.0, "world-first")
+    install(first, "world-first")
+    try:
+        second = GenerationGroup(None, 0, 1, 5.0, "world-second")
+        install(second, "world-second")  # ours: replaced, not refused
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    finally:
+        uninstall()
+    assert not dist.is_initialized()

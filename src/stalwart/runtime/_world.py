@@ -178,7 +178,13 @@ def _refuse_init(*args: Any, **kwargs: Any) -> None:
 def install(gen: GenerationGroup, job: str, caller: dict[str, Any] | None = None) -> None:
     """Make the job's default group: a local world-size-1 group for DDP, and, in a job
     of several workers, the :class:`JobProcessGroup` as c10d's default. Afterwards
-    ``init_process_group`` (also a name the ``caller`` globals imported) raises."""
+    ``init_process_group`` (also a name the ``caller`` globals imported) raises. A
+    group an earlier session of this process installed is replaced."""
+    if _Installed.local is not None and c10d._world.default_pg in (
+        _Installed.local,
+        _Installed.job,
+    ):
+        uninstall()
     if dist.is_initialized():
         raise ProcessGroupInitError(
             "torch.distributed is already initialised (init_process_group ran before "
