@@ -85,7 +85,6 @@ class Cell:
 
 K1, H0 = "--chaos 'kill rank=1 at=step:7'", "--chaos 'hang rank=0 at=step:9'"
 SPARE = "--spares 1"
-PENDING_A_BCAST = "issue 12 A: replicas seeded 1337+rank train apart (no broadcast at start)"
 PENDING_A_RNG = "issue 12 A: a disk restore gives every rank rank 0's RNG"
 PENDING_A_SCHED = "issue 12 A: elastic's scheduler guard leaks into LambdaLR.state_dict()"
 PENDING_B = "issue 12 B: a long eval is declared hung and killed (in a loop)"
@@ -94,7 +93,6 @@ PENDING_B_START = (
     " killed; random today (1 run in 2 here), so not strict"
 )
 PENDING_C = "issue 12 C: a deterministic bug is restarted until a budget or timeout, no verdict"
-PENDING_D = "issue 12 D: dist.all_reduce on the default group is local (world size 1)"
 PENDING_C_REFUSE = (
     "issue 12 C: a refusal raised in every worker at start is restarted, and the job ends"
     " with '--max-restarts=1 is spent' instead of the refusal"
@@ -103,7 +101,7 @@ PENDING_C_REFUSE = (
 # fmt: off
 CELLS = [
     # (1) nanoGPT-style LM: the acceptance cells of issue 12
-    Cell("nanogpt", "flash", "none", "agree", pending=PENDING_A_BCAST),
+    Cell("nanogpt", "flash", "none", "agree"),
     Cell("nanogpt", "flash", "kill", "identical", K1),
     Cell("nanogpt", "flash", "hang", "identical", H0),
     Cell("nanogpt", "flash", "long eval", "identical, no kill", args="--eval_pause 3",
@@ -117,7 +115,7 @@ CELLS = [
     Cell("nanogpt", "spare", "kill", "identical", f"{SPARE} --chaos 'kill rank=1 at=step:11'"),
     Cell("nanogpt", "flash", "ctrl-c", "clean exit"),
     # (2) HF-style loop over a Transformers GPT-2
-    Cell("hf", "flash", "none", "eval avg", pending=PENDING_D),
+    Cell("hf", "flash", "none", "eval avg"),
     Cell("hf", "flash", "kill", "identical", "--chaos 'kill rank=0 at=step:5'"),
     Cell("hf", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=1 at=step:9'"),
     Cell("hf", "restart", "kill", "identical",
