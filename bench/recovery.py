@@ -30,6 +30,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_recovery_job.py"
+HF_JOB = HERE / "_hf_job.py"  # imports transformers (pip install '.[bench]')
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -198,7 +199,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=90)
     p.add_argument("--hang-cap", type=float, default=30.0, help="longest wait for torchrun")
     p.add_argument("--timeout", type=float, default=240.0)
-    p.add_argument("--only", choices=["crash", "hang", "overhead"], default=None)
+    p.add_argument("--only", choices=["crash", "hang", "overhead", "real"], default=None)
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stalwart-bench-recovery-"))
     result: dict[str, Any] = {"reps": args.reps, "steps": args.steps, "kill_at_step": 50}
@@ -235,6 +236,8 @@ def main() -> int:
         _hangs(args, root, result)
     if args.only in (None, "overhead"):
         _overhead(args, root, result)
+    if args.only in (None, "real"):
+        _real_scripts(args, root, result)
     if result.get("torchrun_rto_s") and result.get("flash_rto_s"):
         result["flash_vs_torchrun"] = result["flash_rto_s"] / result["torchrun_rto_s"]
     result["work_dir"] = str(root)
@@ -293,6 +296,68 @@ def _overhead(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> N
     result["overhead_ratio_all"] = [
         o / q if o and q else None for o, q in zip(ours, plain, strict=True)
     ]
+
+
+def _run_job(
+    work: Path, job: Path, job_args: list[str], strategy: str, chaos: str, timeout: float
+) -> tuple[int, Path]:
+    """``job`` under `stalwart run` (4 workers, rank 1 killed by ``chaos``)."""
+    log = work / "steps.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "stalwart.cli.main",
+        "run",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-id",
+        f"bench-{uuid.uuid4().hex[:6]}",
+        "--run-dir",
+        str(work / "run"),
+        "--strategy",
+        strategy,
+        "--redirect",
+        "--chaos",
+        chaos,
+        *(["--spares", "1"] if strategy == "spare" else []),
+        str(job),
+        *job_args,
+        "--step-log",
+        str(log),
+    ]
+    return _run(cmd, work, timeout, _env()), log
+
+
+def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
+    """Flash and spare RTO of a script that imports transformers (a GPT-2 from a config,
+    bench/_hf_job.py) beside the minimal job: a replacement forked from the zygote must
+    not import transformers again (the zygote preloads the script's imports)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        result["real_note"] = "transformers is not installed: pip install '.[bench]'"
+        return
+    jobs = {
+        "minimal": (JOB, ["--mode", "stalwart", "--steps", str(args.steps)]),
+        "hf": (HF_JOB, ["--steps", str(args.steps)]),
+    }
+    for strategy in ("flash", "spare"):
+        for name, (job, job_args) in jobs.items():
+            rtos: list[float | None] = []
+            for rep in range(args.reps):
+                work = root / f"real-{strategy}-{name}-{rep}"
+                work.mkdir()
+                rc, log = _run_job(
+                    work, job, job_args, strategy, "kill rank=1 at=step:50", args.timeout
+                )
+                fig = recovery_figures(work, log)
+                rtos.append(fig.get("rto_s"))
+                print(f"rep {rep} {strategy} {name:<8} rc={rc} rto_s={fig.get('rto_s')}")
+            result[f"{strategy}_rto_s_{name}"] = _median(rtos)
+            result[f"{strategy}_rto_s_{name}_all"] = rtos
+    for strategy in ("flash", "spare"):
+        hf, minimal = result[f"{strategy}_rto_s_hf"], result[f"{strategy}_rto_s_minimal"]
+        result[f"{strategy}_hf_vs_minimal"] = hf / minimal if hf and minimal else None
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,14 @@ from stalwart.agent.config import LaunchConfig
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
-__all__ = ["Worker", "WorkerSpec", "spawn_spec", "worker_env"]
+__all__ = [
+    "Worker",
+    "WorkerSpec",
+    "error_dir",
+    "error_message",
+    "spawn_spec",
+    "worker_env",
+]
 
 
 @dataclass
@@ -43,10 +51,14 @@ def worker_env(
     restarts: int,
     master_port: int,
     extra: dict[str, str],
+    master_addr: str = "",
 ) -> dict[str, str]:
+    """torchrun's variables as torchrun sets them (``MASTER_ADDR``: node 0's host name,
+    ``socket.getfqdn()`` there), then stalwart's; ``TORCHELASTIC_ERROR_FILE`` is set per
+    process by the zygote (:func:`error_dir`)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    host = cfg.endpoint()[0]
+    host = master_addr or cfg.endpoint()[0]
     env.update(
         {
             "RANK": str(spec.rank),
@@ -88,6 +100,7 @@ def spawn_spec(agent: Agent, spec: WorkerSpec, extra: dict[str, str]) -> dict[st
         spec,
         restarts=agent.restarts,
         master_port=agent.master_port,
+        master_addr=getattr(agent, "master_addr", ""),
         extra={
             "STALWART_RUN_DIR": agent.run_dir,
             "STALWART_STORE": agent.cluster.address,
@@ -103,4 +116,39 @@ def spawn_spec(agent: Agent, spec: WorkerSpec, extra: dict[str, str]) -> dict[st
     if cfg.redirect:
         os.makedirs(os.path.join(agent.run_dir, "logs"), exist_ok=True)
         log = os.path.join(agent.run_dir, "logs", f"rank{spec.rank}.log")
-    return {"env": env, "argv": [cfg.script, *cfg.script_args], "cwd": os.getcwd(), "log": log}
+    return {
+        "env": env,
+        "argv": [cfg.script, *cfg.script_args],
+        "cwd": os.getcwd(),
+        "log": log,
+        "error_dir": error_dir(agent.run_dir),
+    }
+
+
+def error_dir(run_dir: str) -> str:
+    """Where workers' ``TORCHELASTIC_ERROR_FILE``s go (``rank<r>.<pid>.json``)."""
+    path = os.path.join(run_dir, "errors")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def error_message(run_dir: str, rank: int, pid: int) -> str | None:
+    """The first line of the exception a failed worker's ``@record`` wrote (torchrun's
+    error file format: ``{"message": {"message": "Type: text", "extraInfo": ...}}``), or
+    None when it wrote none. The file is removed once read."""
+    path = os.path.join(run_dir, "errors", f"rank{rank}.{pid}.json")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            raw = f.read(1 << 20)
+        os.unlink(path)
+        data = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, dict):
+        msg = msg.get("message")
+    if not isinstance(msg, str) or not msg.strip():
+        return None
+    line = msg.strip().splitlines()[0]
+    # one line for a terminal: no control characters from the worker's text
+    return "".join(c if c.isprintable() else "?" for c in line)[:300]

@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
-__all__ = ["emit_run_start", "teardown"]
+__all__ = ["emit_run_start", "preload_note", "teardown"]
+
+
+def preload_note(agent: Agent, ready: dict[str, Any]) -> None:
+    """Say once (node 0) what of the script's imports the zygote could not preload: the
+    workers import those themselves, and each replacement pays for them again."""
+    pre = ready.get("preload") or {}
+    failed = [str(x) for x in pre.get("failed", [])]
+    note = str(pre.get("note", ""))
+    if agent.cfg.node_rank != 0 or not (failed or note):
+        return
+    what = note or f"could not preload {'; '.join(failed)}"
+    agent.say(f"{what}; replacement workers import them again (slower recovery)")
 
 
 def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
@@ -35,6 +47,7 @@ def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
             "spares": cfg.spares,
             "chaos": cfg.chaos or "",
             "zygote_import_s": ready.get("import_s", 0.0),
+            "preloaded": list((ready.get("preload") or {}).get("imported", [])),
             "hang_floor_s": cfg.hang.floor_s,
             "hang_k": cfg.hang.k,
         },

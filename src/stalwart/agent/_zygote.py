@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["main", "set_pdeathsig"]
+__all__ = ["error_file", "main", "set_pdeathsig"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -63,10 +63,18 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(spec["env"])
+        errors = spec.get("error_dir")
+        if errors:  # torchrun's reply file, named by this process (agent/_env.py)
+            os.environ["TORCHELASTIC_ERROR_FILE"] = error_file(
+                errors, os.environ.get("RANK", "0"), os.getpid()
+            )
         os.chdir(spec["cwd"])
         argv = list(spec["argv"])
         sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        path = os.path.abspath(argv[0])  # `python script.py` gives an absolute __file__
+        sys.path[0] = os.path.dirname(path)
+        # Python-level SIGINT as in `python script.py` (KeyboardInterrupt, then atexit)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         import torch
 
         threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -79,23 +87,69 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         import runpy
 
         try:
-            runpy.run_path(argv[0], run_name="__main__")
+            runpy.run_path(path, run_name="__main__")
             code = 0
         except SystemExit as exc:
-            c = exc.code
-            code = c if isinstance(c, int) else (0 if c is None else 1)
-            if not isinstance(c, int) and c is not None:
-                print(c, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
+            code = _exit_code(exc)
+    except BaseException as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        _print_traceback(exc)
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        os._exit(_finish(code))
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """The traceback ``python script.py`` prints: from the script's frames on."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and "runpy" not in name:
+            break
+        tb = tb.tb_next
+    with contextlib.suppress(BaseException):
+        traceback.print_exception(type(exc), exc, tb)
+
+
+def error_file(directory: str, rank: str | int, pid: int) -> str:
+    """The ``TORCHELASTIC_ERROR_FILE`` of worker ``pid`` (rank ``rank``): the agent reads
+    it when the worker fails (``@record`` writes the exception there)."""
+    return os.path.join(directory, f"rank{rank}.{pid}.json")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """What ``python script.py`` exits with after ``sys.exit(c)``."""
+    c = exc.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c & 0xFF
+    with contextlib.suppress(Exception):
+        print(c, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> int:
+    """The end of ``python script.py``: wait for non-daemon threads, run the ``atexit``
+    handlers (wandb-style finalizers, log flushes), flush stdio; ``code`` is kept (a
+    handler's ``sys.exit`` sets it, as in Python)."""
+    import threading
+
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()  # prints and swallows a handler's exception itself
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return code
 
 
 def _host_store(reply_fd: int, close_fds: list[int], host: str) -> None:
@@ -214,9 +268,45 @@ class _Zygote:
                         self.handle(json.loads(line))
 
 
+def _preload_script(script: str) -> dict[str, Any]:
+    """Import the script's top-level imports (agent/_preload.py); ``note``: why not."""
+    from stalwart.agent import _preload
+
+    before = _preload.thread_count()
+    res = _preload.preload(
+        _preload.script_imports(script), local_roots=_preload.local_roots(script)
+    )
+    out: dict[str, Any] = {
+        "imported": res.imported,
+        "failed": res.failed,
+        "seconds": res.seconds,
+        "note": "",
+    }
+    if res.imported:
+        threads = os.environ.get("OMP_NUM_THREADS", "1")
+        n = int(threads) if threads.isdigit() else 1
+        if _preload.thread_count() > before:
+            out["note"] = "they started threads"
+        elif not _preload.fork_probe(n):
+            out["note"] = "they ran a torch op (a forked worker would deadlock)"
+    return out
+
+
 def main(argv: list[str]) -> int:
     ctl, evt = int(argv[0]), int(argv[1])
-    preload = [m for m in argv[2:] if m]
+    # the agent ends the run (a terminal's Ctrl-C reaches the whole process group): the
+    # zygote and its store host stay until the agent closes the pipe; workers reset these
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    rest = argv[2:]
+    script, note = "", ""
+    while rest and rest[0].startswith("--"):
+        flag, value, rest = rest[0], rest[1], rest[2:]
+        if flag == "--script":
+            script = value
+        elif flag == "--no-script-preload":  # a re-exec after an unsafe preload
+            note = value
+    preload = [m for m in rest if m]
     set_pdeathsig()
     t0 = time.perf_counter()
     import importlib
@@ -226,7 +316,31 @@ def main(argv: list[str]) -> int:
     for name in [*base, *preload]:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    _send(evt, {"op": "ready", "import_s": time.perf_counter() - t0})
+    report: dict[str, Any] = {"imported": [], "failed": [], "seconds": 0.0, "note": note}
+    if script and not note:
+        report = _preload_script(script)
+        if report["note"]:
+            # start again without them: this process is unsafe to fork from now on
+            os.execv(
+                sys.executable,
+                [
+                    sys.executable,
+                    "-m",
+                    "stalwart.agent._zygote",
+                    str(ctl),
+                    str(evt),
+                    "--no-script-preload",
+                    f"not preloading {', '.join(report['imported'])}: {report['note']}",
+                    *preload,
+                ],
+            )
+    import gc
+
+    # every worker inherits these objects: keep its collector from walking (and so
+    # copying, page by page) the whole inherited heap
+    gc.collect()
+    gc.freeze()
+    _send(evt, {"op": "ready", "import_s": time.perf_counter() - t0, "preload": report})
     _Zygote(ctl, evt).loop()
     return 0
 

@@ -17,11 +17,22 @@ __all__ = ["ZygoteClient"]
 
 
 class ZygoteClient:
-    def __init__(self, preload: list[str], env: dict[str, str]) -> None:
+    def __init__(self, preload: list[str], env: dict[str, str], *, script: str = "") -> None:
+        """``preload``: modules to import before the first fork; ``script``: the training
+        script, whose top-level imports are preloaded too (agent/_preload.py)."""
         ctl_r, self._ctl_w = os.pipe()
         self._evt_r, evt_w = os.pipe()
+        flags = ["--script", script] if script else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stalwart.agent._zygote", str(ctl_r), str(evt_w), *preload],
+            [
+                sys.executable,
+                "-m",
+                "stalwart.agent._zygote",
+                str(ctl_r),
+                str(evt_w),
+                *flags,
+                *preload,
+            ],
             pass_fds=(ctl_r, evt_w),
             env=env,
         )

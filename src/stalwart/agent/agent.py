@@ -22,10 +22,10 @@ from typing import Any
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, pending_joins
-from stalwart.agent._env import Worker, WorkerSpec, spawn_spec
+from stalwart.agent._env import Worker, WorkerSpec, error_message, spawn_spec
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import adopt_lost_nodes, check_hang
-from stalwart.agent._lifecycle import emit_run_start, teardown
+from stalwart.agent._lifecycle import emit_run_start, preload_note, teardown
 from stalwart.agent._replica import start_replicas
 from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import start_standbys
@@ -94,20 +94,26 @@ class Agent:
                 f.write(self.plan.to_json())
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        self._zygote = ZygoteClient(["stalwart.runtime.session"], env)
+        self._zygote = ZygoteClient(["stalwart.runtime.session"], env, script=cfg.script)
         ready = self._zygote.wait_for("ready", cfg.start_timeout_s)
+        preload_note(self, ready)
         host = cfg.endpoint()[0]
+        fqdn = socket.getfqdn()  # torchrun's MASTER_ADDR: node 0's host name
         if cfg.etcd:  # gloo groups form over etcd too (runtime/_c10d_store.py)
-            self.cluster.publish_once("c10d", {"addr": "", "master_port": self.master_port})
+            self.cluster.publish_once(
+                "c10d", {"addr": "", "master_port": self.master_port, "master_addr": fqdn}
+            )
         elif cfg.node_rank == 0:
             self._zygote.send({"op": "store", "host": host})
             port = self._zygote.wait_for("store", 30)["port"]
             self.cluster.publish(
-                "c10d", {"addr": f"{host}:{port}", "master_port": self.master_port}
+                "c10d",
+                {"addr": f"{host}:{port}", "master_port": self.master_port, "master_addr": fqdn},
             )
         launch = self.cluster.read("c10d", cfg.start_timeout_s)
         self.c10d_addr = str(launch["addr"])
         self.master_port = int(launch["master_port"])
+        self.master_addr = str(launch.get("master_addr") or host)
         self.chaos = AgentChaos(self, self.plan.agent_faults(cfg.node_rank, list(self.workers)))
         if cfg.node_rank == 0:
             self._emit_run_start(ready)
@@ -219,6 +225,8 @@ class Agent:
             fired = self.ledger.fired_at(pid=pid)
             latency = now - (fired if fired is not None else t_exit)
             how = f"process exit (rc {rc})"
+            if (err := error_message(self.run_dir, w.rank, pid)) is not None:
+                how += f": {err}"  # what its @record wrote (TORCHELASTIC_ERROR_FILE)
             self.events.emit(
                 "fault_detected", fault="crash", domain=domain, latency_s=latency, how=how
             )
@@ -346,12 +354,15 @@ class Agent:
 
     # ---------------------------------------------------------------- monitor
     def run(self) -> int:
-        self._start()
+        try:
+            self._start()
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM while starting
+            return self._interrupted(err)
         assert self._zygote is not None
-        for w in self.workers.values():
-            self._spawn(w)
         last_poll = 0.0
         try:
+            for w in self.workers.values():
+                self._spawn(w)
             while True:
                 wake = self.cluster.wake_fd()  # a watched peer died: poll the store now
                 for msg in self._zygote.events(self.cfg.monitor_interval_s, wake):
@@ -385,9 +396,16 @@ class Agent:
         except _RunFailed as err:
             self._end_reason = str(err)
             return 1
-        except KeyboardInterrupt:
-            self.status = "interrupted"
-            return 130
+        except KeyboardInterrupt as err:
+            return self._interrupted(err)
+
+    def _interrupted(self, err: KeyboardInterrupt) -> int:
+        """Ctrl-C (130) or SIGTERM (143): the teardown still ends every worker, writes
+        ``run_end`` and removes the shared memory."""
+        term = isinstance(err, _Terminated)
+        self.status = "terminated" if term else "interrupted"
+        self._end_reason = "SIGTERM" if term else "SIGINT (Ctrl-C)"
+        return 143 if term else 130
 
     def _recovered(self) -> bool:
         """Every running worker of this node is in the current generation, past its
@@ -423,18 +441,26 @@ class _Cordoned(StalwartError):
     pass
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM: the run ends like after Ctrl-C, with 143 (128 + SIGTERM)."""
+
+
 def _terminate(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM: end the run like Ctrl-C, cleaning up
+    raise _Terminated
 
 
 def run_agent(config: LaunchConfig) -> int:
     """Run one node's agent to the end of the job; returns the exit code."""
     import threading
 
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         signal.signal(signal.SIGTERM, _terminate)
     agent = Agent(config)
     try:
         return agent.run()
     finally:
+        if main:  # a second Ctrl-C must not cut the teardown short (shared memory left)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
         agent.close()

@@ -1,0 +1,185 @@
+"""Which modules of a training script the zygote imports before it forks any worker.
+
+Why: a replacement worker is forked from the zygote, so whatever the zygote imported is
+already in the replacement's memory. torch is imported there anyway; a real script also
+imports transformers, datasets, its logging library..., and importing transformers alone
+costs about a second here: every replacement paid it again. So the zygote imports the
+script's top-level ``import``/``from`` modules too, read from the script's source with
+:mod:`ast` (the script itself is never run).
+
+What is preloaded: top-level imports (also inside a top-level ``try``/``if``) of modules
+found outside the script's directory and the working directory (installed packages and
+the standard library: the script's own modules may run its code at import, and may be
+edited between restarts). ``from m import a, b`` also reads ``m.a`` and ``m.b``, which
+loads the lazy submodules of packages such as transformers. Each import gets a time
+limit, a failing one is skipped (the worker will import it itself and fail there, as it
+would without stalwart), and the zygote checks that the imports ran no torch op and
+started no thread (either would make forked workers deadlock) before it forks anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import importlib.util
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+__all__ = [
+    "PreloadResult",
+    "fork_probe",
+    "local_roots",
+    "preload",
+    "script_imports",
+    "thread_count",
+]
+
+_PER_IMPORT_S = 20.0  # one import that takes longer is abandoned (a network call...)
+_TOTAL_S = 60.0  # no import starts after this much time spent preloading
+
+
+def script_imports(path: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` for each absolute top-level import of the script at ``path``
+    (``names``: what ``from module import ...`` reads; empty for ``import module``).
+    A script that does not parse has none (Python reports its syntax error itself)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    out: dict[str, list[str]] = {}
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    out.setdefault(alias.name, [])
+            elif isinstance(node, ast.ImportFrom):
+                if node.level or not node.module or node.module == "__future__":
+                    continue
+                names = out.setdefault(node.module, [])
+                names.extend(a.name for a in node.names if a.name != "*")
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+
+    visit(tree.body)
+    return [(m, tuple(dict.fromkeys(n))) for m, n in out.items()]
+
+
+@dataclass
+class PreloadResult:
+    imported: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # the script's own, or not found
+    failed: list[str] = field(default_factory=list)  # "module: first line of the error"
+    seconds: float = 0.0
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(_sig: int, _frame: FrameType | None) -> None:
+    raise _Timeout
+
+
+def _local(origin: str | None, roots: list[str]) -> bool:
+    if not origin or origin in ("built-in", "frozen"):
+        return False
+    path = os.path.realpath(origin)
+    return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+def preload(
+    items: list[tuple[str, tuple[str, ...]]],
+    *,
+    local_roots: list[str],
+    per_import_s: float = _PER_IMPORT_S,
+    total_s: float = _TOTAL_S,
+) -> PreloadResult:
+    """Import ``items`` (from :func:`script_imports`) in this process, skipping the
+    modules found under ``local_roots`` (the script's own code). Runs in the zygote's
+    main thread (the time limit is a SIGALRM)."""
+    roots = [os.path.realpath(r) for r in local_roots if r]
+    res = PreloadResult()
+    t0 = time.monotonic()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        for mod, names in items:
+            if time.monotonic() - t0 > total_s:
+                res.failed.append(f"{mod}: not tried (preloading took over {total_s:.0f}s)")
+                continue
+            top = mod.split(".")[0]
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None or _local(spec.origin, roots) or top == "__main__":
+                res.skipped.append(mod)
+                continue
+            signal.setitimer(signal.ITIMER_REAL, per_import_s)
+            try:
+                module = importlib.import_module(mod)
+                for name in names:  # lazy attributes (transformers' models)
+                    with contextlib.suppress(Exception):
+                        getattr(module, name)
+                res.imported.append(mod)
+            except _Timeout:
+                res.failed.append(f"{mod}: import took over {per_import_s:.0f}s")
+            except BaseException as err:  # SystemExit too: never end the zygote
+                first = (str(err).splitlines() or [""])[0]
+                res.failed.append(f"{mod}: {type(err).__name__}: {first}"[:200])
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def thread_count() -> int:
+    """OS threads of this process (an OpenMP pool or a library's thread shows here)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def fork_probe(threads: int, timeout_s: float = 10.0) -> bool:
+    """Fork a child that runs a small torch op with ``threads`` intra-op threads: False
+    when it does not finish in ``timeout_s`` (this process ran a torch op: forked workers
+    would deadlock). The zygote itself never runs the op."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            torch.set_num_threads(max(1, threads))
+            a = torch.ones(256, 256)
+            code = 0 if float((a @ a).sum()) > 0 else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def local_roots(script: str) -> list[str]:
+    """Where the script's own modules live: its directory and the working directory."""
+    return [os.path.dirname(os.path.abspath(script)), os.getcwd()]
