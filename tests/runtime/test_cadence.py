@@ -69,3 +69,12 @@ def test_a_run_resumed_past_the_calibration_step_still_agrees_on_a_cadence() -> 
         ranks.append(StepAccounting(acct.sess))
     assert [r._cadence(13) for r in ranks] == [1, 1]  # no stalls measured: every step
     assert [r.every for r in ranks] == [1, 1]  # agreed through the store, not timed out
+
+
+def test_the_final_step_is_persisted_when_persisting_is_on() -> None:
+    # total 12 with --persist-every 5: steps 5, 10 and the last one, 12
+    acct = _acct(5)
+    assert [s for s in range(1, 13) if acct._persist_due(s, final=s == 12)] == [5, 10, 12]
+    assert _acct(-1)._persist_due(3, final=True)
+    assert not _acct(0)._persist_due(12, final=True)
+    assert not _acct(5, rank=1)._persist_due(12, final=True)

@@ -70,6 +70,8 @@ def teardown(agent: Agent) -> None:
     if chaos is not None:
         with contextlib.suppress(Exception):
             chaos.report_unfired()  # a warning per chaos fault that never fired
+    with contextlib.suppress(Exception):
+        agent.step_records.close()  # before run_end: the last steps belong to the run
     if agent.cluster.reports_end():
         agent.events.emit(
             "run_end",

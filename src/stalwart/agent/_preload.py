@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from types import FrameType
@@ -124,6 +125,8 @@ def preload(
                 res.skipped.append(mod)
                 continue
             signal.setitimer(signal.ITIMER_REAL, per_import_s)
+            if mod in sys.modules and not names:
+                continue  # already there (torch, the standard library's basics)
             try:
                 module = importlib.import_module(mod)
                 for name in names:  # lazy attributes (transformers' models)

@@ -29,6 +29,7 @@ from stalwart.agent._lifecycle import emit_run_start, preload_note, teardown
 from stalwart.agent._replica import start_replicas
 from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import start_standbys
+from stalwart.agent._steps import StepRecords
 from stalwart.agent._trash import Trash
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
@@ -77,6 +78,7 @@ class Agent:
         self._goodbye = True
         self._live: Any = None
         self.standbys: Any = None
+        self.step_records = StepRecords(self)  # what rank 0 could not write (_steps.py)
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
@@ -208,6 +210,7 @@ class Agent:
         return next((w for w in self.workers.values() if w.pid == pid), None)
 
     def _on_exit(self, pid: int, rc: int, t_exit: float) -> None:
+        self.step_records.on_exit(pid)
         if self.standbys is not None and self.standbys.on_exit(pid):
             return  # a parked standby died: the next reconcile starts another
         w = self._by_pid(pid)
@@ -374,6 +377,7 @@ class Agent:
                     return 0
                 now = time.time()
                 check_hang(self, now)
+                self.step_records.tick(now)
                 if self.trash.pending:  # (the board is read only then)
                     self.trash.collect(recovered=self._recovered())
                 self.chaos.tick(now)

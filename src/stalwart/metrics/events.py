@@ -120,6 +120,8 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "transfers": _INT,
     },
     "loss": {"step": _INT, "value": _NUM, "generation": _INT},
+    "metric": {"name": _STR, "step": _INT, "value": _NUM, "generation": _INT},
+    "route": {"route": _STR, "recovery": _STR},
     "note": {"message": _STR},
 }
 _REQUIRED: dict[str, set[str]] = {
@@ -142,6 +144,8 @@ _REQUIRED: dict[str, set[str]] = {
     "resize": {"world_size"},
     "state_received": {"step", "digest", "sender_digest"},
     "loss": {"step", "value"},
+    "metric": {"name", "step", "value"},
+    "route": {"route"},
     "note": {"message"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}

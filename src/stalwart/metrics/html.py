@@ -16,6 +16,7 @@ from typing import Any
 
 from stalwart.metrics import _plots
 from stalwart.metrics.goodput import BUCKETS
+from stalwart.metrics.report import strategy_text
 
 __all__ = ["render_html"]
 
@@ -62,7 +63,7 @@ def render_html(d: dict[str, Any]) -> str:
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>stalwart report: {job}</title><style>{_CSS}</style></head><body>",
         f"<h1>stalwart report &mdash; {job}</h1>",
-        f"<p>run <code>{e(d['run_dir'])}</code> &middot; strategy {e(str(d['strategy'] or '-'))} "
+        f"<p>run <code>{e(d['run_dir'])}</code> &middot; strategy {e(strategy_text(d))} "
         f"&middot; status {e(str(d['status'] or 'unknown (no run_end)'))}</p>",
     ]
     if d["partial"]:

@@ -18,7 +18,14 @@ from stalwart.metrics.events import EVENTS_FILE, Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
 from stalwart.metrics.stats import distribution, mtbf, percentile
 
-__all__ = ["ReportError", "RunReport", "build_report", "format_summary", "load_run"]
+__all__ = [
+    "ReportError",
+    "RunReport",
+    "build_report",
+    "format_summary",
+    "load_run",
+    "strategy_text",
+]
 
 REPORT_VERSION = 1
 
@@ -44,6 +51,7 @@ class RunReport:
         wall = g.wall_s
         start = next((e for e in self.events if e.kind == "run_start"), None)
         end = next((e for e in reversed(self.events) if e.kind == "run_end"), None)
+        route = next((e for e in self.events if e.kind == "route"), None)
         fails = g.failures
         rtos = [i.rto_s for i in fails if i.rto_s is not None]
         lat = [i.detection_latency_s for i in fails if i.detection_latency_s is not None]
@@ -53,6 +61,7 @@ class RunReport:
             "run_dir": self.run_dir,
             "job": None if start is None else start["job"],
             "strategy": None if start is None else start.get("strategy"),
+            "route": None if route is None else route["route"],
             "status": None if end is None else end["status"],
             "partial": self.partial,
             "problems": self.problems,
@@ -252,6 +261,14 @@ def _f(x: float | None, fmt: str = ".1f", unit: str = "s") -> str:
     return "-" if x is None else f"{x:{fmt}}{unit}"
 
 
+def strategy_text(d: dict[str, Any]) -> str:
+    """The strategy the run asked for, and what a plain script got instead."""
+    name = str(d.get("strategy") or "-")
+    if d.get("route") == "plain":
+        return f"{name} (plain script: torchrun's restart route, steps from its optimizer)"
+    return name
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
     comes from the event log is printed with its control characters escaped (an ESC
@@ -263,7 +280,7 @@ def format_summary(d: dict[str, Any]) -> str:
 
     wall = d["wall_s"]
     lines = [
-        f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(d['strategy'] or '-')}  "
+        f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(strategy_text(d))}  "
         f"status={t(d['status'] or 'unknown (no run_end)')}",
     ]
     if d["partial"]:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal, journal_path
+from stalwart.runtime._metric_log import MetricLog
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
@@ -43,6 +46,8 @@ class StepAccounting:
         self._t_start = time.monotonic()
         self._last_persist = time.monotonic()
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
+        self.metrics = MetricLog(getattr(sess, "events", None))  # sess.log values (rank 0)
+        self._journal: StepJournal | None = None  # the open batch, safe from our death
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -69,6 +74,7 @@ class StepAccounting:
         self.durations.append(dur)
         if self.sess.rank != 0 or self.sess.events is None:
             return
+        self.metrics.step_done(step, self.sess.generation)
         b = self._batch
         if b is None:
             self._batch = {
@@ -81,15 +87,30 @@ class StepAccounting:
             }
         else:
             b["last_step"], b["count"], b["busy_s"] = step, b["count"] + 1, b["busy_s"] + dur
+        journal = self._open_journal()
+        if journal is not None:
+            journal.write(OPEN, self._batch, t_end=time.time())
         if now - self._last_flush > _FLUSH_S:
             self.flush()
 
+    def _open_journal(self) -> StepJournal | None:
+        """Under `stalwart run` only: the agent writes the batch if this process dies."""
+        if self._journal is None and self.sess.env.managed and self.sess.env.progress:
+            with contextlib.suppress(OSError):
+                self._journal = StepJournal(journal_path(self.sess.env.job, os.getpid()))
+        return self._journal
+
     def flush(self) -> None:
+        self.metrics.flush()
         self._last_flush = time.monotonic()
         batch, self._batch = self._batch, None
         if batch is None or self.sess.events is None:
             return
+        if self._journal is not None:
+            self._journal.write(WRITING, batch)
         self.sess.events.emit("steps", **batch)
+        if self._journal is not None:
+            self._journal.write(EMPTY, None)
         if self.sess.coord is not None:
             # fenced: a member of an old generation cannot record progress
             with contextlib.suppress(StalwartError):
@@ -97,6 +118,16 @@ class StepAccounting:
 
     def recovered(self, seconds: float) -> None:
         self._batch = None
+        if self._journal is not None:
+            self._journal.write(EMPTY, None)
+        self.metrics.recovered()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.flush()  # a loop left early: its last steps are still recorded
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     # ------------------------------------------------------------ snapshots
     def _cadence(self, step: int) -> int:
@@ -133,7 +164,7 @@ class StepAccounting:
         budget = self.sess.env.snapshot_budget * step
         return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
 
-    def _persist_due(self, step: int) -> bool:
+    def _persist_due(self, step: int, final: bool = False) -> bool:
         every = self.sess.env.persist_every
         # replicated (DDP) state has one copy to persist, rank 0's, and every rank its
         # per-rank part at the same steps (runtime/_perrank.py); own shards: each rank
@@ -144,6 +175,8 @@ class StepAccounting:
             and (part is None or every < 0)
         ):
             return False
+        if final:  # the trained state: on disk even when total is not a multiple of N
+            return True
         if every > 0:
             return step % every == 0
         return time.monotonic() - self._last_persist >= self.auto_interval()
@@ -158,13 +191,14 @@ class StepAccounting:
         mtbf = elapsed / failures if failures else max(3600.0, elapsed)
         return daly_interval(max(self._persist_s, 1e-3), max(mtbf, 1e-3))
 
-    def maybe_snapshot(self, step: int) -> None:
-        persist = self._persist_due(step)
+    def maybe_snapshot(self, step: int, *, final: bool = False) -> None:
+        """After step ``step`` (``final``: the loop's last step)."""
+        persist = self._persist_due(step, final)
         every = self._cadence(step)  # always: rank 0 publishes it at CALIBRATE
         if persist or step % every == 0:
             self.snapshot_now(step)
         if persist:
-            self._start_persist(step)
+            self._start_persist(step, wait=final)
 
     def snapshot_now(self, step: int) -> None:
         sess = self.sess
@@ -182,14 +216,16 @@ class StepAccounting:
         self._prev_snapshot = sess._ckpt.snapshot(sess._state, step, blocking=False)
 
     # ------------------------------------------------------------ persist
-    def _start_persist(self, step: int) -> None:
+    def _start_persist(self, step: int, *, wait: bool = False) -> None:
         sess = self.sess
         if sess._part is not None and sess.env.persist_every > 0:
             sess._part.persist(step)  # small, never skipped: queued before rank 0's copy
         if sess.rank != 0 and sess._replicated:
             return
         if self._persist is not None and not self._persist.done():
-            return  # one at a time; the next cadence point will catch up
+            if not wait:
+                return  # one at a time; the next cadence point will catch up
+            self._persist.exception()  # the final step's persist must not be skipped
         if sess.events is not None:
             sess.events.emit("persist_begin", step=step)
         self._last_persist = time.monotonic()

@@ -72,7 +72,7 @@ class Session:
         self.world_size = env.world_size
         self.generation = 0
         self.step = 0  # last completed step
-        self.metrics: dict[str, float] = {}
+        self.metrics: dict[str, Any] = {}  # the last values given to log()
         self.events: EventLog | None = None
         self.store: Any = None
         self.coord: Any = None
@@ -215,9 +215,15 @@ class Session:
         return self.group.error is None
 
     def log(self, **metrics: Any) -> None:
-        """Record scalar metrics of the current step (tensors are read with .item())."""
-        for key, value in metrics.items():
-            self.metrics[key] = float(value.item() if hasattr(value, "item") else value)
+        """Record scalar metrics of the current step: ``loss`` feeds the report's loss
+        curve and ``--reference``; rank 0 writes them as events, sampled (tensors are
+        read with .item() only when written; runtime/_metric_log.py)."""
+        # detached: a loss kept here must not keep its step's autograd graph alive
+        self.metrics.update(
+            {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
+        )
+        if self.rank == 0:
+            self.acct.metrics.log(metrics)
 
     # ------------------------------------------------------------ the loop
     def steps(self, total: int) -> Iterator[int]:
@@ -256,7 +262,7 @@ class Session:
             self.acct.step_done(step, t0)
             self.step = step
             self._t_progress = time.time()
-            self.acct.maybe_snapshot(step)
+            self.acct.maybe_snapshot(step, final=step >= total)
             self._publish()
             if self._elastic is not None:
                 self._elastic.after_step(step)
@@ -394,6 +400,7 @@ class Session:
 
     def close(self) -> None:
         self._stop.set()
+        self.acct.close()
         if self._genwatch is not None:
             self._genwatch.close()
         leak_abandoned()

@@ -1,0 +1,136 @@
+"""The agent's share of the run's step records: what rank 0 could not write itself.
+
+Two cases. A worker running the stalwart runtime writes its own ``steps`` batches; when
+its process ends without writing the open one (killed, hung, restarted), the agent writes
+it from the process's step journal (metrics/journal.py). A plain script (no
+``stalwart.init()``) writes nothing: the agent records rank 0's optimizer steps from the
+progress board (agent/observe.py publishes them), so the report of a plain script has
+its steps, ETTR and RTO too. Step numbers are then counted per process from 1 (the
+agent cannot know where a script that loads its own checkpoint resumed), so a restarted
+plain script's steps count as redone work. The node that runs rank 0 also says which
+route the job took (a ``route`` event): the stalwart runtime's, or torchrun's
+restart-everything route of a plain script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from stalwart.metrics.journal import OPEN, journal_path, read, written
+
+if TYPE_CHECKING:
+    from stalwart.agent.agent import Agent
+
+__all__ = ["StepRecords"]
+
+_FLUSH_S = 1.0
+
+
+class StepRecords:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.route: str | None = None
+        self.pid = 0  # the plain rank-0 process being recorded
+        self.prev: tuple[int, float] | None = None  # its last step seen, and when
+        self.first: tuple[int, float] | None = None  # the first seen, before a duration
+        self.batch: dict[str, Any] | None = None
+        self.t_last = 0.0
+        self.last_flush = time.monotonic()
+
+    # ------------------------------------------------------------ both routes
+    def on_exit(self, pid: int) -> None:
+        """A worker process ended: write what it left unwritten."""
+        if pid == self.pid:
+            self._read_board()
+            self.flush()
+            self.pid, self.prev, self.first = 0, None, None
+        self._from_journal(pid)
+
+    def close(self) -> None:
+        """At teardown: journals of processes not seen to exit (the stop timed out)."""
+        self.flush()
+        prefix = journal_path(self.agent.cfg.job, 0)[:-1]
+        for path in glob.glob(prefix + "*"):
+            tail = path[len(prefix) :]
+            if tail.isdigit():
+                self._from_journal(int(tail))
+
+    def _from_journal(self, pid: int) -> None:
+        path = journal_path(self.agent.cfg.job, pid)
+        rec = read(path)
+        if rec is not None and (rec.state == OPEN or not written(self.agent.events.path, pid, rec)):
+            self.agent.events.emit("steps", t=rec.t_end, rank=0, **rec.fields())
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+    # ------------------------------------------------------------ plain scripts
+    def _rank0(self) -> Any:
+        return next((w for w in self.agent.workers.values() if w.rank == 0), None)
+
+    def tick(self, now: float) -> None:
+        """Read rank 0's board slot (the node running rank 0, while it is plain)."""
+        if self.route == "stalwart":
+            return
+        self._read_board()
+        if self.batch is not None and time.monotonic() - self.last_flush > _FLUSH_S:
+            self.flush()
+
+    def _read_board(self) -> None:
+        board, w = self.agent._board, self._rank0()
+        if board is None or w is None or not w.pid or w.state != "running":
+            return
+        slot = board.read(w.slot)
+        if slot.pid != w.pid or not (slot.attached or slot.observed):
+            return
+        if self.route is None:
+            self._say_route("stalwart" if slot.attached else "plain")
+        if not slot.observed:
+            return
+        if w.pid != self.pid:
+            self.flush()
+            self.pid, self.prev, self.first = w.pid, None, None
+        self._advance(slot.step, slot.t_progress)
+
+    def _say_route(self, route: str) -> None:
+        self.route = route
+        cfg = self.agent.cfg
+        self.agent.events.emit(
+            "route", route=route, recovery=cfg.strategy if route == "stalwart" else "restart"
+        )
+
+    def _advance(self, step: int, t: float) -> None:
+        if step < 1:
+            return
+        if self.prev is None:
+            self.prev = self.first = (step, t)
+            return
+        ps, pt = self.prev
+        if step <= ps or t <= pt:
+            return
+        self.prev = (step, t)
+        self.t_last = t
+        if self.batch is None:
+            gen = self.agent.generation
+            if self.first is not None:
+                # steps 1..s0 ended by t0: their start from the pace of the next ones
+                s0, t0 = self.first
+                per = (t - pt) / (step - ps)
+                start = max(t0 - per * s0, self.agent._t0)
+                self.batch = {"first_step": 1, "t_first_start": start, "generation": gen}
+                self.first = None
+            else:
+                self.batch = {"first_step": ps + 1, "t_first_start": pt, "generation": gen}
+        b = self.batch
+        b["last_step"] = step
+        b["count"] = step - b["first_step"] + 1
+        b["busy_s"] = t - b["t_first_start"]
+
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        batch, self.batch = self.batch, None
+        if batch is not None:
+            self.agent.events.emit("steps", t=self.t_last, rank=0, **batch)

@@ -1,0 +1,86 @@
+"""What the zygote preloads of a script's imports (agent/_preload.py)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from stalwart.agent._preload import preload, script_imports
+
+SCRIPT = textwrap.dedent(
+    """
+    from __future__ import annotations
+    import os, json as j
+    import xml.dom
+    from collections import OrderedDict, deque
+    from . import sibling
+    from helpers import *
+    try:
+        import wandb
+    except ImportError:
+        wandb = None
+    if os.environ.get("X"):
+        import csv
+    else:
+        import zipfile
+    def main():
+        import tarfile  # not top level: not preloaded
+    """
+)
+
+
+def test_top_level_imports_are_read_without_running_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + "\nraise SystemExit('never run')\n")
+    got = dict(script_imports(str(script)))
+    assert got == {
+        "os": (),
+        "json": (),
+        "xml.dom": (),
+        "collections": ("OrderedDict", "deque"),
+        "helpers": (),
+        "wandb": (),
+        "csv": (),
+        "zipfile": (),
+    }
+    (tmp_path / "bad.py").write_text("def (:\n")
+    assert script_imports(str(tmp_path / "bad.py")) == []
+    assert script_imports(str(tmp_path / "absent.py")) == []
+
+
+def test_the_scripts_own_modules_are_never_imported(tmp_path: Path, monkeypatch: Any) -> None:
+    own = tmp_path / "proj"
+    own.mkdir()
+    (own / "ux_own_module.py").write_text("raise RuntimeError('ran the script code')\n")
+    monkeypatch.syspath_prepend(str(own))
+    res = preload([("ux_own_module", ())], local_roots=[str(own)])
+    assert res.skipped == ["ux_own_module"] and "ux_own_module" not in sys.modules
+    res = preload([("ux_missing_module_xyz", ())], local_roots=[str(own)])
+    assert res.skipped == ["ux_missing_module_xyz"] and not res.failed
+
+
+def test_installed_modules_load_failures_and_slow_ones_are_reported(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "ux_broken_pkg.py").write_text("raise RuntimeError('no GPU here')\n")
+    (site / "ux_slow_pkg.py").write_text("import time\ntime.sleep(30)\n")
+    (site / "ux_lazy_pkg.py").write_text(
+        "def __getattr__(name):\n    import ux_lazy_target\n    return ux_lazy_target\n"
+    )
+    (site / "ux_lazy_target.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    for name in ("ux_broken_pkg", "ux_slow_pkg", "ux_lazy_pkg", "ux_lazy_target"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    res = preload(
+        [("ux_broken_pkg", ()), ("ux_slow_pkg", ()), ("ux_lazy_pkg", ("thing",))],
+        local_roots=[str(tmp_path / "proj")],
+        per_import_s=0.3,
+    )
+    assert res.imported == ["ux_lazy_pkg"]
+    assert res.failed[0] == "ux_broken_pkg: RuntimeError: no GPU here"
+    assert res.failed[1].startswith("ux_slow_pkg: import took over")
+    assert "ux_lazy_target" in sys.modules  # from m import a: m.a read (lazy submodules)

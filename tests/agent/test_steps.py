@@ -1,0 +1,95 @@
+"""The agent's step records: a dead rank 0's open batch, and a plain script's steps."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from stalwart.agent._env import Worker
+from stalwart.agent._steps import StepRecords
+from stalwart.agent.progress import OBSERVED, ProgressBoard
+from stalwart.metrics import EventLog, read_events
+from stalwart.metrics.goodput import account
+from stalwart.metrics.journal import OPEN, StepJournal, journal_path
+
+
+def _agent(tmp_path: Path, strategy: str = "flash") -> Any:
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    board = ProgressBoard(str(tmp_path / "board"), 2, create=True)
+    w = Worker(0, 0, 0, pid=4242, state="running")
+    return SimpleNamespace(
+        cfg=SimpleNamespace(job=job, strategy=strategy),
+        events=EventLog(str(tmp_path / "events.jsonl"), node=0),
+        _board=board,
+        workers={0: w},
+        generation=0,
+        _t0=900.0,
+    )
+
+
+def _events(tmp_path: Path) -> list[tuple[str, dict[str, Any]]]:
+    res = read_events(str(tmp_path / "events.jsonl"))
+    assert not res.problems, res.problems
+    return [(e.kind, e.fields) for e in res.events]
+
+
+def _step(board: ProgressBoard, step: int, t: float) -> None:
+    board.write(
+        0,
+        pid=4242,
+        step=step,
+        phase="step",
+        generation=0,
+        t_progress=t,
+        t_alive=t,
+        p99_s=0.0,
+        mode=OBSERVED,
+    )
+
+
+def test_plain_script_steps_are_recorded_from_the_board(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    rec = StepRecords(agent)
+    _step(agent._board, 3, 1000.0)  # first seen at step 3: steps 1..3 took 3 s at 1 s/step
+    rec.tick(0.0)
+    for step in range(4, 11):
+        _step(agent._board, step, 1000.0 + step - 3)
+        rec.tick(0.0)
+    rec.on_exit(4242)  # the process ended: its open batch is written
+    events = _events(tmp_path)
+    assert [f["route"] for k, f in events if k == "route"] == ["plain"]
+    steps = [f for k, f in events if k == "steps"]
+    assert steps[0]["first_step"] == 1 and steps[-1]["last_step"] == 10
+    assert sum(f["count"] for f in steps) == 10
+    assert abs(steps[0]["t_first_start"] - 997.0) < 1e-6
+    g = account([e for e in read_events(str(tmp_path / "events.jsonl")).events], t_start=997.0)
+    assert g.productive_steps == 10
+
+
+def test_a_dead_rank0s_open_batch_is_written_once(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    rec = StepRecords(agent)
+    pid = 999_000 + os.getpid() % 1000
+    batch = {
+        "first_step": 11,
+        "last_step": 35,
+        "count": 25,
+        "busy_s": 2.5,
+        "t_first_start": 1000.0,
+        "generation": 1,
+    }
+    j = StepJournal(journal_path(agent.cfg.job, pid))
+    try:
+        j.write(OPEN, batch, t_end=1003.0)
+        rec.on_exit(pid)
+        rec.on_exit(pid)  # seen twice: still written once, and the file is gone
+        assert not os.path.exists(journal_path(agent.cfg.job, pid))
+    finally:
+        j.close()
+    steps = [(k, f) for k, f in _events(tmp_path) if k == "steps"]
+    assert [f for _, f in steps] == [batch]
+    e = next(e for e in read_events(str(tmp_path / "events.jsonl")).events if e.kind == "steps")
+    assert e.t == 1003.0 and e.rank == 0  # at the end of its last step, as rank 0's
