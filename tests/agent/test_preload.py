@@ -84,3 +84,12 @@ def test_installed_modules_load_failures_and_slow_ones_are_reported(
     assert res.failed[0] == "ux_broken_pkg: RuntimeError: no GPU here"
     assert res.failed[1].startswith("ux_slow_pkg: import took over")
     assert "ux_lazy_target" in sys.modules  # from m import a: m.a read (lazy submodules)
+
+
+def test_no_alarm_is_left_armed(tmp_path: Path) -> None:
+    """The per-import limit is a SIGALRM: one left armed would kill the zygote later."""
+    import signal
+
+    res = preload([("os", ()), ("json", ("dumps",))], local_roots=[str(tmp_path)])
+    assert res.imported == ["json"]  # os was there already: not imported again
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

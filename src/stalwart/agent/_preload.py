@@ -124,9 +124,9 @@ def preload(
             if spec is None or _local(spec.origin, roots) or top == "__main__":
                 res.skipped.append(mod)
                 continue
-            signal.setitimer(signal.ITIMER_REAL, per_import_s)
             if mod in sys.modules and not names:
                 continue  # already there (torch, the standard library's basics)
+            signal.setitimer(signal.ITIMER_REAL, per_import_s)
             try:
                 module = importlib.import_module(mod)
                 for name in names:  # lazy attributes (transformers' models)
