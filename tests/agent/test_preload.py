@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stalwart.agent._preload import preload, script_imports
+from stalwart.agent._zygote_client import ZygoteClient
 
 SCRIPT = textwrap.dedent(
     """
@@ -93,3 +97,30 @@ def test_no_alarm_is_left_armed(tmp_path: Path) -> None:
     res = preload([("os", ()), ("json", ("dumps",))], local_roots=[str(tmp_path)])
     assert res.imported == ["json"]  # os was there already: not imported again
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.timeout(150)
+def test_the_zygote_starts_again_without_imports_that_start_threads(tmp_path: Path) -> None:
+    """A forked worker of a process with another thread may deadlock: such imports are
+    dropped (the zygote re-executes itself) and said; workers still start and import it."""
+    site, proj = tmp_path / "site", tmp_path / "proj"
+    site.mkdir()
+    proj.mkdir()
+    (site / "ux_thread_pkg.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    script = proj / "train.py"
+    script.write_text("import ux_thread_pkg\nimport sys\nsys.exit(7)\n")
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    zygote = ZygoteClient([], env, script=str(script))
+    try:
+        ready = zygote.wait_for("ready", 120)
+        assert ready["preload"]["imported"] == []
+        assert "ux_thread_pkg" in ready["preload"]["note"]
+        assert "threads" in ready["preload"]["note"]
+        spec = {"env": env, "argv": [str(script)], "cwd": str(proj), "log": None}
+        zygote.send({"op": "spawn", "id": "w", "spec": spec})
+        assert zygote.wait_for("exit", 60)["rc"] == 7  # the worker imported it itself
+    finally:
+        zygote.close()
