@@ -234,5 +234,5 @@ def test_live_chaos_against_a_running_job(tmp_path: Path) -> None:
     logged = events_of(run_dir)
     kinds = [k for k, _ in logged]
     assert "fault_injected" in kinds and "fault_detected" in kinds, log[-3000:]
-    assert [f["status"] for k, f in logged if k == "run_end"] == ["interrupted"]
+    assert [f["status"] for k, f in logged if k == "run_end"] == ["terminated"]
     assert not [p for p in os.listdir("/dev/shm") if job in p], log[-3000:]
