@@ -26,7 +26,6 @@ def _agent(tmp_path: Path, strategy: str = "flash") -> Any:
         _board=board,
         workers={0: w},
         generation=0,
-        _t0=900.0,
     )
 
 

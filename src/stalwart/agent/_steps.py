@@ -39,6 +39,7 @@ class StepRecords:
         self.first: tuple[int, float] | None = None  # the first seen, before a duration
         self.batch: dict[str, Any] | None = None
         self.t_last = 0.0
+        self.t_spawn = 0.0
         self.last_flush = time.monotonic()
 
     # ------------------------------------------------------------ both routes
@@ -93,6 +94,7 @@ class StepRecords:
         if w.pid != self.pid:
             self.flush()
             self.pid, self.prev, self.first = w.pid, None, None
+            self.t_spawn = w.t_spawn  # no step of this process began before
         self._advance(slot.step, slot.t_progress)
 
     def _say_route(self, route: str) -> None:
@@ -119,7 +121,7 @@ class StepRecords:
                 # steps 1..s0 ended by t0: their start from the pace of the next ones
                 s0, t0 = self.first
                 per = (t - pt) / (step - ps)
-                start = max(t0 - per * s0, self.agent._t0)
+                start = max(t0 - per * s0, self.t_spawn)
                 self.batch = {"first_step": 1, "t_first_start": start, "generation": gen}
                 self.first = None
             else:
