@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
 from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs
-from stalwart.agent.detect import HangConfig, HangVerdict, find_hang
+from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 from stalwart.agent.progress import ProgressBoard, Slot
 
 __all__ = [
     "STRATEGIES",
+    "Activity",
     "Agent",
+    "CpuTracker",
     "HangConfig",
     "HangVerdict",
     "LaunchConfig",

@@ -17,7 +17,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from stalwart.chaos import Fault
-from stalwart.coordinator._elastic_keys import Keys
+from stalwart.coordinator._elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Compare, Delete
 
 if TYPE_CHECKING:
@@ -77,8 +77,10 @@ def job_failure(agent: Agent) -> str | None:
     return None if kv is None else kv.value.decode()
 
 
-def elastic_recover(agent: Agent, w: Any, cause: str) -> None:
-    """A worker died: the group goes on without it; start it again unless permanent."""
+def elastic_recover(agent: Agent, w: Any, cause: str, loop: str | None = None) -> None:
+    """A worker died: the group goes on without it; start it again unless permanent or
+    crash-looping (``loop``: the verdict, agent/verdict.py). Below MIN a member that left
+    for good ends the job: the failure would repeat with every joiner."""
     _drop(agent, w.rank, w.incarnation, f"{cause} of member {w.rank}")
     agent.events.emit(
         "recovery_begin", strategy="elastic", generation=agent.generation, cause=cause
@@ -86,9 +88,26 @@ def elastic_recover(agent: Agent, w: Any, cause: str) -> None:
     now = time.monotonic()
     times = [t for t in _FAILURES.setdefault(w.rank, []) if now - t < _WINDOW_S] + [now]
     _FAILURES[w.rank] = times
-    if agent.ledger.permanent(pid=w.pid) or len(times) >= _LIMIT:
+    if agent.ledger.permanent(pid=w.pid) or len(times) >= _LIMIT or loop is not None:
         w.state = "gone"
-        why = "permanent fault" if len(times) < _LIMIT else f"{_LIMIT} failures in 10 min"
+        if loop is not None:
+            why = "it crash-loops"
+        else:
+            why = "permanent fault" if len(times) < _LIMIT else f"{_LIMIT} failures in 10 min"
+        if why != "permanent fault":
+            agent.coord.block(f"rank{w.rank}", why)  # never readmitted
+            agent.events.emit("isolation", member=f"rank{w.rank}", reason=why, blocklisted=True)
+        alive = len(alive_members(agent.coord.store, _keys(agent)))
+        if why != "permanent fault" and alive < agent.cfg.min_world:
+            last = getattr(agent, "last_failure", None)
+            line = loop or (
+                f"member {w.rank} failed {len(times)} times in 10 min"
+                + (f" (last at {last.where}: {last.error})" if last is not None else "")
+                + f"; {alive} members left, below MIN {agent.cfg.min_world}: fix the cause "
+                "(see its log) and resume from the last checkpoint"
+            )
+            agent.coord.store.put(_keys(agent).failed, line.encode())
+            agent.end_with_verdict(line)
         agent.say(f"member {w.rank} left for good ({why}); the job goes on without it")
         if all(x.state == "gone" for x in agent.workers.values()) and agent.cfg.node_rank == 0:
             from stalwart.agent.agent import _RunFailed

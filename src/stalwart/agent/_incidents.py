@@ -10,12 +10,56 @@ import time
 from typing import TYPE_CHECKING
 
 from stalwart.agent._elastic import elastic_lost_node
-from stalwart.agent.detect import find_hang
+from stalwart.agent._proc import read_cpu
+from stalwart.agent.detect import Activity, CpuTracker, HangConfig, find_hang
+from stalwart.agent.progress import Slot
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
-__all__ = ["adopt_lost_nodes", "check_hang"]
+__all__ = ["HangWatch", "adopt_lost_nodes", "check_hang"]
+
+
+class HangWatch:
+    """The agent's view of its workers' processes between board reads: one CPU tracker
+    per worker process, and the step-time history of each rank (the job's, not the
+    process's: a replacement is judged, and seeded, with its rank's p99)."""
+
+    def __init__(self, config: HangConfig) -> None:
+        self.config = config
+        self.history: dict[int, float] = {}  # rank -> p99 step time seen for it
+        self._trackers: dict[int, tuple[int, CpuTracker]] = {}  # rank -> (pid, tracker)
+        self._activity: dict[int, Activity] = {}
+        self._t_sample = 0.0
+        self.killed: dict[int, str] = {}  # pid -> why the agent killed it for a hang
+
+    def sample(self, pids: dict[int, int], now: float) -> dict[int, Activity]:
+        """Read /proc for ``pids`` (rank -> pid) at most every 100 ms."""
+        if now - self._t_sample < _SAMPLE_S:
+            return {r: a for r, a in self._activity.items() if r in pids}
+        self._t_sample = now
+        activity: dict[int, Activity] = {}
+        for rank, pid in pids.items():
+            known = self._trackers.get(rank)
+            if known is None or known[0] != pid:
+                known = (pid, CpuTracker(self.config))
+                self._trackers[rank] = known
+            seen = read_cpu(pid)
+            if seen is not None:
+                activity[rank] = known[1].update(now, seen[1], seen[0])
+        for rank in set(self._trackers) - set(pids):
+            del self._trackers[rank]
+        self._activity = activity
+        return activity
+
+    def remember(self, slots: dict[int, Slot]) -> None:
+        for rank, s in slots.items():
+            if s.p99_s > 0:
+                self.history[rank] = max(s.p99_s, self.history.get(rank, 0.0) * _DECAY)
+
+
+_SAMPLE_S = 0.1
+_DECAY = 0.999  # a rank's remembered p99 follows its new one down, slowly
 
 
 def check_hang(agent: Agent, now: float) -> None:
@@ -29,7 +73,18 @@ def check_hang(agent: Agent, now: float) -> None:
     slots = {r: s for r, s in slots.items() if s.pid == agent.workers[r].pid}
     for r, s in slots.items():
         agent.workers[r].attached |= s.attached
-    verdict = find_hang(slots, now, agent.cfg.hang, since=agent._t_recovery)
+    watch = agent.hangs
+    watch.remember(slots)
+    activity = watch.sample({r: agent.workers[r].pid for r in slots}, now)
+    verdict = find_hang(
+        slots,
+        now,
+        agent.cfg.hang,
+        activity,
+        since=agent._t_recovery,
+        history=watch.history,
+        whole_job=agent.cfg.nnodes == 1,
+    )
     if verdict is None:
         return
     for rank in verdict.ranks:
@@ -46,6 +101,7 @@ def check_hang(agent: Agent, now: float) -> None:
         )
         agent.say(f"rank {rank} hung ({verdict.how}); detected in {latency:.2f} s, killing it")
         w.cause = "hang"
+        watch.killed[w.pid] = f"hung: {verdict.how}"
         with contextlib.suppress(ProcessLookupError):
             os.kill(w.pid, signal.SIGKILL)
     agent._t_recovery = now

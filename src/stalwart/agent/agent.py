@@ -24,7 +24,7 @@ from stalwart.agent._cluster import Cluster
 from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, pending_joins
 from stalwart.agent._env import Worker, WorkerSpec, error_message, spawn_spec
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
-from stalwart.agent._incidents import adopt_lost_nodes, check_hang
+from stalwart.agent._incidents import HangWatch, adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, preload_note, teardown
 from stalwart.agent._replica import start_replicas
 from stalwart.agent._rundir import claim_run_dir
@@ -34,6 +34,7 @@ from stalwart.agent._trash import Trash
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
+from stalwart.agent.verdict import CrashLoops, Failure, error_line, failed_at
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.errors import StalwartError
 from stalwart.metrics.events import EVENTS_FILE, EventLog
@@ -79,6 +80,8 @@ class Agent:
         self._live: Any = None
         self.standbys: Any = None
         self.step_records = StepRecords(self)  # what rank 0 could not write (_steps.py)
+        self.hangs = HangWatch(config.hang)  # CPU trackers, the job's step-time history
+        self.loops = CrashLoops(config.crash_loop_limit)
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
@@ -146,9 +149,18 @@ class Agent:
         return self.worker_spec(w, {})
 
     def worker_spec(self, w: Worker, extra: dict[str, str]) -> dict[str, Any]:
-        """What the zygote needs to start ``w`` (environment, argv, cwd, log file)."""
+        """What the zygote needs to start ``w`` (environment, argv, cwd, log file); a
+        replacement inherits its rank's step-time history and reports its error."""
         spec = WorkerSpec(w.rank, w.local, w.slot)
-        return spawn_spec(self, spec, {**elastic_env(self, w), **extra})
+        job = {
+            "STALWART_STEP_P99": f"{self.hangs.history.get(w.rank, 0.0):.6f}",
+            "STALWART_ERROR_LINE": self.error_path(w.rank),
+        }
+        return spawn_spec(self, spec, {**elastic_env(self, w), **job, **extra})
+
+    def error_path(self, rank: int) -> str:
+        """Where a worker of ``rank`` leaves the first line of its error (the zygote)."""
+        return os.path.join(self.run_dir, "errors", f"rank{rank}.txt")
 
     def _spawn(self, w: Worker) -> None:
         assert self._zygote is not None and self._board is not None
@@ -224,6 +236,7 @@ class Agent:
             return
         now = time.time()
         domain = {"rank": w.rank, "node": self.cfg.node_rank}
+        err = None
         if w.cause != "hang":
             fired = self.ledger.fired_at(pid=pid)
             latency = now - (fired if fired is not None else t_exit)
@@ -241,7 +254,32 @@ class Agent:
             rank=w.rank,
             reason=w.cause or f"exit rc {rc}",
         )
-        self._recover(w, cause=w.cause or "crash")
+        cause = w.cause or "crash"
+        self._recover(w, cause=cause, loop=self._crash_loop(w, rc, cause, err))
+
+    def _crash_loop(self, w: Worker, rc: int, cause: str, recorded: str | None) -> str | None:
+        """Record the failure of ``w``; the verdict line when it keeps failing at the
+        same point (agent/verdict.py). ``recorded``: what its ``@record`` wrote."""
+        assert self._board is not None
+        where = failed_at(self._board.read(w.slot), w.pid)
+        error = error_line(self.error_path(w.rank), rc, self.hangs.killed.pop(w.pid, ""))
+        error = recorded or error
+        failure = Failure(w.rank, where, error, cause)
+        self.last_failure = failure
+        return self.loops.record(failure)
+
+    def end_with_verdict(self, line: str) -> None:
+        """End the job (every node: the verdict is published) with one line."""
+        with contextlib.suppress(Exception):
+            self.cluster.publish("verdict", {"line": line})
+        _say(line)
+        raise _RunFailed(line)
+
+    def _published_verdict(self) -> None:
+        kv = self.cluster.store.get(f"/stalwart/{self.cfg.job}/launch/verdict")
+        if kv is not None:
+            line = str(json.loads(kv.value)["line"])
+            raise _RunFailed(line)
 
     # ---------------------------------------------------------------- recovery
     def _attached(self) -> bool:
@@ -259,23 +297,33 @@ class Agent:
             "generation", generation=self.generation, world_size=self.cfg.world_size, reason=reason
         )
 
-    def _recover(self, failed: Worker, cause: str) -> None:
+    def _recover(self, failed: Worker, cause: str, loop: str | None = None) -> None:
+        """``loop``: the crash-loop verdict, when ``failed`` keeps failing at one point."""
         cfg = self.cfg
         check_fenced(self, probe=True)  # our ranks may run elsewhere now
         self._t_recovery = time.time()
-        member = f"rank{failed.rank}"
-        if self.coord.record_failure(member, cause):
-            self.events.emit("isolation", member=member, reason=cause, blocklisted=True)
-            _say(f"rank {failed.rank} failed too often; blocklisted")
-            self.coord.unblock(member)  # a rank is a slot, not a machine: start it afresh
         # plain scripts (no stalwart runtime) cannot re-form in place: torchrun's route
         strategy = cfg.strategy if self._attached() else "restart"
         if strategy == "elastic":
             if (why := job_failure(self)) is not None:
                 _say(why)
                 raise _RunFailed(why)
-            elastic_recover(self, failed, cause)
+            elastic_recover(self, failed, cause, loop)
             return
+        if loop is not None:  # it would fail the same way again, whatever the strategy
+            self.end_with_verdict(loop)
+        member = f"rank{failed.rank}"
+        if strategy != "restart" and self.coord.record_failure(member, cause):
+            # never readmitted: in place, the same slot would fail again
+            self.events.emit("isolation", member=member, reason=cause, blocklisted=True)
+            entry = self.coord.blocklisted().get(member)
+            last = getattr(self, "last_failure", None)
+            at = f" at {last.where}: {last.error}" if last is not None else ""
+            self.end_with_verdict(
+                f"rank {failed.rank} blocklisted ({entry.reason if entry else cause}{at}); "
+                f"the job ends: fix what makes rank {failed.rank} fail (see its log) and "
+                "resume from the last checkpoint"
+            )
         node = f"node{cfg.node_rank}"
         if strategy != "restart" and cfg.node_rank != 0 and self.coord.record_failure(node, cause):
             # this machine keeps failing: take it out; node 0 adopts its ranks
@@ -385,6 +433,7 @@ class Agent:
                 if now - last_poll > 0.1 or self.cluster.peer_gone():
                     last_poll = now
                     check_fenced(self, probe=False)
+                    self._published_verdict()  # another node ended the job
                     adopt_lost_nodes(self)
                     self._follow_generation()
                     self.chaos.poll_requests()

@@ -58,7 +58,12 @@ class LaunchConfig:
     rdzv: str | None = None  # etcd://host:port/job-id: the coordinator lives in etcd
     job: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
     run_dir: str = ""
-    max_restarts: int = 0
+    max_restarts: int = 3
+    """Whole-job restarts (torchrun's route: ``--strategy restart``, plain scripts, a node
+    loss under restart). torchrun defaults to 0, which ends a job at its first fault."""
+    crash_loop_limit: int = 3
+    """A rank failing this many times in a row at the same step (or at start-up) ends the
+    job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
     strategy: str = "flash"
     spares: int = 0
     chaos: str | None = None
@@ -102,6 +107,11 @@ class LaunchConfig:
             raise ConfigError("--standby needs --nnodes >= 2 (it stands by for another node)")
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
+        if self.crash_loop_limit < 1:
+            raise ConfigError(
+                f"--crash-loop-limit {self.crash_loop_limit}: use >= 1 (failures in a row "
+                "at the same step before the job ends with a verdict)"
+            )
         if self.rdzv is not None:
             from stalwart.coordinator import parse_etcd_url
 

@@ -1,77 +1,187 @@
-"""Hang detection from the progress board (pure logic, tested in-process).
+"""Hang detection from the progress board and each worker's CPU time (pure logic).
 
-A job is hung when no worker finished a step for ``max(floor, k x p99)`` seconds,
-where p99 is the recent p99 step time the workers publish (so a job with 10 s steps is
-not declared hung after 1 s, and one with 10 ms steps does not wait a minute). The
-culprit is then the worker whose heartbeat went stale (stopped or frozen); if every
-heartbeat is fresh (a live deadlock), the workers that are not waiting in a collective.
-If every local worker waits in a collective, the culprit is on another node and its
-agent acts; these are killed only after the ceiling.
+A hang is *no progress*, not a long step. A worker is one of:
+
+- **stopped**: its process is in state ``T``/``t`` (SIGSTOP, a tracer). Nothing it could
+  be doing is useful: it is a hang once it stayed stopped for ``max(floor, k x p99)``.
+- **busy**: its CPU time (its own and its children's, e.g. data loader workers) advances
+  at ``busy_frac`` of a core or more, or it is running (state ``R``): it computes (an
+  eval, a save, a long step). Never blamed, and neither is anyone waiting for it.
+- **paused**: inside ``with sess.pause(...)`` (declared non-step work). Never blamed
+  unless stopped; its peers are not blamed for waiting.
+- **idle**: no CPU progress (sleeping, blocked in I/O, waiting in a collective). Idle
+  workers are blamed only when nobody is busy or paused and they stayed idle for
+  ``max(idle_s, k x p99)``: first the ones outside a collective; when every worker
+  waits and the agent sees the whole job (one node), all of them (a deadlock); when
+  the peers they wait for may be on another node, only after the ceiling.
+
+Why the heartbeat does not decide: a heartbeat thread that did not get the GIL for a
+second says nothing when the process's CPU time advances (a long C++ call holding the
+GIL), and a process at interpreter shutdown stops its daemon threads. ``p99`` is the
+larger of what the worker publishes and what the agent remembers for its rank (the
+step-time history of the job, not of the process: a replacement inherits it).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stalwart.agent.progress import Slot
 from stalwart.errors import ConfigError
 
-__all__ = ["HangConfig", "HangVerdict", "find_hang"]
+__all__ = ["Activity", "CpuTracker", "HangConfig", "HangVerdict", "find_hang"]
 
 
 @dataclass(frozen=True)
 class HangConfig:
     floor_s: float = 1.0
+    """Shortest stall that counts for a stopped worker: a debugger or py-spy attaching
+    stops a process for milliseconds, and the goal is to find a SIGSTOP within
+    max(3 x p99 step, 2 s)."""
     k: float = 3.0
-    ceiling_s: float = 300.0  # also the limit for a recovery or a first step
-    alive_s: float = 0.5  # a heartbeat older than this is stale
+    """Safety factor on the job's p99 step time (NVRx learns its timeouts the same way,
+    with a factor of 5 over the longest interval seen)."""
+    ceiling_s: float = 300.0
+    """Longest wait for a recovery or a first step, and for local workers that all wait
+    in a collective for a peer on another node (whose own agent judges it)."""
+    idle_s: float = 300.0
+    """How long a worker must show no CPU progress, with no worker busy or paused,
+    before it is declared stuck (a deadlock, a hung file system). torchrun leaves this
+    to the collective timeout (30 min); torchft's is 60 s; a slow checkpoint write to a
+    network file system must fit well within it."""
+    busy_frac: float = 0.1
+    """CPU share (of one core, over ``window_s``) above which a process is computing.
+    A process waiting in a collective uses ~0.1% (its heartbeat thread)."""
+    window_s: float = 1.0
+    """Window over which the CPU share is measured (CPU time is counted in 10 ms
+    ticks: 1 s resolves 1%)."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.floor_s <= self.ceiling_s or self.k <= 0 or self.alive_s <= 0:
+        if not 0 < self.floor_s <= self.ceiling_s or self.k <= 0:
             raise ConfigError(
-                "hang detection needs 0 < floor <= ceiling, k > 0 and alive > 0; "
-                f"got floor={self.floor_s} ceiling={self.ceiling_s} k={self.k}"
+                "hang detection needs 0 < floor <= ceiling and k > 0; "
+                f"got floor={self.floor_s} ceiling={self.ceiling_s} k={self.k}: "
+                "fix --hang-floor / --hang-k"
             )
+        if self.idle_s < self.floor_s:
+            raise ConfigError(
+                f"--hang-idle {self.idle_s} is below --hang-floor {self.floor_s}; "
+                "raise --hang-idle (seconds without CPU progress before a worker is stuck)"
+            )
+        if not 0 < self.busy_frac < 1 or self.window_s <= 0:
+            raise ConfigError("hang detection needs 0 < busy_frac < 1 and window_s > 0")
 
     def threshold(self, p99_s: float) -> float:
         return min(self.ceiling_s, max(self.floor_s, self.k * p99_s))
 
 
 @dataclass(frozen=True)
+class Activity:
+    """What the agent saw of a worker's process (:class:`CpuTracker`)."""
+
+    state: str  # /proc state letter of the main thread: R S D T t Z ...
+    t_busy: float  # last time it was computing (its first sample before any)
+    t_stopped: float = 0.0  # since when it is stopped (0: it is not)
+
+
+class CpuTracker:
+    """Turns one process's CPU-time samples into :class:`Activity` (pure: the agent
+    reads /proc and feeds it)."""
+
+    def __init__(self, config: HangConfig) -> None:
+        self.config = config
+        self._samples: deque[tuple[float, float]] = deque()
+        self._t_busy = 0.0
+        self._t_stopped = 0.0
+        self._cpu = 0.0  # CPU seconds, only ever increased
+        self._last_raw: float | None = None
+
+    def update(self, t: float, cpu_s: float, state: str) -> Activity:
+        """``cpu_s``: the process's user+system time (with its live children's) at ``t``."""
+        if self._last_raw is not None:
+            self._cpu += max(0.0, cpu_s - self._last_raw)  # a child that exited drops out
+        self._last_raw = cpu_s
+        if not self._t_busy:
+            self._t_busy = t  # the benefit of the doubt until a window was seen
+        self._samples.append((t, self._cpu))
+        window = self.config.window_s
+        while len(self._samples) > 2 and self._samples[1][0] <= t - window:
+            self._samples.popleft()
+        t0, c0 = self._samples[0]
+        rate = (self._cpu - c0) / (t - t0) if t - t0 >= window / 2 else None
+        stopped = state in ("T", "t")
+        if not stopped and (state == "R" or (rate is not None and rate >= self.config.busy_frac)):
+            self._t_busy = t
+        if stopped:
+            self._t_stopped = self._t_stopped or t
+        else:
+            self._t_stopped = 0.0
+        return Activity(state, self._t_busy, self._t_stopped)
+
+
+@dataclass(frozen=True)
 class HangVerdict:
     ranks: list[int]  # culprits to kill
-    stalled_s: float  # how long the job made no progress
+    stalled_s: float  # how long the culprits made no progress
     threshold_s: float
     how: str
 
 
+_LIVE = ("starting", "step", "collective", "recovering", "paused")
+_ACTIVE = ("step", "collective", "paused")
+
+
 def find_hang(
-    slots: Mapping[int, Slot], now: float, config: HangConfig, since: float = 0.0
+    slots: Mapping[int, Slot],
+    now: float,
+    config: HangConfig,
+    activity: Mapping[int, Activity],
+    *,
+    since: float = 0.0,
+    history: Mapping[int, float] | None = None,
+    whole_job: bool = False,
 ) -> HangVerdict | None:
     """``slots``: rank -> its board slot (live workers only; a plain script's slot is
-    watched once :mod:`stalwart.agent.observe` writes it); ``since``: when
-    the last recovery began (nobody is blamed for the time before it)."""
-    active = {
-        r: s
-        for r, s in slots.items()
-        if (s.attached or s.observed) and s.phase in ("step", "collective")
+    watched once :mod:`stalwart.agent.observe` wrote it); ``activity``: rank -> what its
+    process does (a rank without one is never blamed); ``since``: when the last recovery
+    began (nobody is blamed for the time before it); ``history``: rank -> the p99 step
+    time the job saw for it; ``whole_job``: every member of the job is in ``slots``."""
+    watched = {r: s for r, s in slots.items() if (s.attached or s.observed) and r in activity}
+    if not watched:
+        return None
+    hist = history or {}
+    p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in watched.items())
+    threshold = config.threshold(p99)
+    stopped = {
+        r: now - max(since, activity[r].t_stopped)
+        for r, s in watched.items()
+        if s.phase in _LIVE and activity[r].t_stopped > 0
     }
-    if not active:
+    late = sorted(r for r, d in stopped.items() if d > threshold)
+    if late:
+        how = "stopped (process state T: SIGSTOP or a tracer)"
+        return HangVerdict(late, min(stopped[r] for r in late), threshold, how)
+    active = {r: s for r, s in watched.items() if s.phase in _ACTIVE and r not in stopped}
+    if not active or len(active) < len([r for r in watched if watched[r].phase in _ACTIVE]):
+        return None  # nobody to judge, or a stopped one is still within its threshold
+    for r, s in active.items():
+        if s.phase == "paused" or now - activity[r].t_busy < config.window_s:
+            return None  # someone computes: the others wait for it
+    limit = min(max(config.idle_s, config.k * p99), max(config.idle_s, config.ceiling_s))
+    idle = {r: now - max(since, activity[r].t_busy, s.t_progress) for r, s in active.items()}
+    stuck = sorted(r for r, d in idle.items() if d > limit)
+    outside = [r for r in stuck if active[r].attached and active[r].phase == "step"]
+    if outside:
+        how = "no CPU progress outside a collective, no peer computing"
+        return HangVerdict(outside, min(idle[r] for r in outside), limit, how)
+    if len(stuck) < len(active):
         return None
-    p99 = max(s.p99_s for s in active.values())
-    threshold = config.threshold(p99) if p99 > 0 else config.ceiling_s
-    newest = max(since, *(s.t_progress for s in active.values()))
-    stalled = now - newest
-    stale = sorted(r for r, s in active.items() if now - s.t_alive > config.alive_s)
-    # a stopped worker is a hang as soon as the job stalled past the threshold
-    if stale and now - max(since, min(active[r].t_progress for r in stale)) > threshold:
-        return HangVerdict(stale, stalled, threshold, "heartbeat stale, no step progress")
-    if stalled <= threshold:
-        return None
-    computing = sorted(r for r, s in active.items() if s.phase == "step")
-    if computing:
-        return HangVerdict(computing, stalled, threshold, "no progress, not in a collective")
-    if stalled > config.ceiling_s:
-        return HangVerdict(sorted(active), stalled, threshold, "no progress until the ceiling")
-    return None  # every local worker waits for a peer: the culprit is on another node
+    if whole_job:
+        how = "no CPU progress on any rank of the job (a deadlock)"
+        return HangVerdict(stuck, min(idle.values()), limit, how)
+    if min(idle.values()) > max(limit, config.ceiling_s):
+        how = "every local rank waited for a remote peer until the ceiling"
+        return HangVerdict(stuck, min(idle.values()), max(limit, config.ceiling_s), how)
+    return None  # the culprit is on another node: its agent acts

@@ -4,9 +4,10 @@ Why shared memory and not the store: a worker writes its slot at every step, and
 agent reads all slots every few milliseconds, at the cost of a memory access each; no
 socket or lock is involved, so the board works while the store or the network is the
 thing that is broken. A heartbeat thread in the worker refreshes ``t_alive``: a process
-blocked in a collective keeps it fresh (the collective releases the GIL), a stopped
-(SIGSTOP) or frozen one does not, which is how the agent tells the hung rank from the
-ranks waiting for it.
+blocked in a collective keeps it fresh (the collective releases the GIL); the agent
+tells a hung rank from a busy one by the process's state and CPU time, not by the
+heartbeat (agent/detect.py). Phase ``paused`` is ``with sess.pause(...)``: declared
+non-step work (an eval, a save) that is never judged by step time.
 
 The file is read without torch (the agent never imports it).
 """
@@ -24,7 +25,7 @@ __all__ = ["ATTACHED", "OBSERVED", "PHASES", "ProgressBoard", "Slot"]
 _FMT = "<qqqqdddq"  # pid step phase generation t_progress t_alive p99_s mode
 _SIZE = 64
 assert struct.calcsize(_FMT) <= _SIZE
-PHASES = ("starting", "step", "collective", "recovering", "done", "standby")
+PHASES = ("starting", "step", "collective", "recovering", "done", "standby", "paused")
 ATTACHED = 1
 """Mode of a slot written by the stalwart runtime (the worker can recover in place)."""
 OBSERVED = 2

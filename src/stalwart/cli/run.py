@@ -72,8 +72,18 @@ def register(sub: Any) -> None:
         "--max-restarts",
         "--max_restarts",
         type=int,
-        default=0,
-        help="whole-group restarts allowed (torchrun semantics; default 0)",
+        default=3,
+        help="the job's restart budget: whole-job restarts (torchrun's route, taken by "
+        "--strategy restart, plain scripts and a node loss under restart; default 3, "
+        "torchrun's is 0). In-place recoveries (flash, spare, elastic) do not spend it; "
+        "they end when a rank is blocklisted (3 failures in 10 min) or crash-loops",
+    )
+    p.add_argument(
+        "--crash-loop-limit",
+        type=int,
+        default=3,
+        help="a rank failing this many times in a row at the same step (or at start-up) "
+        "ends the job with a one-line verdict instead of being restarted again (default 3)",
     )
     p.add_argument(
         "--run-dir",
@@ -111,8 +121,22 @@ def register(sub: Any) -> None:
         "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
     )
     p.add_argument("--token-file", default=None, help="job token file (nodes > 0)")
-    p.add_argument("--hang-floor", type=float, default=1.0, help="seconds (default 1)")
+    p.add_argument(
+        "--hang-floor",
+        type=float,
+        default=1.0,
+        help="seconds a stopped worker (SIGSTOP, state T) may stay stopped before it is "
+        "killed as hung, at least (default 1; the limit is max(floor, k x p99 step))",
+    )
     p.add_argument("--hang-k", type=float, default=3.0, help="x p99 step time (default 3)")
+    p.add_argument(
+        "--hang-idle",
+        type=float,
+        default=300.0,
+        help="seconds without CPU progress on any worker (none computing, none in "
+        "sess.pause) before an idle worker is killed as stuck (default 300). A busy "
+        "worker, and a worker waiting for it, is never killed",
+    )
     p.add_argument(
         "--node-lease",
         type=float,
@@ -223,7 +247,8 @@ def _run(args: argparse.Namespace) -> int:
         chaos=args.chaos,
         redirect=args.redirect,
         token_file=args.token_file,
-        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k),
+        crash_loop_limit=args.crash_loop_limit,
+        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
         runtime=RuntimeKnobs(
             persist_every=persist,
             snapshot_budget=args.snapshot_budget,

@@ -35,6 +35,9 @@ class StepAccounting:
     def __init__(self, sess: Session) -> None:
         self.sess = sess
         self.durations: deque[float] = deque(maxlen=100)
+        inherited = float(getattr(sess.env, "step_p99_s", 0.0) or 0.0)
+        if inherited > 0:  # a replacement: the job's step-time history, not a blank one
+            self.durations.append(inherited)
         self.stalls: list[float] = []
         fixed = int(getattr(sess.env, "snapshot_every", 0) or 0)
         self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set

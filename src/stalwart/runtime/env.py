@@ -40,6 +40,7 @@ class WorkerEnv:
     min_world: int = 1  # elastic: fewest members the job trains with
     elastic_wait_s: float = 600.0  # elastic: how long to wait below min_world
     incarnation: str = ""  # elastic: this process's life of its member slot (set by the agent)
+    step_p99_s: float = 0.0  # the rank's p99 step time so far in the job (a replacement's)
     standby: str = (
         ""  # a parked standby: the file whose appearance activates it (agent/_standby.py)
     )
@@ -91,4 +92,5 @@ class WorkerEnv:
             standby=e.get("STALWART_STANDBY", ""),
             keep_last=max(1, int(e.get("STALWART_KEEP_LAST", "3"))),
             keep_every=max(0, int(e.get("STALWART_KEEP_EVERY", "0"))),
+            step_p99_s=max(0.0, float(e.get("STALWART_STEP_P99", "0") or 0)),
         )

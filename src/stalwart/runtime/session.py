@@ -128,6 +128,8 @@ class Session:
         self._preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
         self._phase = "starting"
         self._t_progress = time.time()
+        self._paused: list[str] = []  # open sess.pause(...) blocks, innermost last
+        self._paused_s = 0.0  # time paused within the current step (not step time)
         self._elastic: Any = None
         if env.managed and env.strategy == "elastic":
             from stalwart.runtime._elastic import Elastic
@@ -159,7 +161,31 @@ class Session:
     def _on_collective(self, entering: bool) -> None:
         # a failed collective means recovery is next: never look like a stuck computation
         failed = not entering and self.group.error is not None
-        self._publish("collective" if entering else "recovering" if failed else "step")
+        after = "paused" if self._paused else "step"
+        self._publish("collective" if entering else "recovering" if failed else after)
+
+    @contextlib.contextmanager
+    def pause(self, what: str = "non-step work") -> Iterator[None]:
+        """Declare work that is not a training step (an eval, a save, ``generate()``)::
+
+            if step % eval_every == 0 and sess.rank == 0:
+                with sess.pause("eval"):
+                    val_loss = evaluate(model)
+
+        While inside, the agent never judges this rank by its step time, nor its peers
+        for waiting for it (only a stopped process is a hang); the time does not count
+        as step time. The peers wait in their next collective as usual."""
+        t0 = time.perf_counter()
+        self._paused.append(what)
+        self._publish("paused")
+        try:
+            yield
+        finally:
+            self._paused.pop()
+            if not self._paused:
+                self._paused_s += time.perf_counter() - t0
+                self._t_progress = time.time()  # the pause ended: progress, not a stall
+                self._publish("step")
 
     @property
     def mesh(self) -> Any:
@@ -251,6 +277,7 @@ class Session:
             step = self.step + 1
             self._fire_chaos(step)
             t0 = time.perf_counter()
+            self._paused_s = 0.0
             self._publish("step")
             if self._elastic is not None:
                 self._elastic.before_step()
@@ -259,7 +286,7 @@ class Session:
             if err is not None:
                 self._recover(f"collective failed in step {step}: {err}".splitlines()[0])
                 continue
-            self.acct.step_done(step, t0)
+            self.acct.step_done(step, t0 + self._paused_s)  # a pause is not step time
             self.step = step
             self._t_progress = time.time()
             self.acct.maybe_snapshot(step, final=step >= total)

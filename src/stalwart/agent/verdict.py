@@ -1,0 +1,88 @@
+"""Verdicts instead of loops: when a failure will only repeat, the job ends with one line.
+
+A rank that fails at the same point of training ``limit`` times in a row (its step, or
+its start-up) has a deterministic problem (a bug, a bad batch, a missing file): starting
+it again, in place or with the whole job, replays the same failure forever. The agent
+records every worker failure here (pure bookkeeping, tested in-process) and ends the job
+with the verdict: which rank, where, the first line of the last error, what to do.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from stalwart.agent.progress import Slot
+
+__all__ = ["CrashLoops", "Failure", "error_line", "failed_at"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    where: str  # "step 151", "start-up", "recovery to step 150"
+    error: str  # first line of the last error ("ValueError: bad batch", "killed by signal 9")
+    cause: str  # crash | hang
+
+
+def failed_at(slot: Slot, pid: int) -> str:
+    """Where a worker was when it died, from its last board write (``pid``: its process;
+    a slot it never wrote means it died before its first step)."""
+    if slot.pid != pid:
+        return "start-up"
+    if slot.phase in ("step", "collective", "paused"):
+        return f"step {slot.step + 1}"
+    if slot.phase == "recovering":
+        return f"recovery to step {slot.step}"
+    if slot.phase == "starting":
+        return "start-up"
+    return f"after step {slot.step}"
+
+
+def error_line(path: str, rc: int, cause: str) -> str:
+    """The first line of the worker's error (the zygote writes the exception's last
+    traceback line to ``path``); else what its exit says."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read(4096).strip()
+    except OSError:
+        text = ""
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    if text:
+        return text.splitlines()[0][:300]
+    if cause.startswith("hung"):
+        return cause
+    return f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+
+
+class CrashLoops:
+    """Counts, per rank, failures in a row at the same point (a failure elsewhere starts
+    the count again)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._last: dict[int, tuple[str, int]] = {}  # rank -> (where, count)
+
+    def record(self, failure: Failure) -> str | None:
+        """Count ``failure``; the verdict line once it repeated ``limit`` times."""
+        where, count = self._last.get(failure.rank, ("", 0))
+        count = count + 1 if where == failure.where else 1
+        self._last[failure.rank] = (failure.where, count)
+        if count < self.limit:
+            return None
+        return verdict(failure, count)
+
+    def count(self, rank: int) -> int:
+        return self._last.get(rank, ("", 0))[1]
+
+
+def verdict(failure: Failure, count: int) -> str:
+    what = "hung" if failure.cause == "hang" else "failed"
+    return (
+        f"rank {failure.rank} {what} {count} times in a row at {failure.where} "
+        f"(last error: {failure.error}); it will fail the same way again: fix the cause "
+        "(see the rank's log) and resume from the last checkpoint, or raise "
+        "--crash-loop-limit if the failure is transient"
+    )

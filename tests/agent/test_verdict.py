@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from stalwart.agent import Slot
+from stalwart.agent.verdict import CrashLoops, Failure, error_line, failed_at
+
+
+def fail(rank: int, where: str, error: str = "ValueError: bad batch") -> Failure:
+    return Failure(rank, where, error, "crash")
+
+
+def test_the_same_rank_at_the_same_step_k_times_is_a_verdict() -> None:
+    loops = CrashLoops(3)
+    assert loops.record(fail(1, "step 10")) is None
+    assert loops.record(fail(1, "step 10")) is None
+    line = loops.record(fail(1, "step 10", "ValueError: nan at step 10"))
+    assert line is not None
+    assert "rank 1" in line and "3 times" in line and "step 10" in line
+    assert "ValueError: nan at step 10" in line and "--crash-loop-limit" in line
+    assert "\n" not in line
+
+
+def test_a_failure_elsewhere_starts_the_count_again() -> None:
+    loops = CrashLoops(3)
+    for where in ("step 10", "step 10", "step 11", "step 10", "step 10"):
+        assert loops.record(fail(1, where)) is None
+    assert loops.count(1) == 2
+
+
+def test_ranks_are_counted_apart() -> None:
+    loops = CrashLoops(2)
+    assert loops.record(fail(0, "step 5")) is None
+    assert loops.record(fail(1, "step 5")) is None
+    assert loops.record(fail(0, "step 5")) is not None
+
+
+def test_a_limit_of_one_ends_at_the_first_failure_and_hangs_say_so() -> None:
+    line = CrashLoops(1).record(Failure(2, "step 7", "hung: stopped", "hang"))
+    assert line is not None and line.startswith("rank 2 hung 1 times")
+
+
+def test_where_a_worker_failed_comes_from_its_last_board_write() -> None:
+    def s(phase: str, step: int, pid: int = 42) -> Slot:
+        return Slot(pid, step, phase, 0, 0.0, 0.0, 0.0, True)
+
+    assert failed_at(s("step", 9), 42) == "step 10"
+    assert failed_at(s("collective", 9), 42) == "step 10"
+    assert failed_at(s("paused", 9), 42) == "step 10"
+    assert failed_at(s("recovering", 9), 42) == "recovery to step 9"
+    assert failed_at(s("step", 9, pid=7), 42) == "start-up"  # an earlier process's slot
+    assert failed_at(s("done", 20), 42) == "after step 20"
+
+
+def test_the_error_line_is_read_once_else_the_exit_speaks(tmp_path: Path) -> None:
+    path = tmp_path / "rank1.txt"
+    path.write_text("RuntimeError: CUDA error: an illegal memory access\nmore\n")
+    assert error_line(str(path), 1, "") == "RuntimeError: CUDA error: an illegal memory access"
+    assert not path.exists()  # the next failure does not repeat it
+    assert error_line(str(path), -9, "") == "killed by signal 9"
+    assert error_line(str(path), 3, "") == "exit code 3"
+    assert error_line(str(path), -9, "hung: stopped") == "hung: stopped"
