@@ -83,6 +83,7 @@ def verdict(failure: Failure, count: int) -> str:
     return (
         f"rank {failure.rank} {what} {count} times in a row at {failure.where} "
         f"(last error: {failure.error}); it will fail the same way again: fix the cause "
-        "(see the rank's log) and resume from the last checkpoint, or raise "
+        f"(rank {failure.rank}'s output has the traceback) and resume from the last "
+        "checkpoint, or raise "
         "--crash-loop-limit if the failure is transient"
     )
