@@ -45,6 +45,18 @@ def batch(step: int, rank: int, size: int, seq: int, vocab: int) -> tuple[torch.
     return seqs[:, :-1], seqs[:, 1:]
 
 
+@torch.no_grad()
+def evaluate(model: nn.Module, args: argparse.Namespace) -> float:
+    """Mean loss on held-out batches (their own seeds: the training RNG is untouched)."""
+    model.eval()
+    losses = []
+    for i in range(args.eval_iters):
+        x, y = batch(10**7 + i, 0, args.batch, args.seq, args.vocab)
+        losses.append(F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1)).item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -54,6 +66,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--out", default=None, help="rank 0 saves the final parameters here")
+    p.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every N steps")
+    p.add_argument("--eval-iters", type=int, default=50, help="batches per evaluation")
     args = p.parse_args()
 
     sess = stalwart.init()  # stalwart
@@ -69,6 +83,10 @@ def main() -> None:
         loss.backward()
         opt.step()
         sess.log(loss=loss)  # stalwart
+        if args.eval_every and step % args.eval_every == 0 and sess.rank == 0:
+            with sess.pause("eval"):  # stalwart: not a step (the others wait meanwhile)
+                val = evaluate(model.module, args)
+            print(f"step {step} val loss {val:.3f}", flush=True)
         if sess.rank == 0 and step % 100 == 0:
             print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.1f}s)", flush=True)
     if sess.rank == 0:

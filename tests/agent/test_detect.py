@@ -207,9 +207,18 @@ def test_idle_counts_from_the_last_step_or_recovery() -> None:
     assert find_hang(slots, NOW, CFG, act, since=NOW - 10) is None
 
 
-def test_an_unwatched_or_unsampled_rank_is_never_blamed() -> None:
+def test_a_stopped_process_before_its_first_step_is_a_hang() -> None:
+    # a plain script SIGSTOPped in init_process_group: no step written, still certain
+    starting = Slot(7, 0, "starting", 0, NOW - 30, 0.0, 0.0, False, False)
+    verdict = find_hang({1: starting}, NOW, CFG, {1: stopped(NOW - 2)})
+    assert verdict is not None and verdict.ranks == [1]
+
+
+def test_an_unwatched_or_unsampled_rank_is_never_blamed_for_idling() -> None:
     unknown = Slot(1, 10, "step", 0, NOW - 500, NOW - 500, 0.1, False, False)
-    assert find_hang({1: unknown}, NOW, CFG, {1: stopped(NOW - 100)}) is None
+    assert find_hang({1: unknown}, NOW, CFG, {1: idle(NOW - 500)}, whole_job=True) is None
+    starting = Slot(1, 0, "starting", 0, NOW - 500, 0.0, 0.0, False, False)
+    assert find_hang({1: starting}, NOW, CFG, {1: idle(NOW - 500)}, whole_job=True) is None
     assert find_hang({1: slot("step", NOW - 500)}, NOW, CFG, {}) is None
     assert find_hang({0: slot("done", NOW - 500)}, NOW, CFG, {0: stopped(NOW - 100)}) is None
 

@@ -33,8 +33,11 @@ class HangWatch:
         self._t_sample = 0.0
         self.killed: dict[int, str] = {}  # pid -> why the agent killed it for a hang
 
-    def sample(self, pids: dict[int, int], now: float) -> dict[int, Activity]:
-        """Read /proc for ``pids`` (rank -> pid) at most every 100 ms."""
+    def sample(
+        self, pids: dict[int, int], now: float, slowed: frozenset[int] = frozenset()
+    ) -> dict[int, Activity]:
+        """Read /proc for ``pids`` (rank -> pid) at most every 100 ms; ``slowed``: pids
+        the agent's own chaos duty-cycles with SIGSTOP/SIGCONT (``slow``), not hung."""
         if now - self._t_sample < _SAMPLE_S:
             return {r: a for r, a in self._activity.items() if r in pids}
         self._t_sample = now
@@ -46,7 +49,8 @@ class HangWatch:
                 self._trackers[rank] = known
             seen = read_cpu(pid)
             if seen is not None:
-                activity[rank] = known[1].update(now, seen[1], seen[0])
+                state = "S" if seen[0] in ("T", "t") and pid in slowed else seen[0]
+                activity[rank] = known[1].update(now, seen[1], state)
         for rank in set(self._trackers) - set(pids):
             del self._trackers[rank]
         self._activity = activity
@@ -65,17 +69,19 @@ _DECAY = 0.999  # a rank's remembered p99 follows its new one down, slowly
 def check_hang(agent: Agent, now: float) -> None:
     """Read the progress board; kill the culprits of a hang (recovered as crashes)."""
     assert agent._board is not None
-    slots = {
-        w.rank: agent._board.read(w.slot)
-        for w in agent.workers.values()
-        if w.state == "running" and w.pid and not w.cause
-    }
-    slots = {r: s for r, s in slots.items() if s.pid == agent.workers[r].pid}
-    for r, s in slots.items():
-        agent.workers[r].attached |= s.attached
+    slots: dict[int, Slot] = {}
+    for w in agent.workers.values():
+        if w.state != "running" or not w.pid or w.cause:
+            continue
+        s = agent._board.read(w.slot)
+        if s.pid != w.pid:  # not written yet (start-up): only a stopped process is judged
+            s = Slot(w.pid, 0, "starting", 0, w.t_spawn, 0.0, 0.0, False)
+        slots[w.rank] = s
+        w.attached |= s.attached
     watch = agent.hangs
     watch.remember(slots)
-    activity = watch.sample({r: agent.workers[r].pid for r in slots}, now)
+    slowed = frozenset(pid for _, pid, _ in agent.chaos.slowing)
+    activity = watch.sample({r: agent.workers[r].pid for r in slots}, now, slowed)
     verdict = find_hang(
         slots,
         now,

@@ -24,6 +24,9 @@ class RuntimeKnobs:
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
     snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
     collective_timeout_s: float = 60.0
+    """How long a worker's collective waits for its peers (the gloo group's timeout, also
+    its formation's). Hangs are the agent's to find; this only bounds a wait nobody
+    ends, e.g. a peer that is inside a ``sess.pause`` for longer."""
     keep_last: int = 3
     """Committed checkpoints each checkpoint directory keeps (retention after each commit):
     a long run's disk use stays bounded; at least 1, and the newest is always kept."""
@@ -35,6 +38,8 @@ class RuntimeKnobs:
             raise ConfigError(f"--keep-last {self.keep_last}: keep at least 1 checkpoint")
         if self.keep_every < 0:
             raise ConfigError(f"--keep-every {self.keep_every}: use 0 (off) or a step count")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError("--collective-timeout must be > 0 seconds")
 
     def env(self) -> dict[str, str]:
         return {

@@ -148,21 +148,25 @@ def find_hang(
     process does (a rank without one is never blamed); ``since``: when the last recovery
     began (nobody is blamed for the time before it); ``history``: rank -> the p99 step
     time the job saw for it; ``whole_job``: every member of the job is in ``slots``."""
-    watched = {r: s for r, s in slots.items() if (s.attached or s.observed) and r in activity}
-    if not watched:
+    sampled = {r: s for r, s in slots.items() if r in activity}
+    if not sampled:
         return None
     hist = history or {}
-    p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in watched.items())
+    p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in sampled.items())
     threshold = config.threshold(p99)
+    # a stopped process is a hang whatever it runs, even before its first step
     stopped = {
         r: now - max(since, activity[r].t_stopped)
-        for r, s in watched.items()
+        for r, s in sampled.items()
         if s.phase in _LIVE and activity[r].t_stopped > 0
     }
     late = sorted(r for r, d in stopped.items() if d > threshold)
     if late:
         how = "stopped (process state T: SIGSTOP or a tracer)"
         return HangVerdict(late, min(stopped[r] for r in late), threshold, how)
+    # busy and idle are judged only where steps are seen (the runtime's or a plain
+    # script's optimizer steps): a script that steps no optimizer is never killed idle
+    watched = {r: s for r, s in sampled.items() if s.attached or s.observed}
     active = {r: s for r, s in watched.items() if s.phase in _ACTIVE and r not in stopped}
     if not active or len(active) < len([r for r in watched if watched[r].phase in _ACTIVE]):
         return None  # nobody to judge, or a stopped one is still within its threshold

@@ -138,6 +138,14 @@ def register(sub: Any) -> None:
         "worker, and a worker waiting for it, is never killed",
     )
     p.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a stalwart.init() worker's collective may wait for its peers before "
+        "its step fails (default 60); raise it above your longest sess.pause (an eval on "
+        "one rank makes the others wait that long in their next collective)",
+    )
+    p.add_argument(
         "--node-lease",
         type=float,
         default=3.0,
@@ -255,6 +263,7 @@ def _run(args: argparse.Namespace) -> int:
             snapshot_every=args.snapshot_every,
             keep_last=args.keep_last,
             keep_every=args.keep_every,
+            collective_timeout_s=args.collective_timeout,
         ),
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,
