@@ -228,3 +228,22 @@ def test_bad_configs_are_refused_with_the_flag_to_fix() -> None:
         HangConfig(floor_s=0.0)
     with pytest.raises(ConfigError, match="--hang-idle"):
         HangConfig(floor_s=10.0, idle_s=5.0)
+
+
+def gen_slot(phase: str, generation: int, t_progress: float) -> Slot:
+    return Slot(1, 10, phase, generation, t_progress, NOW, 0.1, True)
+
+
+def test_a_collective_of_a_generation_the_job_left_is_a_hang() -> None:
+    # a silent node's ranks were adopted (generation 3 -> 4); the survivors' allreduce
+    # waits for peers that will never answer
+    slots = {0: gen_slot("collective", 3, NOW - 5), 1: gen_slot("collective", 3, NOW - 5)}
+    act = {0: idle(NOW - 5), 1: idle(NOW - 5)}
+    verdict = find_hang(slots, NOW, CFG, act, generation=4, since=NOW - 1.5)
+    assert verdict is not None and verdict.ranks == [0, 1] and "left" in verdict.how
+    assert find_hang(slots, NOW, CFG, act, generation=4, since=NOW - 0.5) is None  # 0.5 s
+    assert find_hang(slots, NOW, CFG, act, generation=3) is None  # the current one
+    assert find_hang(slots, NOW, CFG, act) is None  # elastic: not judged this way
+    # recovering (its collective failed) or computing in the old generation: not this
+    slots = {0: gen_slot("recovering", 3, NOW - 5), 1: gen_slot("step", 3, NOW - 5)}
+    assert find_hang(slots, NOW, CFG, act, generation=4, since=NOW - 2) is None

@@ -90,6 +90,7 @@ def check_hang(agent: Agent, now: float) -> None:
         since=agent._t_recovery,
         history=watch.history,
         whole_job=agent.cfg.nnodes == 1,
+        generation=None if agent.cfg.strategy == "elastic" else agent.generation,
     )
     if verdict is None:
         return

@@ -23,10 +23,12 @@ class RuntimeKnobs:
     persist_every: int = 0  # steps between persisted checkpoints (0: off; -1: auto)
     snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
     snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
-    collective_timeout_s: float = 60.0
-    """How long a worker's collective waits for its peers (the gloo group's timeout, also
-    its formation's). Hangs are the agent's to find; this only bounds a wait nobody
-    ends, e.g. a peer that is inside a ``sess.pause`` for longer."""
+    collective_timeout_s: float = 1800.0
+    """How long a step's allreduce waits for its peers (torchrun's NCCL/gloo default, 30
+    min): a peer in a long ``sess.pause`` (an eval) makes the others wait that long, and
+    a shorter limit would fail their step and replay the eval forever. Hangs are the
+    agent's to find (a stopped or dead peer ends the wait in seconds); group formation
+    keeps min(60 s, this)."""
     keep_last: int = 3
     """Committed checkpoints each checkpoint directory keeps (retention after each commit):
     a long run's disk use stays bounded; at least 1, and the newest is always kept."""

@@ -142,12 +142,15 @@ def find_hang(
     since: float = 0.0,
     history: Mapping[int, float] | None = None,
     whole_job: bool = False,
+    generation: int | None = None,
 ) -> HangVerdict | None:
     """``slots``: rank -> its board slot (live workers only; a plain script's slot is
     watched once :mod:`stalwart.agent.observe` wrote it); ``activity``: rank -> what its
     process does (a rank without one is never blamed); ``since``: when the last recovery
     began (nobody is blamed for the time before it); ``history``: rank -> the p99 step
-    time the job saw for it; ``whole_job``: every member of the job is in ``slots``."""
+    time the job saw for it; ``whole_job``: every member of the job is in ``slots``;
+    ``generation``: the job's current one (None under elastic, whose members re-form at
+    step boundaries themselves)."""
     sampled = {r: s for r, s in slots.items() if r in activity}
     if not sampled:
         return None
@@ -167,6 +170,21 @@ def find_hang(
     # busy and idle are judged only where steps are seen (the runtime's or a plain
     # script's optimizer steps): a script that steps no optimizer is never killed idle
     watched = {r: s for r, s in sampled.items() if s.attached or s.observed}
+    if generation is not None:
+        # waiting in a collective of a generation the job left (a silent machine's
+        # ranks were adopted elsewhere): nobody will ever answer it
+        left = sorted(
+            r
+            for r, s in watched.items()
+            if s.attached
+            and s.phase == "collective"
+            and s.generation < generation
+            and r not in stopped
+            and now - max(since, s.t_progress) > threshold
+        )
+        if left:
+            how = f"waits in a collective of a generation the job left (now {generation})"
+            return HangVerdict(left, now - max(since, watched[left[0]].t_progress), threshold, how)
     active = {r: s for r, s in watched.items() if s.phase in _ACTIVE and r not in stopped}
     if not active or len(active) < len([r for r in watched if watched[r].phase in _ACTIVE]):
         return None  # nobody to judge, or a stopped one is still within its threshold

@@ -140,10 +140,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--collective-timeout",
         type=float,
-        default=60.0,
-        help="seconds a stalwart.init() worker's collective may wait for its peers before "
-        "its step fails (default 60); raise it above your longest sess.pause (an eval on "
-        "one rank makes the others wait that long in their next collective)",
+        default=1800.0,
+        help="seconds a stalwart.init() worker's step allreduce may wait for its peers "
+        "(default 1800, torchrun's): an eval in sess.pause on one rank makes the others "
+        "wait that long; stopped or dead peers are found by the agent in seconds",
     )
     p.add_argument(
         "--node-lease",

@@ -80,7 +80,7 @@ class WorkerEnv:
             chaos_plan=e.get("STALWART_CHAOS_PLAN", ""),
             persist_every=int(e.get("STALWART_PERSIST_EVERY", "0")),
             snapshot_budget=float(e.get("STALWART_SNAPSHOT_BUDGET", "0.02")),
-            collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "60")),
+            collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "1800")),
             hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
             agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
             rdzv=e.get("STALWART_RDZV", ""),

@@ -92,6 +92,9 @@ class GenerationGroup:
         self.rank = rank
         self.world_size = world_size
         self.timeout = timedelta(seconds=timeout_s)
+        # a step's allreduce may wait longer than formation: a peer in ``sess.pause``
+        # (an eval on rank 0) is late on purpose; formation keeps ``timeout``
+        self.step_timeout = self.timeout
         self.namespace = namespace
         self.pg: Any = None
         self.generation = -1
@@ -155,7 +158,9 @@ class GenerationGroup:
         t0 = time.perf_counter()
         try:
             try:
-                err = self._wait(self.pg.allreduce([flat]))
+                opts = dist.AllreduceOptions()
+                opts.timeout = self.step_timeout
+                err = self._wait(self.pg.allreduce([flat], opts))
             except Exception as failed:  # the call itself failed (no work to wait for)
                 err = failed.with_traceback(None)
             if err is not None:

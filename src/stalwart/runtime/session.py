@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -115,6 +116,10 @@ class Session:
             store=c10d_store(env, self.store),
         )
         self.group.on_collective = self._on_collective
+        # formation: a member that never comes is retried after at most 60 s; a step's
+        # allreduce waits the whole collective timeout (a peer may be in sess.pause)
+        self.group.timeout = timedelta(seconds=min(60.0, env.collective_timeout_s))
+        self.group.step_timeout = timedelta(seconds=env.collective_timeout_s)
         # the job's default group (dist.all_reduce, get_world_size) and DDP's local one
         install(self.group, env.job, caller)
         if self._genwatch is not None and env.strategy != "elastic":
