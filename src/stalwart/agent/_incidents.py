@@ -57,13 +57,13 @@ class HangWatch:
         return activity
 
     def remember(self, slots: dict[int, Slot]) -> None:
+        """The newest p99 each rank published (a rolling window of its recent steps)."""
         for rank, s in slots.items():
             if s.p99_s > 0:
-                self.history[rank] = max(s.p99_s, self.history.get(rank, 0.0) * _DECAY)
+                self.history[rank] = s.p99_s
 
 
 _SAMPLE_S = 0.1
-_DECAY = 0.999  # a rank's remembered p99 follows its new one down, slowly
 
 
 def check_hang(agent: Agent, now: float) -> None:

@@ -29,15 +29,21 @@ __all__ = ["StepAccounting"]
 
 CALIBRATE = 6
 _FLUSH_S = 1.0
+_WARMUP = 2  # steps after a (re)start left out of the p99 (NVRx skips 5 warm-up iterations)
 
 
 class StepAccounting:
     def __init__(self, sess: Session) -> None:
         self.sess = sess
         self.durations: deque[float] = deque(maxlen=100)
+        # what the hang threshold is made of: the first steps after a (re)start are left
+        # out (DDP's first iteration, a rebuilt group), a replacement starts from its
+        # rank's p99 in the job (the agent hands it on), not from nothing
+        self._recent: deque[float] = deque(maxlen=100)
+        self._since_start = 0
         inherited = float(getattr(sess.env, "step_p99_s", 0.0) or 0.0)
-        if inherited > 0:  # a replacement: the job's step-time history, not a blank one
-            self.durations.append(inherited)
+        if inherited > 0:
+            self._recent.append(inherited)
         self.stalls: list[float] = []
         fixed = int(getattr(sess.env, "snapshot_every", 0) or 0)
         self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
@@ -54,9 +60,9 @@ class StepAccounting:
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
-        if not self.durations:
+        if not self._recent:
             return 0.0
-        ordered = sorted(self.durations)
+        ordered = sorted(self._recent)
         return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
     def slow(self, fault: Fault) -> None:
@@ -75,6 +81,9 @@ class StepAccounting:
             time.sleep(dur * (factor - 1.0))
             dur *= factor
         self.durations.append(dur)
+        self._since_start += 1
+        if self._since_start > _WARMUP:
+            self._recent.append(dur)
         if self.sess.rank != 0 or self.sess.events is None:
             return
         self.metrics.step_done(step, self.sess.generation)
@@ -124,6 +133,7 @@ class StepAccounting:
         if self._journal is not None:
             self._journal.write(EMPTY, None)
         self.metrics.recovered()
+        self._since_start = 0
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
