@@ -87,12 +87,6 @@ K1, H0 = "--chaos 'kill rank=1 at=step:7'", "--chaos 'hang rank=0 at=step:9'"
 SPARE = "--spares 1"
 PENDING_A_RNG = "issue 12 A: a disk restore gives every rank rank 0's RNG"
 PENDING_A_SCHED = "issue 12 A: elastic's scheduler guard leaks into LambdaLR.state_dict()"
-PENDING_B = "issue 12 B: a long eval is declared hung and killed (in a loop)"
-PENDING_B_START = (
-    "issue 12 B: a plain script is at times declared hung at start-up (heartbeat stale) and"
-    " killed; random today (1 run in 2 here), so not strict"
-)
-PENDING_C = "issue 12 C: a deterministic bug is restarted until a budget or timeout, no verdict"
 PENDING_C_REFUSE = (
     "issue 12 C: a refusal raised in every worker at start is restarted, and the job ends"
     " with '--max-restarts=1 is spent' instead of the refusal"
@@ -105,7 +99,7 @@ CELLS = [
     Cell("nanogpt", "flash", "kill", "identical", K1),
     Cell("nanogpt", "flash", "hang", "identical", H0),
     Cell("nanogpt", "flash", "long eval", "identical, no kill", args="--eval_pause 3",
-         pending=PENDING_B, slow=True, timeout=60),
+         slow=True, timeout=60),
     Cell("nanogpt", "restart", "kill", "identical",
          "--max-restarts 2 --persist-every 2 --chaos 'kill rank=0 at=step:10'",
          pending=PENDING_A_RNG),
@@ -126,18 +120,17 @@ CELLS = [
          slow=True),
     Cell("titan", "restart", "none", "refusal", "--max-restarts 1", pending=PENDING_C_REFUSE),
     # (4) a deterministic bug: the rank launched as 1 raises at step 6 in every incarnation
-    Cell("buggy", "flash", "crash loop", "verdict", pending=PENDING_C, slow=True, timeout=60),
-    Cell("buggy", "spare", "crash loop", "verdict", SPARE, pending=PENDING_C, slow=True,
+    Cell("buggy", "flash", "crash loop", "verdict", slow=True, timeout=60),
+    Cell("buggy", "spare", "crash loop", "verdict", SPARE, slow=True,
          timeout=60),
     Cell("buggy", "restart", "crash loop", "verdict", "--max-restarts 10 --persist-every 2",
-         pending=PENDING_C, slow=True, timeout=60),
+         slow=True, timeout=60),
     Cell("buggy", "elastic", "crash loop", "verdict", "--nproc-per-node 2:2",
-         pending=PENDING_C, slow=True, timeout=60),
+         slow=True, timeout=60),
     # (5) a plain torchrun script (no stalwart import): rank 0's evals are 2 s long
-    Cell("plain@torchrun", "restart", "long eval", "identical, no kill", pending=PENDING_B),
+    Cell("plain@torchrun", "restart", "long eval", "identical, no kill"),
     Cell("plain@torchrun", "restart", "kill", "identical",
-         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000",
-         pending=PENDING_B_START, strict=False),
+         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000",),
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
 ]
 # fmt: on
