@@ -60,3 +60,11 @@ def test_the_error_line_is_read_once_else_the_exit_speaks(tmp_path: Path) -> Non
     assert error_line(str(path), -9, "") == "killed by signal 9"
     assert error_line(str(path), 3, "") == "exit code 3"
     assert error_line(str(path), -9, "hung: stopped") == "hung: stopped"
+
+
+def test_a_stalwart_refusal_is_a_verdict_at_once() -> None:
+    error = "stalwart.errors.ConfigError: a sharded state cannot persist: use --strategy flash"
+    line = CrashLoops(3).record(Failure(0, "start-up", error, "crash"))
+    assert line is not None and "not restarted" in line
+    assert line.endswith("a sharded state cannot persist: use --strategy flash")
+    assert CrashLoops(3).record(fail(0, "start-up", "ValueError: sharded")) is None

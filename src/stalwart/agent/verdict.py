@@ -57,6 +57,12 @@ def error_line(path: str, rc: int, cause: str) -> str:
     return f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
 
 
+_REFUSALS = (  # deterministic by design: a bad flag or state, with the fix in the message
+    "stalwart.errors.ConfigError:",
+    "stalwart.errors.UnsupportedStateError:",
+)
+
+
 class CrashLoops:
     """Counts, per rank, failures in a row at the same point (a failure elsewhere starts
     the count again)."""
@@ -66,7 +72,14 @@ class CrashLoops:
         self._last: dict[int, tuple[str, int]] = {}  # rank -> (where, count)
 
     def record(self, failure: Failure) -> str | None:
-        """Count ``failure``; the verdict line once it repeated ``limit`` times."""
+        """Count ``failure``; the verdict line once it repeated ``limit`` times, or at
+        once for a stalwart refusal (it names its fix and would refuse again)."""
+        refusal = next((p for p in _REFUSALS if failure.error.startswith(p)), None)
+        if refusal is not None:
+            return (
+                f"rank {failure.rank} refused to run at {failure.where}, not restarted "
+                f"(it would refuse again): {failure.error[len(refusal) :].strip()}"
+            )
         where, count = self._last.get(failure.rank, ("", 0))
         count = count + 1 if where == failure.where else 1
         self._last[failure.rank] = (failure.where, count)
