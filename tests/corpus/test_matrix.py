@@ -85,7 +85,6 @@ class Cell:
 
 K1, H0 = "--chaos 'kill rank=1 at=step:7'", "--chaos 'hang rank=0 at=step:9'"
 SPARE = "--spares 1"
-PENDING_A_RNG = "issue 12 A: a disk restore gives every rank rank 0's RNG"
 PENDING_A_SCHED = "issue 12 A: elastic's scheduler guard leaks into LambdaLR.state_dict()"
 
 # fmt: off
@@ -97,8 +96,7 @@ CELLS = [
     Cell("nanogpt", "flash", "long eval", "identical, no kill", args="--eval_pause 3",
          slow=True, timeout=60),
     Cell("nanogpt", "restart", "kill", "identical",
-         "--max-restarts 2 --persist-every 2 --chaos 'kill rank=0 at=step:10'",
-         pending=PENDING_A_RNG),
+         "--max-restarts 2 --persist-every 2 --chaos 'kill rank=0 at=step:10'"),
     Cell("nanogpt-epoch@3", "elastic", "kill", "same loss",
          "--nproc-per-node 2:3 --chaos 'kill rank=2 at=step:5 permanent'",
          pending=PENDING_A_SCHED, slow=True, timeout=60),
