@@ -10,7 +10,7 @@ Definitions (from the rank-0 step log, wall clock): RTO = fault -> end of the fi
 step completed after it; progress = fault -> end of the first step beyond the last step
 completed before the fault; steps lost = steps completed before the fault and redone.
 torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: in its default mode it did not
-recover at all on this machine (gloo connectFullMesh errors, FACTS.md).
+recover at all on this machine (gloo connectFullMesh errors: the new workers dialled dead ports).
 """
 
 from __future__ import annotations

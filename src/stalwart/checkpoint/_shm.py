@@ -10,8 +10,9 @@ The files outlive the process that wrote them: a worker crash loses no snapshot,
 node agent (or a persister process that imports no torch) can read them by name.
 
 Why pre-fault: on this VM the first touch of a tmpfs page costs ~15x a later copy
-(FACTS.md), so pages are allocated (fallocate) and mapped with MAP_POPULATE when a slot
-is created or grown, never during a snapshot.
+(0.8 GB/s against ~12 GB/s, measured on a 2-core VM), so pages are allocated
+(fallocate) and mapped with MAP_POPULATE when a slot is created or grown, never during
+a snapshot.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A process group per generation under a DDP model that is built once.
 
 DDP keeps the process group it was built with, and an exception inside a DDP comm hook
-breaks its reducer for good (FACTS.md). So the user's DDP is built over a local
+breaks its reducer for good (every later step then fails an
+``unmarked_param_indices`` internal assert). So the user's DDP is built over a local
 world-size-1 default group, and :class:`GenerationGroup` installs a comm hook that does
 the real allreduce over the current generation's ``ProcessGroupGloo`` (built over a
 ``PrefixStore`` per generation on a TCPStore that outlives every worker, or on the
