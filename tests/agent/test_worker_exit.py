@@ -32,8 +32,9 @@ ENDING = textwrap.dedent(
 
     atexit.register(bye)
     # stdout is a pipe here: block-buffered, lost unless flushed at the exit
-    print("ENV", rank, __file__, os.environ["MASTER_ADDR"],
-          os.environ.get("TORCHELASTIC_ERROR_FILE", "-"))
+    # one write per line: the ranks share the pipe (print's pieces would interleave)
+    sys.stdout.write(" ".join(["ENV", rank, __file__, os.environ["MASTER_ADDR"],
+                               os.environ.get("TORCHELASTIC_ERROR_FILE", "-")]) + "\\n")
 
     @record
     def main():
@@ -55,7 +56,10 @@ def test_worker_exit_runs_atexit_flushes_and_reports_the_error_file(tmp_path: Pa
     out = tmp_path / "out"
     out.mkdir()
     run = stalwart_run(
-        tmp_path / "run", ["--nproc-per-node", "2", "ending.py", str(out)], timeout=120
+        tmp_path / "run",
+        # one launch: the run's restart budget would run the failing script again
+        ["--nproc-per-node", "2", "--max-restarts", "0", "ending.py", str(out)],
+        timeout=120,
     )
     assert run.returncode == 1, run.stderr
     assert (out / "atexit0").read_text() == "ok" and (out / "atexit1").read_text() == "ok"
