@@ -85,7 +85,11 @@ class Cell:
 
 K1, H0 = "--chaos 'kill rank=1 at=step:7'", "--chaos 'hang rank=0 at=step:9'"
 SPARE = "--spares 1"
-PENDING_A_SCHED = "issue 12 A: elastic's scheduler guard leaks into LambdaLR.state_dict()"
+# The scheduler no longer breaks elastic (it shrinks, every step reads the fixed run's
+# samples, every sample once per epoch), but from the shrink on the per-step loss is
+# within ~2e-3 of the fixed-size run's, not 1e-4: still to explain (suspect: the
+# script's per-micro-batch weighting of unequal micro-batches after the re-plan).
+PENDING_A_SCHED = "issue 12 A: elastic loss after the shrink within 2e-3, not 1e-4"
 
 # fmt: off
 CELLS = [
