@@ -120,7 +120,11 @@ def test_job_survives_the_loss_of_node_0(
     lost = [f for k, f in events if k == "fault_detected"]
     assert [(f["fault"], f["domain"]["node"]) for f in lost] == [("node_loss", 0)]  # type: ignore[index]
     assert [f["status"] for k, f in events if k == "run_end"] == ["ok"]
-    assert [f["source_tier"] for k, f in events if k == "recovery_end"] == ["peer"]
+    # every recovery restored from the peer replicas; how many recoveries the loss took
+    # depends on timing (a formation that fails under load is redone: seen once in CI-like
+    # runs with a second suite beside it)
+    tiers = [f["source_tier"] for k, f in events if k == "recovery_end"]
+    assert tiers and set(tiers) == {"peer"}, tiers
 
 
 def _history(url: str, key: str) -> list[dict[str, object]]:
