@@ -118,3 +118,31 @@ def test_arbitrary_bytes(raw: bytes) -> None:
 def test_deep_nesting_is_a_format_error() -> None:
     deep = b'{"format":"stalwart.rank-index","version":1,"tree":' + b"[" * 100_000
     assert _decodes_or_format_error(RankIndex.decode, deep + b"]" * 100_000 + b"}") is None
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+        lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids),
+    )
+)
+def test_slot_metadata_of_any_shape_is_refused_not_raised(doc: Any) -> None:
+    """A slot's metadata file is read by survivors, standbys and the replica receiver: a
+    torn or crafted one is 'no slot here' (None), never an exception."""
+    from stalwart.checkpoint._shm import SLOT_FORMAT, SLOT_VERSION, SlotMeta
+
+    for data in (json.dumps(doc).encode(), b"[" * 100_000, b'{"seq": 1e400}'):
+        SlotMeta.decode(data)
+    crafted = {
+        "format": SLOT_FORMAT,
+        "version": SLOT_VERSION,
+        "seq": doc,
+        "step": doc,
+        "tree": doc,
+        "layout": doc,
+        "data_size": doc,
+        "extra": doc,
+    }
+    meta = SlotMeta.decode(json.dumps(crafted).encode())
+    assert meta is None or isinstance(meta.seq, int)

@@ -13,6 +13,7 @@ from stalwart.coordinator import (
     Delete,
     LeaseNotFoundError,
     MemoryStore,
+    ProtocolError,
     Put,
     Store,
     StoreClosedError,
@@ -282,3 +283,11 @@ def test_closed_watch_and_store_raise(store: Store) -> None:
     store.close()
     with pytest.raises(StoreClosedError):
         store.get("z")
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, float("nan"), float("inf"), 8 * 86400.0])
+def test_a_lease_ttl_out_of_bounds_is_refused(store: Store, ttl: float) -> None:
+    """Every store refuses a lease that never expires (or a nonsense one) before granting
+    it: a member holding it could never be declared lost."""
+    with pytest.raises((ValueError, ProtocolError)):
+        store.grant(ttl)

@@ -107,6 +107,8 @@ class SlotMeta:
     def decode(data: bytes) -> SlotMeta | None:
         try:
             d = json.loads(data)
+            if not isinstance(d, dict):  # a list, a number: not a slot's metadata
+                return None
             if d.get("format") != SLOT_FORMAT or d.get("version") != SLOT_VERSION:
                 return None
             return SlotMeta(
@@ -117,7 +119,8 @@ class SlotMeta:
                 data_size=int(d["data_size"]),
                 extra=dict(d.get("extra", {})),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+            # OverflowError: int(inf); RecursionError: a deeply nested document
             return None
 
 

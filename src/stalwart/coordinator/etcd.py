@@ -50,6 +50,7 @@ from stalwart.coordinator._etcd_wire import (
     unb64,
 )
 from stalwart.coordinator.errors import LeaseNotFoundError, ProtocolError
+from stalwart.coordinator.memory import MAX_LEASE_TTL
 from stalwart.coordinator.store import Compare, KeyValue, Op, Put, RangeResult, TxnResult
 from stalwart.errors import ConfigError
 
@@ -173,8 +174,12 @@ class EtcdStore:
     # -- leases ---------------------------------------------------------------
 
     def grant(self, ttl: float) -> int:
-        if not ttl > 0:
-            raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
+        # the same bound as the embedded store's: a lease that outlives a week is a member
+        # that can never be declared lost (inf would also overflow the ceil below)
+        if not 0 < ttl <= MAX_LEASE_TTL:  # also refuses NaN
+            raise ValueError(
+                f"lease ttl must be > 0 and <= {MAX_LEASE_TTL:.0f} seconds, got {ttl!r:.40}"
+            )
         return self._grant(max(1, math.ceil(ttl)))
 
     def keepalive(self, lease: int) -> float:
