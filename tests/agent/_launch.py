@@ -46,6 +46,17 @@ def stalwart_run(
     )
     try:
         out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # say what the job was doing: its stderr up to the SIGTERM (and what that printed)
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(
+            f"stalwart run did not end within {timeout:.0f} s; its stderr:\n{err[-4000:]}"
+        ) from None
     finally:
         _stop(proc)
     _check_shm(job)
