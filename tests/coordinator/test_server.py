@@ -244,6 +244,12 @@ def test_connection_limit_answers_with_an_error() -> None:
         try:
             for r in held:
                 r.handshake()
+            # the client's handshake ends before the server moves the connection into its
+            # authenticated pool: an extra one before that is a pending one (a challenge)
+            deadline = time.monotonic() + 10
+            while server.stats["authenticated"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.stats["authenticated"] == 2
             extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             try:
                 _, body = wire.recv_frame(extra, 4096)
