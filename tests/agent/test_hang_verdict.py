@@ -91,14 +91,7 @@ def _hangs(run_dir: Path) -> list[dict[str, object]]:
     "kind",
     [
         "runtime",
-        pytest.param(
-            "plain",
-            # never killed (0 hang events), but in 3 of 7 full-suite runs the plain job
-            # went silent and outlived 120 s (alone: 10-13 s); open, see the session note
-            marks=pytest.mark.xfail(
-                strict=False, reason="issue 12: plain job stalls in a full suite"
-            ),
-        ),
+        "plain",
     ],
 )
 def test_a_long_busy_eval_on_rank_0_is_never_killed(tmp_path: Path, kind: str) -> None:

@@ -45,8 +45,15 @@ def _send(fd: int, msg: dict[str, Any]) -> None:
 
 
 def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
-    """In the forked child: become the worker described by ``spec``; never returns."""
+    """In the forked child: become the worker described by ``spec``; never returns.
+
+    The script's globals are held until the process ends: ``python script.py`` runs the
+    threads' join and the ``atexit`` handlers *before* it tears down ``__main__``, and the
+    teardown itself is what hung here (a DDP model's and its gloo group's destructors, run
+    when ``runpy`` dropped the globals, blocked for minutes after the peer had exited).
+    Open files the script never closed are flushed instead (see ``_finish``)."""
     code = 1
+    held: list[object] = []  # the script's globals (or its traceback, which holds them)
     try:
         set_pdeathsig()
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -88,13 +95,15 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         import runpy
 
         try:
-            runpy.run_path(path, run_name="__main__")
+            held.append(runpy.run_path(path, run_name="__main__"))
             code = 0
         except SystemExit as exc:
+            held.append(exc.__traceback__)
             code = _exit_code(exc)
             if exc.code is not None and not isinstance(exc.code, int):
                 _error_line(str(exc.code))
     except BaseException as exc:
+        held.append(exc.__traceback__)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         _print_traceback(exc)
         import traceback
@@ -152,10 +161,25 @@ def _finish(code: int) -> int:
         code = _exit_code(exc)
     except BaseException:
         pass
+    _flush_open_files()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
     return code
+
+
+def _flush_open_files() -> None:
+    """What the interpreter's teardown would have done for files the script left open
+    (``f = open(...); f.write(...)`` with no close): flush them. The worker ends with
+    ``os._exit``, which writes no buffer, and it never tears its globals down."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            with contextlib.suppress(BaseException):
+                if not obj.closed and obj.writable():
+                    obj.flush()
 
 
 def _error_line(line: str) -> None:
