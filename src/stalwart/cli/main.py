@@ -1,7 +1,9 @@
 """Entry point of the ``stalwart`` command.
 
 User errors (:class:`stalwart.errors.StalwartError`, bad files, bad flags) print one
-line and exit 2; anything else is a bug and keeps its traceback.
+line and exit 2; anything else is a bug and keeps its traceback. Diagnostics of the parts
+(a crash detected, a peer refused) go through :mod:`logging` in one format, installed here
+when the command starts (:mod:`stalwart.logs`), not at import.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 from stalwart import __version__
 from stalwart.errors import StalwartError
+from stalwart.logs import install as install_logging
 
 __all__ = ["build_parser", "main"]
 
@@ -40,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    install_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

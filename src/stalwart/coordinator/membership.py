@@ -9,7 +9,6 @@ separate failure detector to trust.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +18,11 @@ from typing import Any, Literal
 
 from stalwart.coordinator.errors import LeaseNotFoundError, StoreClosedError, StoreError
 from stalwart.coordinator.store import Store, Watch
+from stalwart.logs import get_logger
 
 __all__ = ["Member", "MemberEvent", "MemberInfo", "MembershipWatch"]
 
-_log = logging.getLogger("stalwart.coordinator.membership")
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ member out.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -34,10 +33,11 @@ from stalwart.coordinator.errors import (
 )
 from stalwart.coordinator.memory import MemoryStore
 from stalwart.errors import ConfigError
+from stalwart.logs import get_logger
 
 __all__ = ["StoreServer", "StoreServerConfig"]
 
-_log = logging.getLogger("stalwart.coordinator.server")
+_log = get_logger(__name__)
 _MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke", "keepalive"})
 
 

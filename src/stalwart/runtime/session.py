@@ -30,6 +30,7 @@ import torch
 
 from stalwart.checkpoint.catalog import committed_steps
 from stalwart.errors import ReplicaMismatchError
+from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
 from stalwart.runtime._faults import fire_worker_faults
@@ -58,6 +59,7 @@ def init() -> Session:
     """Join the job (or run alone when not launched by `stalwart run`)."""
     global _SESSION
     if _SESSION is None:
+        install_unless_configured()  # diagnostics in stalwart's one format (stalwart.logs)
         # the caller's `from torch.distributed import init_process_group` is refused too
         _SESSION = Session(WorkerEnv.from_environ(), caller=sys._getframe(1).f_globals)
     return _SESSION

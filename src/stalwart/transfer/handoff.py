@@ -16,18 +16,18 @@ request is still input).
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 
 from stalwart.coordinator.store import Store, wait_for
+from stalwart.logs import get_logger
 from stalwart.transfer.errors import SourceChangedError, TransferError
 from stalwart.transfer.receiver import ReceiverConfig, ReceiveResult, SlotReceiver
 from stalwart.transfer.sender import SendConfig, SendResult, send_slot
 
 __all__ = ["StateRequest", "pending_requests", "request_state", "serve_requests"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 _VERSION = 1
 
 

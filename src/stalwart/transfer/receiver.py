@@ -16,7 +16,6 @@ the GIL), so verification adds only the last chunk's hash to the transfer time.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 
 from stalwart.checkpoint._shm import SlotMeta, Window, pinned_slots, slot_dir
 from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
+from stalwart.logs import get_logger
 from stalwart.transfer import _wire
 from stalwart.transfer._receiver_config import ReceiverConfig, ReceiveResult
 from stalwart.transfer._targets import Target, hash_window, layout_fits, mismatch
@@ -38,7 +38,7 @@ from stalwart.transfer.errors import ChunkMismatchError, TransferError, Transfer
 
 __all__ = ["ReceiveResult", "ReceiverConfig", "SlotReceiver"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _QUIET_S = 10.0  # failed handshakes are logged at most once per this many seconds

@@ -25,12 +25,12 @@ take their first snapshots, each rank's newest is sent.)
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stalwart.logs import get_logger
 from stalwart.transfer._wire import Pacer
 from stalwart.transfer.errors import TransferError
 from stalwart.transfer.sender import (
@@ -43,7 +43,7 @@ from stalwart.transfer.sender import (
 
 __all__ = ["BEHIND_GRACE_S", "ReplicaConfig", "Replicator"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 
 BEHIND_GRACE_S = 10.0  # how long copies may stay behind before the user is told
 
