@@ -1,0 +1,387 @@
+"""The AST scan behind tests/test_structure.py: what each structure rule finds in src/.
+
+Kept apart from the test so that the rules can be read (and run by hand:
+``.venv/bin/python tests/_structure_scan.py`` prints today's findings) without the
+allowlist in the way.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "stalwart"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+CYCLE_PACKAGES = ("agent", "runtime")
+
+# argparse calls that make a CLI argument table: in cli/ their lines do not count towards
+# a function's length (the house rule exempts "the CLI's argument tables")
+_TABLE_CALLS = frozenset(
+    {
+        "add_argument",
+        "add_argument_group",
+        "add_mutually_exclusive_group",
+        "add_parser",
+        "add_subparsers",
+        "set_defaults",
+    }
+)
+
+
+def _private(name: str) -> bool:
+    """``_x`` and ``__x`` are private; ``__x__`` (a dunder: ``__version__``,
+    ``__class__``) is the language's, public."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+@dataclass(frozen=True)
+class Module:
+    """One source file of src/stalwart."""
+
+    path: Path
+    name: str  # dotted: stalwart.agent._elastic
+    tree: ast.Module
+    lines: int
+
+    @property
+    def rel(self) -> str:
+        """The path as allowlist entries spell it: ``agent/_elastic.py``."""
+        return self.path.relative_to(SRC).as_posix()
+
+    @property
+    def part(self) -> str:
+        """The package (part of DESIGN.md) the module belongs to; top-level modules
+        (errors.py, logs.py) belong to ``stalwart``."""
+        parts = self.package.split(".")
+        return parts[1] if len(parts) > 1 else "stalwart"
+
+    @property
+    def package(self) -> str:
+        """The dotted package relative imports resolve against."""
+        if self.path.name == "__init__.py":
+            return self.name
+        return self.name.rpartition(".")[0]
+
+
+def modules() -> list[Module]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        text = path.read_text()
+        found.append(Module(path, ".".join(parts), ast.parse(text, str(path)), text.count("\n")))
+    return found
+
+
+def _part_of(dotted: str) -> str:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "stalwart"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported stalwart module (``target``), with the names taken from it."""
+
+    target: str
+    names: tuple[str, ...]
+    node: ast.AST
+
+
+def imports(mod: Module, known: set[str]) -> Iterator[Import]:
+    """Every import of a stalwart module anywhere in ``mod`` (module level, under
+    ``TYPE_CHECKING``, inside functions) and every ``importlib.import_module`` of a
+    constant name. ``from pkg import sub`` where ``sub`` is a module counts as an import
+    of ``pkg.sub``."""
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "stalwart":
+                    yield Import(alias.name, (), node)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = mod.package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.split(".")[0] != "stalwart":
+                continue
+            plain = []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in known:
+                    yield Import(sub, (), node)
+                else:
+                    plain.append(alias.name)
+            if plain:
+                yield Import(base, tuple(plain), node)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.split(".")[0] == "stalwart"
+        ):
+            yield Import(node.args[0].value, (), node)
+
+
+def private_imports(mod: Module, known: set[str]) -> set[str]:
+    """Rule (a): ``stalwart.x._y`` (a private module) or ``_z`` (a private name) of
+    another part imported by ``mod``. Entry: the dotted private target."""
+    found = set()
+    for imp in imports(mod, known):
+        if _part_of(imp.target) == mod.part:
+            continue
+        if any(_private(p) for p in imp.target.split(".")):
+            found.add(imp.target)
+        found.update(f"{imp.target}.{n}" for n in imp.names if _private(n))
+    return found
+
+
+def _own_private_names(tree: ast.Module) -> set[str]:
+    """The private attribute names that classes defined in this module give their
+    objects: ``self._x = ...`` / ``cls._x = ...`` in their methods, ``_x`` assigned or
+    annotated in their bodies, and their ``_methods``. An access ``other._x`` with such
+    a name is taken to be on an object of this module's own class (``__eq__``'s
+    ``other``, a factory's ``obj = cls(); obj._x = ...``): the module that defines a
+    class may touch its objects' internals."""
+    names = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for item in cls.body:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(item.name)
+            elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                names.add(item.target.id)
+            elif isinstance(item, ast.Assign):
+                names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        for node in ast.walk(cls):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+                targets = [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id in ("self", "cls")
+                    ):
+                        names.add(sub.attr)
+    return {n for n in names if _private(n)}
+
+
+def _foreign_modules(tree: ast.Module) -> set[str]:
+    """Names bound to modules from outside stalwart (``import os``, ``import torch.distributed
+    as dist``): their underscore attributes (``os._exit``, ``sys._getframe``, torch's
+    internals) are a dependency's API, outside the house rule (docs/porting.md says which
+    torch internals stalwart leans on)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "stalwart":
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "stalwart":
+                continue
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _root(expr: ast.expr) -> ast.expr:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr
+
+
+def _own(expr: ast.expr) -> bool:
+    """``self``, ``cls``, ``super()``, ``type(self)``: the object whose method runs."""
+    if isinstance(expr, ast.Name):
+        return expr.id in ("self", "cls")
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
+        if expr.func.id == "super":
+            return True
+        if expr.func.id == "type" and len(expr.args) == 1:
+            return _own(expr.args[0])
+    return False
+
+
+def foreign_private_attributes(mod: Module) -> set[str]:
+    """Rule (b): ``obj._x`` read or written (or ``getattr/setattr/hasattr/delattr(obj,
+    "_x")``) where ``obj`` is not the running method's own object, ``_x`` is not a
+    private name of a class of this module, and ``obj`` is not a module from outside
+    stalwart. Entry: ``<obj as written>._x``."""
+    own = _own_private_names(mod.tree)
+    foreign = _foreign_modules(mod.tree)
+    found = set()
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Attribute):
+            value, attr = node.value, node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            value, attr = node.args[0], node.args[1].value
+        else:
+            continue
+        if not _private(attr) or _own(value) or attr in own:
+            continue
+        root = _root(value)
+        if isinstance(root, ast.Name) and root.id in foreign:
+            continue
+        found.add(f"{ast.unparse(value)}.{attr}")
+    return found
+
+
+def import_graph(mods: list[Module], package: str) -> dict[str, set[str]]:
+    """Edges between the modules of ``stalwart.<package>``, every import counted (a
+    ``TYPE_CHECKING`` or function-level import is still a dependency: it only hides
+    the cycle from the interpreter, not from a reader). The package's own
+    ``__init__`` is a node like any module."""
+    known = {m.name for m in mods}
+    prefix = f"stalwart.{package}"
+    inside = [m for m in mods if m.name == prefix or m.name.startswith(prefix + ".")]
+    graph: dict[str, set[str]] = {m.name: set() for m in inside}
+    for m in inside:
+        for imp in imports(m, known):
+            if imp.target in graph and imp.target != m.name:
+                graph[m.name].add(imp.target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+@dataclass
+class _Length(ast.NodeVisitor):
+    """Rule (e): functions longer than the limit, by qualified name."""
+
+    in_cli: bool
+    found: dict[str, int] = field(default_factory=dict)
+    _scope: list[str] = field(default_factory=list)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._scope.append(node.name)
+        self.generic_visit(node)
+        self._scope.pop()
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._scope.append(node.name)
+        n = function_lines(node, in_cli=self.in_cli)
+        if n > MAX_FUNCTION_LINES:
+            self.found[".".join(self._scope)] = n
+        self.generic_visit(node)
+        self._scope.pop()
+
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function
+
+
+def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, *, in_cli: bool) -> int:
+    """Lines from ``def`` to the function's last line, less its docstring (a docstring
+    says why; the limit is on code) and, in cli/, less the lines of argparse table
+    calls (``p.add_argument(...)``)."""
+    assert node.end_lineno is not None
+    skipped: set[int] = set()
+    body = node.body
+    first = body[0] if body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        skipped.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    if in_cli:
+        for sub in ast.walk(node):
+            if (
+                isinstance(sub, ast.Expr)
+                and isinstance(sub.value, ast.Call)
+                and isinstance(sub.value.func, ast.Attribute)
+                and sub.value.func.attr in _TABLE_CALLS
+            ):
+                skipped.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return node.end_lineno - node.lineno + 1 - len(skipped)
+
+
+def long_functions(mod: Module) -> dict[str, int]:
+    v = _Length(in_cli=mod.part == "cli")
+    v.visit(mod.tree)
+    return v.found
+
+
+def findings() -> dict[str, set[str]]:
+    """Every rule's findings as allowlist entries (``<module path>: <what>``)."""
+    mods = modules()
+    known = {m.name for m in mods}
+    out: dict[str, set[str]] = {
+        "private_import": set(),
+        "foreign_private_attribute": set(),
+        "import_cycle": set(),
+        "long_module": set(),
+        "long_function": set(),
+    }
+    for m in mods:
+        out["private_import"].update(f"{m.rel}: {t}" for t in private_imports(m, known))
+        out["foreign_private_attribute"].update(
+            f"{m.rel}: {a}" for a in foreign_private_attributes(m)
+        )
+        if m.lines > MAX_MODULE_LINES:
+            out["long_module"].add(m.rel)
+        out["long_function"].update(f"{m.rel}: {f}" for f in long_functions(m))
+    for package in CYCLE_PACKAGES:
+        for comp in cycles(import_graph(mods, package)):
+            short = [c.removeprefix(f"stalwart.{package}").lstrip(".") or "__init__" for c in comp]
+            out["import_cycle"].add(f"{package}: {', '.join(short)}")
+    return out
+
+
+if __name__ == "__main__":
+    for rule, entries in findings().items():
+        print(f"# {rule}: {len(entries)}")
+        for e in sorted(entries):
+            print(f'    "{e}",')
+    sys.exit(0)
