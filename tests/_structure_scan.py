@@ -54,10 +54,9 @@ class Module:
 
     @property
     def part(self) -> str:
-        """The package (part of DESIGN.md) the module belongs to; top-level modules
-        (errors.py, logs.py) belong to ``stalwart``."""
-        parts = self.package.split(".")
-        return parts[1] if len(parts) > 1 else "stalwart"
+        """The part (a package of DESIGN.md) the module belongs to; a top-level module
+        (errors.py, logs.py) is a part of its own, as :func:`_part_of` reads it."""
+        return _part_of(self.name)
 
     @property
     def package(self) -> str:
