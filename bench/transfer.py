@@ -31,7 +31,7 @@ import time
 import uuid
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint.slots import SlotFiles, SlotMeta, slot_dir
 from stalwart.transfer import SendConfig, send_slot
 
 SHM = "/dev/shm"

@@ -101,7 +101,7 @@ def _observe_child(phase: _ChildPhase, emit: Callable[[str], None]) -> str:
     from stalwart.checkpoint.storage.local import LocalStorage
 
     for owner, name, kind in (
-        (pw, "commit_step", "commit"),
+        (pw, "publish_step", "commit"),
         (pw, "collect_garbage", "gc"),
         (LocalStorage, "write_atomic", ""),
         (LocalStorage, "delete", ""),

@@ -11,9 +11,10 @@ from typing import Any
 from stalwart.agent._env import Worker
 from stalwart.agent._steps import StepRecords
 from stalwart.agent.progress import OBSERVED, ProgressBoard
+from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.metrics import EventLog, read_events
 from stalwart.metrics.goodput import account
-from stalwart.metrics.journal import OPEN, StepJournal, journal_path
+from stalwart.metrics.journal import OPEN, StepJournal
 
 
 def _agent(tmp_path: Path, strategy: str = "flash") -> Any:
@@ -22,6 +23,7 @@ def _agent(tmp_path: Path, strategy: str = "flash") -> Any:
     w = Worker(0, 0, 0, pid=4242, state="running")
     return SimpleNamespace(
         cfg=SimpleNamespace(job=job, strategy=strategy),
+        cluster=SimpleNamespace(names=SlotNames(job, new_run_id())),
         events=EventLog(str(tmp_path / "events.jsonl"), node=0),
         _board=board,
         workers={0: w},
@@ -80,12 +82,12 @@ def test_a_dead_rank0s_open_batch_is_written_once(tmp_path: Path) -> None:
         "t_first_start": 1000.0,
         "generation": 1,
     }
-    j = StepJournal(journal_path(agent.cfg.job, pid))
+    j = StepJournal(agent.cluster.names.step_journal(pid))
     try:
         j.write(OPEN, batch, t_end=1003.0)
         rec.on_exit(pid)
         rec.on_exit(pid)  # seen twice: still written once, and the file is gone
-        assert not os.path.exists(journal_path(agent.cfg.job, pid))
+        assert not os.path.exists(agent.cluster.names.step_journal(pid))
     finally:
         j.close()
     steps = [(k, f) for k, f in _events(tmp_path) if k == "steps"]

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager
 from stalwart.checkpoint._load import byte_view
 from stalwart.checkpoint._tree import flatten
-from stalwart.checkpoint._writer import commit_step, write_rank
+from stalwart.checkpoint._writer import publish_step, write_rank
 from stalwart.checkpoint.dcp import export_dcp, import_dcp
 from stalwart.checkpoint.storage import open_storage
 from stalwart.errors import (
@@ -292,7 +292,7 @@ def _write_sharded(root: Path, boxes: list[tuple[int, int]]) -> torch.Tensor:
             data=byte_view(buf),
             known={},
         )
-    commit_step(storage, 3, len(boxes))
+    publish_step(storage, 3, len(boxes))
     return full
 
 

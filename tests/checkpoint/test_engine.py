@@ -253,7 +253,7 @@ def test_replicated_state_restores_into_another_world_size(
     tmp_path: Path, shm_namespace: str
 ) -> None:
     """DDP state saved by 2 ranks loads on any rank of a world of 3 (and of 1)."""
-    from stalwart.checkpoint import commit_step
+    from stalwart.checkpoint import publish_step
 
     state = make_state()
     train_step(state)
@@ -275,7 +275,7 @@ def test_replicated_state_restores_into_another_world_size(
             m.snapshot(state, 4)
             assert not m.persist().result(timeout=60).committed
         assert committed_steps(open_storage(str(tmp_path))) == []  # not before the commit
-        commit_step(mgrs[0].storage, 4, 2, replicated=True)
+        publish_step(mgrs[0].storage, 4, 2, replicated=True)
     finally:
         for m in mgrs:
             m.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.checkpoint import commit_step, committed_steps, verify_step
+from stalwart.checkpoint import committed_steps, publish_step, verify_step
 from stalwart.checkpoint._writer import write_rank
 from stalwart.checkpoint.catalog import load_manifest
 from stalwart.checkpoint.format import PENDING_PREFIX, step_dir
@@ -35,7 +35,7 @@ def _write(storage: LocalStorage, step: int, fill: int) -> None:
 
 
 def _commit(storage: LocalStorage, coord: Coordinator, step: int, gen: int, **kw: object) -> None:
-    commit_step(
+    publish_step(
         storage,
         step,
         1,

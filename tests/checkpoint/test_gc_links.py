@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.checkpoint import RetentionPolicy, collect_garbage, commit_step, committed_steps
+from stalwart.checkpoint import RetentionPolicy, collect_garbage, committed_steps, publish_step
 from stalwart.checkpoint._writer import write_rank
 from stalwart.checkpoint.storage import LocalStorage
 from stalwart.cli.main import main
@@ -21,7 +21,7 @@ def _save(storage: LocalStorage, step: int) -> None:
     write_rank(
         storage, step=step, rank=0, world_size=1, tree=tree, layout=layout, data=data, known={}
     )
-    commit_step(storage, step, 1)
+    publish_step(storage, step, 1)
 
 
 def _victim(tmp_path: Path, name: str) -> Path:

@@ -14,7 +14,7 @@ import torch
 
 from stalwart.checkpoint import committed_steps, restore_state, verify_step
 from stalwart.checkpoint._tree import flatten
-from stalwart.checkpoint._writer import commit_step, write_rank
+from stalwart.checkpoint._writer import publish_step, write_rank
 from stalwart.checkpoint.storage import FsspecStorage
 
 
@@ -56,7 +56,7 @@ def _save(storage: FsspecStorage, step: int, value: torch.Tensor, commit: bool) 
             chunk_bytes=1024,
         )
     if commit:
-        commit_step(storage, step, 1)
+        publish_step(storage, step, 1)
 
 
 def test_manifest_is_the_commit_marker(storage: FsspecStorage) -> None:

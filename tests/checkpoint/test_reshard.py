@@ -36,7 +36,7 @@ def _state(mesh: object, placement: str) -> dict[str, object]:
 def _worker(rank: int, world: int, store: str, root: str, mode: str, placement: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from stalwart.checkpoint import CheckpointConfig, CheckpointManager, commit_step
+    from stalwart.checkpoint import CheckpointConfig, CheckpointManager, publish_step
 
     # a FileStore rendezvous: no port to race for with other tests
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -58,7 +58,7 @@ def _worker(rank: int, world: int, store: str, root: str, mode: str, placement: 
             mgr.persist(commit=False).result(timeout=60)
             dist.barrier()
             if rank == 0:
-                commit_step(mgr.storage, 5, world)
+                publish_step(mgr.storage, 5, world)
             dist.barrier()
         else:
             res = mgr.restore(state)

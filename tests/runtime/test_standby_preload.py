@@ -15,7 +15,7 @@ import torch
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
 from stalwart.checkpoint import snapshot as snapshot_module
-from stalwart.checkpoint._shm import SlotFiles, slot_dir
+from stalwart.checkpoint.slots import SlotFiles, SlotNames, slot_dir
 from stalwart.errors import CheckpointNotFoundError
 from stalwart.runtime._memory import restore_agreed
 from stalwart.runtime._rendezvous import Agreement, no_common_point
@@ -45,7 +45,7 @@ def _snapshot(snap: Snapshotter, value: float, step: int) -> None:
 def test_poll_copies_each_new_replica_and_knows_what_it_holds(job: str) -> None:
     replica = _replica(job)
     state: dict[str, Any] = {"w": torch.zeros(1000)}
-    pre = Preload(SHM, job, 1)
+    pre = Preload(SlotNames(job, shm_dir=SHM), 1)
     pre.poll(state)  # nothing replicated yet: the state stays the initial one
     assert (pre.seq, pre.touched) == (None, False) and state["w"].sum() == 0
     _snapshot(replica, 1.0, step=5)
@@ -78,7 +78,7 @@ def test_a_copy_overtaken_by_a_writer_is_discarded(
         slot.invalidate()  # a writer chose this slot meanwhile (before the pin)
 
     monkeypatch.setattr(snapshot_module, "load_slot", overtaken)
-    pre = Preload(SHM, job, 1)
+    pre = Preload(SlotNames(job, shm_dir=SHM), 1)
     pre.poll({"w": torch.zeros(1000)})
     assert pre.seq is None and pre.step is None and pre.touched
     assert not pre.holds(replica.directory, 5)
@@ -90,7 +90,7 @@ def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:
     replica = _replica(job)
     _snapshot(replica, 3.0, step=7)
     state: dict[str, Any] = {"w": torch.zeros(1000)}
-    pre = Preload(SHM, job, 1)
+    pre = Preload(SlotNames(job, shm_dir=SHM), 1)
     pre.poll(state)
     replica.close()
     # the adopter takes the replica over as rank 1's own slots (agent/_replica.py)

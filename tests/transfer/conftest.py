@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint.slots import SlotFiles, SlotMeta, slot_dir
 from stalwart.transfer import ReceiverConfig, SlotReceiver
 
 SHM = "/dev/shm"

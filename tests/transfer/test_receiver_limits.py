@@ -10,8 +10,8 @@ import socket
 import threading
 import time
 
-from stalwart.checkpoint._shm import latest_complete
 from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint.slots import latest_complete
 from stalwart.transfer import (
     ReceiverConfig,
     SendConfig,

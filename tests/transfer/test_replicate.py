@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stalwart.checkpoint._shm import latest_complete, slot_dir
+from stalwart.checkpoint.slots import latest_complete, slot_dir
 from stalwart.transfer import SlotReceiver
 from stalwart.transfer.replicate import BEHIND_GRACE_S, ReplicaConfig, Replicator
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.checkpoint._shm import SlotFiles, latest_complete
 from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint.slots import SlotFiles, latest_complete
 from stalwart.coordinator import wire
 from stalwart.transfer import (
     ChunkMismatchError,
@@ -272,7 +272,7 @@ def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
     import subprocess
     import sys
 
-    from stalwart.checkpoint._shm import pin_slot, pinned_slots, unpin_slot
+    from stalwart.checkpoint.slots import pin_slot, pinned_slots, unpin_slot
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -287,7 +287,7 @@ def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
 def test_receiver_never_overwrites_a_pinned_copy(
     receiver: SlotReceiver, token: bytes, spaces: Spaces
 ) -> None:
-    from stalwart.checkpoint._shm import pin_slot, unpin_slot
+    from stalwart.checkpoint.slots import pin_slot, unpin_slot
 
     write_slot(spaces.src_dir, 0, seq=1, data=DATA)
     first = _send(receiver, token, spaces)

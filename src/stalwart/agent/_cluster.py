@@ -22,6 +22,7 @@ from typing import Any
 
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
+from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.coordinator import (
     Compare,
     Coordinator,
@@ -66,6 +67,7 @@ class Cluster:
         # whether close() should remove what lost nodes left in /dev/shm on this host
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
+        self._names: SlotNames | None = None  # set by start(): the run id is agreed there
 
     def start(self) -> None:
         cfg = self.cfg
@@ -105,6 +107,11 @@ class Cluster:
                 heartbeat_interval=cfg.node_lease_s / 4,
             ),
         )
+        # the unpredictable part of every /dev/shm name (checkpoint/slots.py): the first
+        # agent's draw wins the compare-and-swap, every node (and any replacement
+        # agent) reads the same one back
+        run = self.publish_once("shm", {"v": 1, "run": new_run_id()}).get("run")
+        self._names = SlotNames(cfg.job, str(run))
         self._member = self.coord.join(f"node{self.node}", node=str(self.node))
         # an etcd outage is not a node failure: etcd extends every lease when it is back
         self._member.start_heartbeat(on_lost=self._on_lost, give_up=not cfg.etcd)
@@ -165,12 +172,26 @@ class Cluster:
         base = node * self.cfg.nproc_per_node
         return list(range(base, base + self.cfg.nproc_per_node))
 
+    @property
+    def started(self) -> bool:
+        return self._names is not None
+
+    @property
+    def names(self) -> SlotNames:
+        """This run's /dev/shm names (known once :meth:`start` agreed the run id)."""
+        if self._names is None:
+            raise StalwartError("the cluster has not started: no /dev/shm names yet")
+        return self._names
+
     def worker_env(self) -> dict[str, str]:
-        """What a worker needs to reach the coordinator when it lives in etcd, and the
-        fence its joins are checked against (this agent's member key)."""
-        if not self.cfg.etcd:
-            return {}
-        return {"STALWART_RDZV": str(self.cfg.rdzv), "STALWART_FENCE": f"{self.node}:{self.fence}"}
+        """The run id of the /dev/shm names; what a worker needs to reach the
+        coordinator when it lives in etcd, and the fence its joins are checked against
+        (this agent's member key)."""
+        env = {"STALWART_SHM_RUN": self.names.run}
+        if self.cfg.etcd:
+            env["STALWART_RDZV"] = str(self.cfg.rdzv)
+            env["STALWART_FENCE"] = f"{self.node}:{self.fence}"
+        return env
 
     # ---------------------------------------------------------------- launch record
     def publish_once(self, key: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -160,7 +160,7 @@ def adopt_lost_nodes(agent: Agent) -> None:
         for rank in agent.cluster.ranks_of(node):
             local = rank % agent.cfg.nproc_per_node  # an adopted rank keeps its LOCAL_RANK
             # a lost node's memory is gone: its ranks restore from a peer's snapshot
-            agent.trash.add(f"/dev/shm/stalwart-{agent.cfg.job}-r{rank}")
+            agent.trash.add(agent.cluster.names.rank_dir(rank))
             standby = agent.standbys.claim(rank) if agent.standbys is not None else None
             attached = all(x.attached for x in agent.workers.values())
             w = standby or agent.new_worker(rank, local, agent.free_slot(), attached=attached)

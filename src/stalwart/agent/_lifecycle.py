@@ -9,10 +9,11 @@ shared memory is removed last, once nothing maps it.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 from typing import TYPE_CHECKING, Any
+
+from stalwart.checkpoint.slots import SlotNames
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -87,14 +88,19 @@ def teardown(agent: Agent) -> None:
     agent.cluster.close(goodbye=agent._goodbye)
     if agent._board is not None:
         agent._board.close(unlink=True)
-    job = agent.cfg.job
-    for w in agent.workers.values():
-        shutil.rmtree(f"/dev/shm/stalwart-{job}-r{w.rank}", ignore_errors=True)
-    if agent.cluster.last_out:  # what lost nodes left behind on this host, too
-        for path in glob.glob(f"/dev/shm/stalwart-{job}-*"):
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+    if agent.cluster.started:  # (one that ended before the run id was agreed made none)
+        _remove_shm(agent.cluster.names, list(agent.workers), everything=agent.cluster.last_out)
     agent.events.close()
+
+
+def _remove_shm(names: SlotNames, ranks: list[int], *, everything: bool) -> None:
+    """This node's ranks' slots; ``everything``: the last agent out on this host also
+    removes what lost nodes left (only this run's names: another job is not touched)."""
+    for rank in ranks:
+        shutil.rmtree(names.rank_dir(rank), ignore_errors=True)
+    for path in names.everything() if everything else []:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)

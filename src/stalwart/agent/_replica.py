@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stalwart.agent._cluster import ring_successor
-from stalwart.checkpoint._shm import latest_complete, slot_dir
+from stalwart.checkpoint.slots import latest_complete, write_replica_marker
 from stalwart.transfer import (
     ReceiverConfig,
     ReplicaConfig,
@@ -43,10 +43,7 @@ from stalwart.transfer import (
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
-__all__ = ["MARKER", "NodeReplicas", "start_replicas"]
-
-MARKER = "replica.json"  # in a rank's slot directory taken over from a replica
-_SHM = "/dev/shm"
+__all__ = ["NodeReplicas", "start_replicas"]
 
 
 def start_replicas(agent: Agent) -> NodeReplicas | None:
@@ -60,9 +57,12 @@ class NodeReplicas:
         self.agent = agent
         self.job = agent.cfg.job
         cluster = agent.cluster
+        self.names = cluster.names
         self._key = f"/stalwart/{self.job}/replica/node"
         host = agent.cfg.replica_host
-        self.rx = SlotReceiver(cluster.token, ReceiverConfig(shm_dir=_SHM, host=host, slots=2))
+        self.rx = SlotReceiver(
+            cluster.token, ReceiverConfig(shm_dir=self.names.shm_dir, host=host, slots=2)
+        )
         rx_host, rx_port = self.rx.start()
         doc = {"host": rx_host, "port": rx_port, "hostname": socket.gethostname()}
         cluster.store.put(f"{self._key}{agent.cfg.node_rank}", json.dumps(doc).encode())
@@ -82,10 +82,7 @@ class NodeReplicas:
         self.agent.events.emit("note", message=why)
 
     def _sources(self) -> dict[str, str]:
-        return {
-            f"{self.job}-replica-r{rank}": slot_dir(_SHM, f"{self.job}-r{rank}")
-            for rank in self.agent.workers
-        }
+        return {self.names.replica(rank): self.names.rank_dir(rank) for rank in self.agent.workers}
 
     def _buddy_address(self) -> tuple[str, int] | None:
         """Called by the replicator thread before each round; re-read once a second."""
@@ -116,7 +113,7 @@ class NodeReplicas:
         partial take-over would only make the restore pick an older common step)."""
         found: dict[int, int] = {}
         for rank in ranks:
-            directory = slot_dir(_SHM, f"{self.job}-replica-r{rank}")
+            directory = self.names.replica_dir(rank)
             with contextlib.suppress(Exception):
                 latest = latest_complete(directory, 2)
                 if latest is not None:
@@ -126,16 +123,15 @@ class NodeReplicas:
         sources: dict[int, str] = {}
         try:  # a transfer in flight into a copy (its sender hung) is cut, not waited for
             for rank in ranks:
-                sources[rank] = self.rx.release(f"{self.job}-replica-r{rank}")
+                sources[rank] = self.rx.release(self.names.replica(rank))
         except TransferError as err:
             self._behind(f"replica takeover of ranks {ranks} abandoned: {err}")
             return {}
         for rank, src in sources.items():
-            dst = slot_dir(_SHM, f"{self.job}-r{rank}")
+            dst = self.names.rank_dir(rank)
             shutil.rmtree(dst, ignore_errors=True)
             os.rename(src, dst)
-            with open(os.path.join(dst, MARKER), "w") as f:
-                json.dump({"step": found[rank], "by": self.agent.cfg.node_rank}, f)
+            write_replica_marker(dst, {"step": found[rank], "by": self.agent.cfg.node_rank})
         return found
 
     def close(self) -> None:
@@ -143,4 +139,4 @@ class NodeReplicas:
         received = self.rx.namespaces()
         self.rx.close()
         for namespace in received:
-            shutil.rmtree(slot_dir(_SHM, namespace), ignore_errors=True)
+            shutil.rmtree(self.names.directory(namespace), ignore_errors=True)

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stalwart.checkpoint.slots import open_private
+
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
@@ -100,7 +102,7 @@ class Standbys:
         assert agent._zygote is not None and agent._board is not None
         slot = agent.free_slot()
         nonce = secrets.token_hex(4)
-        go = f"/dev/shm/stalwart-{agent.cfg.job}-standby-r{rank}-{nonce}"
+        go = agent.cluster.names.standby_go(rank, nonce)
         sb = _Standby(rank, slot, go, ident=f"standby-{rank}-{nonce}", t_spawn=time.time())
         w = agent.new_worker(rank, rank % agent.cfg.nproc_per_node, slot, attached=True)
         spec = agent.worker_spec(w, {"STALWART_STANDBY": go})
@@ -159,7 +161,7 @@ class Standbys:
         if sb is None:
             return False
         tmp = f"{sb.go}.tmp"
-        with open(tmp, "w") as f:
+        with open_private(tmp) as f:
             f.write('{"v": 1}\n')
         os.rename(tmp, sb.go)  # the standby sees the whole file or none (it deletes it)
         w.t_spawn = time.time()

@@ -15,12 +15,11 @@ restart-everything route of a plain script.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from stalwart.metrics.journal import OPEN, journal_path, read, written
+from stalwart.metrics.journal import OPEN, read, written
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -54,14 +53,14 @@ class StepRecords:
     def close(self) -> None:
         """At teardown: journals of processes not seen to exit (the stop timed out)."""
         self.flush()
-        prefix = journal_path(self.agent.cfg.job, 0)[:-1]
-        for path in glob.glob(prefix + "*"):
-            tail = path[len(prefix) :]
-            if tail.isdigit():
-                self._from_journal(int(tail))
+        names = self.agent.cluster.names
+        for path in names.step_journals():
+            pid = names.journal_pid(path)
+            if pid is not None:
+                self._from_journal(pid)
 
     def _from_journal(self, pid: int) -> None:
-        path = journal_path(self.agent.cfg.job, pid)
+        path = self.agent.cluster.names.step_journal(pid)
         rec = read(path)
         if rec is not None and (rec.state == OPEN or not written(self.agent.events.path, pid, rec)):
             self.agent.events.emit("steps", t=rec.t_end, rank=0, **rec.fields())

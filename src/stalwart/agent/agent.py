@@ -89,7 +89,7 @@ class Agent:
         self.cluster.start()
         self.coord = self.cluster.coord
         self.generation = self.coord.generation()
-        board = f"/dev/shm/stalwart-{cfg.job}-progress-n{cfg.node_rank}"
+        board = self.cluster.names.progress_board(cfg.node_rank)
         # room for every rank: a node may adopt the ranks of a lost node
         self._board = ProgressBoard(board, cfg.world_size, create=True)
         os.makedirs(os.path.join(self.run_dir, "chaos"), exist_ok=True)

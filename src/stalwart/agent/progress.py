@@ -53,7 +53,7 @@ class ProgressBoard:
         self.path = path
         self.slots = slots
         size = slots * _SIZE
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
             if create:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stalwart.checkpoint._state import RNGState
-    from stalwart.checkpoint._writer import commit_step
+    from stalwart.checkpoint._writer import publish_step
     from stalwart.checkpoint.catalog import VerifyReport, committed_steps, verify_step
     from stalwart.checkpoint.manager import CheckpointConfig, CheckpointManager
     from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
@@ -36,16 +36,16 @@ __all__ = [
     "Snapshotter",
     "VerifyReport",
     "collect_garbage",
-    "commit_step",
     "committed_steps",
     "open_storage",
+    "publish_step",
     "restore_state",
     "verify_step",
 ]
 
 _WHERE = {
     "RNGState": "_state",
-    "commit_step": "_writer",
+    "publish_step": "_writer",
     "VerifyReport": "catalog",
     "committed_steps": "catalog",
     "verify_step": "catalog",

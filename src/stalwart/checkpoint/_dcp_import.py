@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from stalwart.checkpoint._load import byte_view
 from stalwart.checkpoint._tree import flatten
-from stalwart.checkpoint._writer import commit_step, write_rank
+from stalwart.checkpoint._writer import publish_step, write_rank
 from stalwart.checkpoint.format import step_dir
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import CheckpointFormatError, ConfigError, UnsupportedStateError
@@ -355,7 +355,7 @@ def write(storage: Storage, step: int, loaded: Loaded, meta: dict[str, Any]) -> 
         data=byte_view(data),
         known={},
     )
-    commit_step(storage, step, 1, meta=meta)
+    publish_step(storage, step, 1, meta=meta)
     return len(leaves), sum(leaf.tensor.nbytes for leaf in leaves)
 
 

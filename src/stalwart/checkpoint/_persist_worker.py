@@ -26,7 +26,7 @@ from typing import Any
 
 from stalwart.checkpoint._select import select
 from stalwart.checkpoint._shm import SlotFiles
-from stalwart.checkpoint._writer import commit_step, known_chunks, write_rank
+from stalwart.checkpoint._writer import known_chunks, publish_step, write_rank
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
 from stalwart.checkpoint.format import ChunkRef
 from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
@@ -128,7 +128,7 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     }
     if req.get("commit"):
         t_commit = time.perf_counter()
-        commit_step(
+        publish_step(
             storage,
             meta.step,
             int(req["world_size"]),

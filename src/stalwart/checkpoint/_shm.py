@@ -26,7 +26,7 @@ import re
 import secrets
 import stat
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from stalwart.errors import ConfigError
 
@@ -35,6 +35,7 @@ __all__ = [
     "SlotMeta",
     "Window",
     "ensure_private_dir",
+    "open_private",
     "pin_slot",
     "pinned_slots",
     "slot_dir",
@@ -43,6 +44,7 @@ __all__ = [
 
 SLOT_FORMAT = "stalwart.shm-slot"
 SLOT_VERSION = 1
+SHM_DIR = "/dev/shm"  # where slots live unless a config says otherwise (tests)
 
 
 def slot_dir(shm_dir: str, namespace: str) -> str:
@@ -50,6 +52,13 @@ def slot_dir(shm_dir: str, namespace: str) -> str:
 
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_private(path: str, mode: str = "w") -> IO[Any]:
+    """Open ``path`` for writing (``"w"`` or ``"wb"``), created 0600 and never through a
+    link: a link planted at the name (``ELOOP``) is refused rather than followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    return os.fdopen(fd, mode)
 
 
 def ensure_private_dir(path: str) -> None:

@@ -2,7 +2,7 @@
 
 Order of writes, which is what makes a checkpoint "committed and verifiable, or
 invisible": pack (fsync, rename) -> rank index (atomic) -> manifest (atomic, last; under
-a coordinator: pending name -> fenced record -> rename, see :func:`commit_step`).
+a coordinator: pending name -> fenced record -> rename, see :func:`publish_step`).
 A manifest is only written after every rank's index exists and every pack it references
 is present, so a visible manifest never points at bytes that are not durable.
 """
@@ -35,7 +35,7 @@ from stalwart.checkpoint.format import (
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import CheckpointError, FencedError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "RankWrite", "commit_step", "known_chunks", "write_rank"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "RankWrite", "known_chunks", "publish_step", "write_rank"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """4 MiB: large enough that per-chunk overhead is noise at disk speed, small enough that
@@ -245,7 +245,7 @@ def write_rank(
     return RankWrite(index, pos, time.perf_counter() - t0)
 
 
-def commit_step(
+def publish_step(
     storage: Storage,
     step: int,
     world_size: int,
@@ -257,7 +257,9 @@ def commit_step(
     record: Callable[[Manifest], object] | None = None,
     pause: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Write the manifest of ``step`` once every rank's index is there.
+    """Publish ``step`` on disk: write its manifest once every rank's index is there
+    (on disk; :meth:`stalwart.coordinator.Coordinator.commit_step` is the store's
+    record of a trained step, a different thing).
 
     ``is_current(generation)`` is an early check: a member of an old generation gets
     :class:`FencedError` and nothing is written. ``record`` is the fence itself (the

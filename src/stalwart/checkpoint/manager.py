@@ -6,7 +6,7 @@ process and returns at once. The slot stays pinned until the persist is done, so
 snapshots never overwrite bytes that are being written out.
 
 Multi-rank jobs: every rank persists its own shard with ``commit=False``; the committer
-(rank 0, or the coordinator) calls :func:`stalwart.checkpoint.commit_step` once every
+(rank 0, or the coordinator) calls :func:`stalwart.checkpoint.publish_step` once every
 rank has finished, with its generation so that a fenced member cannot commit.
 """
 
@@ -18,11 +18,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from stalwart.checkpoint._writer import commit_step
+from stalwart.checkpoint._writer import publish_step
 from stalwart.checkpoint.format import Manifest
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
 from stalwart.checkpoint.retention import GcReport, RetentionPolicy, collect_garbage
+from stalwart.checkpoint.slots import SHM_DIR
 from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError, CheckpointNotFoundError
@@ -39,7 +40,7 @@ class CheckpointConfig:
     rank: int = 0
     world_size: int = 1
     slots: int = 2
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = SHM_DIR
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     persist: PersistConfig = field(default_factory=PersistConfig)
     replicated: bool = False  # DDP: every rank holds the same state
@@ -128,10 +129,10 @@ class CheckpointManager:
         protect: Collection[int] = (),
     ) -> tuple[Manifest, GcReport]:
         """Commit a step persisted with ``commit=False`` (fenced by ``record``: see
-        :func:`commit_step`), then apply the retention policy. ``protect`` names steps
+        :func:`publish_step`), then apply the retention policy. ``protect`` names steps
         GC must keep (ones another member may still restore from); the newest committed
         step is always kept."""
-        manifest = commit_step(
+        manifest = publish_step(
             self.storage,
             step,
             self.config.world_size,

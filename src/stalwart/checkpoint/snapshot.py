@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from stalwart.checkpoint._shm import (
+    SHM_DIR,
     SlotFiles,
     SlotMeta,
     ensure_private_dir,
@@ -50,7 +51,7 @@ class SnapshotConfig:
 
     namespace: str
     slots: int = 2
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = SHM_DIR
 
     def __post_init__(self) -> None:
         if self.slots < 2:

@@ -13,7 +13,9 @@ t_end generation seq`` (``q q q q q d d d q q``; ``t_end``: when the last step e
 ``seq`` is written first and last: a record whose two copies differ was cut mid-write
 and is ignored. ``state``: 0 empty, 1 open (not written), 2 being written (the event
 may or may not have reached the log: the reader looks for it there). The file is
-``/dev/shm/stalwart-<job>-steps-<pid>``; the agent removes it when the process is gone.
+``SlotNames.step_journal(pid)`` (checkpoint/slots.py:
+``/dev/shm/stalwart-<job>-<run>-steps-<pid>``); the agent removes it when the process is
+gone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ __all__ = [
     "WRITING",
     "JournalRecord",
     "StepJournal",
-    "journal_path",
     "read",
     "written",
 ]
@@ -40,10 +41,6 @@ __all__ = [
 _FMT = "<qqqqqdddqq"
 _SIZE = struct.calcsize(_FMT)
 EMPTY, OPEN, WRITING = 0, 1, 2
-
-
-def journal_path(job: str, pid: int) -> str:
-    return f"/dev/shm/stalwart-{job}-steps-{pid}"
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ class StepJournal:
 def read(path: str) -> JournalRecord | None:
     """The record at ``path``; None when absent, empty, torn or out of bounds."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
             raw = f.read(_SIZE)
     except OSError:
         return None

@@ -17,8 +17,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import StalwartError
-from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal, journal_path
+from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._metric_log import MetricLog
 
 if TYPE_CHECKING:
@@ -107,9 +108,11 @@ class StepAccounting:
 
     def _open_journal(self) -> StepJournal | None:
         """Under `stalwart run` only: the agent writes the batch if this process dies."""
-        if self._journal is None and self.sess.env.managed and self.sess.env.progress:
+        env = self.sess.env
+        if self._journal is None and env.managed and env.progress:
+            path = SlotNames(env.job, env.shm_run).step_journal(os.getpid())
             with contextlib.suppress(OSError):
-                self._journal = StepJournal(journal_path(self.sess.env.job, os.getpid()))
+                self._journal = StepJournal(path)
         return self._journal
 
     def flush(self) -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import ReplicaMismatchError
 from stalwart.runtime._joiners import JoinWatcher, Keys
 from stalwart.runtime._live import LiveRollback
@@ -87,6 +88,7 @@ class Elastic(Membership):
         self.member = env.rank  # the launch rank names the member for life
         self.inc = env.incarnation or "0"
         self.keys = Keys(env.job)
+        self.names = SlotNames(env.job, env.shm_run)
         self.token = _job_token(sess)
         self.batch: BatchConfig | None = None
         self.world = 0  # size of the last group formed (0: none yet)
@@ -236,7 +238,7 @@ class Elastic(Membership):
         host = socket.gethostname()
         for m, info in sorted(infos.items()):
             if target in info.get("steps", []) and info.get("host") == host:
-                peer = Snapshotter(SnapshotConfig(f"{self.sess.env.job}-r{m}"))
+                peer = Snapshotter(SnapshotConfig(self.names.rank(m)))
                 return restore_memory_step(peer, self.sess._state, target)
         raise RuntimeError(f"no snapshot of step {target} reachable from member {self.member}")
 

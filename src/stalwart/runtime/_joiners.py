@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, latest_complete
 from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint.slots import SlotFiles, latest_complete
 from stalwart.coordinator._elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Store
 from stalwart.transfer import SendResult, TransferError, send_slot

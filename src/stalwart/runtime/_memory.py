@@ -3,10 +3,10 @@ one of them (the slot of a given step may be the older of the two)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from stalwart.checkpoint.slots import SlotNames, read_replica_marker
 from stalwart.checkpoint.snapshot import Snapshotter
 
 __all__ = [
@@ -19,23 +19,16 @@ __all__ = [
     "taken_from_replica",
 ]
 
-_REPLICA_MARKER = "replica.json"  # agent/_replica.py: slots taken over from a replica
-
 
 def holds_replica(snap: Snapshotter) -> bool:
     """Whether these slots were taken over from a buddy's replica (not restored yet)."""
-    return os.path.exists(os.path.join(snap.directory, _REPLICA_MARKER))
+    return read_replica_marker(snap.directory, consume=False)
 
 
 def taken_from_replica(snap: Snapshotter) -> bool:
     """True once for slots an agent took over from a buddy's replica (the restore
     reports the ``replica`` tier); the marker is consumed."""
-    path = os.path.join(snap.directory, _REPLICA_MARKER)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
+    return read_replica_marker(snap.directory, consume=True)
 
 
 def committed_disk_steps(storage: Any, keep: int = 8) -> list[int]:
@@ -57,7 +50,7 @@ def restore_memory_step(snap: Snapshotter, state: Mapping[str, Any], step: int) 
     return int(meta.data_size) if meta is not None else 0
 
 
-def memory_source(job: str, rank: int, agreement: Any, own: Snapshotter) -> Snapshotter:
+def memory_source(names: SlotNames, rank: int, agreement: Any, own: Snapshotter) -> Snapshotter:
     """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
     host that does (the peer tier; across hosts, a buddy's replica or disk)."""
     import socket
@@ -70,7 +63,7 @@ def memory_source(job: str, rank: int, agreement: Any, own: Snapshotter) -> Snap
     host = socket.gethostname()
     for info in sorted(agreement.infos, key=lambda i: int(i.get("rank", 0))):
         if target in info.get("steps", []) and info.get("host") == host:
-            return Snapshotter(SnapshotConfig(f"{job}-r{info['rank']}"))
+            return Snapshotter(SnapshotConfig(names.rank(int(info["rank"]))))
     raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
 
 
@@ -85,7 +78,7 @@ def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str, bo
     if a.target is None:
         return 0, a.tier, False
     if a.tier in ("memory", "peer"):
-        source = memory_source(sess.env.job, sess.rank, a, snap)
+        source = memory_source(SlotNames(sess.env.job, sess.env.shm_run), sess.rank, a, snap)
         tier = "memory" if source is snap else "peer"
         if source is snap and taken_from_replica(snap):
             tier = "replica"  # a lost node's slots, kept by its buddy

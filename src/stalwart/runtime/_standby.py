@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotFiles, latest_complete, pin_slot, slot_dir, unpin_slot
+from stalwart.checkpoint.slots import SlotFiles, SlotNames, latest_complete, pin_slot, unpin_slot
 
 __all__ = ["Preload", "park"]
 
@@ -49,8 +49,7 @@ class Preload:
     ``touched``: its state is no longer the script's initial state (a copy was made, or
     began and was discarded), so it must not start a job from step 0."""
 
-    shm_dir: str
-    job: str
+    names: SlotNames
     rank: int
     seq: int | None = None
     step: int | None = None
@@ -68,7 +67,7 @@ class Preload:
         """Copy the newest complete replica into ``state`` if it is not there yet."""
         from stalwart.checkpoint.snapshot import load_slot
 
-        directory = slot_dir(self.shm_dir, f"{self.job}-replica-r{self.rank}")
+        directory = self.names.replica_dir(self.rank)
         found = latest_complete(directory, _SLOTS)
         if found is None or found[1].seq == self.seq:
             return
@@ -78,7 +77,7 @@ class Preload:
         except FileNotFoundError:
             return  # taken over or removed meanwhile
         slot = SlotFiles(directory, index)
-        own = slot_dir(self.shm_dir, f"{self.job}-r{self.rank}")
+        own = self.names.rank_dir(self.rank)
         try:
             again = slot.read_meta()  # a writer that chose it before the pin unlinks it
             if again is None or again.seq != meta.seq:
@@ -110,8 +109,8 @@ def park(sess: Any, poll_s: float = _POLL_S) -> float:
 
     path = sess.env.standby
     sess._publish("standby")
-    shm_dir = SnapshotConfig(f"{sess.env.job}-r{sess.rank}").shm_dir
-    preload = sess._preload = Preload(shm_dir, sess.env.job, sess.rank)
+    names = SlotNames(sess.env.job, sess.env.shm_run)
+    preload = sess._preload = Preload(names, sess.rank)
     t0 = time.monotonic()
     polls = 0
     while not os.path.exists(path):

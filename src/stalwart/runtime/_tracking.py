@@ -21,6 +21,7 @@ __all__ = ["guard_optimizer", "open_checkpoints"]
 def open_checkpoints(sess: Any) -> None:
     """The snapshot slots and the persister of ``sess``'s rank."""
     from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
+    from stalwart.checkpoint.slots import SlotNames
     from stalwart.runtime._perrank import open_part
 
     env = sess.env
@@ -31,7 +32,7 @@ def open_checkpoints(sess: Any) -> None:
     sess._ckpt = CheckpointManager(
         CheckpointConfig(
             root=root,
-            namespace=f"{env.job}-r{sess.rank}",
+            namespace=SlotNames(env.job, env.shm_run).rank(sess.rank),
             rank=0,
             world_size=1,
             retention=RetentionPolicy(env.keep_last, env.keep_every or None),

@@ -46,6 +46,7 @@ class WorkerEnv:
     )
     keep_last: int = 3  # retention: committed checkpoints kept per checkpoint directory
     keep_every: int = 0  # retention: milestone steps also kept (0: none)
+    shm_run: str = ""  # the run id in the job's /dev/shm names (checkpoint/slots.py)
 
     @property
     def managed(self) -> bool:
@@ -93,4 +94,5 @@ class WorkerEnv:
             keep_last=max(1, int(e.get("STALWART_KEEP_LAST", "3"))),
             keep_every=max(0, int(e.get("STALWART_KEEP_EVERY", "0"))),
             step_p99_s=max(0.0, float(e.get("STALWART_STEP_P99", "0") or 0)),
+            shm_run=e.get("STALWART_SHM_RUN", ""),
         )

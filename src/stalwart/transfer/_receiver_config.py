@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stalwart.checkpoint.slots import SHM_DIR
 from stalwart.errors import ConfigError
 
 __all__ = ["ReceiveResult", "ReceiverConfig"]
@@ -13,7 +14,7 @@ __all__ = ["ReceiveResult", "ReceiverConfig"]
 class ReceiverConfig:
     """Where received slots go and what a sender may ask for."""
 
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = SHM_DIR
     slots: int = 2
     host: str = "127.0.0.1"
     port: int = 0

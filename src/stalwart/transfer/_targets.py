@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from stalwart.checkpoint._shm import SlotFiles, SlotMeta, Window, pinned_slots
 from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint.slots import SlotFiles, SlotMeta, Window, pinned_slots
 from stalwart.transfer.errors import TransferError
 
 __all__ = ["Target", "hash_window", "layout_fits", "mismatch"]

@@ -28,8 +28,9 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from stalwart.checkpoint._shm import SlotMeta, Window, pinned_slots, slot_dir
+from stalwart.checkpoint.slots import SlotMeta, Window, ensure_private_dir, pinned_slots, slot_dir
 from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
+from stalwart.errors import ConfigError
 from stalwart.logs import get_logger
 from stalwart.transfer import _wire
 from stalwart.transfer._receiver_config import ReceiverConfig, ReceiveResult
@@ -363,7 +364,11 @@ class SlotReceiver:
             target = self._targets.get(namespace)
             if target is None:
                 directory = slot_dir(self.config.shm_dir, namespace)
-                os.makedirs(directory, mode=0o700, exist_ok=True)
+                os.makedirs(self.config.shm_dir, exist_ok=True)
+                try:  # 0700 and ours, or refused (a name squatted by another user)
+                    ensure_private_dir(directory)
+                except ConfigError as err:
+                    raise TransferError(str(err)) from err
                 target = self._targets[namespace] = Target(directory, self.config.slots)
             return target
 

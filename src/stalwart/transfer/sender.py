@@ -28,14 +28,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.checkpoint._shm import (
+from stalwart.checkpoint.format import checksum
+from stalwart.checkpoint.slots import (
     SlotFiles,
     SlotMeta,
     latest_complete,
     pin_slot,
     unpin_slot,
 )
-from stalwart.checkpoint.format import checksum
 from stalwart.transfer import _wire
 from stalwart.transfer._wire import Pacer
 from stalwart.transfer.errors import (
