@@ -21,14 +21,18 @@ from stalwart.agent._cluster import ring_successor
 from stalwart.agent._standby import Standbys
 from stalwart.agent.agent import Agent
 from stalwart.agent.config import LaunchConfig
+from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.errors import ConfigError
 from stalwart.runtime._standby import park
+
+RUN = new_run_id()
 
 
 @dataclass
 class _Cluster:
     live: set[int]
     ranks: dict[int, list[int]]
+    names: SlotNames = field(default_factory=lambda: SlotNames("sbtest", RUN))
 
     def live_nodes(self) -> set[int]:
         return set(self.live)
@@ -115,7 +119,7 @@ def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring()
     assert sorted(m["spec"]["slot"] for m in spawned) == [2, 3]  # workers hold 0 and 1
     for m in spawned:
         go = m["spec"]["env"]["STALWART_STANDBY"]
-        assert go.startswith("/dev/shm/stalwart-sbtest-standby-r") and not os.path.exists(go)
+        assert go.startswith(f"/dev/shm/stalwart-sbtest-{RUN}-standby-r") and not os.path.exists(go)
         assert sb.on_spawned(m["id"], 1_000_000 + m["spec"]["rank"])
     sb.reconcile(1.5)  # within the second: nothing read, nothing started
     assert len(agent._zygote.sent) == 2
@@ -170,7 +174,9 @@ def test_a_dead_standby_is_not_claimed_and_is_replaced() -> None:
 def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
     go = tmp_path / "go"
     phases: list[str] = []
-    env = SimpleNamespace(standby=str(go), job=f"test-park-{uuid.uuid4().hex[:8]}")
+    env = SimpleNamespace(
+        standby=str(go), job=f"test-park-{uuid.uuid4().hex[:8]}", shm_run=new_run_id()
+    )
     sess = SimpleNamespace(env=env, rank=0, _state={}, _publish=phases.append)
     timer = threading.Timer(0.2, go.write_text, args=("{}",))
     timer.start()

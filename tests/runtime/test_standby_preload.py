@@ -103,7 +103,7 @@ def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:
         _ckpt=SimpleNamespace(snapshots=own),
         _state=state,
         _preload=pre,
-        env=SimpleNamespace(job=job),
+        env=SimpleNamespace(job=job, shm_run=""),
         rank=1,
     )
     a = Agreement(1, 7, "memory", 9, ({"rank": 1, "steps": [7]},))
