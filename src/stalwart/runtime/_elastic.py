@@ -1,7 +1,7 @@
 """``--strategy elastic`` in the worker: shrink on a failure, grow on a join, no restarts.
 
 A *member* is named for life by the rank it was launched with (``RANK`` at start; its
-snapshot namespace ``<job>-r<member>``) plus an *incarnation* (one per process the agent
+snapshot namespace ``SlotNames.rank(member)``) plus an *incarnation* (one per process the agent
 starts for it). Each generation has a *roster*, decided once in the store
 (``el/roster/<gen>``, create-if-absent): the previous roster's members that are still
 alive (the agents keep ``el/alive/<member>`` = incarnation) plus the joiners admitted

@@ -8,7 +8,7 @@ bounded share of the network and of the cores that training uses.
 
 Why polling the slot metas (every ``poll_s``) rather than being told: the agent and the
 workers are separate processes and the slot files are the interface between them
-(checkpoint/_shm.py); reading a few small JSON files per interval costs microseconds.
+(checkpoint/slots.py); reading a few small JSON files per interval costs microseconds.
 Why "newest only": a replica is useful only as the latest restorable state; sending a
 snapshot that is already superseded would spend bandwidth on something never used.
 
@@ -69,7 +69,7 @@ class Replicator:
     """Keeps the buddy's copy of every ``sources`` slot directory up to date.
 
     ``sources`` maps the namespace to store under at the buddy (e.g.
-    ``<job>-replica-r<rank>``) to the local slot directory. ``address`` is the buddy's
+    ``SlotNames.replica(rank)``) to the local slot directory. ``address`` is the buddy's
     receiver, or a callable returning it (the buddy may change after a membership
     change; return None while there is none).
     """
