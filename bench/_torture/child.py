@@ -164,8 +164,8 @@ def _inject_bug(name: str) -> None:
 def child_main(args: argparse.Namespace) -> int:
     """Save steps forever (or ``--max-steps``), reporting each phase on stdout. No torch."""
     from stalwart.checkpoint import _persist_worker as pw
-    from stalwart.checkpoint._shm import SlotFiles, SlotMeta
     from stalwart.checkpoint.catalog import committed_steps
+    from stalwart.checkpoint.slots import SlotFiles, SlotMeta
     from stalwart.checkpoint.storage import open_storage
 
     step = 0

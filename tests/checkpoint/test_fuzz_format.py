@@ -130,7 +130,7 @@ def test_deep_nesting_is_a_format_error() -> None:
 def test_slot_metadata_of_any_shape_is_refused_not_raised(doc: Any) -> None:
     """A slot's metadata file is read by survivors, standbys and the replica receiver: a
     torn or crafted one is 'no slot here' (None), never an exception."""
-    from stalwart.checkpoint._shm import SLOT_FORMAT, SLOT_VERSION, SlotMeta
+    from stalwart.checkpoint.slots import SLOT_FORMAT, SLOT_VERSION, SlotMeta
 
     for data in (json.dumps(doc).encode(), b"[" * 100_000, b'{"seq": 1e400}'):
         SlotMeta.decode(data)

@@ -188,7 +188,7 @@ def test_device_tensors_are_routed_to_the_side_stream_copy(
 def test_slot_directory_must_be_private(tmp_path: Path) -> None:
     """A pre-created slot directory that others may write, or a link, is refused in one
     line; files are never opened through a link."""
-    from stalwart.checkpoint._shm import SlotFiles, ensure_private_dir
+    from stalwart.checkpoint.slots import SlotFiles, ensure_private_dir
 
     shared = tmp_path / "stalwart-open"
     shared.mkdir()
