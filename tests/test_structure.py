@@ -30,15 +30,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "private_import": frozenset(
         {
             "agent/_elastic.py: stalwart.coordinator._elastic_keys",
-            "agent/_replica.py: stalwart.checkpoint._shm",
             "cli/run.py: stalwart.agent._etcd_cluster",
-            "runtime/_joiners.py: stalwart.checkpoint._shm",
             "runtime/_joiners.py: stalwart.coordinator._elastic_keys",
-            "runtime/_standby.py: stalwart.checkpoint._shm",
             "sim/calibrate.py: stalwart.metrics._intervals",
-            "transfer/_targets.py: stalwart.checkpoint._shm",
-            "transfer/receiver.py: stalwart.checkpoint._shm",
-            "transfer/sender.py: stalwart.checkpoint._shm",
         }
     ),
     # (b) reach-ins into another object's internals: the agent's helper modules of free

@@ -107,11 +107,7 @@ class Cluster:
                 heartbeat_interval=cfg.node_lease_s / 4,
             ),
         )
-        # the unpredictable part of every /dev/shm name (checkpoint/slots.py): the first
-        # agent's draw wins the compare-and-swap, every node (and any replacement
-        # agent) reads the same one back
-        run = self.publish_once("shm", {"v": 1, "run": new_run_id()}).get("run")
-        self._names = SlotNames(cfg.job, str(run))
+        self._names = self._agree_names()
         self._member = self.coord.join(f"node{self.node}", node=str(self.node))
         # an etcd outage is not a node failure: etcd extends every lease when it is back
         self._member.start_heartbeat(on_lost=self._on_lost, give_up=not cfg.etcd)
@@ -171,6 +167,13 @@ class Cluster:
             return [int(r) for r in json.loads(kv.value)]
         base = node * self.cfg.nproc_per_node
         return list(range(base, base + self.cfg.nproc_per_node))
+
+    def _agree_names(self) -> SlotNames:
+        """The unpredictable part of every /dev/shm name (checkpoint/slots.py): the
+        first agent's draw wins the compare-and-swap, every node (and any replacement
+        agent) reads the same one back; SlotNames refuses a malformed one."""
+        run = self.publish_once("shm", {"v": 1, "run": new_run_id()}).get("run")
+        return SlotNames(self.cfg.job, str(run))
 
     @property
     def started(self) -> bool:
