@@ -178,13 +178,18 @@ def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
         standby=str(go), job=f"test-park-{uuid.uuid4().hex[:8]}", shm_run=new_run_id()
     )
     sess = SimpleNamespace(env=env, rank=0, _state={}, _publish=phases.append)
-    timer = threading.Timer(0.2, go.write_text, args=("{}",))
-    timer.start()
-    t0 = time.monotonic()
-    parked = park(sess, poll_s=0.002)
-    assert parked >= 0.15 and time.monotonic() - t0 < 10
-    assert phases == ["standby"] and not go.exists()
-    timer.join()
+    parked: list[float] = []
+    waiter = threading.Thread(target=lambda: parked.append(park(sess, poll_s=0.002)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while phases != ["standby"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert phases == ["standby"]
+    waiter.join(0.2)
+    assert waiter.is_alive() and not parked  # parked: it cannot return without its file
+    go.write_text("{}")
+    waiter.join(30)
+    assert parked and parked[0] > 0 and not go.exists()
 
 
 @pytest.mark.parametrize(
