@@ -38,7 +38,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (b) reach-ins into another object's internals: the agent's helper modules of free
     # functions taking `agent: Agent` (agent lane: LocalWorkers, JobGeneration, one
     # RecoveryPolicy per strategy) and the runtime's taking `sess: Session` (runtime lane:
-    # Session owns its parts; rejoin returns one Formation); gen._store/_wait/job._rank:
+    # Session owns its parts; rejoin returns one Formation); job._rank:
     # the contract lane's group seam.
     "foreign_private_attribute": frozenset(
         {
@@ -81,7 +81,6 @@ ALLOWED: dict[str, frozenset[str]] = {
             "runtime/_elastic.py: sess._replicated",
             "runtime/_elastic.py: sess._state",
             "runtime/_elastic.py: sess._t_progress",
-            "runtime/_fsdp.py: gen._store",
             "runtime/_membership.py: sess._ckpt",
             "runtime/_membership.py: sess._publish",
             "runtime/_membership.py: sess._state",
@@ -101,8 +100,6 @@ ALLOWED: dict[str, frozenset[str]] = {
             "runtime/_tracking.py: sess._part",
             "runtime/_tracking.py: sess._replicated",
             "runtime/_tracking.py: sess._state",
-            "runtime/_world.py: gen._store",
-            "runtime/_world.py: gen._wait",
             "runtime/_world.py: inst.job._rank",
         }
     ),

@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointNotFoundError",
     "ConfigError",
+    "ContractError",
     "DiskFullError",
     "FencedError",
     "GroupNotFormedError",
@@ -96,3 +97,8 @@ class ProcessGroupInitError(StalwartError, ValueError):
 class ReplicaMismatchError(StalwartError):
     """The members' replicated state (a DDP model's parameters) differs at a formation:
     training on would average gradients of different models."""
+
+
+class ContractError(ConfigError):
+    """The environment a worker was started with (the agent-to-worker contract,
+    runtime/env.py) is malformed, out of bounds or of another version."""

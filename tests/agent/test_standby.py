@@ -24,6 +24,7 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.errors import ConfigError
 from stalwart.runtime._standby import park
+from stalwart.runtime.env import WorkerFields
 
 RUN = new_run_id()
 
@@ -85,7 +86,7 @@ class _FakeAgent:
             used |= self.standbys.used_slots()
         return min(set(range(len(used) + 1)) - used)
 
-    def worker_spec(self, w: Any, extra: dict[str, str]) -> dict[str, Any]:
+    def worker_spec(self, w: Any, extra: WorkerFields) -> dict[str, Any]:
         return {"rank": w.rank, "slot": w.slot, "env": dict(extra)}
 
     @staticmethod
@@ -118,7 +119,7 @@ def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring()
     assert sorted(m["spec"]["rank"] for m in spawned) == [0, 1]
     assert sorted(m["spec"]["slot"] for m in spawned) == [2, 3]  # workers hold 0 and 1
     for m in spawned:
-        go = m["spec"]["env"]["STALWART_STANDBY"]
+        go = m["spec"]["env"]["standby"]
         assert go.startswith(f"/dev/shm/stalwart-sbtest-{RUN}-standby-r") and not os.path.exists(go)
         assert sb.on_spawned(m["id"], 1_000_000 + m["spec"]["rank"])
     sb.reconcile(1.5)  # within the second: nothing read, nothing started
@@ -146,7 +147,7 @@ def test_a_claimed_standby_becomes_the_worker_and_is_activated_by_its_file() -> 
     msg = next(m for m in agent._zygote.sent if m["spec"]["rank"] == 0)
     pid = os.getpid()  # a live process stands in for the standby
     sb.on_spawned(msg["id"], pid)
-    go = msg["spec"]["env"]["STALWART_STANDBY"]
+    go = msg["spec"]["env"]["standby"]
     try:
         assert sb.claim(1) is None  # rank 1's standby has no pid yet: start one afresh
         w = sb.claim(0)

@@ -129,8 +129,8 @@ class _LateWork:
 def test_a_work_that_completes_just_after_its_slice_is_a_success() -> None:
     group = GenerationGroup(None, 0, 1, TIMEOUT_S, "late-test")
     group.moved = lambda: False
-    assert group._wait(_LateWork()) is None  # not the slice's timeout
-    err = group._wait(_LateWork(RuntimeError("Connection closed by peer")))
+    assert group.error_of(_LateWork()) is None  # not the slice's timeout
+    err = group.error_of(_LateWork(RuntimeError("Connection closed by peer")))
     assert isinstance(err, RuntimeError) and "closed by peer" in str(err)
 
 

@@ -127,7 +127,7 @@ def test_track_holds_the_rngs_once(tmp_path: Path, shm_namespace: str) -> None:
     from stalwart.runtime import Session
     from stalwart.runtime.env import WorkerEnv
 
-    env = WorkerEnv.from_environ({"STALWART_RUN_DIR": str(tmp_path), "STALWART_JOB": shm_namespace})
+    env = WorkerEnv(run_dir=str(tmp_path), job=shm_namespace)
     sess = Session(env)
     try:
         model = torch.nn.Linear(2, 2)

@@ -35,6 +35,7 @@ from stalwart.coordinator import (
     read_token_file,
 )
 from stalwart.errors import ConfigError, StalwartError
+from stalwart.runtime.env import WorkerFields
 
 __all__ = ["Cluster", "ring_successor"]
 
@@ -186,15 +187,15 @@ class Cluster:
             raise StalwartError("the cluster has not started: no /dev/shm names yet")
         return self._names
 
-    def worker_env(self) -> dict[str, str]:
+    def worker_env(self) -> WorkerFields:
         """The run id of the /dev/shm names; what a worker needs to reach the
         coordinator when it lives in etcd, and the fence its joins are checked against
         (this agent's member key)."""
-        env = {"STALWART_SHM_RUN": self.names.run}
+        fields: WorkerFields = {"shm_run": self.names.run}
         if self.cfg.etcd:
-            env["STALWART_RDZV"] = str(self.cfg.rdzv)
-            env["STALWART_FENCE"] = f"{self.node}:{self.fence}"
-        return env
+            fields["rdzv"] = str(self.cfg.rdzv)
+            fields["fence"] = f"{self.node}:{self.fence}"
+        return fields
 
     # ---------------------------------------------------------------- launch record
     def publish_once(self, key: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stalwart.chaos import Fault
 from stalwart.coordinator._elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Compare, Delete
+from stalwart.runtime.env import WorkerFields
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
@@ -41,14 +42,14 @@ def _keys(agent: Agent) -> Keys:
     return Keys(agent.cfg.job)
 
 
-def elastic_env(agent: Agent, w: Any) -> dict[str, str]:
+def elastic_env(agent: Agent, w: Any) -> WorkerFields:
     """A new incarnation for ``w``, registered alive before its process exists."""
     if agent.cfg.strategy != "elastic":
         return {}
     w.incarnation = uuid.uuid4().hex[:8]
     keys = _keys(agent)
     agent.coord.store.put(keys.member(keys.alive, w.rank), w.incarnation.encode())
-    return {"STALWART_INCARNATION": w.incarnation}
+    return {"incarnation": w.incarnation}
 
 
 def _drop(agent: Agent, member: int, inc: str, reason: str) -> None:

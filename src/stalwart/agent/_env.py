@@ -1,4 +1,8 @@
-"""The environment of a worker: torchrun's variables plus stalwart's own."""
+"""The environment of a worker: its contract (runtime/env.py), built from the launch.
+
+The contract's format and defaults live in :mod:`stalwart.runtime.env`; this module only
+fills one in for each worker from the job's config and what the node agent learned.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stalwart.agent.config import LaunchConfig
+from stalwart.runtime.env import WorkerEnv, WorkerFields
 
 if TYPE_CHECKING:
     from stalwart.agent.agent import Agent
 
 __all__ = [
+    "NodeFacts",
     "Worker",
+    "WorkerFields",
     "WorkerSpec",
     "error_dir",
     "error_message",
     "spawn_spec",
-    "worker_env",
+    "worker_contract",
+    "worker_environ",
 ]
 
 
@@ -44,80 +52,106 @@ class WorkerSpec:
     slot: int  # index on this node's progress board
 
 
-def worker_env(
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node agent learned at start-up that it tells every worker it starts."""
+
+    run_dir: str
+    store: str
+    """The coordinator's address: ``host:port`` of the embedded store (unused under
+    ``--rdzv etcd://``, where the workers reach etcd themselves)."""
+    token_file: str
+    c10d: str
+    """``host:port`` of the TCPStore node 0's zygote hosts ("" under etcd)."""
+    progress: str
+    chaos_plan: str
+    master_addr: str = ""
+    """torchrun's ``MASTER_ADDR`` (node 0's host name); "": this node's endpoint host."""
+
+
+def worker_contract(
     cfg: LaunchConfig,
     spec: WorkerSpec,
+    node: NodeFacts,
     *,
     restarts: int,
     master_port: int,
-    extra: dict[str, str],
-    master_addr: str = "",
-) -> dict[str, str]:
-    """torchrun's variables as torchrun sets them (``MASTER_ADDR``: node 0's host name,
-    ``socket.getfqdn()`` there), then stalwart's; ``TORCHELASTIC_ERROR_FILE`` is set per
-    process by the zygote (:func:`error_dir`)."""
+    fields: WorkerFields,
+) -> WorkerEnv:
+    """The contract of one worker: torchrun's variables as torchrun sets them
+    (``MASTER_ADDR``: node 0's host name, ``socket.getfqdn()`` there), then stalwart's;
+    ``TORCHELASTIC_ERROR_FILE`` is set per process by the zygote (:func:`error_dir`)."""
+    host, sep, port = node.store.rpartition(":")
+    store = None if cfg.etcd or not (sep and port.isdigit()) else (host, int(port))
+    knobs = cfg.runtime
+    return WorkerEnv(
+        rank=spec.rank,
+        world_size=cfg.world_size,
+        local_rank=spec.local,
+        local_world_size=cfg.nproc_per_node,
+        node_rank=cfg.node_rank,
+        nnodes=cfg.nnodes,
+        master_addr=node.master_addr or cfg.endpoint()[0],
+        master_port=master_port,
+        restart_count=restarts,
+        max_restarts=cfg.max_restarts,
+        job=cfg.job,
+        strategy=cfg.strategy,
+        run_dir=node.run_dir,
+        store=store,
+        token_file=node.token_file,
+        c10d_addr=node.c10d,
+        progress=node.progress,
+        progress_slot=spec.slot,
+        chaos_plan=node.chaos_plan,
+        hang_ceiling_s=cfg.hang.ceiling_s,
+        persist_every=knobs.persist_every,
+        snapshot_budget=knobs.snapshot_budget,
+        snapshot_every=knobs.snapshot_every,
+        collective_timeout_s=knobs.collective_timeout_s,
+        keep_last=knobs.keep_last,
+        keep_every=knobs.keep_every,
+        min_world=cfg.min_world,
+        elastic_wait_s=cfg.elastic_wait_s,
+        **fields,
+    )
+
+
+def worker_environ(contract: WorkerEnv) -> dict[str, str]:
+    """A worker's whole environment: the agent's own, then the contract's variables."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    host = master_addr or cfg.endpoint()[0]
-    env.update(
-        {
-            "RANK": str(spec.rank),
-            "LOCAL_RANK": str(spec.local),
-            "WORLD_SIZE": str(cfg.world_size),
-            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
-            "GROUP_RANK": str(cfg.node_rank),
-            "GROUP_WORLD_SIZE": str(cfg.nnodes),
-            "ROLE_RANK": str(spec.rank),
-            "ROLE_WORLD_SIZE": str(cfg.world_size),
-            "ROLE_NAME": "default",
-            "MASTER_ADDR": host,
-            "MASTER_PORT": str(master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(restarts),
-            "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
-            "TORCHELASTIC_RUN_ID": cfg.job,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-            "STALWART_JOB": cfg.job,
-            "STALWART_STRATEGY": cfg.strategy,
-            "STALWART_NODE_RANK": str(cfg.node_rank),
-            "STALWART_PROGRESS_SLOT": str(spec.slot),
-            "STALWART_HANG_CEILING": str(cfg.hang.ceiling_s),
-            "STALWART_MIN_WORLD": str(cfg.min_world),
-            "STALWART_ELASTIC_WAIT": str(cfg.elastic_wait_s),
-            **cfg.runtime.env(),
-            **extra,
-        }
-    )
+    env.update(contract.to_environ())
     return env
 
 
-def spawn_spec(agent: Agent, spec: WorkerSpec, extra: dict[str, str]) -> dict[str, Any]:
-    """What the zygote needs to start a worker of ``agent``: its environment (torchrun's
-    variables, the job's ``STALWART_*`` ones, then ``extra``), argv, cwd and log file."""
+def spawn_spec(agent: Agent, spec: WorkerSpec, extra: WorkerFields) -> dict[str, Any]:
+    """What the zygote needs to start a worker of ``agent``: its environment (its
+    contract, ``extra`` included), argv, cwd and log file."""
     cfg = agent.cfg
-    env = worker_env(
+    node = NodeFacts(
+        run_dir=agent.run_dir,
+        store=agent.cluster.address,
+        token_file=os.path.abspath(agent.cluster.token_file),
+        c10d=agent.c10d_addr,
+        progress=agent._board.path if agent._board else "",
+        chaos_plan=agent.plan_path,
+        master_addr=getattr(agent, "master_addr", ""),
+    )
+    contract = worker_contract(
         cfg,
         spec,
+        node,
         restarts=agent.restarts,
         master_port=agent.master_port,
-        master_addr=getattr(agent, "master_addr", ""),
-        extra={
-            "STALWART_RUN_DIR": agent.run_dir,
-            "STALWART_STORE": agent.cluster.address,
-            "STALWART_TOKEN_FILE": os.path.abspath(agent.cluster.token_file),
-            "STALWART_C10D": agent.c10d_addr,
-            "STALWART_PROGRESS": agent._board.path if agent._board else "",
-            "STALWART_CHAOS_PLAN": agent.plan_path,
-            **agent.cluster.worker_env(),
-            **extra,
-        },
+        fields={**agent.cluster.worker_env(), **extra},
     )
     log = None
     if cfg.redirect:
         os.makedirs(os.path.join(agent.run_dir, "logs"), exist_ok=True)
         log = os.path.join(agent.run_dir, "logs", f"rank{spec.rank}.log")
     return {
-        "env": env,
+        "env": worker_environ(contract),
         "argv": [cfg.script, *cfg.script_args],
         "cwd": os.getcwd(),
         "log": log,

@@ -69,12 +69,12 @@ def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], fl
     """Hook this worker's step-keyed chaos faults to ``optimizer.step()``; the hook's
     handle (``.remove()``), or None when the plan has none for this rank."""
     from stalwart.chaos import FaultPlan
+    from stalwart.runtime.env import WorkerEnv
 
-    plan_path = os.environ.get("STALWART_CHAOS_PLAN", "")
-    run_dir = os.environ.get("STALWART_RUN_DIR", "")
+    env = WorkerEnv.from_environ()
+    plan_path, run_dir, rank = env.chaos_plan, env.run_dir, env.rank
     if not plan_path or not run_dir or not os.path.exists(plan_path):
         return None
-    rank = int(os.environ.get("RANK", "0"))
     with open(plan_path) as f:
         plan = FaultPlan.from_json(f.read())
     mine = [f for f in plan.faults if f.rank == rank and f.at_step is not None and f.kind != "join"]
@@ -82,5 +82,5 @@ def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], fl
         return None
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    chaos = _PlainChaos(mine, run_dir, rank, int(os.environ.get("STALWART_NODE_RANK", "0")))
+    chaos = _PlainChaos(mine, run_dir, rank, env.node_rank)
     return register_optimizer_step_pre_hook(lambda *_: chaos.before(steps_done() + 1, interval()))

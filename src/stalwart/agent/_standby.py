@@ -105,7 +105,7 @@ class Standbys:
         go = agent.cluster.names.standby_go(rank, nonce)
         sb = _Standby(rank, slot, go, ident=f"standby-{rank}-{nonce}", t_spawn=time.time())
         w = agent.new_worker(rank, rank % agent.cfg.nproc_per_node, slot, attached=True)
-        spec = agent.worker_spec(w, {"STALWART_STANDBY": go})
+        spec = agent.worker_spec(w, {"standby": go})
         if spec.get("log"):  # its own file: the live rank's log is not truncated
             spec["log"] = os.path.join(os.path.dirname(spec["log"]), f"rank{rank}.standby.log")
         agent._board.clear(slot)

@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from stalwart.runtime.env import WorkerEnv
+
 __all__ = ["error_file", "main", "set_pdeathsig"]
 
 _PR_SET_PDEATHSIG = 1
@@ -54,6 +56,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
     Open files the script never closed are flushed instead (see ``_finish``)."""
     code = 1
     held: list[object] = []  # the script's globals (or its traceback, which holds them)
+    error_line = ""  # where the error's first line goes (the contract's error_line)
     try:
         set_pdeathsig()
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -69,13 +72,8 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
-        os.environ.clear()
-        os.environ.update(spec["env"])
-        errors = spec.get("error_dir")
-        if errors:  # torchrun's reply file, named by this process (agent/_env.py)
-            os.environ["TORCHELASTIC_ERROR_FILE"] = error_file(
-                errors, os.environ.get("RANK", "0"), os.getpid()
-            )
+        contract = _take_environ(spec)
+        error_line = contract.error_line
         os.chdir(spec["cwd"])
         argv = list(spec["argv"])
         sys.argv = argv
@@ -88,10 +86,10 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
-        if os.environ.get("STALWART_PROGRESS"):
+        if contract.progress:
             from stalwart.agent.observe import install
 
-            install(os.environ["STALWART_PROGRESS"], int(os.environ["STALWART_PROGRESS_SLOT"]))
+            install(contract.progress, contract.progress_slot)
         import runpy
 
         try:
@@ -101,16 +99,28 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
             held.append(exc.__traceback__)
             code = _exit_code(exc)
             if exc.code is not None and not isinstance(exc.code, int):
-                _error_line(str(exc.code))
+                _error_line(error_line, str(exc.code))
     except BaseException as exc:
         held.append(exc.__traceback__)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         _print_traceback(exc)
         import traceback
 
-        _error_line(traceback.format_exception_only(type(exc), exc)[-1])
+        _error_line(error_line, traceback.format_exception_only(type(exc), exc)[-1])
     finally:
         os._exit(_finish(code))
+
+
+def _take_environ(spec: dict[str, Any]) -> WorkerEnv:
+    """Become the worker's environment; its contract (a malformed one fails it here)."""
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    errors = spec.get("error_dir")
+    if errors:  # torchrun's reply file, named by this process (agent/_env.py)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = error_file(
+            errors, os.environ.get("RANK", "0"), os.getpid()
+        )
+    return WorkerEnv.from_environ()
 
 
 def _print_traceback(exc: BaseException) -> None:
@@ -182,9 +192,9 @@ def _flush_open_files() -> None:
                     obj.flush()
 
 
-def _error_line(line: str) -> None:
-    """Leave the error's line where the agent looks for it (its crash-loop verdict)."""
-    path = os.environ.get("STALWART_ERROR_LINE", "")
+def _error_line(path: str, line: str) -> None:
+    """Leave the error's line at ``path``, where the agent looks for it (its crash-loop
+    verdict); "": nowhere."""
     if not path:
         return
     with contextlib.suppress(OSError):

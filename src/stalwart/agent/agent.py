@@ -4,8 +4,9 @@ One agent per node. It hosts the job's coordinator store (node 0, like torchrun'
 store), starts a zygote that forks every worker (first start, replacement, spare), reads
 the progress board for hangs, fires the chaos plan's agent-side faults, and writes the
 run's events. Workers get torchrun's environment, so a plain script runs unchanged;
-workers that call ``stalwart.init()`` also get ``STALWART_*`` variables and recover in
-place (``flash``/``spare``), while plain scripts get torchrun's restart-everything route.
+workers that call ``stalwart.init()`` also get stalwart's part of their contract
+(runtime/env.py) and recover in place (``flash``/``spare``), while plain scripts get
+torchrun's restart-everything route.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._elastic import elastic_env, elastic_recover, job_failure, pending_joins
-from stalwart.agent._env import Worker, WorkerSpec, error_message, spawn_spec
+from stalwart.agent._env import Worker, WorkerFields, WorkerSpec, error_message, spawn_spec
 from stalwart.agent._fencing import NodeFenced, check_fenced, end_fenced
 from stalwart.agent._incidents import HangWatch, adopt_lost_nodes, check_hang
 from stalwart.agent._lifecycle import emit_run_start, preload_note, teardown
@@ -148,13 +149,13 @@ class Agent:
     def _spec(self, w: Worker) -> dict[str, Any]:
         return self.worker_spec(w, {})
 
-    def worker_spec(self, w: Worker, extra: dict[str, str]) -> dict[str, Any]:
+    def worker_spec(self, w: Worker, extra: WorkerFields) -> dict[str, Any]:
         """What the zygote needs to start ``w`` (environment, argv, cwd, log file); a
         replacement inherits its rank's step-time history and reports its error."""
         spec = WorkerSpec(w.rank, w.local, w.slot)
-        job = {
-            "STALWART_STEP_P99": f"{self.hangs.history.get(w.rank, 0.0):.6f}",
-            "STALWART_ERROR_LINE": self.error_path(w.rank),
+        job: WorkerFields = {
+            "step_p99_s": round(self.hangs.history.get(w.rank, 0.0), 6),
+            "error_line": self.error_path(w.rank),
         }
         return spawn_spec(self, spec, {**elastic_env(self, w), **job, **extra})
 

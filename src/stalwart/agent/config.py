@@ -9,30 +9,32 @@ from dataclasses import dataclass, field
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
 from stalwart.errors import ConfigError
+from stalwart.runtime.env import DEFAULTS, STRATEGIES
 
 __all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
-
-STRATEGIES = ("restart", "flash", "spare", "elastic")
 
 
 @dataclass(frozen=True)
 class RuntimeKnobs:
-    """Worker-runtime policy the agent hands to its workers (through their environment,
-    as ``STALWART_*`` variables that only the stalwart runtime reads)."""
+    """Worker-runtime policy the agent hands to its workers (in their contract,
+    runtime/env.py, whose defaults these are)."""
 
-    persist_every: int = 0  # steps between persisted checkpoints (0: off; -1: auto)
-    snapshot_budget: float = 0.02  # max snapshot stall as a fraction of step time
-    snapshot_every: int = 0  # steps between memory snapshots (0: from the budget)
-    collective_timeout_s: float = 1800.0
+    persist_every: int = DEFAULTS.persist_every
+    """Steps between persisted checkpoints (0: off; -1: auto)."""
+    snapshot_budget: float = DEFAULTS.snapshot_budget
+    """Largest snapshot stall as a fraction of step time."""
+    snapshot_every: int = DEFAULTS.snapshot_every
+    """Steps between memory snapshots (0: from the budget)."""
+    collective_timeout_s: float = DEFAULTS.collective_timeout_s
     """How long a step's allreduce waits for its peers (torchrun's NCCL/gloo default, 30
     min): a peer in a long ``sess.pause`` (an eval) makes the others wait that long, and
     a shorter limit would fail their step and replay the eval forever. Hangs are the
     agent's to find (a stopped or dead peer ends the wait in seconds); group formation
     keeps min(60 s, this)."""
-    keep_last: int = 3
+    keep_last: int = DEFAULTS.keep_last
     """Committed checkpoints each checkpoint directory keeps (retention after each commit):
     a long run's disk use stays bounded; at least 1, and the newest is always kept."""
-    keep_every: int = 0
+    keep_every: int = DEFAULTS.keep_every
     """Also keep every step divisible by this as a milestone (0: none)."""
 
     def __post_init__(self) -> None:
@@ -42,16 +44,12 @@ class RuntimeKnobs:
             raise ConfigError(f"--keep-every {self.keep_every}: use 0 (off) or a step count")
         if self.collective_timeout_s <= 0:
             raise ConfigError("--collective-timeout must be > 0 seconds")
-
-    def env(self) -> dict[str, str]:
-        return {
-            "STALWART_KEEP_LAST": str(self.keep_last),
-            "STALWART_KEEP_EVERY": str(self.keep_every),
-            "STALWART_PERSIST_EVERY": str(self.persist_every),
-            "STALWART_SNAPSHOT_BUDGET": str(self.snapshot_budget),
-            "STALWART_SNAPSHOT_EVERY": str(self.snapshot_every),
-            "STALWART_COLLECTIVE_TIMEOUT": str(self.collective_timeout_s),
-        }
+        if self.snapshot_every < 0 or self.persist_every < -1:
+            raise ConfigError("--snapshot-every and --persist-every must be >= 0 steps")
+        if not 0 <= self.snapshot_budget < float("inf"):
+            raise ConfigError(
+                f"--snapshot-budget {self.snapshot_budget}: use a fraction of step time >= 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class LaunchConfig:
     crash_loop_limit: int = 3
     """A rank failing this many times in a row at the same step (or at start-up) ends the
     job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
-    strategy: str = "flash"
+    strategy: str = DEFAULTS.strategy
     spares: int = 0
     chaos: str | None = None
     redirect: bool = False  # worker output to RUN_DIR/logs/rank<r>.log
@@ -90,7 +88,7 @@ class LaunchConfig:
     # min_nnodes x min_nproc_per_node workers; below that it waits up to elastic_wait_s
     min_nnodes: int | None = None
     min_nproc_per_node: int | None = None
-    elastic_wait_s: float = 600.0
+    elastic_wait_s: float = DEFAULTS.elastic_wait_s
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:

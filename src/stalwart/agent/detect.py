@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from stalwart.agent.progress import Slot
 from stalwart.errors import ConfigError
+from stalwart.runtime.env import DEFAULTS
 
 __all__ = ["Activity", "CpuTracker", "HangConfig", "HangVerdict", "find_hang"]
 
@@ -43,7 +44,7 @@ class HangConfig:
     k: float = 3.0
     """Safety factor on the job's p99 step time (NVRx learns its timeouts the same way,
     with a factor of 5 over the longest interval seen)."""
-    ceiling_s: float = 300.0
+    ceiling_s: float = DEFAULTS.hang_ceiling_s
     """Longest wait for a recovery or a first step, and for local workers that all wait
     in a collective for a peer on another node (whose own agent judges it)."""
     idle_s: float = 300.0

@@ -15,7 +15,7 @@ directory it does not own) or place a link where a file will be created. Under
 ``stalwart run`` the first agent draws 64 random bits (:func:`new_run_id`), publishes
 them in the job's coordinator store (``launch/shm``: a compare-and-swap, so every node
 reads back the same value, a replacement agent included) and hands them to every worker
-in its environment (``STALWART_SHM_RUN``); names then read
+in its contract (``shm_run``, runtime/env.py); names then read
 ``stalwart-<job>-<run>-...``. Outside ``stalwart run`` (plain python, torchrun) there
 is no one to agree a secret with and ``run`` is empty: the names are the job id's alone
 and the owner checks below are the whole defence. docs/security.md states the model.
@@ -105,7 +105,7 @@ class SlotNames:
         if self.run and not _RUN_RE.match(self.run):
             raise ConfigError(
                 f"shared-memory run id {self.run[:40]!r} is not 16 hex digits: it comes "
-                "from the job's store (launch/shm) or STALWART_SHM_RUN; restart the job"
+                "from the job's store (launch/shm) or the worker contract's shm_run; restart the job"
             )
 
     @property

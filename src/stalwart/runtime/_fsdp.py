@@ -104,7 +104,7 @@ class SwapProcessGroup(dist.ProcessGroup):
                 return done_work(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
                 gen.error = err.with_traceback(None)  # a traceback keeps frames alive
-                gen.pg = None  # close our sockets: the other peers fail at once too
+                gen.drop()  # close our sockets: the other peers fail at once too
             finally:
                 if gen.on_collective is not None:
                     gen.on_collective(False)
@@ -242,7 +242,7 @@ def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> De
         return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]
     pg = SwapProcessGroup(gen, f"stalwart:{job}:dp")
     # the job's default group (runtime/_world.py) makes our global rank the job rank
-    register_group(pg, gen._store, {i: i for i in range(gen.world_size)}, "stalwart")
+    register_group(pg, gen.store, {i: i for i in range(gen.world_size)}, "stalwart")
     return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
 
 

@@ -6,7 +6,7 @@ It stops at the top of ``sess.steps()``: it has not opened the rank's snapshot s
 (on this host they may still be the live rank's, or about to become a buddy's replica),
 started a persister, joined a group or written a checkpoint, so a standby that is never
 used leaves no trace. The agent activates it by creating the file named in
-``STALWART_STANDBY``; the worker then opens its slots and joins the recovery like a
+its contract's ``standby``; the worker then opens its slots and joins the recovery like a
 freshly started replacement, only without the set-up.
 
 Why a file and a 5 ms poll: a stat on tmpfs costs microseconds, needs no handler inside

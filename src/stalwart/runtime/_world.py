@@ -53,7 +53,7 @@ class JobProcessGroup(SwapProcessGroup):
 
     @property
     def _device_types(self) -> list[torch.device]:  # object collectives ask for it
-        return [torch.device("cpu")]
+        return [self._gen.backend.device]
 
     def __repr__(self) -> str:
         return f"JobProcessGroup({self._name!r}, rank={self.rank()}, size={self.size()})"
@@ -78,13 +78,13 @@ class JobProcessGroup(SwapProcessGroup):
             gen.on_collective(True)
         try:
             try:
-                err = gen._wait(op(gen.pg))
+                err = gen.error_of(op(gen.pg))
             except Exception as failed:  # the call itself failed (no work to wait for)
                 err = failed.with_traceback(None)
             if err is None:
                 return _done(outputs)
             gen.error = err  # the session discards the step
-            gen.pg = None  # our sockets close: the other peers fail at once too
+            gen.drop()  # our sockets close: the other peers fail at once too
         finally:
             if gen.on_collective is not None:
                 gen.on_collective(False)
@@ -221,7 +221,7 @@ def follow(gen: GenerationGroup) -> None:
     job = JobProcessGroup(gen, name)
     if inst.job is not None:
         _forget(inst.job)
-    register_group(job, gen._store, {i: i for i in range(gen.world_size)}, _BACKEND)
+    register_group(job, gen.store, {i: i for i in range(gen.world_size)}, _BACKEND)
     inst.job, inst.size = job, gen.world_size
     c10d._update_default_pg(job)
     # the local group maps our global (job) rank to its only rank

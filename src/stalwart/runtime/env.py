@@ -1,98 +1,333 @@
-"""What the agent tells a worker, read once from its environment.
+"""The agent-to-worker contract: what `stalwart run` tells each worker it starts.
 
-Only ``stalwart.init()`` reads these ``STALWART_*`` variables; they are set by the agent
-for its own workers and describe the job, never override a user's argument.
+One frozen dataclass, :class:`WorkerEnv`, is the whole contract: the agent builds one
+per worker and serialises it with :meth:`WorkerEnv.to_environ`; ``stalwart.init()``
+parses it back once with :meth:`WorkerEnv.from_environ`. Every default is stated here
+and nowhere else (the agent's own config takes its defaults from :data:`DEFAULTS`).
+
+Two parts travel (docs/worker-contract.md):
+
+- torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` ...),
+  set as torchrun sets them, because a plain script (one that never calls
+  ``stalwart.init()``) reads them and must run unchanged;
+- everything else as one JSON object in ``STALWART_CONTRACT``, carrying a ``version``.
+  Why one variable and not one per field: a worker is forked from the zygote with its
+  environment replaced wholesale (agent/_zygote.py), so the contract is always written
+  whole; a stray ``STALWART_*`` variable in the user's shell cannot leak into a worker
+  as part of it; the version is checked once for every field; and no plain script reads
+  it (only stalwart's own code does).
+
+Parsing validates every field (type and bounds) and raises
+:class:`~stalwart.errors.ContractError` naming the variable and the fix. The contract
+only describes the job: ``stalwart.init()`` takes no argument it could override.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypedDict, TypeVar
 
-__all__ = ["WorkerEnv"]
+from stalwart.errors import ContractError
+
+__all__ = [
+    "CONTRACT_VAR",
+    "CONTRACT_VERSION",
+    "DEFAULTS",
+    "STRATEGIES",
+    "WorkerEnv",
+    "WorkerFields",
+]
+
+CONTRACT_VAR = "STALWART_CONTRACT"
+"""The environment variable holding the stalwart part of the contract (JSON)."""
+CONTRACT_VERSION = 1
+"""Bumped on any change of the JSON part's fields or their meaning: the agent and its
+workers always run the same installation, so a mismatch is a broken install."""
+STRATEGIES = ("restart", "flash", "spare", "elastic")
+"""The recovery strategies (``stalwart run --strategy``)."""
+
+_T = TypeVar("_T")
+_AGENT_FIX = "it is written by `stalwart run`: start the worker with it, not by hand"
+
+
+def _c(
+    default: _T, *, var: str = "", low: float | None = None, gt: bool = False, flag: str = ""
+) -> _T:
+    """A contract field: ``var`` is the torchrun variable carrying it (empty: a key of
+    the JSON part); ``low`` its lower bound (exclusive with ``gt``); ``flag`` the `stalwart
+    run` flag that sets it (named in the error's fix)."""
+    meta = {"var": var, "low": low, "gt": gt, "flag": flag}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class WorkerEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    node_rank: int
-    job: str
-    run_dir: str
-    store: tuple[str, int] | None  # the coordinator store (None: no agent)
-    token_file: str
-    c10d: tuple[str, int] | None  # TCPStore that outlives every worker
-    strategy: str
-    restart_count: int
-    progress: str
-    progress_slot: int
-    chaos_plan: str
-    persist_every: int
-    snapshot_budget: float
-    collective_timeout_s: float
-    hang_ceiling_s: float
-    agent_store: bool = False  # torchrun hosts the c10d store at MASTER_ADDR:MASTER_PORT
-    rdzv: str = ""  # etcd://... : the coordinator (and the gloo rendezvous) live in etcd
-    fence: str = ""  # "NODE:CREATE_REVISION" of the agent's member key (etcd only)
-    snapshot_every: int = 0  # fixed snapshot cadence in steps (0: from the budget)
-    min_world: int = 1  # elastic: fewest members the job trains with
-    elastic_wait_s: float = 600.0  # elastic: how long to wait below min_world
-    incarnation: str = ""  # elastic: this process's life of its member slot (set by the agent)
-    step_p99_s: float = 0.0  # the rank's p99 step time so far in the job (a replacement's)
-    standby: str = (
-        ""  # a parked standby: the file whose appearance activates it (agent/_standby.py)
-    )
-    keep_last: int = 3  # retention: committed checkpoints kept per checkpoint directory
-    keep_every: int = 0  # retention: milestone steps also kept (0: none)
-    shm_run: str = ""  # the run id in the job's /dev/shm names (checkpoint/slots.py)
+    """What a worker is told by its agent (or by torchrun, or nothing: one process)."""
+
+    # ---- torchrun's variables (plain scripts read them too)
+    rank: int = _c(0, var="RANK", low=0)
+    """This worker's rank in the job (0..world_size-1); ``ROLE_RANK`` is the same."""
+    world_size: int = _c(1, var="WORLD_SIZE", low=1)
+    """Workers in the job (``ROLE_WORLD_SIZE`` is the same): the group's size."""
+    local_rank: int = _c(0, var="LOCAL_RANK", low=0)
+    """Index on this node (device choice); an adopted rank keeps its original one."""
+    local_world_size: int = _c(1, var="LOCAL_WORLD_SIZE", low=1, flag="--nproc-per-node")
+    """Workers per node, as torchrun says it."""
+    node_rank: int = _c(0, var="GROUP_RANK", low=0, flag="--node-rank")
+    """This node's index: events and chaos faults are keyed by it."""
+    nnodes: int = _c(1, var="GROUP_WORLD_SIZE", low=1, flag="--nnodes")
+    """Nodes in the job, as torchrun says it."""
+    master_addr: str = _c("", var="MASTER_ADDR")
+    """Node 0's host name: under plain torchrun the c10d store's host."""
+    master_port: int = _c(0, var="MASTER_PORT", low=0)
+    """With ``master_addr``, plain torchrun's c10d store (0: none given)."""
+    restart_count: int = _c(0, var="TORCHELASTIC_RESTART_COUNT", low=0)
+    """Whole-job restarts so far: part of the group namespace, so the addresses left
+    by workers of an earlier launch are never dialled."""
+    max_restarts: int = _c(0, var="TORCHELASTIC_MAX_RESTARTS", low=0, flag="--max-restarts")
+    """Whole-job restarts allowed (torchrun's; read by scripts that log it)."""
+    job: str = _c("local", var="TORCHELASTIC_RUN_ID")
+    """The job id: every store key, slot and event of the job is under it."""
+    agent_store: bool = _c(False, var="TORCHELASTIC_USE_AGENT_STORE")
+    """torchrun's agent hosts the c10d store at MASTER_ADDR:MASTER_PORT (else, under
+    plain torchrun, rank 0 does)."""
+
+    # ---- stalwart's own, in STALWART_CONTRACT
+    version: int = _c(CONTRACT_VERSION)
+    """The JSON part's format; a worker refuses any other (see CONTRACT_VERSION)."""
+    strategy: str = _c("flash", flag="--strategy")
+    """The recovery strategy: how this worker rejoins after a failure."""
+    run_dir: str = _c("")
+    """The run directory: events.jsonl, ckpt/, errors/ and the chaos ledger live here."""
+    store: tuple[str, int] | None = _c(None)
+    """The coordinator's embedded store (host, port); None under etcd or with no agent."""
+    token_file: str = _c("")
+    """The job token that authenticates this worker to the embedded store."""
+    c10d_addr: str = _c("")
+    """``host:port`` of the TCPStore that outlives every worker (node 0's zygote hosts
+    it): survivors form the next generation's group over it ("": MASTER_ADDR:PORT)."""
+    rdzv: str = _c("", flag="--rdzv")
+    """``etcd://...``: the coordinator (and the gloo rendezvous) live in etcd."""
+    fence: str = _c("")
+    """``NODE:CREATE_REVISION`` of the agent's member key (etcd): joins hold only while
+    the agent's lease does, so a partitioned node's workers never rejoin."""
+    progress: str = _c("")
+    """The node's progress board (shared memory): the agent's hang detector reads it."""
+    progress_slot: int = _c(0, low=0)
+    """This worker's slot on the progress board."""
+    chaos_plan: str = _c("", flag="--chaos")
+    """The job's fault plan (JSON file; "": none): worker-side faults fire from it."""
+    error_line: str = _c("")
+    """Where the worker leaves the first line of its error (the crash-loop verdict)."""
+    hang_ceiling_s: float = _c(300.0, low=0, gt=True)
+    """Longest a step may look stuck before the agent calls it a hang: the runtime
+    sizes its own waits (formation, peer restores) under it."""
+    persist_every: int = _c(0, low=-1, flag="--persist-every")
+    """Steps between persisted checkpoints (0: off; -1: auto, Young/Daly)."""
+    snapshot_budget: float = _c(0.02, low=0, flag="--snapshot-budget")
+    """Largest snapshot stall as a fraction of step time: sets the snapshot cadence."""
+    snapshot_every: int = _c(0, low=0, flag="--snapshot-every")
+    """A fixed snapshot cadence in steps (0: chosen from the budget)."""
+    collective_timeout_s: float = _c(1800.0, low=0, gt=True, flag="--collective-timeout")
+    """How long a step's allreduce waits for its peers (torchrun's 30 min): a peer in a
+    long ``sess.pause`` makes the others wait; hangs are the agent's to find."""
+    keep_last: int = _c(3, low=1, flag="--keep-last")
+    """Committed checkpoints kept per checkpoint directory (the newest always is)."""
+    keep_every: int = _c(0, low=0, flag="--keep-every")
+    """Also keep every step divisible by this as a milestone (0: none)."""
+    min_world: int = _c(1, low=1, flag="--nnodes MIN:MAX")
+    """Elastic: the fewest members the job trains with."""
+    elastic_wait_s: float = _c(600.0, low=0, gt=True, flag="--elastic-wait")
+    """Elastic: how long the members wait below ``min_world`` before the job fails."""
+    incarnation: str = _c("")
+    """Elastic: this process's life of its member slot (registered by the agent)."""
+    step_p99_s: float = _c(0.0, low=0)
+    """The rank's p99 step time so far in the job: a replacement starts with its
+    predecessor's, so its hang limit is not back at the floor."""
+    standby: str = _c("")
+    """A parked standby: the file whose appearance activates it (agent/_standby.py)."""
+    shm_run: str = _c("")
+    """The run's unpredictable part of every /dev/shm name of the job
+    (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check(f.name, f.metadata, f.default, getattr(self, f.name))
+        if self.rank >= self.world_size:
+            raise ContractError(
+                f"RANK={self.rank} is outside 0..{self.world_size - 1} (WORLD_SIZE="
+                f"{self.world_size}): the launcher sets both; unset RANK or fix WORLD_SIZE"
+            )
+        if self.strategy not in STRATEGIES:
+            raise ContractError(
+                f"{CONTRACT_VAR}.strategy={self.strategy!r} is not a strategy: use one of "
+                f"{', '.join(STRATEGIES)} (--strategy)"
+            )
+        if self.version != CONTRACT_VERSION:
+            raise _version_error(self.version)
+        if self.c10d_addr and _addr(self.c10d_addr) is None:
+            raise ContractError(
+                f"{CONTRACT_VAR}.c10d_addr={self.c10d_addr!r} is not HOST:PORT: {_AGENT_FIX}"
+            )
 
     @property
     def managed(self) -> bool:
         """Launched by `stalwart run` (else: plain python or torchrun)."""
         return self.store is not None or bool(self.rdzv)
 
-    @staticmethod
-    def _addr(text: str) -> tuple[str, int] | None:
-        host, sep, port = text.rpartition(":")
-        return (host, int(port)) if sep and port.isdigit() else None
+    @property
+    def c10d(self) -> tuple[str, int] | None:
+        """The TCPStore the generation groups form over: the agent's, else torchrun's
+        MASTER_ADDR:MASTER_PORT, else None (one process)."""
+        if self.c10d_addr:
+            return _addr(self.c10d_addr)
+        if self.master_addr and self.master_port:
+            return self.master_addr, self.master_port
+        return None
+
+    # ------------------------------------------------------------------ the wire
+    def to_environ(self) -> dict[str, str]:
+        """The variables that carry this contract (merged over the agent's environment)."""
+        out: dict[str, str] = {}
+        blob: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["var"]:
+                out[f.metadata["var"]] = str(value)
+            elif f.name == "store":
+                blob[f.name] = f"{value[0]}:{value[1]}" if value is not None else ""
+            else:
+                blob[f.name] = value
+        out.update(
+            {
+                "ROLE_RANK": str(self.rank),
+                "ROLE_WORLD_SIZE": str(self.world_size),
+                "ROLE_NAME": "default",
+                # for NCCL: a failed collective raises instead of hanging (torchrun's)
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                CONTRACT_VAR: json.dumps(blob, sort_keys=True, separators=(",", ":")),
+            }
+        )
+        return out
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> WorkerEnv:
+        """The contract in ``env`` (default: this process's environment). Without
+        ``STALWART_CONTRACT`` (plain python or torchrun) the stalwart part is the
+        defaults; the torchrun part is read either way."""
         e = os.environ if env is None else env
-        run_dir = e.get("STALWART_RUN_DIR", "")
-        job = e.get("STALWART_JOB", "") or e.get("TORCHELASTIC_RUN_ID", "") or "local"
-        return cls(
-            rank=int(e.get("RANK", "0")),
-            world_size=int(e.get("WORLD_SIZE", "1")),
-            local_rank=int(e.get("LOCAL_RANK", "0")),
-            node_rank=int(e.get("STALWART_NODE_RANK", e.get("GROUP_RANK", "0"))),
-            job=job,
-            run_dir=run_dir,
-            store=cls._addr(e.get("STALWART_STORE", "")),
-            token_file=e.get("STALWART_TOKEN_FILE", ""),
-            c10d=cls._addr(e.get("STALWART_C10D", ""))
-            or cls._addr(f"{e.get('MASTER_ADDR', '')}:{e.get('MASTER_PORT', '')}"),
-            strategy=e.get("STALWART_STRATEGY", "flash"),
-            restart_count=int(e.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            progress=e.get("STALWART_PROGRESS", ""),
-            progress_slot=int(e.get("STALWART_PROGRESS_SLOT", "0")),
-            chaos_plan=e.get("STALWART_CHAOS_PLAN", ""),
-            persist_every=int(e.get("STALWART_PERSIST_EVERY", "0")),
-            snapshot_budget=float(e.get("STALWART_SNAPSHOT_BUDGET", "0.02")),
-            collective_timeout_s=float(e.get("STALWART_COLLECTIVE_TIMEOUT", "1800")),
-            hang_ceiling_s=float(e.get("STALWART_HANG_CEILING", "300")),
-            agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True",
-            rdzv=e.get("STALWART_RDZV", ""),
-            fence=e.get("STALWART_FENCE", ""),
-            snapshot_every=int(e.get("STALWART_SNAPSHOT_EVERY", "0")),
-            min_world=int(e.get("STALWART_MIN_WORLD", "1")),
-            elastic_wait_s=float(e.get("STALWART_ELASTIC_WAIT", "600")),
-            incarnation=e.get("STALWART_INCARNATION", ""),
-            standby=e.get("STALWART_STANDBY", ""),
-            keep_last=max(1, int(e.get("STALWART_KEEP_LAST", "3"))),
-            keep_every=max(0, int(e.get("STALWART_KEEP_EVERY", "0"))),
-            step_p99_s=max(0.0, float(e.get("STALWART_STEP_P99", "0") or 0)),
-            shm_run=e.get("STALWART_SHM_RUN", ""),
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            var = f.metadata["var"]
+            if var and e.get(var, ""):
+                values[f.name] = _parse_var(var, e[var], f.default)
+        raw = e.get(CONTRACT_VAR, "")
+        if raw:
+            values.update(_parse_blob(raw, {f.name for f in fields(cls) if not f.metadata["var"]}))
+        return cls(**values)
+
+
+class WorkerFields(TypedDict, total=False):
+    """Contract fields (:class:`~stalwart.runtime.env.WorkerEnv`) a caller sets for one
+    worker, on top of what the job and the node give every worker."""
+
+    incarnation: str
+    standby: str
+    step_p99_s: float
+    error_line: str
+    rdzv: str
+    fence: str
+    shm_run: str
+
+
+def _addr(text: str) -> tuple[str, int] | None:
+    host, sep, port = text.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        return None
+    return host, int(port)
+
+
+def _parse_var(var: str, text: str, default: object) -> Any:
+    """A torchrun variable's value, typed like its field's default."""
+    if isinstance(default, bool):
+        return text == "True"
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ContractError(
+                f"{var}={text!r} is not an integer: the launcher (torchrun or `stalwart "
+                f"run`) sets it; unset {var} or give a whole number"
+            ) from None
+    return text
+
+
+def _version_error(version: object) -> ContractError:
+    return ContractError(
+        f"{CONTRACT_VAR} has version {version!r}, this stalwart reads version "
+        f"{CONTRACT_VERSION}: the agent and the worker run different stalwart "
+        "installations; launch the script with the `stalwart run` of its environment"
+    )
+
+
+def _parse_blob(raw: str, names: set[str]) -> dict[str, Any]:
+    """The JSON part's fields, each still to be checked by ``WorkerEnv``."""
+    try:
+        blob = json.loads(raw)
+    except ValueError:
+        blob = None
+    if not isinstance(blob, dict):
+        raise ContractError(f"{CONTRACT_VAR} is not a JSON object: {_AGENT_FIX}")
+    if blob.get("version") != CONTRACT_VERSION:  # before any field: one line, the version
+        raise _version_error(blob.get("version"))
+    unknown = sorted(set(blob) - names)
+    if unknown:
+        raise ContractError(f"{CONTRACT_VAR} has unknown fields {unknown}: {_AGENT_FIX}")
+    store = blob.get("store")
+    if store is not None:
+        if not isinstance(store, str) or (store and _addr(store) is None):
+            raise ContractError(f"{CONTRACT_VAR}.store={store!r} is not HOST:PORT: {_AGENT_FIX}")
+        blob["store"] = _addr(store) if store else None
+    return blob
+
+
+def _check(name: str, meta: Mapping[str, Any], default: object, value: object) -> None:
+    """``value`` has its field's type and lies within its bounds."""
+    where = meta["var"] or f"{CONTRACT_VAR}.{name}"
+    fix = f"set {meta['flag']}" if meta["flag"] else _AGENT_FIX
+    if default is MISSING:  # pragma: no cover - every field has a default
+        return
+    if name == "store":
+        ok = value is None or (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and isinstance(value[0], str)
+            and type(value[1]) is int
         )
+        want = "None or (host, port)"
+    elif isinstance(default, bool):
+        ok, want = isinstance(value, bool), "a boolean"
+    elif isinstance(default, int):
+        ok, want = type(value) is int, "an integer"
+    elif isinstance(default, float):
+        ok = type(value) in (int, float) and math.isfinite(float(value))  # type: ignore[arg-type]
+        want = "a finite number"
+    else:
+        ok, want = isinstance(value, str), "a string"
+    if not ok:
+        raise ContractError(f"{where}={value!r} is not {want}: {fix}")
+    low = meta["low"]
+    if low is None:
+        return
+    assert isinstance(value, int | float)
+    if value < low or (meta["gt"] and value == low):
+        bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
+        raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
+
+
+DEFAULTS = WorkerEnv()
+"""Every field's default: the agent's config (agent/config.py) takes its defaults here."""

@@ -4,7 +4,8 @@ DDP keeps the process group it was built with, and an exception inside a DDP com
 breaks its reducer for good (every later step then fails an
 ``unmarked_param_indices`` internal assert). So the user's DDP is built over a local
 world-size-1 default group, and :class:`GenerationGroup` installs a comm hook that does
-the real allreduce over the current generation's ``ProcessGroupGloo`` (built over a
+the real allreduce over the current generation's communicator (built by a
+:class:`~stalwart.runtime.backend.GroupBackend`, gloo's ``ProcessGroupGloo`` today, over a
 ``PrefixStore`` per generation on a TCPStore that outlives every worker, or on the
 coordinator's own store under ``--rdzv etcd://``: runtime/_c10d_store.py). The hook never
 raises: an error is recorded, the buckets are returned as they are, and the session
@@ -36,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket, HashStore, PrefixStore, TCPStore
 
+from stalwart.runtime.backend import GLOO, GroupBackend
+
 __all__ = [
     "GenerationGroup",
     "GenerationMovedError",
@@ -45,7 +48,6 @@ __all__ = [
 
 
 _SLICE = timedelta(milliseconds=10)  # how often a waiting collective looks at the generation
-_GRAVEYARD: list[tuple[Any, Any]] = []  # (group, work) abandoned while the work still ran
 
 
 class GenerationMovedError(RuntimeError):
@@ -53,22 +55,10 @@ class GenerationMovedError(RuntimeError):
     re-formed (a member was lost), so waiting longer cannot help."""
 
 
-def _bury(pg: Any, work: Any) -> None:
-    """Keep an abandoned group alive until its work ends: destroying a gloo group joins
-    its worker threads, which wait for the dead peer until the collective timeout."""
-    _GRAVEYARD[:] = [(g, w) for g, w in _GRAVEYARD if not w.is_completed()]
-    _GRAVEYARD.append((pg, work))
-
-
-def leak_abandoned() -> None:
+def leak_abandoned(backend: GroupBackend = GLOO) -> None:
     """At exit: never destroy a group whose work may still wait (it would block the
     process's exit for up to the collective timeout). The OS reclaims it."""
-    import ctypes
-
-    for pair in _GRAVEYARD:
-        if not pair[1].is_completed():
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pair[0]))
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pair[1]))
+    backend.at_exit()
 
 
 def ensure_local_default_group() -> None:
@@ -89,7 +79,9 @@ class GenerationGroup:
         *,
         is_master: bool = False,
         store: Any = None,
+        backend: GroupBackend = GLOO,
     ) -> None:
+        self.backend = backend
         self.rank = rank
         self.world_size = world_size
         self.timeout = timedelta(seconds=timeout_s)
@@ -140,15 +132,29 @@ class GenerationGroup:
         if world_size > 1 and self._store is None:
             self._connect()
 
+    @property
+    def store(self) -> Any:
+        """The job's c10d store the generations form over (None before a multi-worker
+        formation); a group registered beside this one (the job's default) uses it."""
+        return self._store
+
     def build(self, generation: int) -> None:
         """Form the group of ``generation``; raises if a member is missing or fails."""
-        self.pg = None
+        self.drop()
         self.error = None
         self.signalled = False
         if self.world_size > 1:
             store = PrefixStore(f"{self.namespace}/gen{generation}", self._store)
-            self.pg = dist.ProcessGroupGloo(store, self.rank, self.world_size, self.timeout)
+            self.pg = self.backend.create(store, self.rank, self.world_size, self.timeout)
         self.generation = generation
+
+    def drop(self) -> None:
+        """Stop using the current communicator (a collective on it failed, or the next
+        generation is formed): the peers that are not our ring neighbours then fail
+        within milliseconds too instead of at the timeout."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            self.backend.drop(pg)
 
     def allreduce_(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` over the group in place; errors are recorded, never raised."""
@@ -159,16 +165,14 @@ class GenerationGroup:
         t0 = time.perf_counter()
         try:
             try:
-                opts = dist.AllreduceOptions()
-                opts.timeout = self.step_timeout
-                err = self._wait(self.pg.allreduce([flat], opts))
+                work = self.backend.allreduce(self.pg, [flat], self.step_timeout)
+                err = self.error_of(work)
+                del work
             except Exception as failed:  # the call itself failed (no work to wait for)
                 err = failed.with_traceback(None)
             if err is not None:
                 self.error = err
-                # drop the group now: its sockets close, so the peers that are not our
-                # ring neighbours fail within milliseconds too instead of at the timeout
-                self.pg = None
+                self.drop()
         finally:
             self.last_allreduce_s = time.perf_counter() - t0
             if self.on_collective is not None:
@@ -178,12 +182,12 @@ class GenerationGroup:
         """Wait for ``work`` of the current group; raises its error, or
         :class:`GenerationMovedError` (after burying the group) when the generation
         moved on meanwhile."""
-        err = self._wait(work)
+        err = self.error_of(work)
         del work  # not kept alive by the traceback of what we raise
         if err is not None:
             raise err
 
-    def _wait(self, work: Any) -> BaseException | None:
+    def error_of(self, work: Any) -> BaseException | None:
         """The error of ``work`` (None: it succeeded), without its traceback: a traceback
         keeps this frame, hence ``work``, hence the group's sockets alive, and the peers
         that are not our ring neighbours would wait for the timeout instead of seeing
@@ -204,7 +208,7 @@ class GenerationGroup:
                         return None
                     if not self.moved():
                         continue  # a slice passed: look again
-                _bury(self.pg, work)
+                self.backend.abandon(self.pg, work)
                 return GenerationMovedError(
                     f"generation {self.generation} was left while a collective waited "
                     "(the job moved to a new generation: a member was lost)"
@@ -281,4 +285,4 @@ class GenerationGroup:
         return err
 
     def close(self) -> None:
-        self.pg = None
+        self.drop()
