@@ -105,7 +105,8 @@ class SlotNames:
         if self.run and not _RUN_RE.match(self.run):
             raise ConfigError(
                 f"shared-memory run id {self.run[:40]!r} is not 16 hex digits: it comes "
-                "from the job's store (launch/shm) or the worker contract's shm_run; restart the job"
+                "from the job's store (launch/shm) or the worker contract's shm_run; "
+                "restart the job"
             )
 
     @property
