@@ -29,7 +29,6 @@ handshake deadline) and connects that failed (refused, or not accepted in time).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os
@@ -44,14 +43,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _two_nodes import TwoNodes, free_port, read_jsonl
+from _two_nodes import events as job_events
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE.parent / "examples" / "train_sharded.py"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------- the attacker process
@@ -161,20 +157,6 @@ class Probe:
                 self.failures.append(f"fresh: {exc}"[:200])
 
 
-def _steps(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    return _steps(run_dir / "events.jsonl")
-
-
 def _targets(host: str, port: int, token: bytes, job: str, deadline: float) -> dict[str, Any]:
     """The receivers' and watches' addresses, once both agents published them."""
     from stalwart.coordinator import StoreClient
@@ -199,46 +181,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     job = f"flood-{uuid.uuid4().hex[:6]}"
     root = Path(tempfile.mkdtemp(prefix="stalwart-flood-"))
-    run_dir, log, port = root / "run", root / "steps.jsonl", _port()
-    cmd = [
-        str(Path(sys.executable).parent / "stalwart"),
-        "run",
-        "--rdzv-id",
-        job,
-        "--run-dir",
-        str(run_dir),
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--node-lease",
-        str(args.node_lease),
-        "--replica-rate",
-        str(args.replica_rate),
-        "--snapshot-every",
-        "20",
-    ]
+    run_dir, log, port = root / "run", root / "steps.jsonl", free_port()
+    rdzv = ["--rdzv-id", job, "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    launch = ["--nproc-per-node", "1", "--node-lease", str(args.node_lease)]
+    launch += ["--replica-rate", str(args.replica_rate), "--snapshot-every", "20"]
     script = [str(JOB), "--steps", str(args.steps), "--size-mb", "4", "--step-ms"]
     script += [str(args.step_ms), "--step-log", str(log)]
-    procs = [
-        subprocess.Popen(
-            [*cmd, "--node-rank", str(n), *script],
-            stdout=subprocess.DEVNULL,
-            stderr=open(root / f"node{n}.err", "w"),  # noqa: SIM115
-        )
-        for n in range(2)
-    ]
+    nodes = TwoNodes(job, run_dir, root, "flood", rdzv, launch, script)
+    nodes.start_all()
     res: dict[str, Any] = {"lease_s": args.node_lease, "conns_per_kind": args.conns}
     res["attacker_address"] = args.source
     probe: Probe | None = None
     attacker: subprocess.Popen[str] | None = None
     try:
         deadline = time.monotonic() + 120
-        while len(_steps(log)) < 5:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"the job did not start training; see {root}/node*.err")
+        while len(read_jsonl(log)) < 5:
+            if time.monotonic() > deadline or not all(nodes.alive(n) for n in (0, 1)):
+                raise RuntimeError(f"the job did not start training; see {root}/flood.node*.err")
             time.sleep(0.1)
         token = read_token_file(run_dir / "token")
         targets = _targets("127.0.0.1", port, token, job, deadline)
@@ -254,30 +213,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stdout=subprocess.PIPE,
             text=True,
         )
-        steps_before = len(_steps(log))
+        steps_before = len(read_jsonl(log))
         out, _ = attacker.communicate(timeout=args.seconds + 120)
         res["attacker"] = json.loads(out.strip().splitlines()[-1])
-        res["steps_during_attack"] = len(_steps(log)) - steps_before
-        res["job_ran_through_the_attack"] = all(p.poll() is None for p in procs)
+        res["steps_during_attack"] = len(read_jsonl(log)) - steps_before
+        res["job_ran_through_the_attack"] = all(nodes.alive(n) for n in (0, 1))
         probe.close()  # measured during the attack only
-        for p in procs:
-            p.wait(timeout=args.seconds + 600)
+        nodes.wait(timeout=args.seconds + 600)
     finally:
         if attacker is not None and attacker.poll() is None:
             attacker.kill()
             attacker.wait()
         if probe is not None:
             probe.close()
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(30)
-        for path in Path("/dev/shm").glob(f"stalwart-{job}*"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-    events = _events(run_dir)
+        nodes.stop()
+    events = job_events(run_dir)
     bad = {"fault_detected", "isolation", "recovery_begin"}
-    steps = _steps(log)
-    res["codes"] = [p.returncode for p in procs]
+    steps = read_jsonl(log)
+    res["codes"] = nodes.codes
     ends = [e for e in events if e.get("kind") == "run_end"]
     res["job_finished"] = res["codes"] == [0, 0] and [e.get("status") for e in ends] == ["ok"]
     res["steps"] = len(steps)

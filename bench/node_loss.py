@@ -56,14 +56,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _two_nodes import TwoNodes, free_port, read_jsonl
+from _two_nodes import events as job_events
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE.parent / "examples" / "train_sharded.py"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Etcd:
@@ -72,7 +69,7 @@ class Etcd:
     def __init__(self, root: Path) -> None:
         # on tmpfs: this bench measures node loss, not etcd's fsyncs on a shared disk
         self.data = Path(f"/dev/shm/stalwart-nlbench-etcd-{uuid.uuid4().hex[:8]}")
-        self.client, self.peer = _port(), _port()
+        self.client, self.peer = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -118,29 +115,12 @@ class Etcd:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def _steps(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _evict_lost_node(run_dir: Path, stop: threading.Event) -> None:
     """When node 1 is killed, drop its ranks' checkpoint files from the page cache: a lost
     machine's memory is gone, so whoever restores its part reads them from storage, not
     from RAM. (Per-file POSIX_FADV_DONTNEED: no root needed, nothing else is evicted.)"""
     while not stop.wait(0.01):
-        if any(e["kind"] == "fault_injected" for e in _events(run_dir)):
+        if any(e["kind"] == "fault_injected" for e in job_events(run_dir)):
             break
     else:
         return
@@ -162,25 +142,8 @@ def run_job(
     run_dir = root / name
     log = root / f"{name}.steps"
     url = f"etcd://127.0.0.1:{etcd.client}/{job}"
-    cmd = [
-        str(Path(sys.executable).parent / "stalwart"),
-        "run",
-        "--rdzv",
-        url,
-        "--run-dir",
-        str(run_dir),
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "2",
-        "--node-lease",
-        str(args.node_lease),
-        "--hang-floor",
-        str(args.hang_floor),
-        "--snapshot-every",
-        str(args.snapshot_every),
-        *extra,
-    ]
+    launch = ["--nproc-per-node", "2", "--node-lease", str(args.node_lease)]
+    launch += ["--hang-floor", str(args.hang_floor), "--snapshot-every", str(args.snapshot_every)]
     script = [
         str(JOB),
         "--steps",
@@ -194,14 +157,8 @@ def run_job(
         "--step-log",
         str(log),
     ]
-    procs = [
-        subprocess.Popen(
-            [*cmd, "--node-rank", str(n), *script],
-            stdout=subprocess.DEVNULL,
-            stderr=open(root / f"{name}.node{n}.err", "w"),  # noqa: SIM115
-        )
-        for n in range(2)
-    ]
+    nodes = TwoNodes(job, run_dir, root, name, ["--rdzv", url], [*launch, *extra], script)
+    nodes.start_all()
     t_kill = t_back = None
     stop = threading.Event()
     evictor = threading.Thread(target=_evict_lost_node, args=(run_dir, stop), daemon=True)
@@ -209,25 +166,19 @@ def run_job(
     try:
         if bounce:
             deadline = time.monotonic() + 300
-            while len(_steps(log)) < args.steps // 3 and time.monotonic() < deadline:
+            while len(read_jsonl(log)) < args.steps // 3 and time.monotonic() < deadline:
                 time.sleep(0.05)
             t_kill = time.time()
             etcd.kill()
             etcd.start()
             t_back = time.time()
-        for p in procs:
-            p.wait(timeout=900)
+        nodes.wait(timeout=900)
     finally:
         stop.set()
         evictor.join()
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(30)
-        for path in Path("/dev/shm").glob(f"stalwart-{job}*"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-    steps, events = _steps(log), _events(run_dir)
-    res: dict[str, Any] = {"codes": [p.returncode for p in procs], "steps": len(steps)}
+        nodes.stop()
+    steps, events = read_jsonl(log), job_events(run_dir)
+    res: dict[str, Any] = {"codes": nodes.codes, "steps": len(steps)}
     times = [s["t"] for s in steps]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     res["step_s"] = statistics.median(gaps[len(gaps) // 4 :]) if len(gaps) > 8 else float("nan")
