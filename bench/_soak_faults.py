@@ -1,0 +1,179 @@
+"""bench/soak.py's parts that need no running job: the faults it draws, what it records
+of each, and rank 0's step log read as it grows."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KINDS", "Fault", "FaultResult", "StepLog", "draw_faults", "parse_weights"]
+
+KINDS = ("kill", "hang", "slow", "node_loss")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int | None = None  # rank faults
+    factor: float | None = None  # slow
+    seconds: float | None = None  # slow
+
+    def spec(self) -> str:
+        """The chaos spec of a rank fault (docs/recovery.md "Chaos")."""
+        if self.kind == "slow":
+            return f"slow rank={self.rank} factor={self.factor:g} for={self.seconds:g}s"
+        return f"{self.kind} rank={self.rank}"
+
+    def target(self) -> str:
+        if self.kind == "node_loss":
+            return "node 1"
+        if self.kind == "slow":
+            return f"rank {self.rank} x{self.factor:g} {self.seconds:g}s"
+        return f"rank {self.rank}"
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``kill=4,hang=3,slow=3,node_loss=1`` -> weights (kinds left out weigh 0)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for part in filter(None, text.split(",")):
+        kind, _, value = part.partition("=")
+        if kind not in out:
+            raise ValueError(f"--weights: unknown fault {kind!r}; use {', '.join(KINDS)}")
+        out[kind] = float(value)
+    if not any(w > 0 for w in out.values()):
+        raise ValueError("--weights: give at least one fault a weight above 0")
+    return out
+
+
+def _one(rng: random.Random, kind: str, world: int) -> Fault:
+    if kind == "node_loss":
+        return Fault(kind)
+    rank = rng.randrange(world)
+    if kind == "slow":
+        return Fault(kind, rank, round(rng.uniform(2.0, 6.0), 1), float(rng.randint(3, 10)))
+    return Fault(kind, rank)
+
+
+def draw_faults(rng: random.Random, world: int, weights: dict[str, float]) -> Iterator[Fault]:
+    """Every kind with a weight once, in a drawn order, then kinds drawn by weight."""
+    kinds = [k for k in KINDS if weights[k] > 0]
+    rng.shuffle(kinds)
+    for kind in kinds:
+        yield _one(rng, kind, world)
+    while True:
+        (kind,) = rng.choices(KINDS, [weights[k] for k in KINDS])
+        yield _one(rng, kind, world)
+
+
+@dataclass
+class FaultResult:
+    """What became of one fault: ``recovered_s`` from the fault to the end of the first
+    step rank 0 completed after it in a later generation (for ``slow``: after the slow
+    period); ``redone`` the steps completed before the fault that were done again."""
+
+    t: float  # since the soak's start
+    fault: Fault
+    step_before: int
+    gen_before: int
+    survived: bool = False
+    recovered_s: float | None = None
+    redone: int = 0
+    detected_s: float | None = None
+    back_s: float | None = None  # node_loss: the relaunched job's first step
+    back_redone: int = 0
+    resumed_at: int = 0  # node_loss: the checkpoint step the relaunched job resumed from
+    note: str = ""
+
+    def recovered(self, seconds: float, first_step: int) -> None:
+        self.survived, self.recovered_s = True, seconds
+        self.redone = max(0, self.step_before - first_step + 1)
+
+    def line(self) -> str:
+        head = f"{self.fault.kind:<9} {self.fault.target():<18}"
+        if not self.survived and self.recovered_s is None:
+            return f"{head} NOT RECOVERED: {self.note}"
+        det = "" if self.detected_s is None else f" (detected in {self.detected_s:.2f} s)"
+        if self.fault.kind == "slow":
+            return (
+                f"{head} went through: {self.note}; next step {self.recovered_s:.2f} s after "
+                f"it{det}, {self.redone} steps redone"
+            )
+        text = f"{head} recovered in {self.recovered_s:.2f} s{det}, {self.redone} steps redone"
+        if self.fault.kind == "node_loss":
+            if self.back_s is None:
+                text += f"; node 1 NOT BACK: {self.note}"
+            else:
+                text += f"; node 1 back in {self.back_s:.1f} s (both agents relaunched, resumed "
+                text += f"from checkpoint step {self.resumed_at}, {self.back_redone} steps redone)"
+        elif self.note:
+            text += f"; {self.note}"
+        return text
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "t": round(self.t, 1),
+            "fault": self.fault.kind,
+            "target": self.fault.target(),
+            "survived": self.survived,
+            "recovered_s": None if self.recovered_s is None else round(self.recovered_s, 3),
+            "detected_s": None if self.detected_s is None else round(self.detected_s, 3),
+            "redone": self.redone + self.back_redone,
+            "back_s": None if self.back_s is None else round(self.back_s, 2),
+            "note": self.note,
+        }
+
+
+class StepLog:
+    """Rank 0's ``{step, t, gen}`` lines, read incrementally (a torn last line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._entries: list[dict[str, Any]] = []
+
+    def entries(self) -> list[dict[str, Any]]:
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                try:
+                    self._entries.append(json.loads(line))
+                except ValueError:
+                    continue  # a line torn by a kill, completed by nobody
+            self._offset += end
+        return self._entries
+
+    def last(self) -> dict[str, Any] | None:
+        entries = self.entries()
+        return entries[-1] if entries else None
+
+    def first_after(
+        self, t: float, where: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any] | None:
+        entries = self.entries()
+        i = len(entries)
+        while i > 0 and entries[i - 1]["t"] > t:
+            i -= 1
+        return next((e for e in entries[i:] if where(e)), None)
+
+    def redone(self) -> int:
+        """Completions minus distinct steps: every step done more than once."""
+        entries = self.entries()
+        return len(entries) - len({e["step"] for e in entries})
+
+    def wait_steps(self, n: int, alive: Callable[[], bool], timeout: float) -> bool:
+        """Until ``n`` steps are logged (False: the job died or ``timeout`` passed)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and alive():
+            if len(self.entries()) >= n:
+                return True
+            time.sleep(0.1)
+        return False
