@@ -88,8 +88,13 @@ def teardown(agent: Agent) -> None:
     agent.cluster.close(goodbye=agent._goodbye)
     if agent._board is not None:
         agent._board.close(unlink=True)
+    # only a member's ranks are its own: an agent the job refused at the start (its node
+    # lost and blocklisted, then started again) owns none, and on one host the node that
+    # adopted them uses the same slot names (bench/soak.py found it deleting them)
+    joined = getattr(agent, "coord", None) is not None  # set once cluster.start() joined
     if agent.cluster.started:  # (one that ended before the run id was agreed made none)
-        _remove_shm(agent.cluster.names, list(agent.workers), everything=agent.cluster.last_out)
+        ranks = list(agent.workers) if joined else []
+        _remove_shm(agent.cluster.names, ranks, everything=agent.cluster.last_out)
     agent.events.close()
 
 
