@@ -53,6 +53,17 @@ def test_ledger_fires_once(tmp_path: object) -> None:
     assert ledger.fired_at(pid=456) is None
 
 
+def test_detection_counts_from_the_newest_fault_on_a_process(tmp_path: object) -> None:
+    # bench/soak.py: a rank slowed at t=100 and killed at t=400 was reported "detected in
+    # 300 s" when the slow record happened to be listed first
+    ledger = FaultLedger(str(tmp_path))
+    for key, t in (("1", 100.0), ("2", 200.0), ("3", 400.0), ("4", 300.0)):
+        assert ledger.claim_id(key, {"t": t, "kind": "slow", "rank": 1, "pid": 77})
+    assert ledger.claim_id("5", {"t": 500.0, "kind": "kill", "rank": 0, "pid": 78})
+    assert ledger.fired_at(pid=77) == 400.0
+    assert ledger.fired_at(pid=78) == 500.0
+
+
 def test_permanent_kill_and_join_parse() -> None:
     plan = FaultPlan.parse(
         "kill rank=3 at=step:15 permanent; kill node=1 at=time:30s permanent; "

@@ -158,9 +158,12 @@ class FaultLedger:
         return False
 
     def fired_at(self, *, pid: int) -> float | None:
-        """When a fault was fired on process ``pid`` (None if none was)."""
-        for rec in self.fired().values():
-            if rec.get("pid") == pid:
-                t = rec.get("t")
-                return float(t) if isinstance(t, (int, float)) else None
-        return None
+        """When the newest fault fired on process ``pid`` was (None if none was): a
+        process slowed first and killed later was lost to the kill, and its detection
+        latency counts from it (the records are listed in no particular order)."""
+        times = [
+            float(t)
+            for rec in self.fired().values()
+            if rec.get("pid") == pid and isinstance(t := rec.get("t"), (int, float))
+        ]
+        return max(times, default=None)
