@@ -127,7 +127,7 @@ class Soak:
             self._watch_slow(res, t, fault)
         else:
             self._wait_recovery(res, t, gen)
-        res.detected_s = self._detected(t)  # before a relaunch rotates events.jsonl
+        res.detected_s = self._detected(t, fault)  # before a relaunch rotates events.jsonl
         if fault.kind == "node_loss" and res.survived:
             self._bring_back(res)
         return res
@@ -185,10 +185,14 @@ class Soak:
         res.survived = False
         res.note = "the relaunched job did not train"
 
-    def _detected(self, t: float) -> float | None:
+    def _detected(self, t: float, fault: Fault) -> float | None:
+        """The first ``fault_detected`` after ``t``: its latency as the agent measured it
+        from the fault it fired, or for a node killed from outside (no fired record;
+        the agent counts from the end of the watched connection), from the kill."""
         for e in events(self.run_dir):
             if e.get("kind") == "fault_detected" and float(e["t"]) >= t:
-                return float(e["latency_s"])
+                outside = fault.kind == "node_loss"
+                return float(e["t"]) - t if outside else float(e["latency_s"])
         return None
 
     def loop(self) -> None:
