@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "Fault", "FaultResult", "StepLog", "draw_faults", "parse_weights"]
+__all__ = [
+    "FAILS",
+    "KINDS",
+    "FailureBudget",
+    "Fault",
+    "FaultResult",
+    "StepLog",
+    "draw_faults",
+    "parse_weights",
+]
 
 KINDS = ("kill", "hang", "slow", "node_loss")
 
@@ -49,24 +59,72 @@ def parse_weights(text: str) -> dict[str, float]:
     return out
 
 
-def _one(rng: random.Random, kind: str, world: int) -> Fault:
+def _one(rng: random.Random, kind: str, ranks: list[int]) -> Fault:
     if kind == "node_loss":
         return Fault(kind)
-    rank = rng.randrange(world)
+    rank = rng.choice(ranks)
     if kind == "slow":
         return Fault(kind, rank, round(rng.uniform(2.0, 6.0), 1), float(rng.randint(3, 10)))
     return Fault(kind, rank)
 
 
-def draw_faults(rng: random.Random, world: int, weights: dict[str, float]) -> Iterator[Fault]:
-    """Every kind with a weight once, in a drawn order, then kinds drawn by weight."""
+def draw_faults(
+    rng: random.Random, world: int, weights: dict[str, float], budget: FailureBudget
+) -> Iterator[Fault]:
+    """Every kind with a weight once, in a drawn order, then kinds drawn by weight. A
+    kill or hang goes to a rank the isolation budget still allows; when it allows none,
+    the fault is drawn again among the others (slow and node loss fail no rank)."""
     kinds = [k for k in KINDS if weights[k] > 0]
     rng.shuffle(kinds)
-    for kind in kinds:
-        yield _one(rng, kind, world)
     while True:
-        (kind,) = rng.choices(KINDS, [weights[k] for k in KINDS])
-        yield _one(rng, kind, world)
+        kind = kinds.pop(0) if kinds else rng.choices(KINDS, [weights[k] for k in KINDS])[0]
+        ranks = list(range(world))
+        if kind in FAILS:
+            ranks = [r for r in ranks if budget.allows(r)]
+            if not ranks:
+                rest = [k for k in KINDS if k not in FAILS]
+                kind = (
+                    rng.choices(rest, [weights[k] for k in rest])[0]
+                    if any(weights[k] > 0 for k in rest)
+                    else "slow"
+                )
+                ranks = list(range(world))
+        yield _one(rng, kind, ranks)
+
+
+FAILS = ("kill", "hang")  # the faults that count as a worker failure
+
+
+class FailureBudget:
+    """What the job's isolation lets through: a rank, and a node other than 0, that
+    fails ``threshold`` times within ``window`` seconds is blocklisted and the job ends
+    (docs/recovery.md, "Isolation"), so each gets at most ``threshold - 1`` kills and
+    hangs per window. The job's store counts them; a relaunch starts a new store."""
+
+    def __init__(self, threshold: int, window: float, nproc: int) -> None:
+        self.threshold, self.window, self.nproc = threshold, window, nproc
+        self._times: list[tuple[int, float]] = []  # (rank, when)
+
+    def _recent(self, now: float, node: int | None = None, rank: int | None = None) -> int:
+        return sum(
+            1
+            for r, t in self._times
+            if now - t < self.window
+            and (r == rank or (node is not None and r // self.nproc == node))
+        )
+
+    def allows(self, rank: int, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        node = rank // self.nproc
+        if self._recent(now, rank=rank) >= self.threshold - 1:
+            return False
+        return node == 0 or self._recent(now, node=node) < self.threshold - 1
+
+    def record(self, rank: int, now: float | None = None) -> None:
+        self._times.append((rank, time.time() if now is None else now))
+
+    def reset(self) -> None:
+        self._times.clear()
 
 
 @dataclass

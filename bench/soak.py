@@ -50,8 +50,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _soak_faults import KINDS, Fault, FaultResult, StepLog, draw_faults, parse_weights
+from _soak_faults import (
+    FAILS,
+    KINDS,
+    FailureBudget,
+    Fault,
+    FaultResult,
+    StepLog,
+    draw_faults,
+    parse_weights,
+)
 from _two_nodes import STALWART, TwoNodes, events, free_port, job_shm, remove_job_shm
+
+from stalwart.coordinator import CoordinatorConfig
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_soak_job.py"
@@ -72,6 +83,8 @@ class Soak:
         self.results: list[FaultResult] = []
         self.leftovers: list[str] = []
         self.segments = 0
+        iso = CoordinatorConfig(job_id=self.job)  # the isolation policy stalwart run uses
+        self.budget = FailureBudget(iso.failure_threshold, iso.failure_window, args.nproc_per_node)
         self.t0 = time.time()
         self.nodes = self._nodes(self.run_dir, "soak", args.step_ms, self.log.path, "out")
 
@@ -106,6 +119,7 @@ class Soak:
 
     def launch(self) -> None:
         self.segments += 1
+        self.budget.reset()  # a new store: nothing counted against anyone yet
         self.nodes.start_all()
 
     def running(self) -> bool:
@@ -117,6 +131,8 @@ class Soak:
         t = time.time()
         step, gen = (before["step"], before["gen"]) if before else (0, 0)
         res = FaultResult(t - self.t0, fault, step, gen)
+        if fault.kind in FAILS and fault.rank is not None:
+            self.budget.record(fault.rank, t)
         if fault.kind == "node_loss":
             self.nodes.kill(1)
         else:
@@ -198,7 +214,7 @@ class Soak:
     def loop(self) -> None:
         a = self.args
         end = self.t0 + a.minutes * 60
-        for fault in draw_faults(self.rng, a.nproc_per_node * 2, a.weights):
+        for fault in draw_faults(self.rng, a.nproc_per_node * 2, a.weights, self.budget):
             gap = max(2.0, self.rng.expovariate(1 / a.mean_gap))
             self._pause(gap)
             if time.time() + 5 > end or not self.running():
@@ -265,9 +281,11 @@ class Soak:
     def reference(self) -> str | None:
         """The digest of a fault-free run of the same job (no per-step sleep)."""
         ref = self._nodes(self.root / "ref-run", "ref", 0.0, self.root / "ref.steps", "ref.out")
-        ref.start_all()
-        codes = ref.wait(self.args.steps * 0.2 + 300)
-        left = ref.stop()
+        try:
+            ref.start_all()
+            codes = ref.wait(self.args.steps * 0.2 + 300)
+        finally:
+            left = ref.stop()
         if left:
             self.say(f"the fault-free run left {len(left)} entries in /dev/shm")
         path = self.root / "ref.out"
