@@ -98,33 +98,35 @@ FAILS = ("kill", "hang")  # the faults that count as a worker failure
 class FailureBudget:
     """What the job's isolation lets through: a rank, and a node other than 0, that
     fails ``threshold`` times within ``window`` seconds is blocklisted and the job ends
-    (docs/recovery.md, "Isolation"), so each gets at most ``threshold - 1`` kills and
-    hangs per window. The job's store counts them; a relaunch starts a new store."""
+    (docs/recovery.md, "Isolation"). The failures are the job's own ``fault_detected``
+    records of crashes and hangs: a peer the agent killed because it waited in a
+    collective of a generation the job left counts too, so one hang can cost two ranks
+    a failure. A kill or hang is allowed only while every rank and node 1 is at most
+    ``threshold - 2``: the fault and its collateral then blocklist nobody."""
 
-    def __init__(self, threshold: int, window: float, nproc: int) -> None:
-        self.threshold, self.window, self.nproc = threshold, window, nproc
-        self._times: list[tuple[int, float]] = []  # (rank, when)
+    def __init__(self, threshold: int, window: float, nproc: int, world: int) -> None:
+        self.threshold, self.window, self.nproc, self.world = threshold, window, nproc, world
+        self.failures: list[tuple[int, float]] = []  # (rank, when), from the events
 
-    def _recent(self, now: float, node: int | None = None, rank: int | None = None) -> int:
-        return sum(
-            1
-            for r, t in self._times
-            if now - t < self.window
-            and (r == rank or (node is not None and r // self.nproc == node))
-        )
+    def update(self, events: list[dict[str, Any]]) -> None:
+        """The failures recorded in the current run's events (a relaunch starts a new
+        store, so a new count)."""
+        self.failures = [
+            (int(e["domain"]["rank"]), float(e["t"]))
+            for e in events
+            if e.get("kind") == "fault_detected"
+            and e.get("fault") in ("crash", "hang")
+            and isinstance(e.get("domain"), dict)
+            and isinstance(e["domain"].get("rank"), int)
+        ]
 
     def allows(self, rank: int, now: float | None = None) -> bool:
         now = time.time() if now is None else now
-        node = rank // self.nproc
-        if self._recent(now, rank=rank) >= self.threshold - 1:
-            return False
-        return node == 0 or self._recent(now, node=node) < self.threshold - 1
-
-    def record(self, rank: int, now: float | None = None) -> None:
-        self._times.append((rank, time.time() if now is None else now))
-
-    def reset(self) -> None:
-        self._times.clear()
+        recent = [r for r, t in self.failures if now - t < self.window]
+        most = self.threshold - 2
+        per_rank = max((recent.count(r) for r in range(self.world)), default=0)
+        node1 = sum(1 for r in recent if r // self.nproc != 0)
+        return per_rank <= most and node1 <= most
 
 
 @dataclass
