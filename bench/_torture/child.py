@@ -97,7 +97,7 @@ def _counting(original: Callable[..., Any], phase: _ChildPhase, stream: bool) ->
 def _observe_child(phase: _ChildPhase, emit: Callable[[str], None]) -> str:
     """Report commit and GC as they start, and count storage mutations (for self-kills).
     Only observes: every call goes on to the engine's own function. "" or a problem."""
-    from stalwart.checkpoint import _persist_worker as pw
+    from stalwart.checkpoint import commit as pw  # the commit path the persister runs
     from stalwart.checkpoint.storage.local import LocalStorage
 
     for owner, name, kind in (
@@ -132,7 +132,7 @@ def _inject_bug(name: str) -> None:
     instants reach inside a GC and that the checks then fail). ``gc-manifest-last``: GC
     removes a step's manifest after its other files instead of first, so a kill in
     between leaves a visible step with missing files."""
-    from stalwart.checkpoint import _persist_worker as pw
+    from stalwart.checkpoint import commit as pw  # the commit path the persister runs
     from stalwart.checkpoint.format import MANIFEST_NAME
     from stalwart.checkpoint.storage.local import LocalStorage
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from stalwart.checkpoint._state import RNGState
     from stalwart.checkpoint._writer import publish_step
     from stalwart.checkpoint.catalog import VerifyReport, committed_steps, verify_step
+    from stalwart.checkpoint.commit import CommitFence, CommitResult, FencedCommit, StepCommitter
     from stalwart.checkpoint.manager import CheckpointConfig, CheckpointManager
     from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
     from stalwart.checkpoint.restore import RestoreResult, restore_state
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckpointConfig",
     "CheckpointManager",
+    "CommitFence",
+    "CommitResult",
+    "FencedCommit",
     "GcReport",
     "PersistConfig",
     "PersistResult",
@@ -34,6 +38,7 @@ __all__ = [
     "SnapshotConfig",
     "SnapshotResult",
     "Snapshotter",
+    "StepCommitter",
     "VerifyReport",
     "collect_garbage",
     "committed_steps",
@@ -49,6 +54,10 @@ _WHERE = {
     "VerifyReport": "catalog",
     "committed_steps": "catalog",
     "verify_step": "catalog",
+    "CommitFence": "commit",
+    "CommitResult": "commit",
+    "FencedCommit": "commit",
+    "StepCommitter": "commit",
     "CheckpointConfig": "manager",
     "CheckpointManager": "manager",
     "PersistConfig": "persist",

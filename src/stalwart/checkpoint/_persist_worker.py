@@ -26,10 +26,11 @@ from typing import Any
 
 from stalwart.checkpoint._select import select
 from stalwart.checkpoint._shm import SlotFiles
-from stalwart.checkpoint._writer import known_chunks, publish_step, write_rank
+from stalwart.checkpoint._writer import known_chunks, write_rank
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
+from stalwart.checkpoint.commit import StepCommitter
 from stalwart.checkpoint.format import ChunkRef
-from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
+from stalwart.checkpoint.retention import RetentionPolicy
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError
 
@@ -126,21 +127,20 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
         "committed": False,
         "write_s": time.perf_counter() - t0,  # pack + rank index, durable
     }
-    if req.get("commit"):
+    if req.get("commit"):  # alone: no coordinator to fence it (else the trainer commits)
         t_commit = time.perf_counter()
-        publish_step(
+        committer = StepCommitter(
             storage,
-            meta.step,
-            int(req["world_size"]),
-            generation=int(req.get("generation", 0)),
+            world_size=int(req["world_size"]),
             replicated=bool(req.get("replicated", False)),
+            retention=RetentionPolicy(int(req.get("keep_last", 3)), req.get("keep_every")),
         )
+        done = committer.commit(meta.step, generation=int(req.get("generation", 0)))
         reply["committed"] = True
         reply["commit_s"] = time.perf_counter() - t_commit
-        policy = RetentionPolicy(int(req.get("keep_last", 3)), req.get("keep_every"))
-        gc = collect_garbage(storage, policy)
-        reply["gc_deleted_steps"] = gc.deleted_steps
-        reply["gc_freed_bytes"] = gc.freed_bytes
+        assert done.gc is not None
+        reply["gc_deleted_steps"] = done.gc.deleted_steps
+        reply["gc_freed_bytes"] = done.gc.freed_bytes
     reply["seconds"] = time.perf_counter() - t0
     cpu1 = os.times()
     reply["cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)

@@ -6,24 +6,23 @@ process and returns at once. The slot stays pinned until the persist is done, so
 snapshots never overwrite bytes that are being written out.
 
 Multi-rank jobs: every rank persists its own shard with ``commit=False``; the committer
-(rank 0, or the coordinator) calls :func:`stalwart.checkpoint.publish_step` once every
-rank has finished, with its generation so that a fenced member cannot commit.
+calls :meth:`CheckpointManager.commit` once every rank has finished, with its generation
+and the coordinator's fence (:class:`stalwart.checkpoint.commit.StepCommitter`, the one
+commit path the persister process uses too) so that a fenced member cannot commit.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from stalwart.checkpoint._writer import publish_step
-from stalwart.checkpoint.format import Manifest
+from stalwart.checkpoint.commit import CommitResult, FencedCommit, StepCommitter
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
-from stalwart.checkpoint.retention import GcReport, RetentionPolicy, collect_garbage
-from stalwart.checkpoint.slots import SHM_DIR
+from stalwart.checkpoint.retention import RetentionPolicy
 from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError, CheckpointNotFoundError
@@ -40,7 +39,7 @@ class CheckpointConfig:
     rank: int = 0
     world_size: int = 1
     slots: int = 2
-    shm_dir: str = SHM_DIR
+    shm_dir: str = "/dev/shm"
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     persist: PersistConfig = field(default_factory=PersistConfig)
     replicated: bool = False  # DDP: every rank holds the same state
@@ -124,25 +123,21 @@ class CheckpointManager:
         step: int,
         *,
         generation: int,
-        is_current: Callable[[int], bool] | None = None,
-        record: Callable[[Manifest], object] | None = None,
+        fenced: FencedCommit | None = None,
         protect: Collection[int] = (),
-    ) -> tuple[Manifest, GcReport]:
-        """Commit a step persisted with ``commit=False`` (fenced by ``record``: see
-        :func:`publish_step`), then apply the retention policy. ``protect`` names steps
-        GC must keep (ones another member may still restore from); the newest committed
-        step is always kept."""
-        manifest = publish_step(
+    ) -> CommitResult:
+        """Commit a step persisted with ``commit=False`` (fenced by the coordinator's
+        record under ``fenced``: see :class:`StepCommitter`), then apply the retention
+        policy. ``protect`` names steps GC must keep (ones another member may still
+        restore from); the newest committed step is always kept."""
+        committer = StepCommitter(
             self.storage,
-            step,
-            self.config.world_size,
-            generation=generation,
+            world_size=self.config.world_size,
             replicated=self.config.replicated,
-            is_current=is_current,
-            record=record,
+            retention=self.config.retention,
+            fenced=fenced,
         )
-        gc = collect_garbage(self.storage, self.config.retention, protect=protect)
-        return manifest, gc
+        return committer.commit(step, generation=generation, protect=protect)
 
     def save(self, state: Mapping[str, Any], step: int) -> PersistResult:
         """Snapshot and persist, and wait for the commit (for scripts and tests)."""

@@ -278,21 +278,21 @@ class StepAccounting:
         fut.add_done_callback(done)
 
     def _commit(self, step: int, generation: int) -> BaseException | None:
+        """Commit this rank's directory through the one commit path (the coordinator's
+        record fences it: docs/checkpoint-format.md), keeping the newest step every
+        rank's directory holds; rank 0 then records the job's checkpoint."""
+        from stalwart.checkpoint import FencedCommit
+
         sess = self.sess
-        coord = sess.coord
-        shard = f"rank{sess.rank}"
+        own = not sess._replicated and sess.world_size > 1
+        fenced = FencedCommit(
+            sess.coord,
+            shard=f"rank{sess.rank}",
+            peers=tuple(f"rank{r}" for r in range(sess.world_size)) if own else (),
+            job_record=sess.rank == 0,  # the job's record (every rank committed its own)
+        )
         try:
-            # visible only after the coordinator's fenced record (docs/checkpoint-format.md),
-            # then retention, keeping the newest step every rank's directory holds
-            sess._ckpt.commit(
-                step,
-                generation=generation,
-                is_current=lambda g: bool(coord.generation() == g),
-                record=lambda _m: coord.record_shard_commit(generation, step, shard),
-                protect=_common_step(coord, sess.world_size, sess._replicated),
-            )
-            if sess.rank == 0:  # the job's record (every rank committed its own files)
-                coord.commit_checkpoint(generation, step, by=f"rank{sess.rank}")
+            sess._ckpt.commit(step, generation=generation, fenced=fenced)
         except Exception as err:  # FencedError, storage errors: reported, never raised
             return err
         return None
@@ -300,13 +300,3 @@ class StepAccounting:
     def wait_persist(self) -> None:
         if self._persist is not None:
             self._persist.exception()
-
-
-def _common_step(coord: Any, world_size: int, replicated: bool) -> set[int]:
-    """The newest step every rank's checkpoint directory committed (per-rank shards):
-    a restore may need it on every rank, so no rank's retention deletes it."""
-    if replicated or world_size <= 1:
-        return set()
-    records = coord.shard_commits()
-    steps = [records[f"rank{r}"].step for r in range(world_size) if f"rank{r}" in records]
-    return {min(steps)} if len(steps) == world_size else set()
