@@ -74,6 +74,33 @@ def test_async_snapshot_is_consistent_with_guarded_step(shm_namespace: str) -> N
         snap.close(unlink=True)
 
 
+def test_on_done_runs_once_the_stall_is_final(shm_namespace: str) -> None:
+    """Nothing deferred: before snapshot() returns; deferred: in the wait that joins the
+    copy (here the optimizer's pre-step hook), with that wait in its stall; once each."""
+    from stalwart.checkpoint import SnapshotResult
+
+    state = make_state()
+    train_step(state)
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    handle = snap.guard(state["optimizer"])
+    done: list[tuple[int, float]] = []
+
+    def on_done(r: SnapshotResult) -> None:
+        done.append((r.step, r.blocking_s))
+
+    try:
+        snap.snapshot(state, 1, on_done=on_done)
+        assert [s for s, _ in done] == [1]
+        res = snap.snapshot(state, 2, blocking=False, on_done=on_done)
+        train_step(state)
+        assert done[-1] == (2, res.blocking_s) and len(done) == 2
+        snap.wait()
+        assert len(done) == 2
+    finally:
+        handle.remove()
+        snap.close(unlink=True)
+
+
 def test_pinned_slot_is_never_overwritten(shm_namespace: str) -> None:
     state = make_state()
     snap = Snapshotter(SnapshotConfig(shm_namespace))

@@ -14,7 +14,7 @@ commit path the persister process uses too) so that a fenced member cannot commi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,9 +54,15 @@ class CheckpointManager:
         self._inflight: Future[PersistResult] | None = None
 
     def snapshot(
-        self, state: Mapping[str, Any], step: int, *, blocking: bool = True
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        blocking: bool = True,
+        on_done: Callable[[SnapshotResult], None] | None = None,
     ) -> SnapshotResult:
-        return self.snapshots.snapshot(state, step, blocking=blocking)
+        """See :meth:`Snapshotter.snapshot` (``on_done``: once it is complete)."""
+        return self.snapshots.snapshot(state, step, blocking=blocking, on_done=on_done)
 
     def persist(self, *, commit: bool | None = None, generation: int = 0) -> Future[PersistResult]:
         """Write the newest snapshot in the background. One persist at a time: a second

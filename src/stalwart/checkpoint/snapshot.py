@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,16 +133,28 @@ class Snapshotter:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pending: SnapshotResult | None = None
+        self._on_done: Callable[[SnapshotResult], None] | None = None
         self._error: BaseException | None = None
         self._cuda_stream: Any = None
 
     # ---------------------------------------------------------------- writing
     def snapshot(
-        self, state: Mapping[str, Any], step: int, *, blocking: bool = True
+        self,
+        state: Mapping[str, Any],
+        step: int,
+        *,
+        blocking: bool = True,
+        on_done: Callable[[SnapshotResult], None] | None = None,
     ) -> SnapshotResult:
         """Copy ``state`` into a free slot. With ``blocking=False`` the parameters and
         optimizer state are copied in the background; call :meth:`wait` (or use
-        :meth:`guard`) before the optimizer changes them."""
+        :meth:`guard`) before the optimizer changes them.
+
+        ``on_done(result)`` runs once the snapshot is complete and its stall is final:
+        before this returns when nothing was deferred, else in the :meth:`wait` that
+        finds the background copy done (the optimizer's pre-step hook, the next
+        snapshot, a persist, :meth:`close`), on the waiting thread. It does not run for
+        a snapshot whose copy failed (``wait`` raises instead)."""
         t0 = time.perf_counter()
         waited = self.wait()
         tree, raw_leaves = capture(state)
@@ -191,8 +203,11 @@ class Snapshotter:
         if not later:
             self._finish(slot, meta)
             result.blocking_s = time.perf_counter() - t0 + waited
+            if on_done is not None:
+                on_done(result)
             return result
         self._pending = result
+        self._on_done = on_done
         self._thread = threading.Thread(
             target=self._background, args=(later, slot, meta), name="stalwart-snapshot", daemon=True
         )
@@ -245,12 +260,15 @@ class Snapshotter:
         thread.join()
         self._thread = None
         waited = time.perf_counter() - t0
-        if self._pending is not None:
-            self._pending.blocking_s += waited
-            self._pending = None
+        done, on_done = self._pending, self._on_done
+        self._pending = self._on_done = None
+        if done is not None:
+            done.blocking_s += waited
         if self._error is not None:
             err, self._error = self._error, None
             raise err
+        if done is not None and on_done is not None:
+            on_done(done)
         return waited
 
     def guard(self, optimizer: torch.optim.Optimizer) -> Any:

@@ -24,6 +24,7 @@ from stalwart.runtime._metric_log import MetricLog
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
+    from stalwart.checkpoint import SnapshotResult
     from stalwart.runtime.session import Session
 
 __all__ = ["StepAccounting"]
@@ -50,7 +51,6 @@ class StepAccounting:
         self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
-        self._prev_snapshot: Any = None
         self._slow: list[tuple[Fault, float]] = []
         self._persist: Any = None
         self._t_start = time.monotonic()
@@ -140,7 +140,9 @@ class StepAccounting:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.flush()  # a loop left early: its last steps are still recorded
+            self.settle()  # a loop left early: its last snapshot is still logged
+        with contextlib.suppress(Exception):
+            self.flush()  # and its last steps recorded
         if self._journal is not None:
             self._journal.close()
             self._journal = None
@@ -218,18 +220,28 @@ class StepAccounting:
 
     def snapshot_now(self, step: int) -> None:
         sess = self.sess
-        prev = self._prev_snapshot
-        if prev is not None:
-            self.stalls.append(prev.blocking_s)
-            if sess.rank == 0 and sess.events is not None:
-                sess.events.emit(
-                    "snapshot",
-                    step=prev.step,
-                    stall_s=prev.blocking_s,
-                    bytes=prev.nbytes,
-                    tier="memory",
-                )
-        self._prev_snapshot = sess._ckpt.snapshot(sess._state, step, blocking=False)
+        sess._ckpt.snapshot(sess._state, step, blocking=False, on_done=self._snapshot_done)
+
+    def _snapshot_done(self, snap: SnapshotResult) -> None:
+        """A snapshot is complete (its background copy waited for: its stall is final):
+        its event is logged now, not at the next snapshot, so the last one is too."""
+        self.stalls.append(snap.blocking_s)
+        sess = self.sess
+        if sess.rank == 0 and sess.events is not None:
+            sess.events.emit(
+                "snapshot",
+                step=snap.step,
+                stall_s=snap.blocking_s,
+                bytes=snap.nbytes,
+                tier="memory",
+            )
+
+    def settle(self) -> None:
+        """Wait for the snapshot in flight (its event is logged then): at the end of the
+        loop, where no optimizer step will wait for it."""
+        ckpt = getattr(self.sess, "_ckpt", None)
+        if ckpt is not None:
+            ckpt.snapshots.wait()
 
     # ------------------------------------------------------------ persist
     def _start_persist(self, step: int, *, wait: bool = False) -> None:
@@ -298,5 +310,7 @@ class StepAccounting:
         return None
 
     def wait_persist(self) -> None:
+        """The loop's end: the last snapshot complete (and logged), its persist done."""
+        self.settle()
         if self._persist is not None:
             self._persist.exception()
