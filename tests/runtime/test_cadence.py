@@ -71,6 +71,31 @@ def test_a_run_resumed_past_the_calibration_step_still_agrees_on_a_cadence() -> 
     assert [r.every for r in ranks] == [1, 1]  # agreed through the store, not timed out
 
 
+def test_the_cadence_is_read_without_waiting_for_rank0() -> None:
+    """A rank that reaches the choice before rank 0 published it snapshots that step and
+    looks again at the next one: one store read, no polling inside the step."""
+    from stalwart.coordinator import MemoryStore
+
+    def polled() -> int:
+        raise AssertionError("the cadence choice waited inside a training step")
+
+    store = MemoryStore()
+    ranks = []
+    for rank in (0, 1):
+        acct = _acct(0, rank=rank)
+        env = acct.sess.env
+        env.job, env.hang_ceiling_s, env.snapshot_every = "j", 300.0, 0
+        acct.sess.store, acct.sess.events = store, None
+        acct.sess.coord = SimpleNamespace(generation=polled)
+        ranks.append(StepAccounting(acct.sess))
+    rank0, rank1 = ranks
+    assert rank1._cadence(6) == 1 and rank1.every is None  # not published: every step
+    rank0.durations.extend([0.1] * 10)
+    rank0.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
+    assert rank0._cadence(6) == 5
+    assert rank1._cadence(7) == 5 and rank1.every == 5  # adopted at its next step
+
+
 def test_the_final_step_is_persisted_when_persisting_is_on() -> None:
     # total 12 with --persist-every 5: steps 5, 10 and the last one, 12
     acct = _acct(5)

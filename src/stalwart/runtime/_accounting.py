@@ -4,7 +4,8 @@ Cadence: the first steps are snapshotted every step while stall and step time ar
 measured; then rank 0 fixes ``every`` = 1 if the median stall fits the budget (default
 2% of the median step time), else the smallest k that does, and publishes it per
 generation so that every member snapshots at the same steps (a rollback target must be
-a step every member holds).
+a step every member holds). The others read it without waiting (``_cadence``): no
+training step blocks on the store for it.
 """
 
 from __future__ import annotations
@@ -149,6 +150,13 @@ class StepAccounting:
 
     # ------------------------------------------------------------ snapshots
     def _cadence(self, step: int) -> int:
+        """Snapshot every ``k`` steps: 1 while calibrating, then rank 0's choice.
+
+        Rank 0 publishes its choice at its first step past the calibration; every rank
+        reads it without waiting, one store read per step until it is there (in a job
+        with a collective per step it is there by the next step), and snapshots every
+        step meanwhile, as while calibrating. Nothing in a training step waits for
+        another rank here."""
         sess = self.sess
         if self.every is not None:
             return self.every
@@ -158,20 +166,15 @@ class StepAccounting:
             self.every = self._choose()
             return self.every
         prefix = f"/stalwart/{sess.env.job}/cadence/"
-        if step >= CALIBRATE and sess.rank == 0:  # (>=: a run resumed past CALIBRATE)
+        if sess.rank == 0:  # at its first step >= CALIBRATE (a run may resume past it)
             sess.store.put(f"{prefix}{sess.generation:012d}", str(self._choose()).encode())
-        deadline = time.monotonic() + sess.env.hang_ceiling_s
-        while time.monotonic() < deadline:
-            kvs = sess.store.range(prefix).kvs
-            if kvs:
-                self.every = int(kvs[-1].value)
-                if sess.rank == 0 and sess.events is not None:
-                    sess.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
-                return self.every
-            if sess.coord.generation() != sess.generation:
-                return 1  # rank 0 failed first: recovery is next, decide later
-            time.sleep(0.002)
-        return 1
+        kvs = sess.store.range(prefix).kvs
+        if not kvs:
+            return 1  # not published yet: this step is snapshotted, look again at the next
+        self.every = int(kvs[-1].value)
+        if sess.rank == 0 and sess.events is not None:
+            sess.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
+        return self.every
 
     def _choose(self) -> int:
         stalls = self.stalls[2:]  # the first snapshot into each slot allocates it
