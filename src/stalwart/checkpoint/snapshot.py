@@ -98,6 +98,26 @@ class _Plan:
         self.size = pos
         self.views: dict[int, list[torch.Tensor]] = {}
 
+    def layout(
+        self, leaves: list[tuple[torch.Tensor, Leaf]], shards: list[dict[str, list[int]] | None]
+    ) -> list[dict[str, Any]]:
+        """The slot metadata's entry of every leaf (where its bytes are, what they are)."""
+        return [
+            {
+                "id": i,
+                "path": leaf.path,
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "nbytes": t.numel() * t.element_size(),
+                "offset": off,
+                "shard": shard,
+                "ndarray": leaf.is_ndarray,
+            }
+            for i, ((t, leaf), off, shard) in enumerate(
+                zip(leaves, self.offsets, shards, strict=True)
+            )
+        ]
+
     def dst_views(
         self, slot: SlotFiles, leaves: list[tuple[torch.Tensor, Leaf]]
     ) -> list[torch.Tensor]:
@@ -150,11 +170,9 @@ class Snapshotter:
         optimizer state are copied in the background; call :meth:`wait` (or use
         :meth:`guard`) before the optimizer changes them.
 
-        ``on_done(result)`` runs once the snapshot is complete and its stall is final:
-        before this returns when nothing was deferred, else in the :meth:`wait` that
-        finds the background copy done (the optimizer's pre-step hook, the next
-        snapshot, a persist, :meth:`close`), on the waiting thread. It does not run for
-        a snapshot whose copy failed (``wait`` raises instead)."""
+        ``on_done(result)`` runs once it is complete and its stall final: before this
+        returns if nothing was deferred, else in the :meth:`wait` that joins the copy
+        (optimizer pre-step hook, next snapshot, persist, close); never if it failed."""
         t0 = time.perf_counter()
         waited = self.wait()
         tree, raw_leaves = capture(state)
@@ -178,27 +196,7 @@ class Snapshotter:
             (later if src.data_ptr() in deferred_ptrs else now).append((src, dst))
         self._copy(now)
         self._seq += 1
-        meta = SlotMeta(
-            seq=self._seq,
-            step=step,
-            tree=tree,
-            layout=[
-                {
-                    "id": i,
-                    "path": leaf.path,
-                    "dtype": str(t.dtype).removeprefix("torch."),
-                    "shape": list(t.shape),
-                    "nbytes": t.numel() * t.element_size(),
-                    "offset": off,
-                    "shard": shard,
-                    "ndarray": leaf.is_ndarray,
-                }
-                for i, ((t, leaf), off, shard) in enumerate(
-                    zip(pairs, plan.offsets, shards, strict=True)
-                )
-            ],
-            data_size=plan.size,
-        )
+        meta = SlotMeta(self._seq, step, tree, plan.layout(pairs, shards), plan.size)
         result = SnapshotResult(step, slot.index, plan.size, 0.0)
         if not later:
             self._finish(slot, meta)
@@ -282,12 +280,9 @@ class Snapshotter:
     def _choose_slot(self) -> SlotFiles:
         with self._cond:
             while True:
-                elsewhere = pinned_slots(self.directory)  # e.g. a transfer from the agent
-                free = [
-                    s
-                    for s in self._slots
-                    if self._pinned.get(s.index, 0) == 0 and s.index not in elsewhere
-                ]
+                held = {i for i, n in self._pinned.items() if n > 0}
+                held |= pinned_slots(self.directory)  # elsewhere: a transfer from the agent
+                free = [s for s in self._slots if s.index not in held]
                 if free:
                     break
                 self._cond.wait(timeout=1.0)

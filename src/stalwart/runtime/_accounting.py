@@ -242,9 +242,9 @@ class StepAccounting:
     def settle(self) -> None:
         """Wait for the snapshot in flight (its event is logged then): at the end of the
         loop, where no optimizer step will wait for it."""
-        ckpt = getattr(self.sess, "_ckpt", None)
-        if ckpt is not None:
-            ckpt.snapshots.wait()
+        sess = self.sess
+        if sess._ckpt is not None:
+            sess._ckpt.snapshots.wait()
 
     # ------------------------------------------------------------ persist
     def _start_persist(self, step: int, *, wait: bool = False) -> None:
