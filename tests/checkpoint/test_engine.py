@@ -291,3 +291,47 @@ def test_replicated_state_restores_into_another_world_size(
         finally:
             mgr.close()
         assert_same(params(fresh), want)
+
+
+def test_a_persist_after_a_background_snapshot_writes_that_snapshot(
+    tmp_path: Path, shm_namespace: str
+) -> None:
+    """persist() does not wait for a snapshot still copying: it is handed over once the
+    copy is complete, from that slot (pinned), whatever training does meanwhile."""
+    state = make_state()
+    train_step(state)
+    mgr = _mgr(tmp_path, shm_namespace)
+    handle = mgr.snapshots.guard(state["optimizer"])
+    try:
+        mgr.snapshot(state, 1)
+        mgr.persist().result()
+        want = params(state)
+        mgr.snapshot(state, 2, blocking=False)
+        fut = mgr.persist()
+        for _ in range(3):  # its optimizer steps wait for the copy; later snapshots
+            train_step(state)  # never overwrite the pinned slot
+            mgr.snapshot(state, 3, blocking=False)
+        assert fut.result().step == 2
+        assert mgr.restore(state, step=2).step == 2
+        assert_same(params(state), want)
+    finally:
+        handle.remove()
+        mgr.close()
+
+
+def test_after_copy_runs_its_calls_in_order_once_the_copy_is_done(shm_namespace: str) -> None:
+    from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+    state = make_state()
+    train_step(state)
+    snap = Snapshotter(SnapshotConfig(shm_namespace))
+    ran: list[tuple[str, BaseException | None]] = []
+    try:
+        snap.after_copy(lambda err: ran.append(("idle", err)))  # nothing in flight: now
+        snap.snapshot(state, 1, blocking=False)
+        snap.after_copy(lambda err: ran.append(("first", err)))
+        snap.after_copy(lambda err: ran.append(("second", err)))
+        snap.wait()
+        assert ran == [("idle", None), ("first", None), ("second", None)]
+    finally:
+        snap.close(unlink=True)

@@ -11,17 +11,18 @@ torch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from stalwart.checkpoint._state import apply_state, capture
+from stalwart.checkpoint._shm import SlotFiles, SlotMeta
+from stalwart.checkpoint._state import apply_state, capture, local_and_shard
 from stalwart.checkpoint._tree import unflatten
-from stalwart.checkpoint.snapshot import local_and_shard
 
-__all__ = ["SavedTensor", "load_into"]
+__all__ = ["SavedTensor", "load_into", "load_slot", "readonly_tensor"]
 
 
 @dataclass
@@ -112,3 +113,28 @@ def load_into(
 
     done()
     apply_state(state, unflatten(tree, tensor_of))
+
+
+def load_slot(slot: SlotFiles, meta: SlotMeta, state: Mapping[str, Any]) -> None:
+    """Copy the snapshot that ``meta`` describes out of ``slot`` into ``state`` (the
+    caller makes sure the slot holds it throughout: its own slots, or a pinned one)."""
+    # the mapping is released with the last tensor viewing it (torch holds the buffer)
+    buf = readonly_tensor(slot.map_readonly())
+    offsets = {e["id"]: int(e["offset"]) for e in meta.layout}
+
+    def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
+        off = offsets[entry.id]
+        dst.view(-1).view(torch.uint8).copy_(buf[off : off + entry.nbytes])
+
+    saved = [
+        SavedTensor(e["id"], e["path"], e["dtype"], e["shape"], e["nbytes"], e["shard"])
+        for e in meta.layout
+    ]
+    load_into(state, meta.tree, saved, fill)
+
+
+def readonly_tensor(buffer: Any) -> torch.Tensor:
+    """A uint8 tensor over a read-only buffer (torch warns about those; we only read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=torch.uint8)

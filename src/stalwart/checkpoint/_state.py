@@ -16,7 +16,7 @@ import torch
 from stalwart.checkpoint._tree import Leaf, flatten
 from stalwart.errors import StateMismatchError
 
-__all__ = ["RNGState", "apply_state", "capture", "deferrable_ptrs"]
+__all__ = ["RNGState", "apply_state", "capture", "deferrable_ptrs", "local_and_shard"]
 
 
 class RNGState:
@@ -56,6 +56,20 @@ def capture(state: Mapping[str, Any]) -> tuple[Any, list[Leaf]]:
     """Flatten every tracked object's current state."""
     raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
     return flatten(raw)
+
+
+def local_and_shard(t: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[int]] | None]:
+    """The local bytes of ``t`` and, for a DTensor, where they sit in the global tensor."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch < 2.4
+        return t, None
+    if not isinstance(t, DTensor):
+        return t, None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return t.to_local(), {"global_shape": list(t.shape), "offsets": [int(o) for o in offsets]}
 
 
 def deferrable_ptrs(state: Mapping[str, Any]) -> set[int]:

@@ -66,19 +66,15 @@ class CheckpointManager:
 
     def persist(self, *, commit: bool | None = None, generation: int = 0) -> Future[PersistResult]:
         """Write the newest snapshot in the background. One persist at a time: a second
-        call waits for the first (what a slow disk costs shows up here, not in snapshot)."""
+        call waits for the first (what a slow disk costs shows up here, not in snapshot).
+        A snapshot still copying in the background is not waited for: the request is
+        handed to the persister once the copy is complete."""
         if self._inflight is not None:
             self._inflight.exception()
-        found = self.snapshots.pin_latest()
-        if found is None:
-            raise CheckpointNotFoundError("nothing to persist: take a snapshot first")
-        slot, _ = found
         cfg = self.config
-        fut = self.persister.submit(
+        fut = self._hand_over(
             {
                 "storage": self.storage.url,
-                "slot_dir": self.snapshots.directory,
-                "slot": slot,
                 "rank": cfg.rank,
                 "world_size": cfg.world_size,
                 "commit": cfg.world_size == 1 if commit is None else commit,
@@ -88,7 +84,6 @@ class CheckpointManager:
                 "keep_every": cfg.retention.keep_every,
             }
         )
-        fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
         self._inflight = fut
         return fut
 
@@ -104,25 +99,52 @@ class CheckpointManager:
         ``storage`` (a one-rank checkpoint of its own), committed and pruned to
         ``keep_last`` steps by the persister; the request queues behind :meth:`persist`'s
         in the same process and never waits for it."""
-        found = self.snapshots.pin_latest()
-        if found is None:
-            raise CheckpointNotFoundError("nothing to persist: take a snapshot first")
-        slot, _ = found
-        fut = self.persister.submit(
-            {
-                "storage": storage.url,
-                "slot_dir": self.snapshots.directory,
-                "slot": slot,
-                "rank": 0,
-                "world_size": 1,
-                "commit": True,
-                "only": list(names),
-                "keep_last": keep_last,
-                "keep_every": keep_every,
-            }
-        )
-        fut.add_done_callback(lambda _: self.snapshots.unpin(slot))
-        return fut
+        request = {"storage": storage.url, "rank": 0, "world_size": 1, "commit": True}
+        request.update(only=list(names), keep_last=keep_last, keep_every=keep_every)
+        return self._hand_over(request)
+
+    def _hand_over(self, request: dict[str, Any]) -> Future[PersistResult]:
+        """Submit ``request`` for the newest complete slot, pinned until its persist is
+        done, once the snapshot in flight is complete (on its copying thread: see
+        :meth:`Snapshotter.after_copy`). A failure before the request is submitted here
+        and now (no snapshot, no persister) is raised, as it always was."""
+        self.persister.start()
+        out: Future[PersistResult] = Future()
+        submitted: list[bool] = []
+
+        def submit(copy_error: BaseException | None) -> None:
+            try:
+                if copy_error is not None:
+                    raise copy_error
+                found = self.snapshots.pin_latest(wait=False)
+                if found is None:
+                    raise CheckpointNotFoundError("nothing to persist: take a snapshot first")
+                slot = found[0]
+                payload = dict(request, slot_dir=self.snapshots.directory, slot=slot)
+                try:
+                    inner = self.persister.submit(payload)
+                except BaseException:
+                    self.snapshots.unpin(slot)
+                    raise
+            except BaseException as err:
+                out.set_exception(err)
+                return
+            submitted.append(True)
+            inner.add_done_callback(lambda f: self._done(slot, f, out))
+
+        self.snapshots.after_copy(submit)
+        if out.done() and not submitted:
+            raise out.exception() or CheckpointError("the persist was not handed over")
+        return out
+
+    def _done(self, slot: int, inner: Future[PersistResult], out: Future[PersistResult]) -> None:
+        """The persister's reply: the slot is unpinned first, then ``out`` resolved."""
+        self.snapshots.unpin(slot)
+        err = inner.exception()
+        if err is not None:
+            out.set_exception(err)
+        else:
+            out.set_result(inner.result())
 
     def commit(
         self,

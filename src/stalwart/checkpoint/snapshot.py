@@ -19,13 +19,13 @@ import contextlib
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from stalwart.checkpoint._load import load_slot
 from stalwart.checkpoint._shm import (
     SHM_DIR,
     SlotFiles,
@@ -35,7 +35,7 @@ from stalwart.checkpoint._shm import (
     pinned_slots,
     slot_dir,
 )
-from stalwart.checkpoint._state import capture, deferrable_ptrs
+from stalwart.checkpoint._state import capture, deferrable_ptrs, local_and_shard
 from stalwart.checkpoint._tree import Leaf
 from stalwart.errors import CheckpointNotFoundError, ConfigError
 
@@ -68,20 +68,6 @@ class SnapshotResult:
     slot: int
     nbytes: int
     blocking_s: float  # time spent inside snapshot() and wait(): the training stall
-
-
-def local_and_shard(t: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[int]] | None]:
-    """The local bytes of ``t`` and, for a DTensor, where they sit in the global tensor."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch < 2.4
-        return t, None
-    if not isinstance(t, DTensor):
-        return t, None
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    return t.to_local(), {"global_shape": list(t.shape), "offsets": [int(o) for o in offsets]}
 
 
 class _Plan:
@@ -154,6 +140,9 @@ class Snapshotter:
         self._thread: threading.Thread | None = None
         self._pending: SnapshotResult | None = None
         self._on_done: Callable[[SnapshotResult], None] | None = None
+        self._copying = False  # a background copy has not finished yet
+        self._after: list[Callable[[BaseException | None], None]] = []
+        self._handover = threading.Lock()  # runs after_copy's calls one at a time, in order
         self._error: BaseException | None = None
         self._cuda_stream: Any = None
 
@@ -206,6 +195,8 @@ class Snapshotter:
             return result
         self._pending = result
         self._on_done = on_done
+        with self._cond:
+            self._copying = True
         self._thread = threading.Thread(
             target=self._background, args=(later, slot, meta), name="stalwart-snapshot", daemon=True
         )
@@ -216,11 +207,30 @@ class Snapshotter:
     def _background(
         self, pairs: list[tuple[torch.Tensor, torch.Tensor]], slot: SlotFiles, meta: SlotMeta
     ) -> None:
+        error: BaseException | None = None
         try:
             self._copy(pairs)
             self._finish(slot, meta)
         except BaseException as err:  # surfaced by wait()
-            self._error = err
+            self._error = error = err
+        with self._handover:
+            with self._cond:
+                self._copying = False
+                after, self._after = self._after, []
+            for fn in after:
+                fn(error)
+
+    def after_copy(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Run ``fn(error)`` once the snapshot in flight is complete (``error``: its
+        copy's failure, else None): on the copying thread, or here at once when no copy
+        is in flight. A persist is handed over this way, so the step loop does not wait
+        for the copy. Calls run one at a time, in the order given."""
+        with self._cond:
+            if self._copying:
+                self._after.append(fn)
+                return
+        with self._handover:
+            fn(self._error)
 
     def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         cuda = [(s, d) for s, d in pairs if s.device.type == "cuda"]
@@ -300,9 +310,11 @@ class Snapshotter:
         self._slot_seq = {i: (m.seq if m is not None else None) for i, m in enumerate(metas)}
 
     # ---------------------------------------------------------------- pinning
-    def pin_latest(self) -> tuple[int, SlotMeta] | None:
-        """Pin the newest complete slot (no snapshot overwrites it) for a persist."""
-        self.wait()
+    def pin_latest(self, *, wait: bool = True) -> tuple[int, SlotMeta] | None:
+        """Pin the newest complete slot (no snapshot overwrites it) for a persist (after
+        the copy in flight; ``wait=False``: from :meth:`after_copy`, where it is done)."""
+        if wait:
+            self.wait()
         found = latest_complete(self.directory, self.config.slots)
         if found is not None:
             with self._cond:
@@ -358,33 +370,6 @@ class Snapshotter:
         if unlink:
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)
-
-
-def load_slot(slot: SlotFiles, meta: SlotMeta, state: Mapping[str, Any]) -> None:
-    """Copy the snapshot that ``meta`` describes out of ``slot`` into ``state`` (the
-    caller makes sure the slot holds it throughout: its own slots, or a pinned one)."""
-    from stalwart.checkpoint._load import SavedTensor, load_into
-
-    # the mapping is released with the last tensor viewing it (torch holds the buffer)
-    buf = readonly_tensor(slot.map_readonly())
-    offsets = {e["id"]: int(e["offset"]) for e in meta.layout}
-
-    def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
-        off = offsets[entry.id]
-        dst.view(-1).view(torch.uint8).copy_(buf[off : off + entry.nbytes])
-
-    saved = [
-        SavedTensor(e["id"], e["path"], e["dtype"], e["shape"], e["nbytes"], e["shard"])
-        for e in meta.layout
-    ]
-    load_into(state, meta.tree, saved, fill)
-
-
-def readonly_tensor(buffer: Any) -> torch.Tensor:
-    """A uint8 tensor over a read-only buffer (torch warns about those; we only read)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 def _ensure_pinned(dst: torch.Tensor) -> None:  # pragma: no cover - needs a GPU
