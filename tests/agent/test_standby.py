@@ -23,7 +23,7 @@ from stalwart.agent.agent import Agent
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.errors import ConfigError
-from stalwart.runtime._standby import park
+from stalwart.runtime._standby import Preload, park
 from stalwart.runtime.env import WorkerFields
 
 RUN = new_run_id()
@@ -175,12 +175,13 @@ def test_a_dead_standby_is_not_claimed_and_is_replaced() -> None:
 def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:
     go = tmp_path / "go"
     phases: list[str] = []
-    env = SimpleNamespace(
-        standby=str(go), job=f"test-park-{uuid.uuid4().hex[:8]}", shm_run=new_run_id()
-    )
-    sess = SimpleNamespace(env=env, rank=0, _state={}, _publish=phases.append)
+    preload = Preload(SlotNames(f"test-park-{uuid.uuid4().hex[:8]}", new_run_id()), 0)
     parked: list[float] = []
-    waiter = threading.Thread(target=lambda: parked.append(park(sess, poll_s=0.002)))
+
+    def wait() -> None:
+        parked.append(park(str(go), preload, {}, phases.append, poll_s=0.002))
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     deadline = time.monotonic() + 30
     while phases != ["standby"] and time.monotonic() < deadline:

@@ -8,9 +8,10 @@ from stalwart.runtime._accounting import StepAccounting
 
 
 def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
-    env = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02)
-    sess: Any = SimpleNamespace(env=env, rank=rank, generation=generation, store=None)
-    return StepAccounting(sess)
+    env: Any = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02)
+    position: Any = SimpleNamespace(rank=rank, generation=generation, world_size=2)
+    tracked: Any = SimpleNamespace(part=None, replicated=True)
+    return StepAccounting(env, position, tracked, None, None, None)
 
 
 def test_fixed_persist_cadence_on_rank0_only() -> None:
@@ -22,7 +23,7 @@ def test_fixed_persist_cadence_on_rank0_only() -> None:
 
 def test_ranks_with_their_own_state_persist_it_each() -> None:
     sharded = _acct(5, rank=1)
-    sharded.sess._replicated = False
+    sharded.tracked.replicated = False
     assert [s for s in range(1, 16) if sharded._persist_due(s)] == [5, 10, 15]
 
 
@@ -48,8 +49,8 @@ def test_snapshot_cadence_fits_the_stall_budget() -> None:
 
 def test_a_fixed_snapshot_cadence_skips_the_calibration() -> None:
     acct = _acct(0)
-    acct.sess.env.snapshot_every = 25
-    fixed = StepAccounting(acct.sess)
+    acct.env.snapshot_every = 25
+    fixed = StepAccounting(acct.env, acct.position, acct.tracked, None, None, None)
     assert [fixed._cadence(s) for s in (1, 3, 50)] == [25, 25, 25]
 
 
@@ -62,11 +63,10 @@ def test_a_run_resumed_past_the_calibration_step_still_agrees_on_a_cadence() -> 
     ranks = []
     for rank in (0, 1):
         acct = _acct(0, rank=rank)
-        env = acct.sess.env
+        env = acct.env
         env.job, env.hang_ceiling_s, env.snapshot_every = "j", 1.0, 0
-        acct.sess.store, acct.sess.events = store, None
-        acct.sess.coord = SimpleNamespace(generation=lambda: 0)
-        ranks.append(StepAccounting(acct.sess))
+        coord: Any = SimpleNamespace(generation=lambda: 0)
+        ranks.append(StepAccounting(env, acct.position, acct.tracked, None, coord, store))
     assert [r._cadence(13) for r in ranks] == [1, 1]  # no stalls measured: every step
     assert [r.every for r in ranks] == [1, 1]  # agreed through the store, not timed out
 

@@ -16,7 +16,7 @@ from stalwart.checkpoint import SnapshotConfig, Snapshotter
 from stalwart.cli.run import _range
 from stalwart.coordinator import MemoryStore
 from stalwart.errors import ConfigError
-from stalwart.runtime._elastic import Elastic
+from stalwart.runtime._elastic import join_point
 from stalwart.runtime._joiners import JoinRequest, JoinWatcher, Keys, slot_digest
 from stalwart.transfer import SlotReceiver
 
@@ -27,18 +27,18 @@ def test_survivors_at_one_live_step_need_no_restore() -> None:
         1: {"live": 28, "steps": [20]},
         2: {"live": None, "steps": [28]},  # a joiner holding the transferred step
     }
-    assert Elastic._target(infos, None) == (28, "live")
+    assert join_point(infos, None) == (28, "live")
 
 
 def test_failed_step_falls_back_to_the_newest_common_snapshot() -> None:
     infos = {0: {"live": None, "steps": [9, 18]}, 1: {"live": None, "steps": [9, 18]}}
-    assert Elastic._target(infos, None) == (18, "memory")
+    assert join_point(infos, None) == (18, "memory")
     # one survivor completed the step the others failed: it rolls back with them
     infos[1] = {"live": 19, "steps": [9, 18]}
-    assert Elastic._target(infos, None) == (18, "memory")
+    assert join_point(infos, None) == (18, "memory")
     # a joiner that does not hold the live step forces the snapshot route
     infos = {0: {"live": 30, "steps": [27]}, 1: {"live": None, "steps": [27]}}
-    assert Elastic._target(infos, None) == (27, "memory")
+    assert join_point(infos, None) == (27, "memory")
 
 
 def test_joiners_copy_the_survivors_step_when_none_is_common() -> None:
@@ -48,7 +48,7 @@ def test_joiners_copy_the_survivors_step_when_none_is_common() -> None:
         1: {"live": 27, "steps": [18, 24], "done": 27, "replicated": True},
         2: {"live": None, "steps": [26, 28], "done": 0, "replicated": True},  # joiner
     }
-    assert Elastic._target(infos, None) == (24, "peer")
+    assert join_point(infos, None) == (24, "peer")
 
 
 @pytest.fixture

@@ -52,33 +52,31 @@ def test_derived_rng_differs_per_rank_and_is_reproducible() -> None:
 def part(tmp_path: Path, shm_namespace: str) -> Any:
     state = _state()
     events = _Events()
-    sess = SimpleNamespace(
-        rank=1, _state=state, events=events, env=SimpleNamespace(keep_last=3, keep_every=0)
-    )
-    sess._ckpt = CheckpointManager(
-        CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace)
-    )
-    p = PerRankPart(sess, str(tmp_path / "ckpt" / "per-rank" / "rank00001"), per_rank_names(state))
+    ckpt = CheckpointManager(CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace))
+    env: Any = SimpleNamespace(keep_last=3, keep_every=0)
+    sess = SimpleNamespace(rank=1, state=state, ckpt=ckpt)  # the position, and the parts
+    root = str(tmp_path / "ckpt" / "per-rank" / "rank00001")
+    p = PerRankPart(ckpt, state, env, events, sess, root, per_rank_names(state))
     yield p, sess, events
-    sess._ckpt.close()
+    ckpt.close()
 
 
 def test_own_part_of_the_step_is_restored(part: Any) -> None:
     p, sess, events = part
     assert p.disk_steps([4, 8]) == [4, 8]  # no part yet (an older checkpoint): all
     torch.manual_seed(11)
-    sess._state["meta"]["best"] = 0.5
-    sess._ckpt.snapshot(sess._state, 8)
+    sess.state["meta"]["best"] = 0.5
+    sess.ckpt.snapshot(sess.state, 8)
     want = torch.get_rng_state()
     p.persist(8)
-    sess._ckpt.persister.close()  # waits for the queued persist
+    sess.ckpt.persister.close()  # waits for the queued persist
     assert p.steps() == [8]
     assert p.disk_steps([4, 8, 12]) == [8]
     torch.manual_seed(0)
-    sess._state["meta"]["best"] = 9.0
+    sess.state["meta"]["best"] = 9.0
     p.restore(8, "disk")
     assert torch.equal(torch.get_rng_state(), want)
-    assert sess._state["meta"] == {"best": 0.5}
+    assert sess.state["meta"] == {"best": 0.5}
     assert events.notes == []
 
 
@@ -139,7 +137,7 @@ def test_track_holds_the_rngs_once(tmp_path: Path, shm_namespace: str) -> None:
             pass
         want = torch.get_rng_state()
         torch.rand(3)
-        sess._ckpt.restore_from_memory(sess._state)
+        sess.tracked.checkpoints.restore_from_memory(sess.tracked.state)
         assert torch.equal(torch.get_rng_state(), want)
     finally:
         sess.close()

@@ -17,7 +17,7 @@ from stalwart.checkpoint import SnapshotConfig, Snapshotter
 from stalwart.checkpoint import snapshot as snapshot_module
 from stalwart.checkpoint.slots import SlotFiles, SlotNames, slot_dir
 from stalwart.errors import CheckpointNotFoundError
-from stalwart.runtime._memory import restore_agreed
+from stalwart.runtime._rejoin import restore_agreed
 from stalwart.runtime._rendezvous import Agreement, no_common_point
 from stalwart.runtime._standby import Preload
 
@@ -99,22 +99,18 @@ def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:
     with open(f"{own.directory}/replica.json", "w") as f:
         f.write("{}")
     state["w"].fill_(-1.0)  # were anything copied, this would be overwritten
-    sess = SimpleNamespace(
-        _ckpt=SimpleNamespace(snapshots=own),
-        _state=state,
-        _preload=pre,
-        env=SimpleNamespace(job=job, shm_run=""),
-        rank=1,
+    tracked: Any = SimpleNamespace(
+        snapshots=own, state=state, preload=pre, part=None, names=SlotNames(job, shm_dir=SHM)
     )
     a = Agreement(1, 7, "memory", 9, ({"rank": 1, "steps": [7]},))
-    nbytes, tier, preloaded = restore_agreed(sess, a, use_memory=True)
+    nbytes, tier, preloaded = restore_agreed(tracked, a, 1, use_memory=True)
     assert (tier, preloaded) == ("replica", True) and nbytes > 0
     assert state["w"].sum() == -1000.0
     # another step is copied as usual
     pre.step = 6
     with open(f"{own.directory}/replica.json", "w") as f:
         f.write("{}")
-    nbytes, tier, preloaded = restore_agreed(sess, a, use_memory=True)
+    nbytes, tier, preloaded = restore_agreed(tracked, a, 1, use_memory=True)
     assert (tier, preloaded) == ("replica", False) and torch.equal(
         state["w"], torch.full((1000,), 3.0)
     )

@@ -26,7 +26,11 @@ from stalwart.runtime._metric_log import MetricLog
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
     from stalwart.checkpoint import SnapshotResult
-    from stalwart.runtime.session import Session
+    from stalwart.coordinator import Coordinator, Store
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime._formation import Position
+    from stalwart.runtime._tracking import TrackedState
+    from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["StepAccounting"]
 
@@ -36,19 +40,28 @@ _WARMUP = 2  # steps after a (re)start left out of the p99 (NVRx skips 5 warm-up
 
 
 class StepAccounting:
-    def __init__(self, sess: Session) -> None:
-        self.sess = sess
+    def __init__(
+        self,
+        env: WorkerEnv,
+        position: Position,
+        tracked: TrackedState,
+        events: EventLog | None,
+        coord: Coordinator | None,
+        store: Store | None,
+    ) -> None:
+        self.env, self.position, self.tracked = env, position, tracked
+        self.events, self.coord, self.store = events, coord, store
         self.durations: deque[float] = deque(maxlen=100)
         # what the hang threshold is made of: the first steps after a (re)start are left
         # out (DDP's first iteration, a rebuilt group), a replacement starts from its
         # rank's p99 in the job (the agent hands it on), not from nothing
         self._recent: deque[float] = deque(maxlen=100)
         self._since_start = 0
-        inherited = float(getattr(sess.env, "step_p99_s", 0.0) or 0.0)
+        inherited = float(getattr(env, "step_p99_s", 0.0) or 0.0)
         if inherited > 0:
             self._recent.append(inherited)
         self.stalls: list[float] = []
-        fixed = int(getattr(sess.env, "snapshot_every", 0) or 0)
+        fixed = int(getattr(env, "snapshot_every", 0) or 0)
         self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
@@ -57,7 +70,7 @@ class StepAccounting:
         self._t_start = time.monotonic()
         self._last_persist = time.monotonic()
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
-        self.metrics = MetricLog(getattr(sess, "events", None))  # sess.log values (rank 0)
+        self.metrics = MetricLog(events)  # sess.log values (rank 0)
         self._journal: StepJournal | None = None  # the open batch, safe from our death
 
     # ------------------------------------------------------------ timing
@@ -86,9 +99,9 @@ class StepAccounting:
         self._since_start += 1
         if self._since_start > _WARMUP:
             self._recent.append(dur)
-        if self.sess.rank != 0 or self.sess.events is None:
+        if self.position.rank != 0 or self.events is None:
             return
-        self.metrics.step_done(step, self.sess.generation)
+        self.metrics.step_done(step, self.position.generation)
         b = self._batch
         if b is None:
             self._batch = {
@@ -97,7 +110,7 @@ class StepAccounting:
                 "count": 1,
                 "busy_s": dur,
                 "t_first_start": time.time() - dur,
-                "generation": self.sess.generation,
+                "generation": self.position.generation,
             }
         else:
             b["last_step"], b["count"], b["busy_s"] = step, b["count"] + 1, b["busy_s"] + dur
@@ -109,9 +122,8 @@ class StepAccounting:
 
     def _open_journal(self) -> StepJournal | None:
         """Under `stalwart run` only: the agent writes the batch if this process dies."""
-        env = self.sess.env
-        if self._journal is None and env.managed and env.progress:
-            path = SlotNames(env.job, env.shm_run).step_journal(os.getpid())
+        if self._journal is None and self.env.managed and self.env.progress:
+            path = SlotNames(self.env.job, self.env.shm_run).step_journal(os.getpid())
             with contextlib.suppress(OSError):
                 self._journal = StepJournal(path)
         return self._journal
@@ -120,17 +132,17 @@ class StepAccounting:
         self.metrics.flush()
         self._last_flush = time.monotonic()
         batch, self._batch = self._batch, None
-        if batch is None or self.sess.events is None:
+        if batch is None or self.events is None:
             return
         if self._journal is not None:
             self._journal.write(WRITING, batch)
-        self.sess.events.emit("steps", **batch)
+        self.events.emit("steps", **batch)
         if self._journal is not None:
             self._journal.write(EMPTY, None)
-        if self.sess.coord is not None:
+        if self.coord is not None:
             # fenced: a member of an old generation cannot record progress
             with contextlib.suppress(StalwartError):
-                self.sess.coord.commit_step(batch["generation"], batch["last_step"], "rank0")
+                self.coord.commit_step(batch["generation"], batch["last_step"], "rank0")
 
     def recovered(self, seconds: float) -> None:
         self._batch = None
@@ -157,23 +169,23 @@ class StepAccounting:
         with a collective per step it is there by the next step), and snapshots every
         step meanwhile, as while calibrating. Nothing in a training step waits for
         another rank here."""
-        sess = self.sess
+        store, pos = self.store, self.position
         if self.every is not None:
             return self.every
         if step < CALIBRATE:
             return 1
-        if sess.store is None:
+        if store is None or self.coord is None:
             self.every = self._choose()
             return self.every
-        prefix = f"/stalwart/{sess.env.job}/cadence/"
-        if sess.rank == 0:  # at its first step >= CALIBRATE (a run may resume past it)
-            sess.store.put(f"{prefix}{sess.generation:012d}", str(self._choose()).encode())
-        kvs = sess.store.range(prefix).kvs
+        prefix = f"/stalwart/{self.env.job}/cadence/"
+        if pos.rank == 0:  # at its first step >= CALIBRATE (a run may resume past it)
+            store.put(f"{prefix}{pos.generation:012d}", str(self._choose()).encode())
+        kvs = store.range(prefix).kvs
         if not kvs:
             return 1  # not published yet: this step is snapshotted, look again at the next
         self.every = int(kvs[-1].value)
-        if sess.rank == 0 and sess.events is not None:
-            sess.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
+        if pos.rank == 0 and self.events is not None:
+            self.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
         return self.every
 
     def _choose(self) -> int:
@@ -182,18 +194,16 @@ class StepAccounting:
             return 1
         stall = statistics.median(stalls)
         step = statistics.median(self.durations)
-        budget = self.sess.env.snapshot_budget * step
+        budget = self.env.snapshot_budget * step
         return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
 
     def _persist_due(self, step: int, final: bool = False) -> bool:
-        every = self.sess.env.persist_every
+        every = self.env.persist_every
         # replicated (DDP) state has one copy to persist, rank 0's, and every rank its
         # per-rank part at the same steps (runtime/_perrank.py); own shards: each rank
-        part = getattr(self.sess, "_part", None)
+        part = self.tracked.part
         if every == 0 or (
-            self.sess.rank != 0
-            and getattr(self.sess, "_replicated", True)
-            and (part is None or every < 0)
+            self.position.rank != 0 and self.tracked.replicated and (part is None or every < 0)
         ):
             return False
         if final:  # the trained state: on disk even when total is not a multiple of N
@@ -208,7 +218,7 @@ class StepAccounting:
         from stalwart.sim.analytic import daly_interval
 
         elapsed = time.monotonic() - self._t_start
-        failures = self.sess.generation
+        failures = self.position.generation
         mtbf = elapsed / failures if failures else max(3600.0, elapsed)
         return daly_interval(max(self._persist_s, 1e-3), max(mtbf, 1e-3))
 
@@ -222,16 +232,17 @@ class StepAccounting:
             self._start_persist(step, wait=final)
 
     def snapshot_now(self, step: int) -> None:
-        sess = self.sess
-        sess._ckpt.snapshot(sess._state, step, blocking=False, on_done=self._snapshot_done)
+        tracked = self.tracked
+        tracked.checkpoints.snapshot(
+            tracked.state, step, blocking=False, on_done=self._snapshot_done
+        )
 
     def _snapshot_done(self, snap: SnapshotResult) -> None:
         """A snapshot is complete (its background copy waited for: its stall is final):
         its event is logged now, not at the next snapshot, so the last one is too."""
         self.stalls.append(snap.blocking_s)
-        sess = self.sess
-        if sess.rank == 0 and sess.events is not None:
-            sess.events.emit(
+        if self.position.rank == 0 and self.events is not None:
+            self.events.emit(
                 "snapshot",
                 step=snap.step,
                 stall_s=snap.blocking_s,
@@ -242,35 +253,34 @@ class StepAccounting:
     def settle(self) -> None:
         """Wait for the snapshot in flight (its event is logged then): at the end of the
         loop, where no optimizer step will wait for it."""
-        sess = self.sess
-        if sess._ckpt is not None:
-            sess._ckpt.snapshots.wait()
+        if self.tracked.opened:
+            self.tracked.checkpoints.snapshots.wait()
 
     # ------------------------------------------------------------ persist
     def _start_persist(self, step: int, *, wait: bool = False) -> None:
-        sess = self.sess
-        if sess._part is not None and sess.env.persist_every > 0:
-            sess._part.persist(step)  # small, never skipped: queued before rank 0's copy
-        if sess.rank != 0 and sess._replicated:
+        tracked = self.tracked
+        if tracked.part is not None and self.env.persist_every > 0:
+            tracked.part.persist(step)  # small, never skipped: queued before rank 0's copy
+        if self.position.rank != 0 and tracked.replicated:
             return
         if self._persist is not None and not self._persist.done():
             if not wait:
                 return  # one at a time; the next cadence point will catch up
             self._persist.exception()  # the final step's persist must not be skipped
-        if sess.events is not None:
-            sess.events.emit("persist_begin", step=step)
+        if self.events is not None:
+            self.events.emit("persist_begin", step=step)
         self._last_persist = time.monotonic()
         t0 = time.perf_counter()
-        generation = sess.generation
+        generation = self.position.generation
         # written uncommitted, then committed here with the generation fence: a member
         # of an old generation (the job moved on meanwhile) cannot make it visible
-        fut = sess._ckpt.persist(commit=sess.coord is None)
+        fut = tracked.checkpoints.persist(commit=self.coord is None)
         self._persist = fut
-        events = sess.events
+        events = self.events
 
         def done(f: Any) -> None:
             err = f.exception()
-            if err is None and sess.coord is not None:
+            if err is None and self.coord is not None:
                 err = self._commit(step, generation)
             if events is None:
                 return
@@ -298,16 +308,17 @@ class StepAccounting:
         rank's directory holds; rank 0 then records the job's checkpoint."""
         from stalwart.checkpoint import FencedCommit
 
-        sess = self.sess
-        own = not sess._replicated and sess.world_size > 1
+        coord, rank, world = self.coord, self.position.rank, self.position.world_size
+        assert coord is not None
+        own = not self.tracked.replicated and world > 1
         fenced = FencedCommit(
-            sess.coord,
-            shard=f"rank{sess.rank}",
-            peers=tuple(f"rank{r}" for r in range(sess.world_size)) if own else (),
-            job_record=sess.rank == 0,  # the job's record (every rank committed its own)
+            coord,
+            shard=f"rank{rank}",
+            peers=tuple(f"rank{r}" for r in range(world)) if own else (),
+            job_record=rank == 0,  # the job's record (every rank committed its own)
         )
         try:
-            sess._ckpt.commit(step, generation=generation, fenced=fenced)
+            self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
         except Exception as err:  # FencedError, storage errors: reported, never raised
             return err
         return None

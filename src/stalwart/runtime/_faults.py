@@ -10,30 +10,53 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from stalwart.chaos import FaultLedger, FaultPlan
+
 if TYPE_CHECKING:
-    from stalwart.runtime.session import Session
+    from stalwart.chaos import Fault
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime.env import WorkerEnv
 
-__all__ = ["fire_worker_faults"]
+__all__ = ["WorkerFaults"]
 
 
-def fire_worker_faults(sess: Session, step: int) -> None:
-    """Fire the faults planned for this worker at ``step`` (kill, hang or slow)."""
-    member = sess.env.rank  # chaos names members by their launch rank (elastic renumbers)
-    for fault in sess.plan.worker_faults(member, step):
-        if sess.ledger is None or not sess.ledger.claim(fault, rank=member, pid=os.getpid()):
-            continue
-        if sess.events is not None:
-            sess.events.emit(
-                "fault_injected",
-                fault=fault.kind,
-                domain={"rank": member, "node": sess.env.node_rank},
-                spec=fault.text,
-            )
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif fault.kind == "hang":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        else:
-            sess.acct.slow(fault)
+class WorkerFaults:
+    """The run's fault plan as this worker sees it, and the ledger that fires each
+    fault once across the worker's replacements."""
+
+    def __init__(
+        self, env: WorkerEnv, events: EventLog | None, slow: Callable[[Fault], None]
+    ) -> None:
+        self.member = env.rank  # chaos names members by their launch rank (elastic renumbers)
+        self.node = env.node_rank
+        self.plan = FaultPlan()
+        self.ledger: FaultLedger | None = None
+        if env.chaos_plan and os.path.exists(env.chaos_plan):
+            with open(env.chaos_plan) as f:
+                self.plan = FaultPlan.from_json(f.read())
+            self.ledger = FaultLedger(env.run_dir)
+        self._events = events
+        self._slow = slow
+
+    def fire(self, step: int) -> None:
+        """Fire the faults planned for this worker at ``step`` (kill, hang or slow)."""
+        member = self.member
+        for fault in self.plan.worker_faults(member, step):
+            if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
+                continue
+            if self._events is not None:
+                self._events.emit(
+                    "fault_injected",
+                    fault=fault.kind,
+                    domain={"rank": member, "node": self.node},
+                    spec=fault.text,
+                )
+            if fault.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.kind == "hang":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                self._slow(fault)

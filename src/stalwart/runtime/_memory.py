@@ -3,7 +3,7 @@ one of them (the slot of a given step may be the older of the two)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stalwart.checkpoint.slots import SlotNames, read_replica_marker
@@ -12,9 +12,8 @@ from stalwart.checkpoint.snapshot import Snapshotter
 __all__ = [
     "committed_disk_steps",
     "holds_replica",
-    "memory_source",
     "memory_steps",
-    "restore_agreed",
+    "peer_slots",
     "restore_memory_step",
     "taken_from_replica",
 ]
@@ -50,53 +49,18 @@ def restore_memory_step(snap: Snapshotter, state: Mapping[str, Any], step: int) 
     return int(meta.data_size) if meta is not None else 0
 
 
-def memory_source(names: SlotNames, rank: int, agreement: Any, own: Snapshotter) -> Snapshotter:
-    """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
-    host that does (the peer tier; across hosts, a buddy's replica or disk)."""
+def peer_slots(
+    names: SlotNames, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]
+) -> Snapshotter | None:
+    """The slots of the first member among ``holders`` ((name, published info), lowest
+    name first) on this host whose published steps hold ``target``: the peer tier of
+    fixed and elastic recoveries alike (across hosts: a buddy's replica, or disk)."""
     import socket
 
     from stalwart.checkpoint import SnapshotConfig
 
-    target = agreement.target
-    if target in memory_steps(own):
-        return own
     host = socket.gethostname()
-    for info in sorted(agreement.infos, key=lambda i: int(i.get("rank", 0))):
+    for name, info in sorted(holders, key=lambda h: h[0]):
         if target in info.get("steps", []) and info.get("host") == host:
-            return Snapshotter(SnapshotConfig(names.rank(int(info["rank"]))))
-    raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
-
-
-def restore_agreed(sess: Any, a: Any, *, use_memory: bool) -> tuple[int, str, bool]:
-    """Load the agreed step ``a.target`` into the session's state from the fastest source
-    that holds it; returns (bytes, tier, preloaded): tier ``memory`` (own slots),
-    ``replica`` (own slots taken over from a buddy), ``peer`` (a same-host peer's slots)
-    or ``disk`` (a replicated state: rank 0's copy, then the rank's own per-rank part,
-    runtime/_perrank.py); ``preloaded``: a standby's state already held it (runtime/_standby.py),
-    nothing was copied."""
-    snap = sess._ckpt.snapshots
-    if a.target is None:
-        return 0, a.tier, False
-    if a.tier in ("memory", "peer"):
-        source = memory_source(SlotNames(sess.env.job, sess.env.shm_run), sess.rank, a, snap)
-        tier = "memory" if source is snap else "peer"
-        if source is snap and taken_from_replica(snap):
-            tier = "replica"  # a lost node's slots, kept by its buddy
-            preload = getattr(sess, "_preload", None)
-            if preload is not None and preload.holds(snap.directory, a.target):
-                meta = snap.latest()
-                return (int(meta.data_size) if meta is not None else 0), tier, True
-        nbytes = restore_memory_step(source, sess._state, a.target)
-        if source is not snap and sess._part is not None:
-            sess._part.restore(a.target, tier)  # a peer's slots hold the peer's RNG
-        return nbytes, tier, False
-    if a.tier == "disk":
-        if use_memory and a.target in memory_steps(snap):
-            # the agreed step is on disk for everyone, and in our own memory too (the
-            # snapshot it was persisted from): the same bytes, faster
-            return restore_memory_step(snap, sess._state, a.target), "memory", False
-        nbytes = sess._ckpt.restore(sess._state, step=a.target).bytes_read
-        if sess._part is not None:  # rank 0's copy: then this rank's own part over it
-            sess._part.restore(a.target, "disk")
-        return nbytes, "disk", False
-    return 0, a.tier, False
+            return Snapshotter(SnapshotConfig(names.rank(name)))
+    return None

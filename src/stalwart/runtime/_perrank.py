@@ -30,7 +30,10 @@ from stalwart.checkpoint import committed_steps, open_storage, restore_state
 from stalwart.errors import CheckpointError, UnsupportedStateError
 
 if TYPE_CHECKING:
-    from stalwart.runtime.session import Session
+    from stalwart.checkpoint import CheckpointManager
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime._formation import Position
+    from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["PerRankPart", "check_values", "derive_rng", "open_part", "per_rank_names"]
 
@@ -86,11 +89,24 @@ def derive_rng(rank: int, step: int) -> None:
 
 
 class PerRankPart:
-    def __init__(self, sess: Session, root: str, names: list[str]) -> None:
-        self.sess = sess
+    def __init__(
+        self,
+        ckpt: CheckpointManager,
+        state: Mapping[str, Any],
+        env: WorkerEnv,
+        events: EventLog | None,
+        position: Position,
+        root: str,
+        names: list[str],
+    ) -> None:
+        self.ckpt = ckpt
+        self.state = state
+        self.env = env
+        self.events = events
+        self.position = position  # the live rank: rank 0's disk copy is its own state
         self.storage = open_storage(root)
         self.names = names
-        self.member = sess.rank  # the launch rank (under elastic: the member's name)
+        self.member = position.rank  # the launch rank (under elastic: the member's name)
         self._warned = False
 
     def steps(self) -> list[int]:
@@ -105,16 +121,16 @@ class PerRankPart:
 
     def persist(self, step: int) -> None:
         """Queue the part of the newest snapshot (that of ``step``) for persisting."""
-        env = self.sess.env
+        env = self.env
         # at least what the shared checkpoint keeps (its milestones too): every step a
         # restore may pick must find this rank's part beside it
-        fut = self.sess._ckpt.persist_part(
+        fut = self.ckpt.persist_part(
             self.storage,
             self.names,
             keep_last=max(_KEEP_LAST, env.keep_last),
             keep_every=env.keep_every or None,
         )
-        events = self.sess.events
+        events = self.events
 
         def done(f: Any) -> None:
             err = f.exception()
@@ -131,13 +147,13 @@ class PerRankPart:
         """After the replicated state of ``step`` was loaded from rank 0's copy (disk) or
         a peer's slots: load this rank's own part of ``step``, else derive it."""
         if step in self.steps():
-            part = {name: self.sess._state[name] for name in self.names}
+            part = {name: self.state[name] for name in self.names}
             try:
                 restore_state(self.storage, part, step=step)
                 return
             except CheckpointError as err:
                 why = f"its per-rank part does not load ({str(err).splitlines()[0]})"
-        elif tier == "disk" and self.sess.rank == 0:
+        elif tier == "disk" and self.position.rank == 0:
             return  # the shared copy is rank 0's own state (a checkpoint from before parts)
         else:
             why = "no per-rank part of that step was persisted by this rank"
@@ -150,18 +166,23 @@ class PerRankPart:
             "its RNG is derived from rank 0's (per rank, not the fault-free stream) and its "
             "other per-rank values are rank 0's"
         )
-        if self.sess.events is not None:
-            self.sess.events.emit("note", message=message)
+        if self.events is not None:
+            self.events.emit("note", message=message)
         if not self._warned:
             self._warned = True
             print(f"stalwart: {message}", file=sys.stderr, flush=True)
 
 
-def open_part(sess: Session, run_dir: str) -> PerRankPart | None:
-    """The part of a replicated job with more than one rank (else None: one rank, or
-    every rank persists its whole own state)."""
-    if not sess._replicated or sess.world_size <= 1:
-        return None
-    names = per_rank_names(sess._state)
-    root = os.path.join(run_dir, "ckpt", "per-rank", f"rank{sess.rank:05d}")
-    return PerRankPart(sess, root, names) if names else None
+def open_part(
+    ckpt: CheckpointManager,
+    state: Mapping[str, Any],
+    env: WorkerEnv,
+    events: EventLog | None,
+    position: Position,
+    run_dir: str,
+) -> PerRankPart | None:
+    """The part of a replicated job with more than one rank (the caller checks that):
+    None when every tracked object is a replica."""
+    names = per_rank_names(state)
+    root = os.path.join(run_dir, "ckpt", "per-rank", f"rank{position.rank:05d}")
+    return PerRankPart(ckpt, state, env, events, position, root, names) if names else None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,8 +99,11 @@ class Preload:
             unpin_slot(os.path.join(own, os.path.basename(pin)))
 
 
-def park(sess: Any, poll_s: float = _POLL_S) -> float:
-    """Wait until the activation file exists; returns how long this standby was parked.
+def park(
+    path: str, preload: Preload, state: Any, publish: Callable[[str], None], poll_s: float = _POLL_S
+) -> float:
+    """Wait until the activation file ``path`` exists, preloading ``state`` from the
+    rank's replica meanwhile; returns how long this standby was parked.
 
     The worker's heartbeat keeps running meanwhile (the agent's board shows it alive),
     and it is killed by its agent if never needed: there is no timeout here."""
@@ -107,15 +111,12 @@ def park(sess: Any, poll_s: float = _POLL_S) -> float:
     # standby opens its checkpoints with them then (runtime/_tracking.py)
     from stalwart.checkpoint import CheckpointManager, SnapshotConfig  # noqa: F401
 
-    path = sess.env.standby
-    sess._publish("standby")
-    names = SlotNames(sess.env.job, sess.env.shm_run)
-    preload = sess._preload = Preload(names, sess.rank)
+    publish("standby")
     t0 = time.monotonic()
     polls = 0
     while not os.path.exists(path):
         if polls % _PRELOAD_EVERY == 0:
-            preload.poll(sess._state)
+            preload.poll(state)
         polls += 1
         time.sleep(poll_s)
     with contextlib.suppress(OSError):

@@ -1,56 +1,138 @@
-"""What ``Session.track`` sets up besides recording the state: the rank's checkpoint
-manager (snapshot slots, persister, the per-rank part of a replicated state:
-runtime/_perrank.py) and the optimizer guard.
+"""The training state a session tracks and the checkpoints that hold it.
 
-Separate from ``track`` because a standby (runtime/_standby.py) records its state at
-once but opens its checkpoints only when activated: until then its slots on this host
-may still be the live rank's.
+:class:`TrackedState` owns the tracked objects (``sess.track(...)``), whether they are
+replicated (a DDP job: one copy to persist, rank 0's), the rank's checkpoint manager
+(snapshot slots and persister), the per-rank part of a replicated state
+(runtime/_perrank.py) and a parked standby's preload (runtime/_standby.py).
+
+Recording and opening are separate because a standby records its state at once but
+opens its checkpoints only when activated: until then its slots on this host may still
+be the live rank's.
 """
 
 from __future__ import annotations
 
 import os
 import types
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["guard_optimizer", "open_checkpoints"]
+from stalwart.checkpoint.slots import SlotNames
+from stalwart.runtime._memory import peer_slots, restore_memory_step
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint import CheckpointManager, Snapshotter
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime._formation import Position
+    from stalwart.runtime._perrank import PerRankPart
+    from stalwart.runtime._standby import Preload
+    from stalwart.runtime.env import WorkerEnv
+    from stalwart.runtime.group import GenerationGroup
+
+__all__ = ["TrackedState", "guard_optimizer"]
 
 
-def open_checkpoints(sess: Any) -> None:
-    """The snapshot slots and the persister of ``sess``'s rank."""
-    from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
-    from stalwart.checkpoint.slots import SlotNames
-    from stalwart.runtime._perrank import open_part
+class TrackedState:
+    def __init__(self, env: WorkerEnv) -> None:
+        self.env = env
+        self.names = SlotNames(env.job, env.shm_run)  # this job's /dev/shm slot names
+        self.state: dict[str, Any] = {}
+        self.replicated = False  # a DDP model is tracked: its state is a replica
+        self.part: PerRankPart | None = None  # replicated: this rank's own state on disk
+        self.preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
+        self._ckpt: CheckpointManager | None = None
 
-    env = sess.env
-    run_dir = env.run_dir or os.path.abspath("stalwart-local")
-    # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
-    own = not sess._replicated and sess.world_size > 1
-    root = os.path.join(run_dir, "ckpt", *([f"rank{sess.rank}"] if own else []))
-    sess._ckpt = CheckpointManager(
-        CheckpointConfig(
-            root=root,
-            namespace=SlotNames(env.job, env.shm_run).rank(sess.rank),
-            rank=0,
-            world_size=1,
-            retention=RetentionPolicy(env.keep_last, env.keep_every or None),
+    def record(self, state: Mapping[str, Any], group: GenerationGroup) -> dict[str, Any]:
+        """``Session.track``: hook DDP models and guard optimizers on ``group``; the
+        process RNGs are held here (as ``_rng``) unless the script tracks its own
+        RNGState: one copy, never two of the same generators."""
+        from stalwart.checkpoint import RNGState
+        from stalwart.runtime._world import localize
+
+        for value in state.values():
+            if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+                localize(value)  # DDP over a local group, gradients through the hook
+                group.attach(value)
+            if isinstance(value, torch.optim.Optimizer):
+                guard_optimizer(group, value)
+        held = any(isinstance(v, RNGState) for v in state.values())
+        self.state = {**state} if held else {**state, "_rng": RNGState()}
+        self.replicated = any(
+            isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
-    )
-    for value in sess._state.values():
-        if isinstance(value, torch.optim.Optimizer):
-            sess._ckpt.snapshots.guard(value)
-    if sess._elastic is not None:
-        sess._elastic.tracked(sess._state)
-    # replicated: every rank persists its per-rank part (RNG, loader, values) beside
-    sess._part = open_part(sess, run_dir)
-    persists = sess.rank == 0 or not sess._replicated or sess._part is not None
-    if env.persist_every != 0 and persists:
-        sess._ckpt.persister.start()  # now, not at the first persist (process start)
+        return self.state
+
+    @property
+    def opened(self) -> bool:
+        return self._ckpt is not None
+
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        if self._ckpt is None:
+            raise RuntimeError("call Session.track(...) before Session.steps()")
+        return self._ckpt
+
+    @property
+    def snapshots(self) -> Snapshotter:
+        return self.checkpoints.snapshots
+
+    def open(self, position: Position, events: EventLog | None) -> None:
+        """The snapshot slots and the persister of ``position``'s rank."""
+        from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
+        from stalwart.runtime._perrank import open_part
+
+        env = self.env
+        run_dir = env.run_dir or os.path.abspath("stalwart-local")
+        rank, world_size = position.rank, position.world_size
+        # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
+        own = not self.replicated and world_size > 1
+        root = os.path.join(run_dir, "ckpt", *([f"rank{rank}"] if own else []))
+        self._ckpt = ckpt = CheckpointManager(
+            CheckpointConfig(
+                root=root,
+                namespace=self.names.rank(rank),
+                rank=0,
+                world_size=1,
+                retention=RetentionPolicy(env.keep_last, env.keep_every or None),
+            )
+        )
+        for value in self.state.values():
+            if isinstance(value, torch.optim.Optimizer):
+                ckpt.snapshots.guard(value)
+        # replicated: every rank persists its per-rank part (RNG, loader, values) beside
+        if self.replicated and world_size > 1:
+            self.part = open_part(ckpt, self.state, env, events, position, run_dir)
+        persists = rank == 0 or not self.replicated or self.part is not None
+        if env.persist_every != 0 and persists:
+            ckpt.persister.start()  # now, not at the first persist (process start)
+
+    def disk_step(self) -> int | None:
+        """The newest committed step of this rank's checkpoint directory."""
+        from stalwart.checkpoint.catalog import committed_steps
+
+        steps = committed_steps(self.checkpoints.storage)
+        return steps[-1] if steps else None
+
+    def restore_peer(
+        self, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]], who: str
+    ) -> int:
+        """Load step ``target`` from the slots of the first same-host member among
+        ``holders`` ((name, published info), lowest name first) that holds it; returns
+        the bytes read. Fixed and elastic recoveries both take the peer tier here."""
+        peer = peer_slots(self.names, target, holders)
+        if peer is None:
+            raise RuntimeError(f"no snapshot of step {target} reachable from {who}")
+        return restore_memory_step(peer, self.state, target)
+
+    def close(self) -> None:
+        if self._ckpt is not None:
+            # under `stalwart run` the agent owns the slots (a replacement needs them)
+            self._ckpt.close(unlink_snapshots=not self.env.managed)
 
 
-def guard_optimizer(group: Any, opt: torch.optim.Optimizer) -> None:
+def guard_optimizer(group: GenerationGroup, opt: torch.optim.Optimizer) -> None:
     """Skip ``opt.step`` in a step whose collective failed (the step is discarded
     everywhere and redone after the recovery).
 

@@ -18,36 +18,33 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from stalwart.checkpoint.catalog import committed_steps
-from stalwart.errors import ReplicaMismatchError
 from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
-from stalwart.runtime._coord import GenerationWatch, c10d_store, fence_compares, open_store
-from stalwart.runtime._faults import fire_worker_faults
-from stalwart.runtime._memory import (
-    committed_disk_steps,
-    holds_replica,
-    memory_steps,
-    restore_agreed,
-)
-from stalwart.runtime._perrank import PerRankPart, check_values
-from stalwart.runtime._rendezvous import agree, finish_barrier, no_common_point
-from stalwart.runtime._replicas import check_replicas, replicated_modules
-from stalwart.runtime._standby import Preload
-from stalwart.runtime._tracking import guard_optimizer, open_checkpoints
-from stalwart.runtime._world import follow, install, localize
+from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store
+from stalwart.runtime._faults import WorkerFaults
+from stalwart.runtime._formation import Formation, Rejoin
+from stalwart.runtime._perrank import check_values
+from stalwart.runtime._progress import Progress
+from stalwart.runtime._rejoin import FixedRejoin
+from stalwart.runtime._rendezvous import finish_barrier
+from stalwart.runtime._tracking import TrackedState
+from stalwart.runtime._world import install
 from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, leak_abandoned
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from stalwart.chaos import FaultLedger, FaultPlan
+    from stalwart.coordinator import Coordinator, Store
+    from stalwart.data import BatchConfig
+    from stalwart.metrics.events import EventLog
 
 __all__ = ["Session", "init"]
 
@@ -66,46 +63,48 @@ def init() -> Session:
 
 
 class Session:
-    def __init__(self, env: WorkerEnv, caller: dict[str, Any] | None = None) -> None:
-        from stalwart.chaos import FaultLedger, FaultPlan
-        from stalwart.metrics.events import EVENTS_FILE, EventLog
+    """The worker's runtime, composed of parts that each own their state: ``progress``
+    (the agent's progress board, pauses), ``tracked`` (the tracked state and its
+    checkpoints), ``acct`` (step timing, snapshot and persist cadence, step events),
+    the chaos plan, and a rejoin (fixed or elastic) whose :class:`Formation` the
+    session applies in :meth:`_apply`, the one writer of ``generation``, ``rank``,
+    ``world_size`` and, besides the step loop, ``step``."""
 
+    def __init__(self, env: WorkerEnv, caller: dict[str, Any] | None = None) -> None:
         self.env = env
-        self.rank = env.rank
-        self.world_size = env.world_size
-        self.generation = 0
-        self.step = 0  # last completed step
+        self._formation = Formation(0, env.rank, env.world_size, 0, "none")
+        self._step = 0  # last completed step
         self.metrics: dict[str, Any] = {}  # the last values given to log()
         self.events: EventLog | None = None
-        self.store: Any = None
-        self.coord: Any = None
-        self._board: Any = None
-        self._stop = threading.Event()
+        self.store: Store | None = None
+        self.coord: Coordinator | None = None
         self._genwatch: GenerationWatch | None = None
         if env.managed:
-            from stalwart.agent.progress import ProgressBoard
-            from stalwart.coordinator import Coordinator, CoordinatorConfig
+            self._connect(env)
+        self.progress = Progress(env, self._status)
+        self.group = self._open_group(env, caller)
+        self.tracked = TrackedState(env)
+        self.acct = StepAccounting(env, self, self.tracked, self.events, self.coord, self.store)
+        self.faults = WorkerFaults(env, self.events, self.acct.slow)
+        self._rejoin = self._open_rejoin(env)
+        if self._genwatch is not None and not self._rejoin.resizes:
+            self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
+        self._mesh: DeviceMesh | None = None
 
-            self.events = EventLog(
-                os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
-            )
-            self.store = open_store(env)
-            self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
-            if env.rdzv:
-                self._genwatch = GenerationWatch(self.coord)
-            if env.progress:
-                from stalwart.agent.observe import detach
+    def _connect(self, env: WorkerEnv) -> None:
+        from stalwart.coordinator import Coordinator, CoordinatorConfig
+        from stalwart.metrics.events import EVENTS_FILE, EventLog
 
-                detach()  # the zygote watched this worker as a plain script until now
-                self._board = ProgressBoard(env.progress, env.progress_slot + 1)
-                threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
-        self.plan = FaultPlan()
-        self.ledger: FaultLedger | None = None
-        if env.chaos_plan and os.path.exists(env.chaos_plan):
-            with open(env.chaos_plan) as f:
-                self.plan = FaultPlan.from_json(f.read())
-            self.ledger = FaultLedger(env.run_dir)
-        self.group = GenerationGroup(
+        self.events = EventLog(
+            os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
+        )
+        self.store = open_store(env)
+        self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
+        if env.rdzv:
+            self._genwatch = GenerationWatch(self.coord)
+
+    def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
+        group = GenerationGroup(
             env.c10d,
             env.rank,
             env.world_size,
@@ -117,59 +116,71 @@ class Session:
             is_master=not env.managed and env.rank == 0 and not env.agent_store,
             store=c10d_store(env, self.store),
         )
-        self.group.on_collective = self._on_collective
+        group.on_collective = self._on_collective
         # formation: a member that never comes is retried after at most 60 s; a step's
         # allreduce waits the whole collective timeout (a peer may be in sess.pause)
-        self.group.timeout = timedelta(seconds=min(60.0, env.collective_timeout_s))
-        self.group.step_timeout = timedelta(seconds=env.collective_timeout_s)
+        group.timeout = timedelta(seconds=min(60.0, env.collective_timeout_s))
+        group.step_timeout = timedelta(seconds=env.collective_timeout_s)
         # the job's default group (dist.all_reduce, get_world_size) and DDP's local one
-        install(self.group, env.job, caller)
-        if self._genwatch is not None and env.strategy != "elastic":
-            self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
-        self.acct = StepAccounting(self)
-        self._state: dict[str, Any] = {}
-        self._mesh: Any = None
-        self._ckpt: Any = None
-        self._part: PerRankPart | None = None  # replicated: this rank's own state on disk
-        self._replicated = False
-        self._preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
-        self._phase = "starting"
-        self._t_progress = time.time()
-        self._paused: list[str] = []  # open sess.pause(...) blocks, innermost last
-        self._paused_s = 0.0  # time paused within the current step (not step time)
-        self._elastic: Any = None
+        install(group, env.job, caller)
+        return group
+
+    def _open_rejoin(self, env: WorkerEnv) -> Rejoin:
         if env.managed and env.strategy == "elastic":
-            from stalwart.runtime._elastic import Elastic
+            from stalwart.runtime._elastic import ElasticRejoin
 
-            self._elastic = Elastic(self)
-
-    # ------------------------------------------------------------ progress board
-    def _publish(self, phase: str | None = None) -> None:
-        if phase is not None:
-            self._phase = phase
-        if self._board is not None:
-            now = time.time()
-            self._board.write(
-                self.env.progress_slot,
-                pid=os.getpid(),
-                step=self.step,
-                phase=self._phase,
-                generation=self.generation,
-                t_progress=self._t_progress,
-                t_alive=now,
-                p99_s=self.acct.p99(),
+            assert self.coord is not None and self.store is not None
+            return ElasticRejoin(
+                env, self.group, self.tracked, self.coord, self.store, self.events, self.close
             )
+        return FixedRejoin(
+            env,
+            self.group,
+            self.tracked,
+            self,
+            self.coord,
+            self.store,
+            self.events,
+            use_memory=env.strategy != "restart",
+        )
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(0.1):
-            if self._board is not None:
-                self._board.touch(self.env.progress_slot, time.time())
+    # ------------------------------------------------------------ where it stands
+    @property
+    def generation(self) -> int:
+        """The generation this worker last joined."""
+        return self._formation.generation
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in that generation (elastic: it may change)."""
+        return self._formation.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many workers that generation has."""
+        return self._formation.world_size
+
+    @property
+    def step(self) -> int:
+        """The last completed step."""
+        return self._step
+
+    @property
+    def plan(self) -> FaultPlan:
+        return self.faults.plan
+
+    @property
+    def ledger(self) -> FaultLedger | None:
+        return self.faults.ledger
+
+    def _status(self) -> tuple[int, int, float]:
+        return self._step, self.generation, self.acct.p99()
+
+    def _publish(self, phase: str | None = None) -> None:
+        self.progress.publish(phase)
 
     def _on_collective(self, entering: bool) -> None:
-        # a failed collective means recovery is next: never look like a stuck computation
-        failed = not entering and self.group.error is not None
-        after = "paused" if self._paused else "step"
-        self._publish("collective" if entering else "recovering" if failed else after)
+        self.progress.on_collective(entering, failed=not entering and self.group.error is not None)
 
     @contextlib.contextmanager
     def pause(self, what: str = "non-step work") -> Iterator[None]:
@@ -182,26 +193,17 @@ class Session:
         While inside, the agent never judges this rank by its step time, nor its peers
         for waiting for it (only a stopped process is a hang); the time does not count
         as step time. The peers wait in their next collective as usual."""
-        t0 = time.perf_counter()
-        self._paused.append(what)
-        self._publish("paused")
-        try:
+        with self.progress.pause(what):
             yield
-        finally:
-            self._paused.pop()
-            if not self._paused:
-                self._paused_s += time.perf_counter() - t0
-                self._t_progress = time.time()  # the pause ended: progress, not a stall
-                self._publish("step")
 
     @property
-    def mesh(self) -> Any:
+    def mesh(self) -> DeviceMesh:
         """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) whose process
         group runs every collective over the current generation's group (runtime/_fsdp.py)."""
         if self._mesh is None:
             from stalwart.runtime._fsdp import generation_mesh
 
-            self._mesh = generation_mesh(self.group, self.env.job, self._elastic is not None)
+            self._mesh = generation_mesh(self.group, self.env.job, self._rejoin.resizes)
         return self._mesh
 
     # ------------------------------------------------------------ tracking
@@ -212,35 +214,24 @@ class Session:
         step). The process RNGs are tracked too. A DDP model gets the generation comm
         hook; an optimizer's ``step`` is skipped in a failed step. docs/porting.md says
         what is and is not rolled back."""
-        from stalwart.checkpoint import RNGState
         from stalwart.runtime._fsdp import refuse_sharded_persist
 
         refuse_sharded_persist(state, self.env.persist_every, self.world_size)
         check_values(state)  # a tracked dict holds only what a checkpoint stores
-        for value in state.values():
-            if isinstance(value, torch.nn.parallel.DistributedDataParallel):
-                localize(value)  # DDP over a local group, gradients through the hook
-                self.group.attach(value)
-            if isinstance(value, torch.optim.Optimizer):
-                guard_optimizer(self.group, value)
-        # the process RNGs are held here (as "_rng") unless the script tracks its own
-        # RNGState: one copy, never two of the same generators
-        held = any(isinstance(v, RNGState) for v in state.values())
-        self._state = {**state} if held else {**state, "_rng": RNGState()}
-        self._replicated = any(
-            isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
-        )
+        tracked = self.tracked.record(state, self.group)
         if not self.env.standby:  # a parked standby opens them when activated
-            open_checkpoints(self)
-        return self._state
+            self._open_checkpoints()
+        return tracked
 
-    def use_batch(self, config: Any) -> None:
+    def _open_checkpoints(self) -> None:
+        self.tracked.open(self, self.events)
+        self._rejoin.on_track(self.tracked.state)
+
+    def use_batch(self, config: BatchConfig) -> None:
         """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
         resize the tracked loaders get the plan's per-rank batch and micro-batches and
         the optimizers its LR scale (docs/data.md). Call after :meth:`track`."""
-        from stalwart.runtime._elastic import use_batch
-
-        use_batch(self, config)
+        self._rejoin.use_batch(config, self)
 
     @property
     def step_ok(self) -> bool:
@@ -261,19 +252,15 @@ class Session:
     # ------------------------------------------------------------ the loop
     def steps(self, total: int) -> Iterator[int]:
         """Yield step numbers 1..total; between steps, snapshot, detect, recover."""
-        if not self._state:
+        if not self.tracked.state:
             raise RuntimeError("call Session.track(...) before Session.steps()")
         if self.env.standby:
-            from stalwart.runtime._standby import park
-
-            park(self)  # until the agent hands us a lost node's rank
-            open_checkpoints(self)
+            self._park()
         self._join(min_generation=0)
         while True:
-            if self.step >= total:
+            if self._step >= total:
                 if self._finish(total):
-                    if self._elastic is not None:
-                        self._elastic.finished()
+                    self._rejoin.finished(self.rank)
                     return
                 self._recover("finish barrier broken")
                 continue
@@ -281,129 +268,70 @@ class Session:
                 self.group.close()  # its sockets close: old peers stuck in it fail now
                 self._recover("the generation moved on (a node was lost)")
                 continue
-            step = self.step + 1
-            self._fire_chaos(step)
+            step = self._step + 1
+            self.faults.fire(step)
             t0 = time.perf_counter()
-            self._paused_s = 0.0
-            self._publish("step")
-            if self._elastic is not None:
-                self._elastic.before_step()
+            self.progress.step_started()
+            self._rejoin.before_step(self._step)
             yield step
             err = self.group.reset_step()
             if err is not None:
                 self._recover(f"collective failed in step {step}: {err}".splitlines()[0])
                 continue
-            self.acct.step_done(step, t0 + self._paused_s)  # a pause is not step time
-            self.step = step
-            self._t_progress = time.time()
+            self.acct.step_done(step, t0 + self.progress.paused_s)  # a pause is not step time
+            self._step = step
+            self.progress.progressed()
             self.acct.maybe_snapshot(step, final=step >= total)
             self._publish()
-            if self._elastic is not None:
-                self._elastic.after_step(step)
+            if self._rejoin.after_step(step):
+                self._grow(step)
 
-    def _fire_chaos(self, step: int) -> None:
-        fire_worker_faults(self, step)
+    def _park(self) -> None:
+        """A standby: until the agent hands us a lost node's rank (runtime/_standby.py)."""
+        from stalwart.runtime._standby import Preload, park
+
+        preload = self.tracked.preload = Preload(self.tracked.names, self.rank)
+        park(self.env.standby, preload, self.tracked.state, self._publish)
+        self._open_checkpoints()
 
     # ------------------------------------------------------------ recovery
     def _join(self, min_generation: int) -> None:
-        """Agree on a restore point at the current generation, restore, form the group."""
-        if self._elastic is not None:
-            self._elastic.join(min_generation)
-            return
+        """Join a generation >= ``min_generation`` through the rejoin and apply it."""
         self._publish("recovering")
         t0 = time.perf_counter()
-        snap = self._ckpt.snapshots
-        while True:
-            if self.coord is None:  # alone: nothing to agree on
-                self.group.build(0)
-                self._formed_group(0, fresh=True)
-                self.acct.snapshot_now(0)
-                self._publish("step")
-                return
-            use_memory = self.env.strategy != "restart"
-            disk = self._disk_step()
-            info = {
-                "steps": memory_steps(snap) if use_memory else [],
-                "done": self.step,
-                "rank": self.rank,
-                "host": socket.gethostname(),
-                "replicated": self._replicated,
-            }
-            if holds_replica(snap):  # slots a buddy kept for our lost node
-                info["replica"] = True
-            if not self._replicated:  # own shards on disk: agree on a step all ranks hold
-                info["disk"] = committed_disk_steps(self._ckpt.storage)
-            elif self._part is not None:  # rank 0's copy and this rank's own part
-                info["disk"] = self._part.disk_steps(committed_disk_steps(self._ckpt.storage))
-            a = agree(
-                self.store,
-                self.coord,
-                self.env.job,
-                self.rank,
-                self.world_size,
-                info,
-                use_memory=use_memory,
-                disk_step=disk,
-                min_generation=min_generation,
-                timeout_s=self.env.hang_ceiling_s,
-                fence=fence_compares(self.env),
-                launch=self.env.restart_count,
+        formation = self._rejoin.join(min_generation, self._step)
+        self._apply(formation, time.perf_counter() - t0)
+
+    def _apply(self, f: Formation, seconds: float) -> None:
+        """The one place where a formation becomes the session's: its generation, rank,
+        world size and step, then the events of the recovery."""
+        self._formation = f
+        self._step = f.step
+        if self._genwatch is not None:  # etcd: "moved" means past this generation now
+            self._genwatch.follow(f.generation)
+        self._rejoin.adopt(f)
+        self.progress.progressed()
+        if f.fresh:
+            self.acct.snapshot_now(0)
+        if f.rank == 0 and self.events is not None and f.generation > 0:
+            self.events.emit(
+                "recovery_end",
+                strategy=self.env.strategy,
+                generation=f.generation,
+                restored_step=f.step,
+                steps_lost=f.lost,
+                source_tier=f.tier,
+                ok=True,
             )
-            t_restore = time.perf_counter()
-            nbytes, tier, preloaded = restore_agreed(self, a, use_memory=use_memory)
-            restored = a.target if a.target is not None else 0
-            # raises: trained (or preloaded) state, and nowhere to go
-            touched = self._preload is not None and self._preload.touched
-            no_common_point(a, self.step, self.rank, preloaded=touched)
-            if self.events is not None and a.tier != "none":
-                self.events.emit(
-                    "restore",
-                    step=restored,
-                    tier=tier,
-                    seconds=time.perf_counter() - t_restore,
-                    bytes=nbytes,
-                    **({"preloaded": True} if preloaded else {}),
-                )
-            try:
-                self.group.build(a.generation)
-                self._formed_group(restored, fresh=a.target is None)
-            except ReplicaMismatchError:
-                raise
-            except Exception:
-                if self.coord.generation() == a.generation:
-                    self.coord.advance_generation(a.generation, "group formation failed")
-                min_generation = a.generation + 1
-                continue
-            self.generation = a.generation
-            if self._genwatch is not None:
-                self._genwatch.follow(a.generation)
-            lost = max(0, a.last_done - restored) if a.generation > 0 else 0
-            self.step = restored
-            self._t_progress = time.time()
-            if a.target is None:
-                self.acct.snapshot_now(0)
-            if self.rank == 0 and self.events is not None and a.generation > 0:
-                self.events.emit(
-                    "recovery_end",
-                    strategy=self.env.strategy,
-                    generation=a.generation,
-                    restored_step=restored,
-                    steps_lost=lost,
-                    source_tier=a.tier,
-                    ok=True,
-                )
-            self.acct.recovered(time.perf_counter() - t0)
-            self._publish("step")
-            return
+        self._rejoin.settle(f, seconds)
+        self.acct.recovered(seconds)
+        self._publish("step")
 
-    def _formed_group(self, step: int, fresh: bool) -> None:
-        """The default group follows; replicas made equal and compared (_replicas.py)."""
-        follow(self.group)
-        check_replicas(self.group, replicated_modules(self._state), step=step, fresh=fresh)
-
-    def _disk_step(self) -> int | None:
-        steps = committed_steps(self._ckpt.storage)
-        return steps[-1] if steps else None
+    def _grow(self, step: int) -> None:
+        """Stop at the boundary after ``step`` for joiners, then re-form."""
+        self._publish("recovering")
+        self.acct.flush()
+        self._join(self._rejoin.admit(step, self))
 
     def _recover(self, reason: str) -> None:
         self.acct.flush()
@@ -419,7 +347,7 @@ class Session:
         """All members reached ``total`` in this generation (else someone failed)."""
         self.acct.flush()
         self.acct.wait_persist()
-        if self.store is None:
+        if self.store is None or self.coord is None:
             return True
         done = finish_barrier(
             self.store,
@@ -433,16 +361,13 @@ class Session:
         return done
 
     def close(self) -> None:
-        self._stop.set()
+        self.progress.close()
         self.acct.close()
         if self._genwatch is not None:
             self._genwatch.close()
         leak_abandoned()
-        if self._elastic is not None:
-            self._elastic.close()
-        if self._ckpt is not None:
-            # under `stalwart run` the agent owns the slots (a replacement needs them)
-            self._ckpt.close(unlink_snapshots=not self.env.managed)
+        self._rejoin.close()
+        self.tracked.close()
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()

@@ -1,0 +1,214 @@
+"""The rejoin of a fixed-size job (every strategy but elastic): each launched rank is
+a member for life, a generation forms when all ``world_size`` ranks arrived.
+
+Every rank publishes the steps its snapshot slots hold, the last step it completed and
+what it persisted (runtime/_rendezvous.py); all compute the same restore point from the
+same data, restore from the fastest tier that holds it (own memory, a buddy's replica,
+a same-host peer's slots, disk), then build the group (runtime/_formation.py). If a
+member does not make it, the generation is ended and everyone starts over at the next.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from stalwart.runtime._coord import fence_compares
+from stalwart.runtime._formation import Formation, Position, form_group, formed
+from stalwart.runtime._memory import (
+    committed_disk_steps,
+    holds_replica,
+    memory_steps,
+    peer_slots,
+    restore_memory_step,
+    taken_from_replica,
+)
+from stalwart.runtime._rendezvous import Agreement, agree, no_common_point
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint import Snapshotter
+    from stalwart.checkpoint.slots import SlotNames
+    from stalwart.coordinator import Coordinator, Store
+    from stalwart.data import BatchConfig
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime._tracking import TrackedState
+    from stalwart.runtime.env import WorkerEnv
+    from stalwart.runtime.group import GenerationGroup
+
+__all__ = ["FixedRejoin", "memory_source", "restore_agreed"]
+
+
+class FixedRejoin:
+    """:class:`~stalwart.runtime._formation.Rejoin` with the launch's world size."""
+
+    resizes = False
+
+    def __init__(
+        self,
+        env: WorkerEnv,
+        group: GenerationGroup,
+        tracked: TrackedState,
+        position: Position,
+        coord: Coordinator | None,
+        store: Store | None,
+        events: EventLog | None,
+        *,
+        use_memory: bool,
+    ) -> None:
+        self.env, self.group, self.tracked, self.position = env, group, tracked, position
+        self.coord, self.store, self.events = coord, store, events
+        self.use_memory = use_memory  # restart: every worker is new, nothing in memory
+
+    def on_track(self, state: Mapping[str, Any]) -> None:
+        pass
+
+    def use_batch(self, config: BatchConfig, position: Position) -> None:
+        from stalwart.data import apply_plan, plan_batch
+
+        config.validate(self.env.min_world, self.env.world_size)
+        apply_plan(self.tracked.state, plan_batch(config, position.world_size), position.rank)
+
+    def join(self, min_generation: int, done: int) -> Formation:
+        rank, world = self.position.rank, self.position.world_size
+        if self.coord is None or self.store is None:  # alone: nothing to agree on
+            self.group.build(0)
+            formed(self.group, self.tracked.state, step=0, fresh=True)
+            return Formation(0, rank, world, 0, "none")
+        while True:
+            a = self._agree(self.coord, self.store, min_generation, done)
+            restored = self._restore(a, done)
+            fresh, state = a.target is None, self.tracked.state
+            if not form_group(
+                self.group, self.coord, a.generation, state, step=restored, fresh=fresh
+            ):
+                min_generation = a.generation + 1
+                continue
+            lost = max(0, a.last_done - restored) if a.generation > 0 else 0
+            return Formation(a.generation, rank, world, restored, a.tier, lost)
+
+    def _agree(self, coord: Coordinator, store: Store, min_generation: int, done: int) -> Agreement:
+        tracked, rank = self.tracked, self.position.rank
+        snap = tracked.snapshots
+        info: dict[str, object] = {
+            "steps": memory_steps(snap) if self.use_memory else [],
+            "done": done,
+            "rank": rank,
+            "host": socket.gethostname(),
+            "replicated": tracked.replicated,
+        }
+        if holds_replica(snap):  # slots a buddy kept for our lost node
+            info["replica"] = True
+        storage = tracked.checkpoints.storage
+        if not tracked.replicated:  # own shards on disk: agree on a step all ranks hold
+            info["disk"] = committed_disk_steps(storage)
+        elif tracked.part is not None:  # rank 0's copy and this rank's own part
+            info["disk"] = tracked.part.disk_steps(committed_disk_steps(storage))
+        return agree(
+            store,
+            coord,
+            self.env.job,
+            rank,
+            self.position.world_size,
+            info,
+            use_memory=self.use_memory,
+            disk_step=tracked.disk_step(),
+            min_generation=min_generation,
+            timeout_s=self.env.hang_ceiling_s,
+            fence=fence_compares(self.env),
+            launch=self.env.restart_count,
+        )
+
+    def _restore(self, a: Agreement, done: int) -> int:
+        """Load the agreed step; returns it (0: a fresh start)."""
+        t_restore = time.perf_counter()
+        rank = self.position.rank
+        nbytes, tier, preloaded = restore_agreed(self.tracked, a, rank, use_memory=self.use_memory)
+        restored = a.target if a.target is not None else 0
+        # raises: trained (or preloaded) state, and nowhere to go
+        preload = self.tracked.preload
+        no_common_point(a, done, rank, preloaded=preload is not None and preload.touched)
+        if self.events is not None and a.tier != "none":
+            self.events.emit(
+                "restore",
+                step=restored,
+                tier=tier,
+                seconds=time.perf_counter() - t_restore,
+                bytes=nbytes,
+                **({"preloaded": True} if preloaded else {}),
+            )
+        return restored
+
+    def adopt(self, formation: Formation) -> None:
+        pass
+
+    def settle(self, formation: Formation, seconds: float) -> None:
+        pass
+
+    def before_step(self, done: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> bool:
+        return False
+
+    def admit(self, step: int, position: Position) -> int:
+        return position.generation + 1
+
+    def finished(self, rank: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def memory_source(
+    names: SlotNames, rank: int, agreement: Agreement, own: Snapshotter
+) -> Snapshotter:
+    """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
+    host that does (the peer tier; across hosts, a buddy's replica or disk)."""
+    target = agreement.target
+    if target in memory_steps(own):
+        return own
+    holders = [(int(i.get("rank", 0)), i) for i in agreement.infos]
+    peer = None if target is None else peer_slots(names, target, holders)
+    if peer is None:
+        raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
+    return peer
+
+
+def restore_agreed(
+    tracked: TrackedState, a: Agreement, rank: int, *, use_memory: bool
+) -> tuple[int, str, bool]:
+    """Load the agreed step ``a.target`` into the tracked state from the fastest source
+    that holds it; returns (bytes, tier, preloaded): tier ``memory`` (own slots),
+    ``replica`` (own slots taken over from a buddy), ``peer`` (a same-host peer's slots)
+    or ``disk`` (a replicated state: rank 0's copy, then the rank's own per-rank part,
+    runtime/_perrank.py); ``preloaded``: a standby's state already held it (runtime/_standby.py),
+    nothing was copied."""
+    if a.target is None:
+        return 0, a.tier, False
+    snap = tracked.snapshots
+    if a.tier in ("memory", "peer"):
+        source = memory_source(tracked.names, rank, a, snap)
+        tier = "memory" if source is snap else "peer"
+        if source is snap and taken_from_replica(snap):
+            tier = "replica"  # a lost node's slots, kept by its buddy
+            preload = tracked.preload
+            if preload is not None and preload.holds(snap.directory, a.target):
+                meta = snap.latest()
+                return (int(meta.data_size) if meta is not None else 0), tier, True
+        nbytes = restore_memory_step(source, tracked.state, a.target)
+        if source is not snap and tracked.part is not None:
+            tracked.part.restore(a.target, tier)  # a peer's slots hold the peer's RNG
+        return nbytes, tier, False
+    if a.tier == "disk":
+        if use_memory and a.target in memory_steps(snap):
+            # the agreed step is on disk for everyone, and in our own memory too (the
+            # snapshot it was persisted from): the same bytes, faster
+            return restore_memory_step(snap, tracked.state, a.target), "memory", False
+        nbytes = tracked.checkpoints.restore(tracked.state, step=a.target).bytes_read
+        if tracked.part is not None:  # rank 0's copy: then this rank's own part over it
+            tracked.part.restore(a.target, "disk")
+        return nbytes, "disk", False
+    return 0, a.tier, False
