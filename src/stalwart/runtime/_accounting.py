@@ -24,8 +24,10 @@ from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._metric_log import MetricLog
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from stalwart.chaos import Fault
-    from stalwart.checkpoint import SnapshotResult
+    from stalwart.checkpoint import PersistResult, SnapshotResult
     from stalwart.coordinator import Coordinator, Store
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
@@ -66,7 +68,7 @@ class StepAccounting:
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._slow: list[tuple[Fault, float]] = []
-        self._persist: Any = None
+        self._persist: Future[PersistResult] | None = None
         self._t_start = time.monotonic()
         self._last_persist = time.monotonic()
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
@@ -278,7 +280,7 @@ class StepAccounting:
         self._persist = fut
         events = self.events
 
-        def done(f: Any) -> None:
+        def done(f: Future[PersistResult]) -> None:
             err = f.exception()
             if err is None and self.coord is not None:
                 err = self._commit(step, generation)

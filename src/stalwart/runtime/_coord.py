@@ -15,10 +15,14 @@ import contextlib
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.coordinator import Compare, Coordinator, Store, StoreClient
 from stalwart.runtime.env import WorkerEnv
+
+if TYPE_CHECKING:
+    from stalwart.coordinator import Watch
+    from stalwart.runtime._c10d_store import CoordStoreC10d
 
 __all__ = ["GenerationWatch", "c10d_store", "fence_compares", "open_store"]
 
@@ -32,7 +36,7 @@ def open_store(env: WorkerEnv) -> Store:
     return StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
 
 
-def c10d_store(env: WorkerEnv, store: Store | None) -> Any:
+def c10d_store(env: WorkerEnv, store: Store | None) -> CoordStoreC10d | None:
     """The torch Store gloo forms groups over (None: the TCPStore at ``env.c10d``)."""
     if not env.rdzv or store is None:
         return None
@@ -65,7 +69,7 @@ class GenerationWatch:
         self.interval_s = interval_s
         self.moved = threading.Event()
         self._stop = threading.Event()
-        self._watch: Any = None
+        self._watch: Watch | None = None
         self._thread = threading.Thread(target=self._run, name="stalwart-genwatch", daemon=True)
         self._thread.start()
 
@@ -91,7 +95,7 @@ class GenerationWatch:
                 return
 
     def _run(self) -> None:
-        watch: Any = None
+        watch: Watch | None = None
         next_read = 0.0
         while not self._stop.is_set():
             try:

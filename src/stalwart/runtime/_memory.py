@@ -4,10 +4,13 @@ one of them (the slot of a given step may be the older of the two)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames, read_replica_marker
 from stalwart.checkpoint.snapshot import Snapshotter
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint.storage import Storage
 
 __all__ = [
     "committed_disk_steps",
@@ -30,7 +33,7 @@ def taken_from_replica(snap: Snapshotter) -> bool:
     return read_replica_marker(snap.directory, consume=True)
 
 
-def committed_disk_steps(storage: Any, keep: int = 8) -> list[int]:
+def committed_disk_steps(storage: Storage, keep: int = 8) -> list[int]:
     """The newest persisted steps of this rank's own storage (its shards)."""
     from stalwart.checkpoint import committed_steps
 
