@@ -81,7 +81,7 @@ def test_the_session_is_the_only_writer_of_where_it_stands(
     from stalwart.runtime import Session
     from stalwart.runtime.env import WorkerEnv
 
-    env = WorkerEnv.from_environ({"STALWART_RUN_DIR": str(tmp_path), "STALWART_JOB": shm_namespace})
+    env = dataclasses.replace(WorkerEnv.from_environ({}), run_dir=str(tmp_path), job=shm_namespace)
     sess = Session(env)
     try:
         for name in ("rank", "world_size", "generation", "step"):

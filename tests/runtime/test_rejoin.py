@@ -4,6 +4,7 @@ members meet again at the next one; elastic members agree on one roster."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,8 +92,8 @@ class _Events:
         self.seen.append((kind, fields))
 
 
-def _env(**extra: str) -> WorkerEnv:
-    return WorkerEnv.from_environ({"STALWART_JOB": "j", "STALWART_HANG_CEILING": "10", **extra})
+def _env(**fields: Any) -> WorkerEnv:
+    return dataclasses.replace(WorkerEnv.from_environ({}), job="j", hang_ceiling_s=10.0, **fields)
 
 
 def test_alone_a_fixed_rejoin_starts_fresh(tmp_path: Path) -> None:
@@ -134,12 +135,7 @@ def test_elastic_members_agree_on_one_roster(tmp_path: Path) -> None:
     groups = {m: _Group() for m in (0, 1)}
 
     def member(m: int) -> None:
-        env = _env(
-            RANK=str(m),
-            WORLD_SIZE="2",
-            STALWART_STRATEGY="elastic",
-            STALWART_TOKEN_FILE=str(token),
-        )
+        env = _env(rank=m, world_size=2, strategy="elastic", token_file=str(token))
         tracked = _tracked(tmp_path / f"m{m}", {})
         rejoin = ElasticRejoin(env, groups[m], tracked, coord, store, None, lambda: None)
         try:
