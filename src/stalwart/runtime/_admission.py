@@ -13,12 +13,12 @@ ones the survivor sent.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stalwart.coordinator.store import Delete, Put
+from stalwart.logs import get_logger
 from stalwart.runtime._joiners import (
     JoinRequest,
     JoinWatcher,
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from stalwart.transfer import SlotReceiver
 
 __all__ = ["Admission"]
+
+_log = get_logger(__name__)
 
 
 class Admission:
@@ -231,11 +233,7 @@ class Admission:
 
     def _finished_first(self) -> None:
         self.on_finished()
-        print(
-            f"stalwart: member {self.member}: the job finished before it was admitted; exiting",
-            file=sys.stderr,
-            flush=True,
-        )
+        _log.info("member %d: the job finished before it was admitted; exiting", self.member)
         raise SystemExit(0)
 
     def close(self) -> None:

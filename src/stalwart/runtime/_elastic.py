@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from stalwart.logs import get_logger
 from stalwart.runtime._admission import Admission
 from stalwart.runtime._formation import Formation, Position, form_group
 from stalwart.runtime._joiners import Keys
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 __all__ = ["ElasticRejoin", "ElasticWaitError", "join_point"]
 
 Infos = dict[int, dict[str, Any]]
+
+_log = get_logger(__name__)
 
 
 def job_token(env: WorkerEnv, store: Store) -> bytes:
@@ -261,11 +263,11 @@ class ElasticRejoin:
         need = self.env.min_world
         if rank == 0 and self.events is not None:
             self.events.emit("waiting", have=world, need=need, reason="below the minimum world")
-        print(
-            f"stalwart: {world} member(s) left, the job needs at least {need}: waiting up to "
-            f"{self.env.elastic_wait_s:.0f}s for members to join",
-            file=sys.stderr,
-            flush=True,
+        _log.warning(
+            "%d member(s) left, the job needs at least %d: waiting up to %.0fs for members to join",
+            world,
+            need,
+            self.env.elastic_wait_s,
         )
         if rank == 0:
             self.admission.admit(gen, step, need - world, world, self.members)
@@ -299,11 +301,14 @@ class ElasticRejoin:
                 **fields,
             )
             word = "grew" if world > old else "shrank"
-            print(
-                f"stalwart: generation {formation.generation}: {word} {old} -> {world} workers "
-                f"at step {formation.step} ({fields.get('micro_batches', 1)} micro-batches/rank)",
-                file=sys.stderr,
-                flush=True,
+            _log.info(
+                "generation %d: %s %d -> %d workers at step %d (%s micro-batches/rank)",
+                formation.generation,
+                word,
+                old,
+                world,
+                formation.step,
+                fields.get("micro_batches", 1),
             )
         self.admission.watch(rank == 0, self.members)
 

@@ -16,7 +16,6 @@ namespace travel through the store, never state.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from stalwart.checkpoint.format import checksum
 from stalwart.checkpoint.slots import SlotFiles, latest_complete
 from stalwart.coordinator._elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Store
+from stalwart.logs import get_logger
 from stalwart.transfer import SendResult, TransferError, send_slot
 
 __all__ = ["JoinRequest", "JoinWatcher", "Keys", "alive_members", "slot_digest"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 _VERSION = 1
 
 

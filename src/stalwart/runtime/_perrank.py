@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ import torch
 
 from stalwart.checkpoint import committed_steps, open_storage, restore_state
 from stalwart.errors import CheckpointError, UnsupportedStateError
+from stalwart.logs import get_logger
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["PerRankPart", "check_values", "derive_rng", "open_part", "per_rank_names"]
+
+_log = get_logger(__name__)
 
 _KEEP_LAST = 16  # steps of the part kept: tiny, and more than rank 0 keeps (see persist)
 
@@ -170,7 +172,7 @@ class PerRankPart:
             self.events.emit("note", message=message)
         if not self._warned:
             self._warned = True
-            print(f"stalwart: {message}", file=sys.stderr, flush=True)
+            _log.warning("%s", message)
 
 
 def open_part(
