@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from stalwart.checkpoint import open_storage
+from stalwart.checkpoint.slots import SlotNames
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.token import create_token_file
 from stalwart.runtime import _elastic, _rejoin
@@ -61,6 +62,7 @@ def _tracked(tmp: Path, held: dict[int, float]) -> Any:
     storage = open_storage(str(tmp / "ckpt"))
     return SimpleNamespace(
         env=SimpleNamespace(job="j"),
+        names=SlotNames("j"),
         state=state,
         snapshots=_Snapshots(tmp, held),
         checkpoints=SimpleNamespace(storage=storage),
