@@ -83,11 +83,10 @@ def test_the_cadence_is_read_without_waiting_for_rank0() -> None:
     ranks = []
     for rank in (0, 1):
         acct = _acct(0, rank=rank)
-        env = acct.sess.env
+        env = acct.env
         env.job, env.hang_ceiling_s, env.snapshot_every = "j", 300.0, 0
-        acct.sess.store, acct.sess.events = store, None
-        acct.sess.coord = SimpleNamespace(generation=polled)
-        ranks.append(StepAccounting(acct.sess))
+        coord: Any = SimpleNamespace(generation=polled)
+        ranks.append(StepAccounting(env, acct.position, acct.tracked, None, coord, store))
     rank0, rank1 = ranks
     assert rank1._cadence(6) == 1 and rank1.every is None  # not published: every step
     rank0.durations.extend([0.1] * 10)

@@ -30,14 +30,15 @@ def loop(tmp_path: Any, shm_namespace: str) -> Iterator[tuple[Any, StepAccountin
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = CheckpointManager(CheckpointConfig(root=str(tmp_path), namespace=shm_namespace))
     ckpt.snapshots.guard(opt)  # as Session.track does: opt.step waits for the copy
-    env = SimpleNamespace(persist_every=0, snapshot_every=1, snapshot_budget=0.02)
-    sess: Any = SimpleNamespace(
-        env=env, rank=0, generation=0, store=None, coord=None, events=_Events(), _ckpt=ckpt
+    env: Any = SimpleNamespace(persist_every=0, snapshot_every=1, snapshot_budget=0.02)
+    position: Any = SimpleNamespace(rank=0, generation=0, world_size=1)
+    state = {"model": model, "optimizer": opt}
+    tracked: Any = SimpleNamespace(
+        state=state, checkpoints=ckpt, opened=True, part=None, replicated=True
     )
-    sess._state = {"model": model, "optimizer": opt}
-    sess._part, sess._replicated = None, True
+    sess: Any = SimpleNamespace(_state=state, events=_Events())
     try:
-        yield sess, StepAccounting(sess)
+        yield sess, StepAccounting(env, position, tracked, sess.events, None, None)
     finally:
         ckpt.close()
 
