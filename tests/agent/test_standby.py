@@ -12,14 +12,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from stalwart.agent._cluster import ring_successor
 from stalwart.agent._standby import Standbys
-from stalwart.agent.agent import Agent
+from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.errors import ConfigError
@@ -45,40 +44,30 @@ class _Cluster:
         return self.ranks[node]
 
 
-@dataclass
-class _Zygote:
-    sent: list[dict[str, Any]] = field(default_factory=list)
-
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sent.append(msg)
-
-
-class _Board:
-    def clear(self, slot: int) -> None:
-        pass
-
-
 class _FakeAgent:
-    """What Standbys uses of the agent, and nothing else."""
+    """What Standbys uses: the ring (cluster) and LocalWorkers' side, and nothing else."""
 
     def __init__(self, node: int, nnodes: int, nproc: int) -> None:
-        self.cfg = SimpleNamespace(node_rank=node, nproc_per_node=nproc, job="sbtest")
+        self.node, self.nproc = node, nproc
         ranks = {n: list(range(n * nproc, (n + 1) * nproc)) for n in range(nnodes)}
         self.cluster = _Cluster(set(range(nnodes)), ranks)
         self.workers = {
-            r: Agent.new_worker(r, r % nproc, i, attached=True) for i, r in enumerate(ranks[node])
+            r: Worker(r, r % nproc, i, attached=True) for i, r in enumerate(ranks[node])
         }
-        self._zygote = _Zygote()
-        self._board = _Board()
+        self.sent: list[dict[str, Any]] = []
         self.standbys: Standbys | None = None
         self.step = 5
-        self.attached = True  # the workers run the stalwart runtime
+        self.is_attached = True  # the workers run the stalwart runtime
+
+    # LocalWorkers' side
+    def ranks(self) -> list[int]:
+        return list(self.workers)
 
     def last_step(self) -> int:
         return self.step
 
-    def _attached(self) -> bool:
-        return self.attached
+    def attached(self) -> bool:
+        return self.is_attached
 
     def free_slot(self) -> int:
         used = {w.slot for w in self.workers.values()}
@@ -86,17 +75,31 @@ class _FakeAgent:
             used |= self.standbys.used_slots()
         return min(set(range(len(used) + 1)) - used)
 
-    def worker_spec(self, w: Any, extra: WorkerFields) -> dict[str, Any]:
-        return {"rank": w.rank, "slot": w.slot, "env": dict(extra)}
+    def spawn_process(self, ident: str, slot: int, spec: dict[str, Any]) -> None:
+        self.sent.append({"op": "spawn", "id": ident, "spec": spec})
 
-    @staticmethod
-    def new_worker(rank: int, local: int, slot: int, *, attached: bool) -> Any:
-        return Agent.new_worker(rank, local, slot, attached=attached)
+    def adopt(self, rank: int, local: int, slot: int, *, pid: int = 0) -> Worker:
+        w = Worker(rank, local, slot, attached=True)
+        if pid:
+            w.pid, w.state = pid, WorkerState.RUNNING
+        self.workers[rank] = w
+        return w
+
+
+def _spec(w: Worker, extra: WorkerFields) -> dict[str, Any]:
+    return {"rank": w.rank, "slot": w.slot, "env": dict(extra)}
 
 
 def _standbys(node: int, nnodes: int = 3, nproc: int = 2) -> tuple[_FakeAgent, Standbys]:
     agent = _FakeAgent(node, nnodes, nproc)
-    sb = Standbys(agent)  # type: ignore[arg-type]
+    sb = Standbys(
+        node=node,
+        nproc=nproc,
+        names=agent.cluster.names,
+        ring=agent.cluster,
+        workers=agent,
+        spec=_spec,
+    )
     agent.standbys = sb
     return agent, sb
 
@@ -112,10 +115,10 @@ def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring()
     agent, sb = _standbys(node=1)
     agent.step = 0
     sb.reconcile(0.0)
-    assert agent._zygote.sent == []  # the job's own start is not slowed
+    assert agent.sent == []  # the job's own start is not slowed
     agent.step = 3
     sb.reconcile(1.0)
-    spawned = [m for m in agent._zygote.sent if m["op"] == "spawn"]
+    spawned = [m for m in agent.sent if m["op"] == "spawn"]
     assert sorted(m["spec"]["rank"] for m in spawned) == [0, 1]
     assert sorted(m["spec"]["slot"] for m in spawned) == [2, 3]  # workers hold 0 and 1
     for m in spawned:
@@ -123,7 +126,7 @@ def test_standbys_start_after_the_first_step_on_free_slots_and_follow_the_ring()
         assert go.startswith(f"/dev/shm/stalwart-sbtest-{RUN}-standby-r") and not os.path.exists(go)
         assert sb.on_spawned(m["id"], 1_000_000 + m["spec"]["rank"])
     sb.reconcile(1.5)  # within the second: nothing read, nothing started
-    assert len(agent._zygote.sent) == 2
+    assert len(agent.sent) == 2
     # node 0 leaves the ring: node 1 now stands by for node 2's ranks, 0 and 1 are stale
     agent.cluster.live = {1, 2}
     sb.reconcile(3.0)
@@ -136,22 +139,22 @@ def test_a_plain_script_gets_no_standbys() -> None:
     """A script without stalwart.init() never parks: a standby would train as a second
     copy of its rank."""
     agent, sb = _standbys(node=1)
-    agent.attached = False
+    agent.is_attached = False
     sb.reconcile(1.0)
-    assert agent._zygote.sent == [] and not sb.by_rank
+    assert agent.sent == [] and not sb.by_rank
 
 
 def test_a_claimed_standby_becomes_the_worker_and_is_activated_by_its_file() -> None:
     agent, sb = _standbys(node=1)
     sb.reconcile(1.0)
-    msg = next(m for m in agent._zygote.sent if m["spec"]["rank"] == 0)
+    msg = next(m for m in agent.sent if m["spec"]["rank"] == 0)
     pid = os.getpid()  # a live process stands in for the standby
     sb.on_spawned(msg["id"], pid)
     go = msg["spec"]["env"]["standby"]
     try:
         assert sb.claim(1) is None  # rank 1's standby has no pid yet: start one afresh
         w = sb.claim(0)
-        assert w is not None and (w.rank, w.pid, w.state) == (0, pid, "running")
+        assert w is not None and (w.rank, w.pid, w.state) == (0, pid, WorkerState.RUNNING)
         assert w.slot == msg["spec"]["slot"] and 0 not in sb.by_rank
         assert not os.path.exists(go)
         assert sb.activate(w) and os.path.exists(go) and sb.activated == 1
@@ -164,12 +167,12 @@ def test_a_claimed_standby_becomes_the_worker_and_is_activated_by_its_file() -> 
 def test_a_dead_standby_is_not_claimed_and_is_replaced() -> None:
     agent, sb = _standbys(node=1)
     sb.reconcile(1.0)
-    for m in agent._zygote.sent:
+    for m in agent.sent:
         sb.on_spawned(m["id"], 4_000_000 + m["spec"]["rank"])  # no such processes
     assert sb.claim(0) is None
     assert sb.on_exit(4_000_001) and 1 not in sb.by_rank
     sb.reconcile(2.0)
-    assert sorted(m["spec"]["rank"] for m in agent._zygote.sent) == [0, 1, 1]
+    assert sorted(m["spec"]["rank"] for m in agent.sent) == [0, 1, 1]
 
 
 def test_park_waits_for_its_file_and_removes_it(tmp_path: Path) -> None:

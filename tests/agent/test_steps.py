@@ -8,8 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from stalwart.agent._env import Worker
 from stalwart.agent._steps import StepRecords
+from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.progress import OBSERVED, ProgressBoard
 from stalwart.checkpoint.slots import SlotNames, new_run_id
 from stalwart.metrics import EventLog, read_events
@@ -20,14 +20,23 @@ from stalwart.metrics.journal import OPEN, StepJournal
 def _agent(tmp_path: Path, strategy: str = "flash") -> Any:
     job = f"test-{uuid.uuid4().hex[:8]}"
     board = ProgressBoard(str(tmp_path / "board"), 2, create=True)
-    w = Worker(0, 0, 0, pid=4242, state="running")
+    w = Worker(0, 0, 0, pid=4242, state=WorkerState.RUNNING)
     return SimpleNamespace(
         cfg=SimpleNamespace(job=job, strategy=strategy),
         cluster=SimpleNamespace(names=SlotNames(job, new_run_id())),
         events=EventLog(str(tmp_path / "events.jsonl"), node=0),
-        _board=board,
-        workers={0: w},
-        generation=0,
+        board=board,
+        workers=SimpleNamespace(get={0: w}.get, slot=lambda w: board.read(w.slot)),
+    )
+
+
+def _records(agent: Any) -> StepRecords:
+    return StepRecords(
+        names=agent.cluster.names,
+        events=agent.events,
+        workers=agent.workers,
+        generation=lambda: 0,
+        strategy=agent.cfg.strategy,
     )
 
 
@@ -53,11 +62,11 @@ def _step(board: ProgressBoard, step: int, t: float) -> None:
 
 def test_plain_script_steps_are_recorded_from_the_board(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    rec = StepRecords(agent)
-    _step(agent._board, 3, 1000.0)  # first seen at step 3: steps 1..3 took 3 s at 1 s/step
+    rec = _records(agent)
+    _step(agent.board, 3, 1000.0)  # first seen at step 3: steps 1..3 took 3 s at 1 s/step
     rec.tick(0.0)
     for step in range(4, 11):
-        _step(agent._board, step, 1000.0 + step - 3)
+        _step(agent.board, step, 1000.0 + step - 3)
         rec.tick(0.0)
     rec.on_exit(4242)  # the process ended: its open batch is written
     events = _events(tmp_path)
@@ -72,7 +81,7 @@ def test_plain_script_steps_are_recorded_from_the_board(tmp_path: Path) -> None:
 
 def test_a_dead_rank0s_open_batch_is_written_once(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    rec = StepRecords(agent)
+    rec = _records(agent)
     pid = 999_000 + os.getpid() % 1000
     batch = {
         "first_step": 11,

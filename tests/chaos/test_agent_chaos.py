@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stalwart.agent._chaos_exec import AgentChaos
-from stalwart.agent.progress import ProgressBoard
+from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.progress import ProgressBoard, Slot
 from stalwart.chaos import FaultLedger, FaultPlan
 
 
@@ -30,17 +31,52 @@ class _Events:
             self.notes.append(str(fields["message"]))
 
 
+class _Workers:
+    """What AgentChaos uses of LocalWorkers: one running rank-0 worker on ``board``."""
+
+    def __init__(self, board: ProgressBoard | None) -> None:
+        self.board = board
+        w = Worker(0, 0, 0, pid=os.getpid(), state=WorkerState.RUNNING, attached=True)
+        self.workers = {0: w}
+
+    def __iter__(self) -> Any:
+        return iter(self.workers.values())
+
+    def get(self, rank: int) -> Worker | None:
+        return self.workers.get(rank)
+
+    def slot(self, w: Worker) -> Slot:
+        assert self.board is not None
+        return self.board.read(w.slot)
+
+    def ranks(self) -> list[int]:
+        return list(self.workers)
+
+    def last_step(self) -> int:
+        return 12
+
+
 def _agent(tmp_path: Path, spec: str | None = None, *, board: ProgressBoard | None = None) -> Any:
-    worker = SimpleNamespace(rank=0, slot=0, state="running", pid=os.getpid(), attached=True)
     return SimpleNamespace(
         run_dir=str(tmp_path),
-        cfg=SimpleNamespace(node_rank=0, nproc_per_node=2),
         plan=FaultPlan.parse(spec),
-        workers={0: worker},
+        workers=_Workers(board),
         events=_Events(),
         ledger=FaultLedger(str(tmp_path)),
-        _board=board,
-        last_step=lambda: 12,
+    )
+
+
+def _chaos(agent: Any, faults: list[Any]) -> AgentChaos:
+    return AgentChaos(
+        faults,
+        node=0,
+        answerable=agent.plan.home_faults(0, 2),
+        run_dir=agent.run_dir,
+        workers=agent.workers,
+        events=agent.events,
+        ledger=agent.ledger,
+        join=lambda fault: True,
+        kill_node=lambda: None,
     )
 
 
@@ -54,7 +90,7 @@ def test_malformed_requests_are_reported_once_and_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     agent = _agent(tmp_path)
-    chaos = AgentChaos(agent, [])
+    chaos = _chaos(agent, [])
     good = time.time_ns()
     _request(tmp_path, "abc.json", b'{"spec": "kill rank=0 at=time:0s"}')  # int(name) failed
     _request(tmp_path, "12.json", b'{"spec": "kill rank=0 at=time:0s"}')  # collides with ids
@@ -78,7 +114,7 @@ def test_time_faults_count_from_the_first_step(tmp_path: Path) -> None:
     board = ProgressBoard(str(tmp_path / "board"), 1, create=True)
     try:
         agent = _agent(tmp_path, "kill rank=0 at=time:10s", board=board)
-        chaos = AgentChaos(agent, list(agent.plan.faults))
+        chaos = _chaos(agent, list(agent.plan.faults))
         (fault,) = chaos.pending
         t = 1_000_000.0
         assert not chaos._due(fault, t + 3600)  # no step yet: the origin is unknown
@@ -95,7 +131,7 @@ def test_time_faults_count_from_the_first_step(tmp_path: Path) -> None:
 
 def test_queued_requests_count_from_their_queue_time(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    chaos = AgentChaos(agent, [])
+    chaos = _chaos(agent, [])
     queued = time.time_ns()
     _request(tmp_path, f"{queued}.json", b'{"spec": "hang rank=0 at=time:5s"}')
     chaos.poll_requests()
@@ -110,7 +146,7 @@ def test_unfired_faults_are_warned_about(
     agent = _agent(
         tmp_path, "kill rank=1 at=step:50; hang rank=0 at=time:1h; kill rank=2 at=step:3"
     )
-    chaos = AgentChaos(agent, [])
+    chaos = _chaos(agent, [])
     agent.ledger.claim(agent.plan.faults[0], rank=1, pid=1)  # this one fired
     chaos.first_step = time.time()
     unfired = chaos.report_unfired()
@@ -137,7 +173,7 @@ _REQUEST_BODIES = st.one_of(
 def test_no_request_file_ends_the_loop(files: list[tuple[str, bytes]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         agent = _agent(Path(tmp))
-        chaos = AgentChaos(agent, [])
+        chaos = _chaos(agent, [])
         requests = Path(tmp) / "chaos" / "requests"
         requests.mkdir(parents=True)
         for i, (name, body) in enumerate(files):

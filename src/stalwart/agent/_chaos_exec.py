@@ -15,18 +15,32 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from stalwart.agent._elastic import elastic_join
-from stalwart.chaos import Fault, FaultPlan
+from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.progress import Slot
+from stalwart.chaos import Fault, FaultLedger, FaultPlan
 from stalwart.errors import StalwartError
 from stalwart.metrics.console import terminal_safe
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
-
 __all__ = ["AgentChaos"]
+
+
+class Events(Protocol):
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+
+class Workers(Protocol):
+    """What of agent/_workers.py's LocalWorkers the agent's chaos uses."""
+
+    def __iter__(self) -> Iterator[Worker]: ...
+    def get(self, rank: int) -> Worker | None: ...
+    def slot(self, w: Worker) -> Slot: ...
+    def ranks(self) -> list[int]: ...
+    def last_step(self) -> int | None: ...
+
 
 _PERIOD = 0.1  # duty-cycle period of `slow`
 
@@ -37,8 +51,24 @@ _MIN_QUEUE_NS = 10**18  # 2001: below it, request ids could collide with the pla
 
 
 class AgentChaos:
-    def __init__(self, agent: Agent, faults: list[Fault]) -> None:
-        self.agent = agent
+    def __init__(
+        self,
+        faults: list[Fault],
+        *,
+        node: int,
+        answerable: list[Fault],
+        run_dir: str,
+        workers: Workers,
+        events: Events,
+        ledger: FaultLedger,
+        join: Callable[[Fault], bool],
+        kill_node: Callable[[], None],
+    ) -> None:
+        """``faults``: this agent fires them; ``answerable``: the faults aimed at this
+        node (reported when they never fired); ``join``: fires a ``join`` fault
+        (agent/_elastic.py); ``kill_node``: ends every process of the node."""
+        self._node, self._run_dir, self._workers = node, run_dir, workers
+        self._events, self._ledger, self._join, self._kill_node = events, ledger, join, kill_node
         self.pending = list(faults)
         self.slowing: list[tuple[Fault, int, float]] = []  # fault, pid, fired at
         self._stopped: set[int] = set()
@@ -46,30 +76,27 @@ class AgentChaos:
         # the `time:` origin: the job's first step, as this node's workers report it
         self.first_step: float | None = None
         self._origins: dict[int, float] = {}  # fault id -> origin (queued requests)
-        cfg = agent.cfg
-        self.answerable = agent.plan.home_faults(cfg.node_rank, cfg.nproc_per_node)
+        self.answerable = list(answerable)
 
     def _due(self, fault: Fault, now: float) -> bool:
         if fault.at_time is not None:
             origin = self._origins.get(fault.id, self.first_step)
             return origin is not None and now - origin >= fault.at_time
-        board = self.agent._board
-        assert board is not None and fault.at_step is not None
+        assert fault.at_step is not None
         return any(
-            board.read(w.slot).step >= fault.at_step
-            for w in self.agent.workers.values()
-            if w.state == "running"
+            self._workers.slot(w).step >= fault.at_step
+            for w in self._workers
+            if w.state is WorkerState.RUNNING
             and (fault.rank is None or fault.kind == "join" or fault.rank == w.rank)
         )
 
     def _watch_first_step(self, now: float) -> None:
-        board = self.agent._board
-        if self.first_step is not None or board is None:
+        if self.first_step is not None:
             return
-        for w in self.agent.workers.values():
-            if w.state != "running" or not w.pid:
+        for w in self._workers:
+            if w.state is not WorkerState.RUNNING or not w.pid:
                 continue
-            slot = board.read(w.slot)
+            slot = self._workers.slot(w)
             if slot.pid == w.pid and (slot.step >= 1 or slot.phase in ("step", "collective")):
                 self.first_step = now
                 return
@@ -78,7 +105,7 @@ class AgentChaos:
         """Faults queued by `stalwart chaos RUN_DIR ...` for this node's ranks. A request
         that cannot be read (a stray file, bad JSON, a bad spec) is reported once, as a
         line on stderr and a ``note`` event, and skipped: it never ends the agent's loop."""
-        directory = os.path.join(self.agent.run_dir, "chaos", "requests")
+        directory = os.path.join(self._run_dir, "chaos", "requests")
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
         except OSError:
@@ -93,7 +120,7 @@ class AgentChaos:
                 why = str(err).splitlines()[0] if str(err) else type(err).__name__
                 self._note(f"chaos request {name} ignored: {why}")
                 continue
-            node, ranks = self.agent.cfg.node_rank, list(self.agent.workers)
+            node, ranks = self._node, self._workers.ranks()
             for fault in plan.faults:
                 if fault.node == node or fault.rank in ranks:
                     mine = replace(fault, id=base + fault.id)
@@ -104,18 +131,18 @@ class AgentChaos:
     def _note(self, message: str) -> None:
         print(f"stalwart: {terminal_safe(message)}", file=sys.stderr, flush=True)
         with contextlib.suppress(StalwartError, OSError):
-            self.agent.events.emit("note", message=message)
+            self._events.emit("note", message=message)
 
     def report_unfired(self) -> list[Fault]:
         """At the end of the run: one warning line (and a ``note`` event) per fault aimed
         at this node that never fired; returns them."""
-        fired = self.agent.ledger.fired()
-        last = self.agent.last_step()
+        fired = self._ledger.fired()
+        last = self._workers.last_step()
         unfired = [f for f in self.answerable if str(f.id) not in fired]
         for fault in unfired:
             if fault.at_step is not None:
                 why = f"the job ended at step {last or 0} before step {fault.at_step}"
-                if not any(w.attached for w in self.agent.workers.values()):
+                if not any(w.attached for w in self._workers):
                     why += " (a plain script's step is its optimizer.step(): did it step one?)"
             elif self.first_step is None:
                 why = "no worker of its node ever reported a step (at=time: counts from the first)"
@@ -123,6 +150,13 @@ class AgentChaos:
                 why = "the job ended first"
             self._note(f"chaos fault {fault.text!r} never fired: {why}")
         return unfired
+
+    def slowed(self) -> frozenset[int]:
+        """Pids this agent duty-cycles with SIGSTOP/SIGCONT (``slow``): not hung."""
+        return frozenset(pid for _, pid, _ in self.slowing)
+
+    def pending_faults(self) -> list[Fault]:
+        return list(self.pending)
 
     def tick(self, now: float) -> None:
         """Fire what is due at wall-clock ``now``."""
@@ -133,25 +167,25 @@ class AgentChaos:
         self._duty_cycle()
 
     def _emit(self, fault: Fault, rank: int | None) -> None:
-        self.agent.events.emit(
+        self._events.emit(
             "fault_injected",
             fault=fault.kind if fault.rank is not None else f"node_{fault.kind}",
-            domain={"rank": rank, "node": self.agent.cfg.node_rank},
+            domain={"rank": rank, "node": self._node},
             spec=fault.text,
         )
         print(f"stalwart: chaos: {terminal_safe(fault.text)}", file=sys.stderr, flush=True)
 
     def _fire(self, fault: Fault) -> bool:
-        agent = self.agent
         if fault.kind == "join":
-            return elastic_join(agent, fault)
+            return self._join(fault)
         if fault.node is not None:
             return self._fire_node(fault)
         assert fault.rank is not None
-        w = agent.workers[fault.rank]
-        if w.state != "running" or not w.pid:
+        w = self._workers.get(fault.rank)
+        assert w is not None
+        if w.state is not WorkerState.RUNNING or not w.pid:
             return False  # not up yet: try again on the next tick
-        if not agent.ledger.claim(fault, rank=w.rank, pid=w.pid):
+        if not self._ledger.claim(fault, rank=w.rank, pid=w.pid):
             return True
         self._emit(fault, w.rank)
         with contextlib.suppress(ProcessLookupError):
@@ -166,26 +200,17 @@ class AgentChaos:
     def _fire_node(self, fault: Fault) -> bool:
         """Node loss: every worker, the zygote and this agent die at once, without a
         goodbye; the other nodes see it as a lease expiry (and closed sockets)."""
-        agent = self.agent
         record: dict[str, object] = {
             "kind": fault.kind,
             "node": fault.node,
             "permanent": fault.permanent,
         }
-        if not agent.ledger.claim_id(str(fault.id), record):
+        if not self._ledger.claim_id(str(fault.id), record):
             return True
         self._emit(fault, None)
-        live = [w for w in agent.workers.values() if w.pid and w.state == "running"]
+        live = [w for w in self._workers if w.pid and w.state is WorkerState.RUNNING]
         if fault.kind == "kill":
-            for w in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.pid, signal.SIGKILL)
-            for pid in agent.standbys.pids() if agent.standbys is not None else []:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if agent._zygote is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(agent._zygote.proc.pid, signal.SIGKILL)
+            self._kill_node()
             os._exit(137)
         for w in live:
             if fault.kind == "hang":

@@ -9,6 +9,16 @@ lease expired without the agent saying goodbye (``agents-done/node<k>``) and tre
 as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
 lowest live node under etcd; either way the adoption of a lost node is claimed by a
 compare-and-swap (``adopted/node<k>``), so it happens once.
+
+Fencing lives here too. An agent that lost its lease (SIGSTOPped, partitioned, starved)
+was declared lost while it was unresponsive: the leader bumped the generation and
+adopted its ranks. When it runs again it must not restart or replace any worker (those
+ranks run elsewhere now), and its workers cannot rejoin (their joins are fenced on this
+agent's member key, runtime/_coord.py): :meth:`Cluster.check_fenced` raises
+:class:`NodeFenced`, and the agent stops its workers and exits (code 3, like a cordoned
+node). Why not rejoin: the world size is fixed and every rank has an owner again; a node
+coming back would have nothing to run until elastic resizing lets it add capacity
+(docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -37,7 +47,11 @@ from stalwart.coordinator import (
 from stalwart.errors import ConfigError, StalwartError
 from stalwart.runtime.env import WorkerFields
 
-__all__ = ["Cluster", "ring_successor"]
+__all__ = ["Cluster", "NodeFenced", "ring_successor"]
+
+
+class NodeFenced(StalwartError):
+    """This node's lease is gone: another node runs its ranks now."""
 
 
 def ring_successor(node: int, live: set[int]) -> int | None:
@@ -143,6 +157,37 @@ class Cluster:
             self.lost_reason = "this node's lease expired (its member key is gone)"
             return True
         return False
+
+    def check_fenced(self, *, probe: bool) -> None:
+        """Raise :class:`NodeFenced` if this agent's lease is gone. ``probe``: ask the
+        store (before a recovery); else only look at what the heartbeat thread found."""
+        gone = self.fenced() if probe else self.lost_reason is not None
+        if gone:
+            raise NodeFenced(
+                f"node {self.node} was fenced: {self.lost_reason}; its ranks were "
+                "adopted by another node. Its workers are stopped and it leaves the job "
+                "(start a new agent once the job can use more nodes)"
+            )
+
+    def blocklisted(self) -> set[str]:
+        """Members (``node<k>``, ``rank<r>``) the job will never readmit."""
+        return set(self.coord.blocklisted())
+
+    def block(self, member: str, reason: str) -> None:
+        self.coord.block(member, reason)
+
+    def watch_closed_at(self, node: int) -> float | None:
+        """When a watched connection to ``node`` ended (agent/_peerwatch.py): this
+        agent's own watch knows without a store round trip; another agent's wrote it."""
+        if self.watch is not None and node in self.watch.closed_at:
+            return self.watch.closed_at[node]
+        kv = self.store.get(f"{self._root}/watch-closed/node{node}")
+        return float(json.loads(kv.value)["t"]) if kv is not None else None
+
+    def published_verdict(self) -> str | None:
+        """The one-line verdict another node ended the job with, if one did."""
+        kv = self.store.get(f"{self._root}/launch/verdict")
+        return None if kv is None else str(json.loads(kv.value)["line"])
 
     def publish_ranks(self, ranks: list[int]) -> None:
         """The ranks this node runs (a leader adopting us reads them)."""

@@ -1,188 +1,189 @@
-"""The agent's side of ``--strategy elastic``: who is alive, who leaves, who joins.
+"""``--strategy elastic``: who is alive, who leaves, who joins (the agent's side).
 
-The workers agree on each generation's members themselves (``stalwart.runtime._elastic``);
-the agent is the authority on liveness. It keeps ``el/alive/<member>`` = the incarnation
-of the process it started for that member (put before the fork, deleted the moment the
+The workers agree on each generation's members themselves (``stalwart.runtime``); the
+agent is the authority on liveness. It keeps ``el/alive/<member>`` = the incarnation of
+the process it started for that member (put before the fork, deleted the moment the
 zygote reports the exit), so survivors re-form without the dead member as soon as the
 agent saw it die. A dead worker is started again (as a *joiner*, admitted at a step
-boundary) unless the fault that killed it was ``permanent``; a lost node's members are
-adopted by node 0 as joiners, or, for ``kill node=N ... permanent``, only by a later
-``join node=N``.
+boundary) unless the fault that killed it was ``permanent``, or it failed as often as
+the coordinator's failure threshold allows (its ``record_failure``), or it crash-loops;
+a lost node's members are adopted as joiners, or, for ``kill node=N ... permanent``,
+only by a later ``join node=N`` (:class:`Joins`).
 """
 
 from __future__ import annotations
 
-import time
+import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from stalwart.agent._outcome import RunFailed, end_with_verdict
+from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.policy import RecoveryParts
 from stalwart.chaos import Fault
 from stalwart.coordinator._elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Compare, Delete
 from stalwart.runtime.env import WorkerFields
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
-
-__all__ = [
-    "elastic_env",
-    "elastic_join",
-    "elastic_lost_node",
-    "elastic_recover",
-    "job_failure",
-    "pending_joins",
-]
+__all__ = ["ElasticPolicy", "Joins"]
 
 
-_LIMIT, _WINDOW_S = 3, 600.0  # a member failing this often leaves for good
-_FAILURES: dict[int, list[float]] = {}  # member -> recent failure times (this agent)
+class ElasticPolicy:
+    name = "elastic"
+    judges_generation = False  # members re-form at step boundaries themselves
+    assigns_spares = False
 
+    def __init__(self, parts: RecoveryParts, joins: Joins) -> None:
+        self._p = parts
+        self._joins = joins
+        self._keys = Keys(parts.cfg.job)
+        self._incarnations: dict[int, str] = {}  # rank -> its current process's life
 
-def _keys(agent: Agent) -> Keys:
-    return Keys(agent.cfg.job)
+    def worker_env(self, worker: Worker) -> WorkerFields:
+        """A new incarnation for ``worker``, registered alive before its process exists."""
+        inc = uuid.uuid4().hex[:8]
+        self._incarnations[worker.rank] = inc
+        self._p.coord.store.put(self._keys.member(self._keys.alive, worker.rank), inc.encode())
+        return {"incarnation": inc}
 
+    def keeps_running(self) -> bool:
+        return self._joins.pending()
 
-def elastic_env(agent: Agent, w: Any) -> WorkerFields:
-    """A new incarnation for ``w``, registered alive before its process exists."""
-    if agent.cfg.strategy != "elastic":
-        return {}
-    w.incarnation = uuid.uuid4().hex[:8]
-    keys = _keys(agent)
-    agent.coord.store.put(keys.member(keys.alive, w.rank), w.incarnation.encode())
-    return {"incarnation": w.incarnation}
+    def on_incident(self, incident: Incident) -> None:
+        if isinstance(incident, NodeLost):
+            self._node_lost(incident)
+            return
+        kv = self._p.coord.store.get(self._keys.failed)
+        if kv is not None:  # a worker ended the job (it waited below MIN for too long)
+            why = kv.value.decode()
+            self._p.say(why)
+            raise RunFailed(why)
+        self._worker_exited(incident)
 
+    def _drop(self, member: int, inc: str, reason: str) -> None:
+        """Take ``member`` out of the group now; bump the generation if it is in the
+        current roster (survivors whose collective failed bump it themselves)."""
+        coord, keys = self._p.coord, self._keys
+        key = keys.member(keys.alive, member)
+        coord.store.txn([Compare(key, "value", "==", inc.encode())], [Delete(key)])
+        gen = coord.generation()
+        kv = coord.store.get(keys.gen(keys.roster, gen))
+        if kv is not None and [member, inc] in _json(kv.value):
+            coord.advance_generation(gen, reason)
+        self._p.generation.sync()
 
-def _drop(agent: Agent, member: int, inc: str, reason: str) -> None:
-    """Take ``member`` out of the group now; bump the generation if it is in the
-    current roster (survivors whose collective failed bump it themselves)."""
-    keys = _keys(agent)
-    store = agent.coord.store
-    key = keys.member(keys.alive, member)
-    store.txn([Compare(key, "value", "==", inc.encode())], [Delete(key)])
-    gen = agent.coord.generation()
-    kv = store.get(keys.gen(keys.roster, gen))
-    if kv is not None and [member, inc] in _json(kv.value):
-        agent.coord.advance_generation(gen, reason)
-    agent.generation = agent.coord.generation()
+    def _worker_exited(self, ex: WorkerExited) -> None:
+        """The group goes on without it; start it again unless permanent, failing too
+        often or crash-looping. Below MIN a member that left for good ends the job: the
+        failure would repeat with every joiner."""
+        p = self._p
+        self._drop(ex.rank, self._incarnations.get(ex.rank, ""), f"{ex.cause} of member {ex.rank}")
+        p.begin(self.name, ex.cause)
+        w = p.workers[ex.rank]
+        limit = p.coord.config.failure_threshold
+        often = p.coord.record_failure(f"rank{ex.rank}", ex.cause)
+        if not (p.ledger.permanent(pid=ex.pid) or often or ex.verdict is not None):
+            p.say(f"member {ex.rank} left; starting it again, it rejoins at a step boundary")
+            p.spawn(w)
+            return
+        p.workers.retire(w)
+        if ex.verdict is not None:
+            why = "it crash-loops"
+        else:
+            why = f"{limit} failures in 10 min" if often else "permanent fault"
+        if why != "permanent fault":
+            p.coord.block(f"rank{ex.rank}", why)  # never readmitted
+            p.events.emit("isolation", member=f"rank{ex.rank}", reason=why, blocklisted=True)
+        alive = len(alive_members(p.coord.store, self._keys))
+        if why != "permanent fault" and alive < p.cfg.min_world:
+            last = ex.failure
+            line = ex.verdict or (
+                f"member {ex.rank} failed {limit} times in 10 min"
+                f" (last at {last.where}: {last.error})"
+                f"; {alive} members left, below MIN {p.cfg.min_world}: fix the cause "
+                "(see its log) and resume from the last checkpoint"
+            )
+            p.coord.store.put(self._keys.failed, line.encode())
+            end_with_verdict(p.launch, p.say, line)
+        p.say(f"member {ex.rank} left for good ({why}); the job goes on without it")
+        if p.workers.all_gone() and p.cfg.node_rank == 0:
+            raise RunFailed(f"every member of node 0 left for good (last: member {ex.rank})")
+
+    def _node_lost(self, lost: NodeLost) -> None:
+        """A node's lease expired: its members leave the group; they are adopted here as
+        joiners unless the node was killed for good."""
+        p = self._p
+        for rank in lost.ranks:
+            self._drop(rank, self._alive_inc(rank), f"node {lost.node} lost")
+        p.begin(self.name, "node_loss")
+        if p.ledger.permanent(node=lost.node):
+            for rank in lost.ranks:
+                p.workers.retire(p.workers[rank])
+            p.say(f"node {lost.node} left for good; the job goes on with the remaining members")
+            return
+        for rank in lost.ranks:
+            p.spawn(p.workers[rank])
+
+    def _alive_inc(self, member: int) -> str:
+        kv = self._p.coord.store.get(self._keys.member(self._keys.alive, member))
+        return "" if kv is None else kv.value.decode()
 
 
 def _json(value: bytes) -> Any:
-    import json
-
     return json.loads(value)
 
 
-def job_failure(agent: Agent) -> str | None:
-    """Why a worker ended the job (e.g. it waited below MIN for too long), if one did."""
-    kv = agent.coord.store.get(_keys(agent).failed)
-    return None if kv is None else kv.value.decode()
+class Joins:
+    """Chaos ``join rank=R`` / ``join node=N``: start the member(s) again on this node.
+    Node 0 serves members of lost nodes; a live node serves its own."""
 
+    def __init__(self, parts: RecoveryParts) -> None:
+        self._p = parts
+        self._plan: Callable[[], list[Fault]] = list
 
-def elastic_recover(agent: Agent, w: Any, cause: str, loop: str | None = None) -> None:
-    """A worker died: the group goes on without it; start it again unless permanent or
-    crash-looping (``loop``: the verdict, agent/verdict.py). Below MIN a member that left
-    for good ends the job: the failure would repeat with every joiner."""
-    _drop(agent, w.rank, w.incarnation, f"{cause} of member {w.rank}")
-    agent.events.emit(
-        "recovery_begin", strategy="elastic", generation=agent.generation, cause=cause
-    )
-    now = time.monotonic()
-    times = [t for t in _FAILURES.setdefault(w.rank, []) if now - t < _WINDOW_S] + [now]
-    _FAILURES[w.rank] = times
-    if agent.ledger.permanent(pid=w.pid) or len(times) >= _LIMIT or loop is not None:
-        w.state = "gone"
-        if loop is not None:
-            why = "it crash-loops"
+    def follow(self, pending: Callable[[], list[Fault]]) -> None:
+        """``pending``: this node's chaos faults still to fire (agent/_chaos_exec.py)."""
+        self._plan = pending
+
+    def pending(self) -> bool:
+        """A ``join`` of this node's members is still to come (keep the agent up)."""
+        p = self._p
+        ranks = set(p.workers.ranks())
+        return any(
+            f.kind == "join" and (f.node == p.cfg.node_rank or f.rank in ranks)
+            for f in self._plan()
+        )
+
+    def fire(self, fault: Fault) -> bool:
+        """True when the fault is done (fired here, or by another node)."""
+        p, cfg = self._p, self._p.cfg
+        if str(fault.id) in p.ledger.fired():
+            return True
+        nproc = cfg.nproc_per_node
+        if fault.rank is not None:
+            home, ranks = fault.rank // nproc, [fault.rank]
         else:
-            why = "permanent fault" if len(times) < _LIMIT else f"{_LIMIT} failures in 10 min"
-        if why != "permanent fault":
-            agent.coord.block(f"rank{w.rank}", why)  # never readmitted
-            agent.events.emit("isolation", member=f"rank{w.rank}", reason=why, blocklisted=True)
-        alive = len(alive_members(agent.coord.store, _keys(agent)))
-        if why != "permanent fault" and alive < agent.cfg.min_world:
-            last = getattr(agent, "last_failure", None)
-            line = loop or (
-                f"member {w.rank} failed {len(times)} times in 10 min"
-                + (f" (last at {last.where}: {last.error})" if last is not None else "")
-                + f"; {alive} members left, below MIN {agent.cfg.min_world}: fix the cause "
-                "(see its log) and resume from the last checkpoint"
-            )
-            agent.coord.store.put(_keys(agent).failed, line.encode())
-            agent.end_with_verdict(line)
-        agent.say(f"member {w.rank} left for good ({why}); the job goes on without it")
-        if all(x.state == "gone" for x in agent.workers.values()) and agent.cfg.node_rank == 0:
-            from stalwart.agent.agent import _RunFailed
-
-            raise _RunFailed(f"every member of node 0 left for good (last: member {w.rank})")
-        return
-    agent.say(f"member {w.rank} left; starting it again, it rejoins at a step boundary")
-    agent._spawn(w)
-
-
-def elastic_lost_node(agent: Agent, node: int, adopted: list[Any]) -> None:
-    """Node 0 after a node's lease expired: its members leave the group; they are
-    adopted here as joiners unless the node was killed for good."""
-    for w in adopted:
-        _drop(agent, w.rank, _alive_inc(agent, w.rank), f"node {node} lost")
-    agent.events.emit(
-        "recovery_begin", strategy="elastic", generation=agent.generation, cause="node_loss"
-    )
-    if agent.ledger.permanent(node=node):
-        for w in adopted:
-            w.state = "gone"
-        agent.say(f"node {node} left for good; the job goes on with the remaining members")
-        return
-    for w in adopted:
-        agent._spawn(w)
-
-
-def _alive_inc(agent: Agent, member: int) -> str:
-    keys = _keys(agent)
-    kv = agent.coord.store.get(keys.member(keys.alive, member))
-    return "" if kv is None else kv.value.decode()
-
-
-def pending_joins(agent: Agent) -> bool:
-    """A ``join`` fault of this node's members is still to come (keep the agent up)."""
-    ranks = set(agent.workers)
-    return any(
-        f.kind == "join" and (f.node == agent.cfg.node_rank or f.rank in ranks)
-        for f in agent.chaos.pending
-    )
-
-
-def elastic_join(agent: Agent, fault: Fault) -> bool:
-    """Fire ``join rank=R`` / ``join node=N``: start the member(s) again on this node.
-    Node 0 serves members of lost nodes; a live node serves its own. Returns True when
-    the fault is done (fired here, or by another node)."""
-    cfg = agent.cfg
-    if str(fault.id) in agent.ledger.fired():
+            assert fault.node is not None
+            home, ranks = fault.node, [fault.node * nproc + i for i in range(nproc)]
+        if home != cfg.node_rank:
+            lost = f"node{home}" in p.coord.blocklisted()
+            if cfg.node_rank != 0 or not lost:
+                return False  # its own node serves it (or it is not lost yet)
+        if not p.ledger.claim(fault, rank=fault.rank, pid=None):
+            return True
+        p.events.emit(
+            "fault_injected",
+            fault="join",
+            domain={"rank": fault.rank, "node": home},
+            spec=fault.text,
+        )
+        p.say(f"chaos: {fault.text}")
+        for rank in ranks:
+            w = p.workers.get(rank)
+            if w is None:
+                w = p.workers.adopt(rank, rank % nproc, len(p.workers))
+            if w.state in (WorkerState.GONE, WorkerState.DEAD):
+                p.spawn(w)
         return True
-    nproc = cfg.nproc_per_node
-    if fault.rank is not None:
-        home, ranks = fault.rank // nproc, [fault.rank]
-    else:
-        assert fault.node is not None
-        home, ranks = fault.node, [fault.node * nproc + i for i in range(nproc)]
-    if home != cfg.node_rank:
-        lost = f"node{home}" in agent.coord.blocklisted()
-        if cfg.node_rank != 0 or not lost:
-            return False  # its own node serves it (or it is not lost yet)
-    if not agent.ledger.claim(fault, rank=fault.rank, pid=None):
-        return True
-    agent.events.emit(
-        "fault_injected",
-        fault="join",
-        domain={"rank": fault.rank, "node": home},
-        spec=fault.text,
-    )
-    agent.say(f"chaos: {fault.text}")
-    for rank in ranks:
-        w = agent.workers.get(rank)
-        if w is None:
-            attached = all(x.attached for x in agent.workers.values())
-            w = agent.new_worker(rank, rank % nproc, len(agent.workers), attached=attached)
-            agent.workers[rank] = w
-        if w.state in ("gone", "dead"):
-            agent._spawn(w)
-    return True

@@ -9,40 +9,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from stalwart.agent.config import LaunchConfig
 from stalwart.runtime.env import WorkerEnv, WorkerFields
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
-
 __all__ = [
     "NodeFacts",
-    "Worker",
     "WorkerFields",
     "WorkerSpec",
     "error_dir",
     "error_message",
-    "spawn_spec",
     "worker_contract",
     "worker_environ",
 ]
-
-
-@dataclass
-class Worker:
-    """One rank this agent runs: its process and what the agent knows of it."""
-
-    rank: int
-    local: int  # LOCAL_RANK
-    slot: int  # progress-board index
-    pid: int = 0
-    state: str = "starting"  # starting | running | done | dead | gone (left for good)
-    cause: str = ""  # why the agent killed it: hang | restart | chaos | shutdown
-    attached: bool = False  # its script runs the stalwart runtime (sticky across restarts)
-    t_spawn: float = 0.0
-    incarnation: str = ""  # elastic: this process's life of the member slot
 
 
 @dataclass(frozen=True)
@@ -123,40 +102,6 @@ def worker_environ(contract: WorkerEnv) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(contract.to_environ())
     return env
-
-
-def spawn_spec(agent: Agent, spec: WorkerSpec, extra: WorkerFields) -> dict[str, Any]:
-    """What the zygote needs to start a worker of ``agent``: its environment (its
-    contract, ``extra`` included), argv, cwd and log file."""
-    cfg = agent.cfg
-    node = NodeFacts(
-        run_dir=agent.run_dir,
-        store=agent.cluster.address,
-        token_file=os.path.abspath(agent.cluster.token_file),
-        c10d=agent.c10d_addr,
-        progress=agent._board.path if agent._board else "",
-        chaos_plan=agent.plan_path,
-        master_addr=getattr(agent, "master_addr", ""),
-    )
-    contract = worker_contract(
-        cfg,
-        spec,
-        node,
-        restarts=agent.restarts,
-        master_port=agent.master_port,
-        fields={**agent.cluster.worker_env(), **extra},
-    )
-    log = None
-    if cfg.redirect:
-        os.makedirs(os.path.join(agent.run_dir, "logs"), exist_ok=True)
-        log = os.path.join(agent.run_dir, "logs", f"rank{spec.rank}.log")
-    return {
-        "env": worker_environ(contract),
-        "argv": [cfg.script, *cfg.script_args],
-        "cwd": os.getcwd(),
-        "log": log,
-        "error_dir": error_dir(agent.run_dir),
-    }
 
 
 def error_dir(run_dir: str) -> str:

@@ -1,41 +1,67 @@
-"""The two ends of an agent's life: the run's start records and the teardown.
+"""The two ends of an agent's life: what it sets up before the first worker starts, and
+what it leaves behind (nothing) at the end.
 
-Teardown order matters: workers are stopped before ``run_end`` is written (so the record
-follows every worker event), the goodbye (``agents-done``) is written before the watched
-connection and the store go away (so no peer mistakes a clean end for a node loss), and
-shared memory is removed last, once nothing maps it.
+Teardown order matters, and the agent's ``ExitStack`` (agent/agent.py) keeps it by
+registering each part's end as the part is set up: workers are stopped before
+``run_end`` is written (so the record follows every worker event), the goodbye
+(``agents-done``) is written before the watched connection and the store go away (so no
+peer mistakes a clean end for a node loss), and shared memory is removed last, once
+nothing maps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from stalwart.agent._cluster import Cluster
+from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
+from stalwart.agent._generation import JobGeneration
+from stalwart.agent._types import EventSink, Say
+from stalwart.agent._workers import Worker
+from stalwart.agent.config import LaunchConfig
+from stalwart.agent.verdict import error_line_path
 from stalwart.checkpoint.slots import SlotNames
+from stalwart.runtime.env import WorkerFields
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
+__all__ = [
+    "C10d",
+    "WorkerSpecs",
+    "clean_shm",
+    "emit_run_start",
+    "exchange_c10d",
+    "preload_note",
+    "write_agent_json",
+]
 
-__all__ = ["emit_run_start", "preload_note", "teardown"]
+
+class _Zygote(Protocol):
+    def send(self, msg: dict[str, Any]) -> None: ...
+    def wait_for(self, op: str, timeout: float) -> dict[str, Any]: ...
 
 
-def preload_note(agent: Agent, ready: dict[str, Any]) -> None:
+def preload_note(cfg: LaunchConfig, ready: dict[str, Any], say: Say) -> None:
     """Say once (node 0) what of the script's imports the zygote could not preload: the
     workers import those themselves, and each replacement pays for them again."""
     pre = ready.get("preload") or {}
     failed = [str(x) for x in pre.get("failed", [])]
     note = str(pre.get("note", ""))
-    if agent.cfg.node_rank != 0 or not (failed or note):
+    if cfg.node_rank != 0 or not (failed or note):
         return
     what = note or f"could not preload {'; '.join(failed)}"
-    agent.say(f"{what}; replacement workers import them again (slower recovery)")
+    say(f"{what}; replacement workers import them again (slower recovery)")
 
 
-def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
-    cfg = agent.cfg
-    agent.events.emit(
+def emit_run_start(
+    events: EventSink, cfg: LaunchConfig, ready: dict[str, Any], generation: int
+) -> None:
+    events.emit(
         "run_start",
         job=cfg.job,
         world_size=cfg.world_size,
@@ -53,54 +79,110 @@ def emit_run_start(agent: Agent, ready: dict[str, Any]) -> None:
             "hang_k": cfg.hang.k,
         },
     )
-    agent.events.emit(
-        "generation", generation=agent.generation, world_size=cfg.world_size, reason="start"
+    events.emit("generation", generation=generation, world_size=cfg.world_size, reason="start")
+
+
+@dataclass(frozen=True)
+class C10d:
+    """Where the workers' torch.distributed store is, and torchrun's MASTER_* values."""
+
+    addr: str
+    master_port: int
+    master_addr: str
+
+
+def exchange_c10d(cfg: LaunchConfig, cluster: Cluster, zygote: _Zygote, port: int) -> C10d:
+    """Node 0 (any node under etcd, first come) publishes the launch's c10d record; every
+    node reads the one that won."""
+    host = cfg.endpoint()[0]
+    fqdn = socket.getfqdn()  # torchrun's MASTER_ADDR: node 0's host name
+    if cfg.etcd:  # gloo groups form over etcd too (runtime/_c10d_store.py)
+        cluster.publish_once("c10d", {"addr": "", "master_port": port, "master_addr": fqdn})
+    elif cfg.node_rank == 0:
+        zygote.send({"op": "store", "host": host})
+        store_port = zygote.wait_for("store", 30)["port"]
+        cluster.publish(
+            "c10d", {"addr": f"{host}:{store_port}", "master_port": port, "master_addr": fqdn}
+        )
+    launch = cluster.read("c10d", cfg.start_timeout_s)
+    return C10d(
+        str(launch["addr"]), int(launch["master_port"]), str(launch.get("master_addr") or host)
     )
 
 
-def teardown(agent: Agent) -> None:
-    with contextlib.suppress(Exception):
-        agent._stop_all("shutdown", timeout=5.0)
-    if agent.standbys is not None:
-        agent.standbys.close()
-    agent.trash.close()
-    replicas = getattr(agent, "replicas", None)
-    if replicas is not None:
-        replicas.close()
-    chaos = getattr(agent, "chaos", None)  # (none if the agent ended before it started)
-    if chaos is not None:
-        with contextlib.suppress(Exception):
-            chaos.report_unfired()  # a warning per chaos fault that never fired
-    with contextlib.suppress(Exception):
-        agent.step_records.close()  # before run_end: the last steps belong to the run
-    if agent.cluster.reports_end():
-        agent.events.emit(
-            "run_end",
-            status=agent.status,
-            last_step=agent.last_step(),
-            reason=getattr(agent, "_end_reason", ""),
+class WorkerSpecs:
+    """What the zygote needs to start a worker (environment, argv, cwd, log file); a
+    replacement inherits its rank's step-time history and reports its error."""
+
+    def __init__(
+        self,
+        cfg: LaunchConfig,
+        run_dir: str,
+        cluster: Cluster,
+        c10d: C10d,
+        files: tuple[str, str],
+        generation: JobGeneration,
+        history: dict[int, float],
+        policy_env: Callable[[Worker], WorkerFields],
+    ) -> None:
+        """``files``: the progress board's path and the chaos plan's."""
+        self._cfg, self._run_dir, self._c10d, self._gen = cfg, run_dir, c10d, generation
+        self._history, self._policy_env = history, policy_env
+        board, plan = files
+        self._node = NodeFacts(
+            run_dir=run_dir,
+            store=cluster.address,
+            token_file=os.path.abspath(cluster.token_file),
+            c10d=c10d.addr,
+            progress=board,
+            chaos_plan=plan,
+            master_addr=c10d.master_addr,
         )
-    if agent._live is not None:
-        with contextlib.suppress(Exception):
-            agent._live.close()
-    if agent._zygote is not None:
-        agent._zygote.close()
-    agent.cluster.close(goodbye=agent._goodbye)
-    if agent._board is not None:
-        agent._board.close(unlink=True)
-    # only a member's ranks are its own: an agent the job refused at the start (its node
-    # lost and blocklisted, then started again) owns none, and on one host the node that
-    # adopted them uses the same slot names (bench/soak.py found it deleting them)
-    joined = getattr(agent, "coord", None) is not None  # set once cluster.start() joined
-    if agent.cluster.started:  # (one that ended before the run id was agreed made none)
-        ranks = list(agent.workers) if joined else []
-        _remove_shm(agent.cluster.names, ranks, everything=agent.cluster.last_out)
-    agent.events.close()
+        self._cluster_fields = cluster.worker_env()
+
+    def __call__(self, w: Worker, extra: WorkerFields) -> dict[str, Any]:
+        own: WorkerFields = {
+            **self._policy_env(w),
+            "step_p99_s": round(self._history.get(w.rank, 0.0), 6),
+            "error_line": error_line_path(self._run_dir, w.rank),
+            **extra,
+        }
+        contract = worker_contract(
+            self._cfg,
+            WorkerSpec(w.rank, w.local, w.slot),
+            self._node,
+            restarts=self._gen.restarts,
+            master_port=self._gen.master_port,
+            fields={**self._cluster_fields, **own},
+        )
+        log = None
+        if self._cfg.redirect:
+            os.makedirs(os.path.join(self._run_dir, "logs"), exist_ok=True)
+            log = os.path.join(self._run_dir, "logs", f"rank{w.rank}.log")
+        return {
+            "env": worker_environ(contract),
+            "argv": [self._cfg.script, *self._cfg.script_args],
+            "cwd": os.getcwd(),
+            "log": log,
+            "error_dir": error_dir(self._run_dir),
+        }
 
 
-def _remove_shm(names: SlotNames, ranks: list[int], *, everything: bool) -> None:
-    """This node's ranks' slots; ``everything``: the last agent out on this host also
-    removes what lost nodes left (only this run's names: another job is not touched)."""
+def write_agent_json(run_dir: str, job: str, store: str) -> None:
+    with open(os.path.join(run_dir, "agent.json"), "w") as f:
+        json.dump({"job": job, "store": store, "pid": os.getpid()}, f)
+
+
+def clean_shm(names: SlotNames | None, ranks: list[int], everything: bool) -> None:
+    """Remove the snapshot slots of ``ranks``; ``everything``: what lost nodes left
+    behind on this host too (the last agent out; only this run's names: another job is
+    not touched). ``names`` None: the agent ended before the run id was agreed (it made
+    none). Only a member's ranks are its own: an agent the job refused at its start (its
+    node lost and blocklisted, then started again) passes none, since on one host the
+    node that adopted them uses the same slot names (bench/soak.py found it deleting
+    them)."""
+    if names is None:
+        return
     for rank in ranks:
         shutil.rmtree(names.rank_dir(rank), ignore_errors=True)
     for path in names.everything() if everything else []:

@@ -28,9 +28,9 @@ import os
 import shutil
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from stalwart.agent._cluster import ring_successor
+from stalwart.agent._cluster import Cluster, ring_successor
 from stalwart.checkpoint.slots import latest_complete, write_replica_marker
 from stalwart.transfer import (
     ReceiverConfig,
@@ -40,32 +40,32 @@ from stalwart.transfer import (
     TransferError,
 )
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
-
-__all__ = ["NodeReplicas", "start_replicas"]
-
-
-def start_replicas(agent: Agent) -> NodeReplicas | None:
-    """The node's replicas when ``--replica-rate`` is set (None: off)."""
-    rate = agent.cfg.replica_rate_mb_s
-    return NodeReplicas(agent, rate * 1e6) if rate > 0 else None
+__all__ = ["NodeReplicas"]
 
 
 class NodeReplicas:
-    def __init__(self, agent: Agent, rate_bytes_per_s: float) -> None:
-        self.agent = agent
-        self.job = agent.cfg.job
-        cluster = agent.cluster
+    def __init__(
+        self,
+        cluster: Cluster,
+        ranks: Callable[[], list[int]],
+        note: Callable[[str], None],
+        *,
+        host: str,
+        rate_bytes_per_s: float,
+    ) -> None:
+        """``ranks``: the ranks this node runs now (adopted ones too); ``note``: says
+        and records a line (replication fell behind, a takeover was abandoned)."""
+        self._cluster, self._ranks, self._note = cluster, ranks, note
+        self.job = cluster.cfg.job
         self.names = cluster.names
+        self._node = cluster.node
         self._key = f"/stalwart/{self.job}/replica/node"
-        host = agent.cfg.replica_host
         self.rx = SlotReceiver(
             cluster.token, ReceiverConfig(shm_dir=self.names.shm_dir, host=host, slots=2)
         )
         rx_host, rx_port = self.rx.start()
         doc = {"host": rx_host, "port": rx_port, "hostname": socket.gethostname()}
-        cluster.store.put(f"{self._key}{agent.cfg.node_rank}", json.dumps(doc).encode())
+        cluster.store.put(f"{self._key}{self._node}", json.dumps(doc).encode())
         self._buddy: tuple[int, tuple[str, int]] | None = None
         self._looked = 0.0
         self.rep = Replicator(
@@ -78,11 +78,10 @@ class NodeReplicas:
         self.rep.start()
 
     def _behind(self, why: str) -> None:
-        self.agent.say(why)
-        self.agent.events.emit("note", message=why)
+        self._note(why)
 
     def _sources(self) -> dict[str, str]:
-        return {self.names.replica(rank): self.names.rank_dir(rank) for rank in self.agent.workers}
+        return {self.names.replica(rank): self.names.rank_dir(rank) for rank in self._ranks()}
 
     def _buddy_address(self) -> tuple[str, int] | None:
         """Called by the replicator thread before each round; re-read once a second."""
@@ -91,9 +90,8 @@ class NodeReplicas:
             return self._buddy[1] if self._buddy else None
         self._looked = now
         try:
-            me = self.agent.cfg.node_rank
-            buddy = ring_successor(me, self.agent.cluster.live_nodes())
-            kv = self.agent.cluster.store.get(f"{self._key}{buddy}") if buddy is not None else None
+            buddy = ring_successor(self._node, self._cluster.live_nodes())
+            kv = self._cluster.store.get(f"{self._key}{buddy}") if buddy is not None else None
         except Exception:  # the store is away for a moment: keep the last answer
             return self._buddy[1] if self._buddy else None
         if buddy is None or kv is None:
@@ -131,7 +129,7 @@ class NodeReplicas:
             dst = self.names.rank_dir(rank)
             shutil.rmtree(dst, ignore_errors=True)
             os.rename(src, dst)
-            write_replica_marker(dst, {"step": found[rank], "by": self.agent.cfg.node_rank})
+            write_replica_marker(dst, {"step": found[rank], "by": self._node})
         return found
 
     def close(self) -> None:

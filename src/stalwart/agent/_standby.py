@@ -28,15 +28,15 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from stalwart.checkpoint.slots import open_private
+from stalwart.agent._workers import Worker
+from stalwart.checkpoint.slots import SlotNames, open_private
+from stalwart.runtime.env import WorkerFields
 
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
-
-__all__ = ["Standbys", "start_standbys"]
+__all__ = ["Standbys"]
 
 _RECONCILE_S = 1.0  # how often the set of ranks to stand by for is read from the store
 
@@ -51,14 +51,41 @@ class _Standby:
     t_spawn: float = 0.0
 
 
-def start_standbys(agent: Agent) -> Standbys | None:
-    """The node's standbys when ``--standby`` is set (None: off)."""
-    return Standbys(agent) if agent.cfg.standby else None
+class Ring(Protocol):
+    """What of agent/_cluster.py says which ranks this node would adopt."""
+
+    def live_nodes(self) -> set[int]: ...
+    def adopter(self, lost: int, live: set[int]) -> int | None: ...
+    def ranks_of(self, node: int) -> list[int]: ...
+
+
+class Workers(Protocol):
+    """What of agent/_workers.py's LocalWorkers the standbys use."""
+
+    def ranks(self) -> list[int]: ...
+    def last_step(self) -> int | None: ...
+    def attached(self) -> bool: ...
+    def free_slot(self) -> int: ...
+    def spawn_process(self, ident: str, slot: int, spec: dict[str, Any]) -> None: ...
+    def adopt(self, rank: int, local: int, slot: int, *, pid: int = 0) -> Worker: ...
+
+
+Spec = Callable[[Worker, WorkerFields], dict[str, Any]]
 
 
 class Standbys:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(
+        self,
+        *,
+        node: int,
+        nproc: int,
+        names: SlotNames,
+        ring: Ring,
+        workers: Workers,
+        spec: Spec,
+    ) -> None:
+        self._node, self._nproc, self._names = node, nproc, names
+        self._ring, self._workers, self._spec = ring, workers, spec
         self.by_rank: dict[int, _Standby] = {}
         self._next = 0.0
         self._claimed: dict[int, _Standby] = {}  # pid -> standby claimed, not activated
@@ -67,13 +94,13 @@ class Standbys:
     # ------------------------------------------------------------ which ranks
     def targets(self) -> set[int]:
         """The ranks this node would adopt if their node were lost now."""
-        cluster, me = self.agent.cluster, self.agent.cfg.node_rank
+        cluster, me = self._ring, self._node
         live = cluster.live_nodes()
         out: set[int] = set()
         for node in sorted(live - {me}):
             if cluster.adopter(node, live - {node}) == me:
                 out |= set(cluster.ranks_of(node))
-        return out - set(self.agent.workers)
+        return out - set(self._workers.ranks())
 
     def used_slots(self) -> set[int]:
         return {s.slot for s in self.by_rank.values()}
@@ -84,8 +111,7 @@ class Standbys:
         if now < self._next:
             return
         self._next = now + _RECONCILE_S
-        agent = self.agent
-        if agent.last_step() in (None, 0) or not agent._attached():
+        if self._workers.last_step() in (None, 0) or not self._workers.attached():
             return  # a plain script never parks: a standby of it would train as a 2nd rank
         try:
             want = self.targets()
@@ -98,19 +124,16 @@ class Standbys:
 
     # ------------------------------------------------------------ lifecycle
     def _start(self, rank: int) -> None:
-        agent = self.agent
-        assert agent._zygote is not None and agent._board is not None
-        slot = agent.free_slot()
+        slot = self._workers.free_slot()
         nonce = secrets.token_hex(4)
-        go = agent.cluster.names.standby_go(rank, nonce)
+        go = self._names.standby_go(rank, nonce)
         sb = _Standby(rank, slot, go, ident=f"standby-{rank}-{nonce}", t_spawn=time.time())
-        w = agent.new_worker(rank, rank % agent.cfg.nproc_per_node, slot, attached=True)
-        spec = agent.worker_spec(w, {"standby": go})
+        w = Worker(rank, rank % self._nproc, slot, attached=True)  # what it will run as
+        spec = self._spec(w, {"standby": go})
         if spec.get("log"):  # its own file: the live rank's log is not truncated
             spec["log"] = os.path.join(os.path.dirname(spec["log"]), f"rank{rank}.standby.log")
-        agent._board.clear(slot)
         self.by_rank[rank] = sb
-        agent._zygote.send({"op": "spawn", "id": sb.ident, "spec": spec})
+        self._workers.spawn_process(sb.ident, slot, spec)
 
     def _stop(self, sb: _Standby) -> None:
         if sb.pid:
@@ -138,7 +161,7 @@ class Standbys:
                 return True
         return False
 
-    def claim(self, rank: int) -> Any | None:
+    def claim(self, rank: int) -> Worker | None:
         """The worker for ``rank`` in its standby process, not yet activated; None when
         no standby process for it runs (the caller starts a fresh one)."""
         sb = self.by_rank.get(rank)
@@ -149,13 +172,10 @@ class Standbys:
         except ProcessLookupError:
             return None
         del self.by_rank[rank]
-        agent = self.agent
-        w = agent.new_worker(rank, rank % agent.cfg.nproc_per_node, sb.slot, attached=True)
-        w.pid, w.state, w.t_spawn = sb.pid, "running", time.time()
         self._claimed[sb.pid] = sb
-        return w
+        return self._workers.adopt(rank, rank % self._nproc, sb.slot, pid=sb.pid)
 
-    def activate(self, w: Any) -> bool:
+    def activate(self, w: Worker) -> bool:
         """Let the claimed standby of ``w`` run (False: ``w`` is not a claimed standby)."""
         sb = self._claimed.pop(w.pid, None)
         if sb is None:
@@ -164,7 +184,6 @@ class Standbys:
         with open_private(tmp) as f:
             f.write('{"v": 1}\n')
         os.rename(tmp, sb.go)  # the standby sees the whole file or none (it deletes it)
-        w.t_spawn = time.time()
         self.activated += 1
         return True
 

@@ -17,21 +17,46 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.progress import Slot
+from stalwart.checkpoint.slots import SlotNames
 from stalwart.metrics.journal import OPEN, read, written
-
-if TYPE_CHECKING:
-    from stalwart.agent.agent import Agent
 
 __all__ = ["StepRecords"]
 
 _FLUSH_S = 1.0
 
 
+class Events(Protocol):
+    path: str
+
+    def emit(self, kind: str, **fields: Any) -> None: ...
+
+
+class Workers(Protocol):
+    """What of agent/_workers.py's LocalWorkers the step records read."""
+
+    def get(self, rank: int) -> Worker | None: ...
+    def slot(self, w: Worker) -> Slot: ...
+
+
 class StepRecords:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(
+        self,
+        *,
+        names: SlotNames,
+        events: Events,
+        workers: Workers,
+        generation: Callable[[], int],
+        strategy: str,
+    ) -> None:
+        """``generation``: the job's current one; ``strategy``: the ``--strategy``, the
+        recovery of a job under the stalwart runtime (a plain script's is restart)."""
+        self._names, self._events, self._workers = names, events, workers
+        self._generation, self._strategy = generation, strategy
         self.route: str | None = None
         self.pid = 0  # the plain rank-0 process being recorded
         self.prev: tuple[int, float] | None = None  # its last step seen, and when
@@ -53,24 +78,20 @@ class StepRecords:
     def close(self) -> None:
         """At teardown: journals of processes not seen to exit (the stop timed out)."""
         self.flush()
-        names = self.agent.cluster.names
-        for path in names.step_journals():
-            pid = names.journal_pid(path)
+        for path in self._names.step_journals():
+            pid = self._names.journal_pid(path)
             if pid is not None:
                 self._from_journal(pid)
 
     def _from_journal(self, pid: int) -> None:
-        path = self.agent.cluster.names.step_journal(pid)
+        path = self._names.step_journal(pid)
         rec = read(path)
-        if rec is not None and (rec.state == OPEN or not written(self.agent.events.path, pid, rec)):
-            self.agent.events.emit("steps", t=rec.t_end, rank=0, **rec.fields())
+        if rec is not None and (rec.state == OPEN or not written(self._events.path, pid, rec)):
+            self._events.emit("steps", t=rec.t_end, rank=0, **rec.fields())
         with contextlib.suppress(OSError):
             os.unlink(path)
 
     # ------------------------------------------------------------ plain scripts
-    def _rank0(self) -> Any:
-        return next((w for w in self.agent.workers.values() if w.rank == 0), None)
-
     def tick(self, now: float) -> None:
         """Read rank 0's board slot (the node running rank 0, while it is plain)."""
         if self.route == "stalwart":
@@ -80,10 +101,10 @@ class StepRecords:
             self.flush()
 
     def _read_board(self) -> None:
-        board, w = self.agent._board, self._rank0()
-        if board is None or w is None or not w.pid or w.state != "running":
+        w = self._workers.get(0)
+        if w is None or not w.pid or w.state is not WorkerState.RUNNING:
             return
-        slot = board.read(w.slot)
+        slot = self._workers.slot(w)
         if slot.pid != w.pid or not (slot.attached or slot.observed):
             return
         if self.route is None:
@@ -98,9 +119,8 @@ class StepRecords:
 
     def _say_route(self, route: str) -> None:
         self.route = route
-        cfg = self.agent.cfg
-        self.agent.events.emit(
-            "route", route=route, recovery=cfg.strategy if route == "stalwart" else "restart"
+        self._events.emit(
+            "route", route=route, recovery=self._strategy if route == "stalwart" else "restart"
         )
 
     def _advance(self, step: int, t: float) -> None:
@@ -115,7 +135,7 @@ class StepRecords:
         self.prev = (step, t)
         self.t_last = t
         if self.batch is None:
-            gen = self.agent.generation
+            gen = self._generation()
             if self.first is not None:
                 # steps 1..s0 ended by t0: their start from the pace of the next ones
                 s0, t0 = self.first
@@ -134,4 +154,4 @@ class StepRecords:
         self.last_flush = time.monotonic()
         batch, self.batch = self.batch, None
         if batch is not None:
-            self.agent.events.emit("steps", t=self.t_last, rank=0, **batch)
+            self._events.emit("steps", t=self.t_last, rank=0, **batch)

@@ -42,6 +42,9 @@ class ZygoteClient:
         self._backlog: list[dict[str, Any]] = []
         self.import_s = 0.0
 
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
     def send(self, msg: dict[str, Any]) -> None:
         os.write(self._ctl_w, (json.dumps(msg) + "\n").encode())
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from stalwart.agent.progress import Slot
 
-__all__ = ["CrashLoops", "Failure", "error_line", "failed_at"]
+__all__ = ["CrashLoops", "Failure", "error_line", "error_line_path", "failed_at"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ def failed_at(slot: Slot, pid: int) -> str:
     if slot.phase == "starting":
         return "start-up"
     return f"after step {slot.step}"
+
+
+def error_line_path(run_dir: str, rank: int) -> str:
+    """Where a worker of ``rank`` leaves the first line of its error (the zygote)."""
+    return os.path.join(run_dir, "errors", f"rank{rank}.txt")
 
 
 def error_line(path: str, rc: int, cause: str) -> str:

@@ -1,0 +1,250 @@
+"""The agent's detectors: each turns what it observes into typed incidents.
+
+- :class:`CrashDetector`: a worker process that failed (from the zygote's exit events,
+  agent/_workers.py) -> :class:`~stalwart.agent.incidents.WorkerExited`, with where it
+  failed and the crash-loop verdict (agent/verdict.py);
+- :class:`HangDetector`: the progress board and each process's CPU time (the decision
+  is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
+- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``.
+
+Each writes the ``fault_detected`` record of what it found (detection latency included);
+recovering is the policy's (agent/policy.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from stalwart.agent._env import error_message
+from stalwart.agent._proc import read_cpu
+from stalwart.agent._types import EventSink, Say
+from stalwart.agent._workers import LocalWorkers, ProcessExit
+from stalwart.agent.detect import Activity, CpuTracker, HangConfig, find_hang
+from stalwart.agent.incidents import NodeLost, WorkerExited, WorkerHung
+from stalwart.agent.progress import Slot
+from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
+from stalwart.chaos import FaultLedger
+
+__all__ = ["CrashDetector", "HangDetector", "HangWatch", "NodeLossDetector"]
+
+
+class HangWatch:
+    """The agent's view of its workers' processes between board reads: one CPU tracker
+    per worker process, and the step-time history of each rank (the job's, not the
+    process's: a replacement is judged, and seeded, with its rank's p99)."""
+
+    def __init__(self, config: HangConfig) -> None:
+        self.config = config
+        self.history: dict[int, float] = {}  # rank -> p99 step time seen for it
+        self._trackers: dict[int, tuple[int, CpuTracker]] = {}  # rank -> (pid, tracker)
+        self._activity: dict[int, Activity] = {}
+        self._t_sample = 0.0
+        self.killed: dict[int, str] = {}  # pid -> why the agent killed it for a hang
+
+    def sample(
+        self, pids: dict[int, int], now: float, slowed: frozenset[int] = frozenset()
+    ) -> dict[int, Activity]:
+        """Read /proc for ``pids`` (rank -> pid) at most every 100 ms; ``slowed``: pids
+        the agent's own chaos duty-cycles with SIGSTOP/SIGCONT (``slow``), not hung."""
+        if now - self._t_sample < _SAMPLE_S:
+            return {r: a for r, a in self._activity.items() if r in pids}
+        self._t_sample = now
+        activity: dict[int, Activity] = {}
+        for rank, pid in pids.items():
+            known = self._trackers.get(rank)
+            if known is None or known[0] != pid:
+                known = (pid, CpuTracker(self.config))
+                self._trackers[rank] = known
+            seen = read_cpu(pid)
+            if seen is not None:
+                state = "S" if seen[0] in ("T", "t") and pid in slowed else seen[0]
+                activity[rank] = known[1].update(now, seen[1], state)
+        for rank in set(self._trackers) - set(pids):
+            del self._trackers[rank]
+        self._activity = activity
+        return activity
+
+    def remember(self, slots: dict[int, Slot]) -> None:
+        """The newest p99 each rank published (a rolling window of its recent steps)."""
+        for rank, s in slots.items():
+            if s.p99_s > 0:
+                self.history[rank] = s.p99_s
+
+
+_SAMPLE_S = 0.1
+
+
+class CrashDetector:
+    """A failed worker process -> :class:`WorkerExited` (its ``fault_detected`` and
+    ``member_leave`` records written, its failure counted for the crash-loop verdict)."""
+
+    def __init__(
+        self,
+        *,
+        node: int,
+        run_dir: str,
+        workers: LocalWorkers,
+        hangs: HangWatch,
+        loops: CrashLoops,
+        ledger: FaultLedger,
+        events: EventSink,
+        say: Say,
+    ) -> None:
+        self._node, self._run_dir = node, run_dir
+        self._workers, self._hangs, self._loops = workers, hangs, loops
+        self._ledger, self._events, self._say = ledger, events, say
+        self.last_failure: Failure | None = None
+
+    def examine(self, exit_: ProcessExit) -> WorkerExited:
+        rank, pid, rc = exit_.rank, exit_.pid, exit_.rc
+        recorded = None
+        if exit_.cause != "hang":
+            fired = self._ledger.fired_at(pid=pid)
+            latency = time.time() - (fired if fired is not None else exit_.t_exit)
+            how = f"process exit (rc {rc})"
+            if (recorded := error_message(self._run_dir, rank, pid)) is not None:
+                how += f": {recorded}"  # what its @record wrote (TORCHELASTIC_ERROR_FILE)
+            domain = {"rank": rank, "node": self._node}
+            self._events.emit(
+                "fault_detected", fault="crash", domain=domain, latency_s=latency, how=how
+            )
+            self._say(f"rank {rank} crashed ({how}); detected in {latency * 1000:.0f} ms")
+        self._events.emit(
+            "member_leave",
+            member=f"rank{rank}",
+            node=self._node,
+            rank=rank,
+            reason=exit_.cause or f"exit rc {rc}",
+        )
+        cause = exit_.cause or "crash"
+        where = failed_at(self._workers.slot(self._workers[rank]), pid)
+        path = error_line_path(self._run_dir, rank)
+        error = error_line(path, rc, self._hangs.killed.pop(pid, ""))  # (removes the file)
+        error = recorded or error
+        failure = Failure(rank, where, error, cause)
+        self.last_failure = failure
+        return WorkerExited(rank, pid, rc, cause, failure, self._loops.record(failure))
+
+
+class HangDetector:
+    """The progress board and /proc -> :class:`WorkerHung` (agent/detect.py decides)."""
+
+    def __init__(
+        self,
+        *,
+        config: HangConfig,
+        node: int,
+        whole_job: bool,
+        workers: LocalWorkers,
+        watch: HangWatch,
+        ledger: FaultLedger,
+        events: EventSink,
+        say: Say,
+    ) -> None:
+        self._config, self._node, self._whole_job = config, node, whole_job
+        self._workers, self._watch = workers, watch
+        self._ledger, self._events, self._say = ledger, events, say
+        self._t_recovery = 0.0  # nobody is blamed for the time before a recovery began
+
+    def recovery_began(self, now: float) -> None:
+        self._t_recovery = now
+
+    def check(
+        self, now: float, *, generation: int | None, slowed: frozenset[int]
+    ) -> list[WorkerHung]:
+        """``generation``: the job's (None: members re-form by themselves, elastic);
+        ``slowed``: pids the agent's chaos duty-cycles (``slow``), not hung."""
+        slots = self._workers.judged()
+        watch = self._watch
+        watch.remember(slots)
+        pids = {r: self._workers[r].pid for r in slots}
+        activity = watch.sample(pids, now, slowed)
+        verdict = find_hang(
+            slots,
+            now,
+            self._config,
+            activity,
+            since=self._t_recovery,
+            history=watch.history,
+            whole_job=self._whole_job,
+            generation=generation,
+        )
+        if verdict is None:
+            return []
+        hung = []
+        for rank in verdict.ranks:
+            fired = self._ledger.fired_at(pid=pids[rank])
+            latency = now - fired if fired is not None else verdict.stalled_s
+            self._events.emit(
+                "fault_detected",
+                fault="hang",
+                domain={"rank": rank, "node": self._node},
+                latency_s=latency,
+                how=f"{verdict.how} for {verdict.stalled_s:.2f}s "
+                f"(threshold {verdict.threshold_s:.2f}s)",
+            )
+            self._say(f"rank {rank} hung ({verdict.how}); detected in {latency:.2f} s, killing it")
+            h = WorkerHung(
+                rank, pids[rank], verdict.how, verdict.stalled_s, verdict.threshold_s, latency
+            )
+            hung.append(h)
+        self._t_recovery = now
+        return hung
+
+    def isolate(self, hung: WorkerHung) -> None:
+        """Kill the hung worker; its exit is recovered as a failure with cause ``hang``."""
+        self._watch.killed[hung.pid] = f"hung: {hung.how}"
+        self._workers.kill(self._workers[hung.rank], "hang")
+
+
+class Nodes(Protocol):
+    """What of agent/_cluster.py the node-loss detector needs."""
+
+    def lost_nodes(self) -> list[int]: ...
+    def ranks_of(self, node: int) -> list[int]: ...
+    def watch_closed_at(self, node: int) -> float | None: ...
+    def blocklisted(self) -> set[str]: ...
+    def block(self, member: str, reason: str) -> None: ...
+
+
+class NodeLossDetector:
+    """Node leases -> :class:`NodeLost`, each lost node reported to one agent (its
+    adopter), once; the node is blocklisted (isolated) here."""
+
+    def __init__(
+        self, *, nodes: Nodes, lease_s: float, ledger: FaultLedger, events: EventSink, say: Say
+    ) -> None:
+        self._nodes, self._lease_s = nodes, lease_s
+        self._ledger, self._events, self._say = ledger, events, say
+
+    def check(self) -> list[NodeLost]:
+        return [self._lost(node) for node in self._nodes.lost_nodes()]
+
+    def _lost(self, node: int) -> NodeLost:
+        now = time.time()
+        if f"node{node}" in self._nodes.blocklisted():
+            # it cordoned itself (repeated failures) and said so: just take its ranks
+            self._say(f"node {node} cordoned itself; adopting its ranks")
+            return NodeLost(node, tuple(self._nodes.ranks_of(node)), "cordoned", 0.0, True)
+        fired = [float(str(r["t"])) for r in self._ledger.fired().values() if r.get("node") == node]
+        latency = now - fired[0] if fired else self._lease_s
+        how = f"agent lease expired (ttl {self._lease_s:.1f}s)"
+        closed_at = self._nodes.watch_closed_at(node)
+        if closed_at is not None:  # agent/_peerwatch.py: the process died, seen at once
+            how = "agent process gone: its watched connection closed, lease revoked"
+            if not fired:  # no injected fault to time from: from the connection's end
+                latency = now - closed_at
+        self._events.emit(
+            "fault_detected",
+            fault="node_loss",
+            domain={"rank": None, "node": node},
+            latency_s=latency,
+            how=how,
+        )
+        self._say(f"node {node} lost ({how}); detected in {latency:.2f} s")
+        self._nodes.block(f"node{node}", "lease expired: node lost")
+        self._events.emit(
+            "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
+        )
+        return NodeLost(node, tuple(self._nodes.ranks_of(node)), how, latency, False)

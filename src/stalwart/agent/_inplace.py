@@ -1,0 +1,79 @@
+"""``--strategy flash`` and ``spare``: the failed rank is replaced in place.
+
+The survivors keep their processes and memory; the replacement (a fresh fork of the
+zygote under ``flash``, a pre-forked spare under ``spare``) restores from shared memory
+and the group re-forms in the next generation. A rank that fails too often is
+blocklisted and the job ends with a verdict (in place, the same slot would fail again);
+a node other than node 0 that fails too often cordons itself and node 0 adopts its
+ranks. A lost node's ranks start on the adopter, in its standbys when ``--standby``.
+"""
+
+from __future__ import annotations
+
+from stalwart.agent._outcome import Cordoned, end_with_verdict
+from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.policy import RecoveryParts
+from stalwart.runtime.env import WorkerFields
+
+__all__ = ["InPlace"]
+
+
+class InPlace:
+    judges_generation = True
+
+    def __init__(self, parts: RecoveryParts, *, name: str, assigns_spares: bool) -> None:
+        self._p = parts
+        self.name = name
+        self.assigns_spares = assigns_spares
+
+    def worker_env(self, worker: object) -> WorkerFields:
+        return {}
+
+    def keeps_running(self) -> bool:
+        return False
+
+    def on_incident(self, incident: Incident) -> None:
+        if isinstance(incident, NodeLost):
+            self._node_lost(incident)
+        else:
+            self._worker_exited(incident)
+
+    def _worker_exited(self, ex: WorkerExited) -> None:
+        p = self._p
+        if ex.verdict is not None:  # it would fail the same way again
+            end_with_verdict(p.launch, p.say, ex.verdict)
+        member = f"rank{ex.rank}"
+        if p.coord.record_failure(member, ex.cause):
+            # never readmitted: in place, the same slot would fail again
+            p.events.emit("isolation", member=member, reason=ex.cause, blocklisted=True)
+            entry = p.coord.blocklisted().get(member)
+            at = f" at {ex.failure.where}: {ex.failure.error}"
+            end_with_verdict(
+                p.launch,
+                p.say,
+                f"rank {ex.rank} blocklisted ({entry.reason if entry else ex.cause}{at}); "
+                f"the job ends: fix what makes rank {ex.rank} fail (see its log) and "
+                "resume from the last checkpoint",
+            )
+        node = f"node{p.cfg.node_rank}"
+        if p.cfg.node_rank != 0 and p.coord.record_failure(node, ex.cause):
+            # this machine keeps failing: take it out; node 0 adopts its ranks
+            p.coord.block(node, f"cordoned after repeated failures, last: {ex.cause}")
+            p.events.emit("isolation", member=node, reason=ex.cause, blocklisted=True)
+            p.say(f"node {p.cfg.node_rank} failed too often: cordoned, its ranks move to node 0")
+            raise Cordoned(f"node {p.cfg.node_rank} cordoned")
+        p.generation.bump(f"{ex.cause} of rank {ex.rank}")
+        p.begin(self.name, ex.cause)
+        p.spawn(p.workers[ex.rank])
+
+    def _node_lost(self, lost: NodeLost) -> None:
+        p = self._p
+        p.generation.bump(f"node {lost.node} lost")
+        p.begin(self.name, "node_loss")
+        for rank in lost.ranks:
+            w = p.workers[rank]
+            if p.standbys is not None and p.standbys.activate(w):
+                p.workers.activated(w)
+                p.joined(w, standby=True)
+            else:
+                p.spawn(w)

@@ -1,0 +1,57 @@
+"""What the agent's detectors report: one frozen record per incident, named by its domain.
+
+A detector decides and reports; it does not recover. The agent isolates (kills a hung
+rank, blocklists a lost node) and hands the incidents that need a recovery to the job's
+:class:`~stalwart.agent.policy.RecoveryPolicy`. A new detector (stragglers, health
+probes, silent data corruption) adds a record here and a branch in the policies that
+act on it; nothing else changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stalwart.agent.verdict import Failure
+
+__all__ = ["Incident", "NodeLost", "WorkerExited", "WorkerHung"]
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """A worker process failed (crashed, or was killed by the agent for a hang)."""
+
+    rank: int
+    pid: int
+    rc: int
+    cause: str  # crash | hang
+    failure: Failure  # where it failed, its error (agent/verdict.py)
+    verdict: str | None  # the crash-loop verdict: it would fail the same way again
+
+
+@dataclass(frozen=True)
+class WorkerHung:
+    """A worker makes no progress (agent/detect.py): the agent kills it, and its exit
+    comes back as :class:`WorkerExited` with cause ``hang``."""
+
+    rank: int
+    pid: int
+    how: str
+    stalled_s: float
+    threshold_s: float
+    latency_s: float  # from the injected fault, else the stall itself
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A node's agent lease expired without a goodbye (or it cordoned itself); this
+    node adopts its ``ranks``."""
+
+    node: int
+    ranks: tuple[int, ...]
+    how: str
+    latency_s: float
+    cordoned: bool  # it said so itself (repeated failures): nothing to report
+
+
+Incident = WorkerExited | NodeLost
+"""What a recovery policy acts on."""

@@ -1,0 +1,59 @@
+"""JobGeneration, in-process over a real Coordinator on a MemoryStore: the one agent-side
+owner of the generation, the restart count and the master port."""
+
+from __future__ import annotations
+
+from stalwart.agent._generation import JobGeneration
+
+from ._fakes import FakeEvents, FakeLaunch, coordinator
+
+
+def _gen() -> tuple[JobGeneration, FakeEvents, FakeLaunch]:
+    events, launch = FakeEvents(), FakeLaunch()
+    return JobGeneration(coordinator(), launch, events, world_size=4), events, launch
+
+
+def test_bump_advances_and_records_the_generation() -> None:
+    gen, events, _ = _gen()
+    assert gen.sync() == 0 and gen.current == 0
+    assert gen.bump("crash of rank 1") == 1 and gen.current == 1
+    assert events.of("generation") == [
+        {"generation": 1, "world_size": 4, "reason": "crash of rank 1"}
+    ]
+
+
+def test_a_bump_that_must_win_bumps_again_over_a_worker_that_bumped_first() -> None:
+    coord = coordinator()
+    events, launch = FakeEvents(), FakeLaunch()
+    gen = JobGeneration(coord, launch, events, world_size=2)
+    coord.advance_generation(0, "a worker's collective failed")  # it got there first
+    assert gen.bump("restart after crash", must_win=True) == 2
+    assert coord.generation_meta()["reason"] == "restart after crash"
+    lost = JobGeneration(coord, launch, events, world_size=2)
+    assert lost.bump("late") == 2  # lost the race: takes the winner's number
+    assert coord.generation() == 2
+
+
+def test_a_restart_moves_to_a_fresh_published_port_and_other_nodes_follow_it() -> None:
+    coord = coordinator()
+    launch = FakeLaunch()
+    here = JobGeneration(coord, launch, FakeEvents(), world_size=2)
+    there = JobGeneration(coord, launch, FakeEvents(), world_size=2)
+    assert here.restart("crash of rank 0") == 1
+    assert launch.records["master-1"] == {"port": here.master_port}
+    followed = there.follow()
+    assert followed is not None and followed.restart and followed.generation == 1
+    there.follow_port()
+    assert there.master_port == here.master_port
+    assert there.follow() is None  # nothing new
+    assert there.restarts == 0
+    there.restarted()
+    assert there.restarts == 1
+
+
+def test_following_an_in_place_recovery_is_not_a_restart() -> None:
+    coord = coordinator()
+    gen = JobGeneration(coord, FakeLaunch(), FakeEvents(), world_size=2)
+    coord.advance_generation(0, "hang of rank 3")
+    followed = gen.follow()
+    assert followed is not None and not followed.restart and gen.current == 1

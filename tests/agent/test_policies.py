@@ -1,0 +1,168 @@
+"""The recovery policies, in-process: real LocalWorkers (fake zygote), a real
+JobGeneration and Coordinator over a MemoryStore; what each strategy does about a
+worker's failure and a lost node, and when it ends the job instead."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from stalwart.agent._elastic import ElasticPolicy, Joins
+from stalwart.agent._generation import JobGeneration
+from stalwart.agent._inplace import InPlace
+from stalwart.agent._outcome import Cordoned, RunFailed
+from stalwart.agent._policies import choose_policy
+from stalwart.agent._restart import RestartAll
+from stalwart.agent._workers import LocalWorkers, WorkerState
+from stalwart.agent.incidents import NodeLost, WorkerExited
+from stalwart.agent.policy import RecoveryParts
+from stalwart.agent.progress import ProgressBoard
+from stalwart.agent.verdict import Failure
+from stalwart.chaos import FaultLedger
+from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.coordinator._elastic_keys import Keys
+
+from ._fakes import FakeEvents, FakeLaunch, FakeZygote
+
+
+def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> RecoveryParts:
+    job = f"t-{uuid.uuid4().hex[:8]}"
+    fields = {"max_restarts": 3, "min_world": 2, **cfg}
+    config = SimpleNamespace(job=job, node_rank=node, nproc_per_node=nproc, **fields)
+    coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
+    board = ProgressBoard(str(tmp_path / f"board-{job}"), 8, create=True)
+    ranks = list(range(node * nproc, (node + 1) * nproc))
+    workers = LocalWorkers(ranks, board, FakeZygote())
+    events, launch, said = FakeEvents(), FakeLaunch(), []
+    gen = JobGeneration(coord, launch, events, world_size=4)
+    parts = RecoveryParts(config, workers, gen, coord, launch, events,  # type: ignore[arg-type]
+                          FaultLedger(str(tmp_path)), None, said.append)  # fmt: skip
+    workers.wire(lambda w, extra: {"rank": w.rank}, parts.joined, assign_spares=False)
+    for w in workers:
+        parts.spawn(w)
+    return parts
+
+
+def _failed(parts: RecoveryParts, rank: int, *, verdict: str | None = None) -> WorkerExited:
+    w = parts.workers[rank]
+    parts.workers.on_message({"op": "spawned", "id": f"rank-{rank}", "pid": 1000 + rank})
+    parts.workers.on_message({"op": "exit", "pid": w.pid, "rc": 1, "t": 0.0})
+    assert w.state is WorkerState.DEAD
+    return WorkerExited(rank, w.pid, 1, "crash", Failure(rank, "step 5", "ValueError: x", "crash"),
+                        verdict)  # fmt: skip
+
+
+def _sent(parts: RecoveryParts) -> list[dict[str, Any]]:
+    zygote: Any = parts.workers._zygote  # the test's own fake
+    return list(zygote.sent)
+
+
+def test_in_place_replaces_only_the_failed_rank_in_the_next_generation(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    before = len(_sent(parts))
+    policy.on_incident(_failed(parts, 1))
+    assert parts.generation.current == 1
+    (begin,) = parts.events.of("recovery_begin")  # type: ignore[attr-defined]
+    assert begin == {"strategy": "flash", "generation": 1, "cause": "crash"}
+    assert [m["id"] for m in _sent(parts)[before:]] == ["rank-1"]
+    assert parts.workers[1].state is WorkerState.STARTING
+    assert parts.workers[0].state is WorkerState.STARTING  # untouched: never reported spawned
+
+
+def test_in_place_ends_the_job_on_a_crash_loop_verdict(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    with pytest.raises(RunFailed, match="same way again"):
+        InPlace(parts, name="flash", assigns_spares=False).on_incident(
+            _failed(parts, 0, verdict="rank 0 failed 3 times: it will fail the same way again")
+        )
+    assert parts.launch.records["verdict"]["line"].startswith("rank 0")  # type: ignore[attr-defined]
+
+
+def test_in_place_blocklists_a_rank_that_fails_too_often(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    policy = InPlace(parts, name="spare", assigns_spares=True)
+    policy.on_incident(_failed(parts, 1))
+    policy.on_incident(_failed(parts, 1))
+    with pytest.raises(RunFailed, match=r"rank 1 blocklisted .* at step 5: ValueError: x"):
+        policy.on_incident(_failed(parts, 1))
+    assert "rank1" in parts.coord.blocklisted()
+
+
+def test_a_node_other_than_0_that_fails_too_often_cordons_itself(tmp_path: Path) -> None:
+    parts = _parts(tmp_path, node=1)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    policy.on_incident(_failed(parts, 2))
+    policy.on_incident(_failed(parts, 3))
+    with pytest.raises(Cordoned):
+        policy.on_incident(_failed(parts, 2))
+    assert "node1" in parts.coord.blocklisted()
+
+
+def test_in_place_starts_a_lost_nodes_ranks_here(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    for rank in (2, 3):
+        parts.workers.adopt(rank, rank % 2, parts.workers.free_slot())
+    InPlace(parts, name="flash", assigns_spares=False).on_incident(
+        NodeLost(1, (2, 3), "agent lease expired", 3.0, False)
+    )
+    assert parts.generation.current == 1
+    assert [m["id"] for m in _sent(parts)[-2:]] == ["rank-2", "rank-3"]
+
+
+def test_restart_all_restarts_every_worker_on_a_fresh_port(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    policy = RestartAll(parts)
+    before = len(_sent(parts))
+    policy.on_incident(_failed(parts, 0))
+    assert parts.generation.restarts == 1 and parts.generation.current == 1
+    assert str(parts.coord.generation_meta()["reason"]).startswith("restart after crash")
+    assert parts.launch.records["master-1"] == {"port": parts.generation.master_port}  # type: ignore[attr-defined]
+    assert sorted(m["id"] for m in _sent(parts)[before:]) == ["rank-0", "rank-1"]
+
+
+def test_restart_all_ends_the_job_when_the_restarts_are_spent(tmp_path: Path) -> None:
+    parts = _parts(tmp_path, max_restarts=0)
+    with pytest.raises(RunFailed, match="no restarts left"):
+        RestartAll(parts).on_incident(_failed(parts, 1))
+
+
+def test_elastic_drops_a_dead_member_and_starts_it_again_with_a_new_incarnation(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path)
+    policy = ElasticPolicy(parts, Joins(parts))
+    parts.workers.wire(lambda w, extra: policy.worker_env(w), parts.joined, assign_spares=False)
+    keys = Keys(parts.cfg.job)
+    first = policy.worker_env(parts.workers[1])["incarnation"]
+    policy.on_incident(_failed(parts, 1))
+    kv = parts.coord.store.get(keys.member(keys.alive, 1))
+    assert kv is not None and kv.value.decode() != first  # alive again, a new incarnation
+    assert parts.workers[1].state is WorkerState.STARTING
+    assert policy.judges_generation is False
+
+
+def test_elastic_lets_a_member_that_fails_too_often_go_and_ends_below_min(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path, min_world=2)
+    policy = ElasticPolicy(parts, Joins(parts))
+    policy.on_incident(_failed(parts, 1))
+    policy.on_incident(_failed(parts, 1))
+    with pytest.raises(RunFailed, match=r"member 1 failed 3 times in 10 min .* below MIN 2"):
+        policy.on_incident(_failed(parts, 1))
+    assert parts.workers[1].state is WorkerState.GONE
+    assert "rank1" in parts.coord.blocklisted()
+
+
+def test_the_factory_is_the_one_place_a_strategy_name_is_read(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    joins = Joins(parts)
+    chosen = {s: choose_policy(s, parts, joins) for s in ("restart", "flash", "spare", "elastic")}
+    assert {s: p.name for s, p in chosen.items()} == {s: s for s in chosen}
+    assert [s for s, p in chosen.items() if p.assigns_spares] == ["spare"]
+    assert isinstance(chosen["elastic"], ElasticPolicy)
