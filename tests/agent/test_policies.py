@@ -28,6 +28,8 @@ from stalwart.coordinator._elastic_keys import Keys
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
 
+_ZYGOTES: dict[int, FakeZygote] = {}  # id(LocalWorkers) -> the fake it forks through
+
 
 def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> RecoveryParts:
     job = f"t-{uuid.uuid4().hex[:8]}"
@@ -36,7 +38,9 @@ def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> Reco
     coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
     board = ProgressBoard(str(tmp_path / f"board-{job}"), 8, create=True)
     ranks = list(range(node * nproc, (node + 1) * nproc))
-    workers = LocalWorkers(ranks, board, FakeZygote())
+    zygote = FakeZygote()
+    workers = LocalWorkers(ranks, board, zygote)
+    _ZYGOTES[id(workers)] = zygote
     events, launch, said = FakeEvents(), FakeLaunch(), []
     gen = JobGeneration(coord, launch, events, world_size=4)
     parts = RecoveryParts(config, workers, gen, coord, launch, events,  # type: ignore[arg-type]
@@ -57,8 +61,7 @@ def _failed(parts: RecoveryParts, rank: int, *, verdict: str | None = None) -> W
 
 
 def _sent(parts: RecoveryParts) -> list[dict[str, Any]]:
-    zygote: Any = parts.workers._zygote  # the test's own fake
-    return list(zygote.sent)
+    return list(_ZYGOTES[id(parts.workers)].sent)
 
 
 def test_in_place_replaces_only_the_failed_rank_in_the_next_generation(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
+from stalwart.agent._types import EventSink, NodeContext
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.progress import Slot
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
@@ -26,10 +27,6 @@ from stalwart.errors import StalwartError
 from stalwart.metrics.console import terminal_safe
 
 __all__ = ["AgentChaos"]
-
-
-class Events(Protocol):
-    def emit(self, kind: str, **fields: Any) -> None: ...
 
 
 class Workers(Protocol):
@@ -59,7 +56,7 @@ class AgentChaos:
         answerable: list[Fault],
         run_dir: str,
         workers: Workers,
-        events: Events,
+        events: EventSink,
         ledger: FaultLedger,
         join: Callable[[Fault], bool],
         kill_node: Callable[[], None],
@@ -150,6 +147,30 @@ class AgentChaos:
                 why = "the job ended first"
             self._note(f"chaos fault {fault.text!r} never fired: {why}")
         return unfired
+
+    @classmethod
+    def for_node(
+        cls,
+        ctx: NodeContext,
+        plan: FaultPlan,
+        workers: Workers,
+        *,
+        join: Callable[[Fault], bool],
+        kill_node: Callable[[], None],
+    ) -> AgentChaos:
+        """The agent-side faults of ``plan`` for this node."""
+        node, nproc = ctx.cfg.node_rank, ctx.cfg.nproc_per_node
+        return cls(
+            plan.agent_faults(node, workers.ranks()),
+            node=node,
+            answerable=plan.home_faults(node, nproc),
+            run_dir=ctx.run_dir,
+            workers=workers,
+            events=ctx.events,
+            ledger=ctx.ledger,
+            join=join,
+            kill_node=kill_node,
+        )
 
     def slowed(self) -> frozenset[int]:
         """Pids this agent duty-cycles with SIGSTOP/SIGCONT (``slow``): not hung."""

@@ -37,6 +37,7 @@ from stalwart.coordinator import (
     Compare,
     Coordinator,
     CoordinatorConfig,
+    GenerationChange,
     Put,
     StoreClient,
     StoreServer,
@@ -158,6 +159,16 @@ class Cluster:
             return True
         return False
 
+    # the job's generation (agent/_generation.py owns this node's view of it)
+    def generation(self) -> int:
+        return self.coord.generation()
+
+    def advance_generation(self, expected: int, reason: str) -> GenerationChange:
+        return self.coord.advance_generation(expected, reason)
+
+    def generation_meta(self) -> dict[str, Any]:
+        return self.coord.generation_meta()
+
     def check_fenced(self, *, probe: bool) -> None:
         """Raise :class:`NodeFenced` if this agent's lease is gone. ``probe``: ask the
         store (before a recovery); else only look at what the heartbeat thread found."""
@@ -224,6 +235,11 @@ class Cluster:
     @property
     def started(self) -> bool:
         return self._names is not None
+
+    @property
+    def joined(self) -> bool:
+        """Whether the job took this node as a member (it refuses a blocklisted one)."""
+        return self._member is not None
 
     @property
     def names(self) -> SlotNames:

@@ -14,11 +14,12 @@ recovering is the policy's (agent/policy.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from stalwart.agent._env import error_message
 from stalwart.agent._proc import read_cpu
-from stalwart.agent._types import EventSink, Say
+from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, find_hang
 from stalwart.agent.incidents import NodeLost, WorkerExited, WorkerHung
@@ -26,7 +27,7 @@ from stalwart.agent.progress import Slot
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
 
-__all__ = ["CrashDetector", "HangDetector", "HangWatch", "NodeLossDetector"]
+__all__ = ["CrashDetector", "Detectors", "HangDetector", "HangWatch", "NodeLossDetector"]
 
 
 class HangWatch:
@@ -248,3 +249,43 @@ class NodeLossDetector:
             "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
         )
         return NodeLost(node, tuple(self._nodes.ranks_of(node)), how, latency, False)
+
+
+@dataclass(frozen=True)
+class Detectors:
+    """The node's detectors, built once from the config."""
+
+    crashes: CrashDetector
+    hangs: HangDetector
+    lost: NodeLossDetector
+
+    @classmethod
+    def for_node(
+        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, nodes: Nodes
+    ) -> Detectors:
+        cfg, run_dir, ledger, events, say = ctx.cfg, ctx.run_dir, ctx.ledger, ctx.events, ctx.say
+        node = cfg.node_rank
+        crashes = CrashDetector(
+            node=node,
+            run_dir=run_dir,
+            workers=workers,
+            hangs=watch,
+            loops=CrashLoops(cfg.crash_loop_limit),
+            ledger=ledger,
+            events=events,
+            say=say,
+        )
+        hangs = HangDetector(
+            config=cfg.hang,
+            node=node,
+            whole_job=cfg.nnodes == 1,
+            workers=workers,
+            watch=watch,
+            ledger=ledger,
+            events=events,
+            say=say,
+        )
+        lost = NodeLossDetector(
+            nodes=nodes, lease_s=cfg.node_lease_s, ledger=ledger, events=events, say=say
+        )
+        return cls(crashes, hangs, lost)

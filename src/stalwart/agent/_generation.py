@@ -21,15 +21,19 @@ __all__ = ["Change", "GenerationStore", "JobGeneration", "LaunchRecord", "free_p
 
 
 class Change(Protocol):
-    generation: int
-    won: bool
+    """A compare-and-swap bump's outcome (stalwart.coordinator.GenerationChange)."""
+
+    @property
+    def generation(self) -> int: ...
+    @property
+    def won(self) -> bool: ...
 
 
 class GenerationStore(Protocol):
     """What of the coordinator this needs (stalwart.coordinator.Coordinator)."""
 
     def generation(self) -> int: ...
-    def advance_generation(self, expected: int, reason: str) -> Any: ...
+    def advance_generation(self, expected: int, reason: str) -> Change: ...
     def generation_meta(self) -> dict[str, Any]: ...
 
 

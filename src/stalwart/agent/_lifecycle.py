@@ -22,21 +22,26 @@ from typing import Any, Protocol
 
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
-from stalwart.agent._generation import JobGeneration
-from stalwart.agent._types import EventSink, Say
+from stalwart.agent._generation import JobGeneration, free_port
+from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
+from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import error_line_path
-from stalwart.checkpoint.slots import SlotNames
+from stalwart.chaos import FaultPlan
 from stalwart.runtime.env import WorkerFields
 
 __all__ = [
     "C10d",
+    "Launched",
     "WorkerSpecs",
     "clean_shm",
     "emit_run_start",
     "exchange_c10d",
+    "launch",
     "preload_note",
+    "start_live",
     "write_agent_json",
 ]
 
@@ -110,25 +115,86 @@ def exchange_c10d(cfg: LaunchConfig, cluster: Cluster, zygote: _Zygote, port: in
     )
 
 
+@dataclass(frozen=True)
+class Launched:
+    """What the node runs its workers with, once the job's launch record is agreed."""
+
+    board: ProgressBoard
+    zygote: ZygoteClient
+    c10d: C10d
+    ready: dict[str, Any]  # the zygote's start report (import time, preloaded modules)
+    files: tuple[str, str]  # the board's path, the chaos plan's
+
+
+def launch(
+    ctx: NodeContext,
+    plan: FaultPlan,
+    cluster: Cluster,
+    stack: contextlib.ExitStack,
+    *,
+    joined: Callable[[], object],
+    goodbye: Callable[[], bool],
+) -> Launched:
+    """Join the cluster (``joined`` right after: the generation is read then), create
+    the progress board (its name holds the run id agreed then), write the chaos plan,
+    start the zygote and agree on the c10d record; each part's end goes on ``stack``
+    (``goodbye``: whether this node says one when it leaves)."""
+    cfg, run_dir = ctx.cfg, ctx.run_dir
+    cluster.start()  # (it agrees the run id of the /dev/shm names)
+    stack.callback(lambda: cluster.close(goodbye=goodbye()))
+    joined()
+    board_path = cluster.names.progress_board(cfg.node_rank)
+    # room for every rank: a node may adopt the ranks of a lost node
+    board = ProgressBoard(board_path, cfg.world_size, create=True)
+    stack.callback(board.close, unlink=True)
+    os.makedirs(os.path.join(run_dir, "chaos"), exist_ok=True)
+    plan_path = os.path.join(run_dir, "chaos", "plan.json")
+    if cfg.node_rank == 0:
+        with open(plan_path, "w") as f:
+            f.write(plan.to_json())
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    zygote = ZygoteClient(["stalwart.runtime.session"], env, script=cfg.script)
+    stack.callback(zygote.close)
+    ready = zygote.wait_for("ready", cfg.start_timeout_s)
+    preload_note(cfg, ready, ctx.say)
+    c10d = exchange_c10d(cfg, cluster, zygote, free_port())
+    return Launched(board, zygote, c10d, ready, (board_path, plan_path))
+
+
+def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None] | None:
+    """Node 0's console progress line and Prometheus endpoint (``--progress``,
+    ``--metrics-port``); what ends them (None: neither asked for)."""
+    if cfg.metrics_port is None and not cfg.progress:
+        return None
+    from stalwart.metrics.follow import start_live as follow
+
+    labels = {"job": cfg.job}
+    live = follow(run_dir, metrics_port=cfg.metrics_port, console=cfg.progress, labels=labels)
+    for sink in live.sinks:
+        if hasattr(sink, "url"):
+            say(f"metrics at {sink.url}")
+    return live.close
+
+
 class WorkerSpecs:
     """What the zygote needs to start a worker (environment, argv, cwd, log file); a
     replacement inherits its rank's step-time history and reports its error."""
 
     def __init__(
         self,
-        cfg: LaunchConfig,
-        run_dir: str,
+        ctx: NodeContext,
         cluster: Cluster,
-        c10d: C10d,
-        files: tuple[str, str],
+        up: Launched,
         generation: JobGeneration,
         history: dict[int, float],
         policy_env: Callable[[Worker], WorkerFields],
     ) -> None:
-        """``files``: the progress board's path and the chaos plan's."""
-        self._cfg, self._run_dir, self._c10d, self._gen = cfg, run_dir, c10d, generation
+        """``history``: each rank's p99 step time; ``policy_env``: the strategy's own."""
+        run_dir, c10d = ctx.run_dir, up.c10d
+        self._cfg, self._run_dir, self._c10d, self._gen = ctx.cfg, run_dir, c10d, generation
         self._history, self._policy_env = history, policy_env
-        board, plan = files
+        board, plan = up.files
         self._node = NodeFacts(
             run_dir=run_dir,
             store=cluster.address,
@@ -173,16 +239,19 @@ def write_agent_json(run_dir: str, job: str, store: str) -> None:
         json.dump({"job": job, "store": store, "pid": os.getpid()}, f)
 
 
-def clean_shm(names: SlotNames | None, ranks: list[int], everything: bool) -> None:
-    """Remove the snapshot slots of ``ranks``; ``everything``: what lost nodes left
-    behind on this host too (the last agent out; only this run's names: another job is
-    not touched). ``names`` None: the agent ended before the run id was agreed (it made
-    none). Only a member's ranks are its own: an agent the job refused at its start (its
-    node lost and blocklisted, then started again) passes none, since on one host the
-    node that adopted them uses the same slot names (bench/soak.py found it deleting
-    them)."""
-    if names is None:
+def clean_shm(cluster: Cluster, ranks: list[int]) -> None:
+    """Remove the snapshot slots of ``ranks``; the last agent out (``cluster.last_out``)
+    also removes what lost nodes left behind on this host (only this run's names:
+    another job is not touched). An agent that ended before the run id was agreed made
+    none. Only a member's ranks are its own: an agent the job refused at its start (its
+    node lost and blocklisted, then started again) removes none of theirs, since on one
+    host the node that adopted them uses the same slot names (bench/soak.py found it
+    deleting them)."""
+    if not cluster.started:
         return
+    names, everything = cluster.names, cluster.last_out
+    if not cluster.joined:
+        ranks = []
     for rank in ranks:
         shutil.rmtree(names.rank_dir(rank), ignore_errors=True)
     for path in names.everything() if everything else []:

@@ -7,11 +7,23 @@ cannot go on (1), a node that cordoned itself (3), SIGTERM (143).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
+from stalwart.agent._cluster import NodeFenced
 from stalwart.errors import StalwartError
 
-__all__ = ["Cordoned", "RunFailed", "Terminated", "end_with_verdict"]
+__all__ = [
+    "ENDINGS",
+    "Cordoned",
+    "Ending",
+    "RunFailed",
+    "Terminated",
+    "end_with_verdict",
+    "ending",
+    "quietly",
+]
 
 
 class RunFailed(StalwartError):
@@ -30,9 +42,43 @@ class _Publisher(Protocol):
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
 
 
-def end_with_verdict(cluster: _Publisher, say: Any, line: str) -> NoReturn:
+def end_with_verdict(cluster: _Publisher, say: Callable[[str], None], line: str) -> NoReturn:
     """End the job (every node: the verdict is published) with one line."""
     with contextlib.suppress(Exception):
         cluster.publish("verdict", {"line": line})
     say(line)
     raise RunFailed(line)
+
+
+@dataclass(frozen=True)
+class Ending:
+    status: str  # run_end's status
+    code: int  # the agent's exit code
+    reason: str
+    goodbye: bool = True  # False: this node leaves like a lost node (its ranks move)
+
+
+ENDINGS = (NodeFenced, Cordoned, RunFailed, KeyboardInterrupt)
+"""What ends the loop early; :func:`ending` says how."""
+
+
+def ending(err: BaseException) -> Ending:
+    if isinstance(err, NodeFenced):
+        return Ending("fenced", 3, str(err), goodbye=False)
+    if isinstance(err, Cordoned):
+        return Ending("cordoned", 3, str(err), goodbye=False)
+    if isinstance(err, Terminated):
+        return Ending("terminated", 143, "SIGTERM")
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C
+        return Ending("interrupted", 130, "SIGINT (Ctrl-C)")
+    return Ending("failed", 1, str(err))
+
+
+def quietly(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` for a teardown step whose failure must not stop the next ones."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            fn()
+
+    return run

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from stalwart.agent._cluster import Cluster, ring_successor
+from stalwart.agent._types import NodeContext
 from stalwart.checkpoint.slots import latest_complete, write_replica_marker
 from stalwart.transfer import (
     ReceiverConfig,
@@ -76,6 +77,22 @@ class NodeReplicas:
             on_behind=self._behind,
         )
         self.rep.start()
+
+    @classmethod
+    def for_node(
+        cls, ctx: NodeContext, cluster: Cluster, ranks: Callable[[], list[int]]
+    ) -> NodeReplicas | None:
+        """The node's replicas when ``--replica-rate`` is set (None: off)."""
+        cfg = ctx.cfg
+        if cfg.replica_rate_mb_s <= 0:
+            return None
+
+        def note(why: str) -> None:
+            ctx.say(why)
+            ctx.events.emit("note", message=why)
+
+        rate = cfg.replica_rate_mb_s * 1e6
+        return cls(cluster, ranks, note, host=cfg.replica_host, rate_bytes_per_s=rate)
 
     def _behind(self, why: str) -> None:
         self._note(why)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._workers import Worker
+from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, open_private
 from stalwart.runtime.env import WorkerFields
 
@@ -90,6 +91,16 @@ class Standbys:
         self._next = 0.0
         self._claimed: dict[int, _Standby] = {}  # pid -> standby claimed, not activated
         self.activated = 0
+
+    @classmethod
+    def for_node(
+        cls, cfg: LaunchConfig, names: SlotNames, ring: Ring, workers: Workers, spec: Spec
+    ) -> Standbys | None:
+        """The node's standbys when ``--standby`` is set (None: off)."""
+        if not cfg.standby:
+            return None
+        node, nproc = cfg.node_rank, cfg.nproc_per_node
+        return cls(node=node, nproc=nproc, names=names, ring=ring, workers=workers, spec=spec)
 
     # ------------------------------------------------------------ which ranks
     def targets(self) -> set[int]:

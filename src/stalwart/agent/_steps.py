@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.progress import Slot
 from stalwart.checkpoint.slots import SlotNames
@@ -65,6 +66,22 @@ class StepRecords:
         self.t_last = 0.0
         self.t_spawn = 0.0
         self.last_flush = time.monotonic()
+
+    @classmethod
+    def for_node(
+        cls,
+        ctx: NodeContext,
+        names: SlotNames,
+        workers: Workers,
+        generation: Callable[[], int],
+    ) -> StepRecords:
+        return cls(
+            names=names,
+            events=ctx.events,
+            workers=workers,
+            generation=generation,
+            strategy=ctx.cfg.strategy,
+        )
 
     # ------------------------------------------------------------ both routes
     def on_exit(self, pid: int) -> None:

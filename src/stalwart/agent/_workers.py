@@ -31,7 +31,7 @@ import enum
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -132,7 +132,7 @@ class LocalWorkers:
         self._exit_listeners.append(listener)
 
     # ------------------------------------------------------------ reading
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Worker]:
         return iter(list(self._workers.values()))
 
     def __contains__(self, rank: object) -> bool:
@@ -323,6 +323,15 @@ class LocalWorkers:
                     os.kill(w.pid, 0)
             except ProcessLookupError:
                 w.state = WorkerState.DEAD
+
+    def fence_out(self, elsewhere: Callable[[], set[int]]) -> None:
+        """This node was fenced: stop every worker (their exits are no failures) and
+        forget the ranks ``elsewhere`` says another node on this host runs now (their
+        snapshot slots are not ours to delete at the end)."""
+        self.reap_vanished()  # exits already reaped (their events may be lost)
+        self.stop_all("shutdown")
+        with contextlib.suppress(Exception):
+            self.forget(elsewhere())
 
     def kill_node(self) -> None:
         """Chaos ``kill node``: every process of this node dies at once, the zygote too."""

@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from stalwart.agent._cluster import Cluster
 from stalwart.agent._generation import JobGeneration
-from stalwart.agent._types import EventSink, Say
+from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, Worker
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.incidents import Incident
@@ -75,6 +76,20 @@ class RecoveryParts:
     ledger: FaultLedger
     standbys: Standbys | None
     say: Say
+
+    @classmethod
+    def of(
+        cls,
+        ctx: NodeContext,
+        workers: LocalWorkers,
+        generation: JobGeneration,
+        cluster: Cluster,
+        standbys: Standbys | None,
+    ) -> RecoveryParts:
+        coord = cluster.coord
+        return cls(
+            ctx.cfg, workers, generation, coord, cluster, ctx.events, ctx.ledger, standbys, ctx.say
+        )
 
     def spawn(self, w: Worker) -> None:
         self.workers.spawn(w, generation=self.generation.current)

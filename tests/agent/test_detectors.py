@@ -1,0 +1,91 @@
+"""The detectors, in-process: what each reports as a typed incident, and the records it
+writes on the way (the hang decision itself is test_detect.py's)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from stalwart.agent._detectors import CrashDetector, HangWatch, NodeLossDetector
+from stalwart.agent._workers import LocalWorkers, ProcessExit
+from stalwart.agent.detect import HangConfig
+from stalwart.agent.incidents import NodeLost, WorkerExited
+from stalwart.agent.progress import ProgressBoard
+from stalwart.agent.verdict import CrashLoops
+from stalwart.chaos import FaultLedger
+
+from ._fakes import FakeEvents, FakeZygote
+
+
+def _crashes(tmp_path: Path, limit: int = 2) -> tuple[CrashDetector, FakeEvents, list[str]]:
+    board = ProgressBoard(str(tmp_path / f"board-{uuid.uuid4().hex[:6]}"), 4, create=True)
+    workers = LocalWorkers([0, 1], board, FakeZygote())
+    events, said = FakeEvents(), []
+    detector = CrashDetector(node=0, run_dir=str(tmp_path), workers=workers,
+                             hangs=HangWatch(HangConfig()), loops=CrashLoops(limit),
+                             ledger=FaultLedger(str(tmp_path)), events=events,
+                             say=said.append)  # fmt: skip
+    return detector, events, said
+
+
+def test_a_crash_is_reported_and_becomes_a_typed_incident(tmp_path: Path) -> None:
+    detector, events, said = _crashes(tmp_path)
+    incident = detector.examine(ProcessExit(1, 4242, 3, 0.0, ""))
+    assert isinstance(incident, WorkerExited)
+    assert (incident.rank, incident.cause, incident.verdict) == (1, "crash", None)
+    assert (incident.failure.where, incident.failure.error) == ("start-up", "exit code 3")
+    assert events.kinds() == ["fault_detected", "member_leave"]
+    assert events.of("member_leave")[0]["reason"] == "exit rc 3"
+    assert said and "rank 1 crashed" in said[0]
+
+
+def test_the_same_failure_twice_carries_the_crash_loop_verdict(tmp_path: Path) -> None:
+    detector, _, _ = _crashes(tmp_path, limit=2)
+    assert detector.examine(ProcessExit(0, 10, -9, 0.0, "")).verdict is None
+    verdict = detector.examine(ProcessExit(0, 11, -9, 0.0, "")).verdict
+    assert verdict is not None and verdict.startswith("rank 0 failed 2 times in a row")
+
+
+def test_a_hang_kill_is_not_reported_again_as_a_crash(tmp_path: Path) -> None:
+    detector, events, _ = _crashes(tmp_path)
+    incident = detector.examine(ProcessExit(0, 12, -9, 0.0, "hang"))
+    assert incident.cause == "hang" and events.kinds() == ["member_leave"]
+
+
+class _Nodes:
+    def __init__(self, lost: list[int], blocked: set[str]) -> None:
+        self.lost, self.blocked, self.blocks = lost, blocked, []
+
+    def lost_nodes(self) -> list[int]:
+        lost, self.lost = self.lost, []
+        return lost
+
+    def ranks_of(self, node: int) -> list[int]:
+        return [2 * node, 2 * node + 1]
+
+    def watch_closed_at(self, node: int) -> float | None:
+        return None
+
+    def blocklisted(self) -> set[str]:
+        return set(self.blocked)
+
+    def block(self, member: str, reason: str) -> None:
+        self.blocks.append(member)
+
+
+def test_a_lost_node_is_isolated_and_reported_once(tmp_path: Path) -> None:
+    nodes, events = _Nodes([1], set()), FakeEvents()
+    detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
+                                events=events, say=lambda line: None)  # fmt: skip
+    (lost,) = detector.check()
+    assert lost == NodeLost(1, (2, 3), "agent lease expired (ttl 3.0s)", 3.0, False)
+    assert nodes.blocks == ["node1"] and events.kinds() == ["fault_detected", "isolation"]
+    assert detector.check() == []
+
+
+def test_a_node_that_cordoned_itself_is_adopted_without_a_new_report(tmp_path: Path) -> None:
+    nodes, events = _Nodes([1], {"node1"}), FakeEvents()
+    detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
+                                events=events, say=lambda line: None)  # fmt: skip
+    (lost,) = detector.check()
+    assert lost.cordoned and lost.ranks == (2, 3) and events.records == [] and not nodes.blocks
