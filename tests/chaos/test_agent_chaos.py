@@ -87,7 +87,7 @@ def _request(tmp_path: Path, name: str, content: bytes) -> None:
 
 
 def test_malformed_requests_are_reported_once_and_skipped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     agent = _agent(tmp_path)
     chaos = _chaos(agent, [])
@@ -105,7 +105,7 @@ def test_malformed_requests_are_reported_once_and_skipped(
     chaos.poll_requests()  # each bad file is reported once
     assert len(agent.events.notes) == 8, agent.events.notes
     assert all("ignored" in n and "\n" not in n for n in agent.events.notes)
-    assert capsys.readouterr().err.count("ignored") == 8
+    assert caplog.text.count("ignored") == 8
     (fault,) = chaos.pending  # the good request still arrived
     assert fault.id == good and fault.rank == 0
 
@@ -140,9 +140,7 @@ def test_queued_requests_count_from_their_queue_time(tmp_path: Path) -> None:
     assert not chaos._due(fault, queued / 1e9 + 4.9) and chaos._due(fault, queued / 1e9 + 5)
 
 
-def test_unfired_faults_are_warned_about(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_unfired_faults_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent = _agent(
         tmp_path, "kill rank=1 at=step:50; hang rank=0 at=time:1h; kill rank=2 at=step:3"
     )
@@ -153,7 +151,7 @@ def test_unfired_faults_are_warned_about(
     assert [f.text for f in unfired] == ["hang rank=0 at=time:1h"]  # rank 2 is node 1's
     (note,) = agent.events.notes
     assert "'hang rank=0 at=time:1h' never fired" in note
-    assert capsys.readouterr().err.count("never fired") == 1
+    assert caplog.text.count("never fired") == 1
 
 
 _REQUEST_BODIES = st.one_of(

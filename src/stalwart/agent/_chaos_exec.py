@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -24,9 +23,11 @@ from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.progress import Slot
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
 from stalwart.errors import StalwartError
-from stalwart.metrics.console import terminal_safe
+from stalwart.logs import get_logger
 
 __all__ = ["AgentChaos"]
+
+_log = get_logger(__name__)
 
 
 class Workers(Protocol):
@@ -126,7 +127,7 @@ class AgentChaos:
                     self.answerable.append(mine)
 
     def _note(self, message: str) -> None:
-        print(f"stalwart: {terminal_safe(message)}", file=sys.stderr, flush=True)
+        _log.warning(message)
         with contextlib.suppress(StalwartError, OSError):
             self._events.emit("note", message=message)
 
@@ -194,7 +195,7 @@ class AgentChaos:
             domain={"rank": rank, "node": self._node},
             spec=fault.text,
         )
-        print(f"stalwart: chaos: {terminal_safe(fault.text)}", file=sys.stderr, flush=True)
+        _log.info("chaos: %s", fault.text)
 
     def _fire(self, fault: Fault) -> bool:
         if fault.kind == "join":

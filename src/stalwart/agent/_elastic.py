@@ -106,7 +106,7 @@ class ElasticPolicy:
                 "(see its log) and resume from the last checkpoint"
             )
             p.coord.store.put(self._keys.failed, line.encode())
-            end_with_verdict(p.launch, p.say, line)
+            end_with_verdict(p.launch, line)
         p.say(f"member {ex.rank} left for good ({why}); the job goes on without it")
         if p.workers.all_gone() and p.cfg.node_rank == 0:
             raise RunFailed(f"every member of node 0 left for good (last: member {ex.rank})")

@@ -41,7 +41,7 @@ class InPlace:
     def _worker_exited(self, ex: WorkerExited) -> None:
         p = self._p
         if ex.verdict is not None:  # it would fail the same way again
-            end_with_verdict(p.launch, p.say, ex.verdict)
+            end_with_verdict(p.launch, ex.verdict)
         member = f"rank{ex.rank}"
         if p.coord.record_failure(member, ex.cause):
             # never readmitted: in place, the same slot would fail again
@@ -50,7 +50,6 @@ class InPlace:
             at = f" at {ex.failure.where}: {ex.failure.error}"
             end_with_verdict(
                 p.launch,
-                p.say,
                 f"rank {ex.rank} blocklisted ({entry.reason if entry else ex.cause}{at}); "
                 f"the job ends: fix what makes rank {ex.rank} fail (see its log) and "
                 "resume from the last checkpoint",

@@ -7,12 +7,14 @@ cannot go on (1), a node that cordoned itself (3), SIGTERM (143).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 from stalwart.agent._cluster import NodeFenced
 from stalwart.errors import StalwartError
+from stalwart.metrics.console import terminal_safe
 
 __all__ = [
     "ENDINGS",
@@ -42,11 +44,12 @@ class _Publisher(Protocol):
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
 
 
-def end_with_verdict(cluster: _Publisher, say: Callable[[str], None], line: str) -> NoReturn:
-    """End the job (every node: the verdict is published) with one line."""
+def end_with_verdict(cluster: _Publisher, line: str) -> NoReturn:
+    """End the job (every node: the verdict is published) with one line: the command's
+    own output (printed), not a diagnostic."""
     with contextlib.suppress(Exception):
         cluster.publish("verdict", {"line": line})
-    say(line)
+    print(f"stalwart: {terminal_safe(line)}", file=sys.stderr, flush=True)
     raise RunFailed(line)
 
 

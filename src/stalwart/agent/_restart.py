@@ -36,7 +36,7 @@ class RestartAll:
             self.restart_all(f"loss of node {incident.node}", "node_loss")
             return
         if incident.verdict is not None:  # it would fail the same way again
-            end_with_verdict(self._p.launch, self._p.say, incident.verdict)
+            end_with_verdict(self._p.launch, incident.verdict)
         p = self._p
         if p.generation.restarts >= p.cfg.max_restarts:
             p.say(f"rank {incident.rank} failed and --max-restarts={p.cfg.max_restarts} is spent")

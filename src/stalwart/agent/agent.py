@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 
@@ -52,13 +51,18 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = ["Agent", "run_agent"]
 
 
+_log = get_logger(__name__)
+
+
 def _say(msg: str) -> None:
-    print(f"stalwart: {msg}", file=sys.stderr, flush=True)
+    """A diagnostic (``stalwart: agent: ...``); the job's end is printed (_outcome.py)."""
+    _log.info(msg)
 
 
 class Agent:
