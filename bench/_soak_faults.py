@@ -99,10 +99,11 @@ class FailureBudget:
     """What the job's isolation lets through: a rank, and a node other than 0, that
     fails ``threshold`` times within ``window`` seconds is blocklisted and the job ends
     (docs/recovery.md, "Isolation"). The failures are the job's own ``fault_detected``
-    records of crashes and hangs: a peer the agent killed because it waited in a
-    collective of a generation the job left counts too, so one hang can cost two ranks
-    a failure. A kill or hang is allowed only while every rank and node 1 is at most
-    ``threshold - 2``: the fault and its collateral then blocklist nobody."""
+    records of crashes and hangs (a peer the agent killed because it waited in a
+    collective of a generation the job left is collateral: it has no such record and
+    the job does not count it). A kill or hang is allowed only while every rank and
+    node 1 is at most ``threshold - 2``: a margin of one failure for what the job may
+    count that the soak did not see yet."""
 
     def __init__(self, threshold: int, window: float, nproc: int, world: int) -> None:
         self.threshold, self.window, self.nproc, self.world = threshold, window, nproc, world

@@ -241,6 +241,7 @@ def test_a_collective_of_a_generation_the_job_left_is_a_hang() -> None:
     act = {0: idle(NOW - 5), 1: idle(NOW - 5)}
     verdict = find_hang(slots, NOW, CFG, act, generation=4, since=NOW - 1.5)
     assert verdict is not None and verdict.ranks == [0, 1] and "left" in verdict.how
+    assert verdict.collateral  # another fault moved the generation: not theirs
     assert find_hang(slots, NOW, CFG, act, generation=4, since=NOW - 0.5) is None  # 0.5 s
     assert find_hang(slots, NOW, CFG, act, generation=3) is None  # the current one
     assert find_hang(slots, NOW, CFG, act) is None  # elastic: not judged this way

@@ -52,6 +52,22 @@ def test_a_hang_kill_is_not_reported_again_as_a_crash(tmp_path: Path) -> None:
     assert incident.cause == "hang" and events.kinds() == ["member_leave"]
 
 
+def test_a_collateral_kill_is_recovered_but_never_counted_as_the_ranks_failure(
+    tmp_path: Path,
+) -> None:
+    # a survivor the agent killed because it waited in a collective of a generation
+    # another rank's hang ended: no fault of its own, and no crash-loop verdict however
+    # often it happens (it was charged before: one hang cost two ranks a failure)
+    detector, events, _ = _crashes(tmp_path, limit=2)
+    incidents = [detector.examine(ProcessExit(0, 20 + i, -9, 0.0, "collateral")) for i in range(3)]
+    assert all(i.collateral and i.verdict is None for i in incidents)
+    assert incidents[0].failure.cause == "collateral"
+    assert events.kinds() == ["member_leave"] * 3  # no fault_detected: not a fault
+    assert detector.last_failure is None
+    # its own failure afterwards is its first
+    assert detector.examine(ProcessExit(0, 30, -9, 0.0, "")).verdict is None
+
+
 class _Nodes:
     def __init__(self, lost: list[int], blocked: set[str]) -> None:
         self.lost, self.blocked, self.blocks = lost, blocked, []

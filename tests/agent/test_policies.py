@@ -51,13 +51,15 @@ def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> Reco
     return parts
 
 
-def _failed(parts: RecoveryParts, rank: int, *, verdict: str | None = None) -> WorkerExited:
+def _failed(
+    parts: RecoveryParts, rank: int, *, verdict: str | None = None, cause: str = "crash"
+) -> WorkerExited:
     w = parts.workers[rank]
     parts.workers.on_message({"op": "spawned", "id": f"rank-{rank}", "pid": 1000 + rank})
     parts.workers.on_message({"op": "exit", "pid": w.pid, "rc": 1, "t": 0.0})
     assert w.state is WorkerState.DEAD
-    return WorkerExited(rank, w.pid, 1, "crash", Failure(rank, "step 5", "ValueError: x", "crash"),
-                        verdict)  # fmt: skip
+    return WorkerExited(rank, w.pid, 1, cause, Failure(rank, "step 5", "ValueError: x", cause),
+                        verdict, collateral=cause == "collateral")  # fmt: skip
 
 
 def _sent(parts: RecoveryParts) -> list[dict[str, Any]]:
@@ -94,6 +96,23 @@ def test_in_place_blocklists_a_rank_that_fails_too_often(tmp_path: Path) -> None
     with pytest.raises(RunFailed, match=r"rank 1 blocklisted .* at step 5: ValueError: x"):
         policy.on_incident(_failed(parts, 1))
     assert "rank1" in parts.coord.blocklisted()
+
+
+def test_collateral_kills_are_recovered_without_charging_the_rank_or_its_node(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path, node=1)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    for _ in range(4):  # past the isolation threshold (3), had they counted
+        policy.on_incident(_failed(parts, 2, cause="collateral"))
+    assert parts.coord.blocklisted() == {}
+    assert parts.generation.current == 4  # each recovered: a new generation, respawned
+    assert parts.workers[2].state is WorkerState.STARTING
+    assert [b["cause"] for b in parts.events.of("recovery_begin")] == ["collateral"] * 4  # type: ignore[attr-defined]
+    policy.on_incident(_failed(parts, 2))  # its own failures still count, from one
+    policy.on_incident(_failed(parts, 2))
+    with pytest.raises(RunFailed, match="rank 2 blocklisted"):
+        policy.on_incident(_failed(parts, 2))
 
 
 def test_a_node_other_than_0_that_fails_too_often_cordons_itself(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from stalwart.agent._env import error_message
 from stalwart.agent._proc import read_cpu
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
-from stalwart.agent.detect import Activity, CpuTracker, HangConfig, find_hang
-from stalwart.agent.incidents import NodeLost, WorkerExited, WorkerHung
+from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
+from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
 from stalwart.agent.progress import Slot
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
@@ -100,7 +100,8 @@ class CrashDetector:
     def examine(self, exit_: ProcessExit) -> WorkerExited:
         rank, pid, rc = exit_.rank, exit_.pid, exit_.rc
         recorded = None
-        if exit_.cause != "hang":
+        collateral = exit_.cause == COLLATERAL
+        if exit_.cause not in ("hang", COLLATERAL):  # those the hang detector reported
             fired = self._ledger.fired_at(pid=pid)
             latency = time.time() - (fired if fired is not None else exit_.t_exit)
             how = f"process exit (rc {rc})"
@@ -124,6 +125,8 @@ class CrashDetector:
         error = error_line(path, rc, self._hangs.killed.pop(pid, ""))  # (removes the file)
         error = recorded or error
         failure = Failure(rank, where, error, cause)
+        if collateral:  # another rank's fault: not a failure of this rank's to count
+            return WorkerExited(rank, pid, rc, cause, failure, None, collateral=True)
         self.last_failure = failure
         return WorkerExited(rank, pid, rc, cause, failure, self._loops.record(failure))
 
@@ -173,6 +176,9 @@ class HangDetector:
         )
         if verdict is None:
             return []
+        self._t_recovery = now
+        if verdict.collateral:
+            return [self._collateral(rank, pids[rank], verdict) for rank in verdict.ranks]
         hung = []
         for rank in verdict.ranks:
             fired = self._ledger.fired_at(pid=pids[rank])
@@ -190,13 +196,25 @@ class HangDetector:
                 rank, pids[rank], verdict.how, verdict.stalled_s, verdict.threshold_s, latency
             )
             hung.append(h)
-        self._t_recovery = now
         return hung
 
+    def _collateral(self, rank: int, pid: int, verdict: HangVerdict) -> WorkerHung:
+        """A survivor left behind by another fault's recovery: no fault of its own (no
+        ``fault_detected``), killed so that it re-forms (its ``member_leave`` says why)."""
+        self._say(
+            f"rank {rank} {verdict.how} for {verdict.stalled_s:.2f} s; killing it so that "
+            "it re-forms (collateral of another fault: not counted as a failure of its own)"
+        )
+        return WorkerHung(
+            rank, pid, verdict.how, verdict.stalled_s, verdict.threshold_s, 0.0, collateral=True
+        )
+
     def isolate(self, hung: WorkerHung) -> None:
-        """Kill the hung worker; its exit is recovered as a failure with cause ``hang``."""
-        self._watch.killed[hung.pid] = f"hung: {hung.how}"
-        self._workers.kill(self._workers[hung.rank], "hang")
+        """Kill the hung worker; its exit is recovered as a failure with cause ``hang``
+        (``collateral`` for a survivor another fault left behind: not counted)."""
+        cause = COLLATERAL if hung.collateral else "hang"
+        self._watch.killed[hung.pid] = f"{'collateral' if hung.collateral else 'hung'}: {hung.how}"
+        self._workers.kill(self._workers[hung.rank], cause)
 
 
 class Nodes(Protocol):

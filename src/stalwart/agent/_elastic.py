@@ -83,7 +83,7 @@ class ElasticPolicy:
         p.begin(self.name, ex.cause)
         w = p.workers[ex.rank]
         limit = p.coord.config.failure_threshold
-        often = p.coord.record_failure(f"rank{ex.rank}", ex.cause)
+        often = not ex.collateral and p.coord.record_failure(f"rank{ex.rank}", ex.cause)
         if not (p.ledger.permanent(pid=ex.pid) or often or ex.verdict is not None):
             p.say(f"member {ex.rank} left; starting it again, it rejoins at a step boundary")
             p.spawn(w)

@@ -43,7 +43,8 @@ class InPlace:
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)
         member = f"rank{ex.rank}"
-        if p.coord.record_failure(member, ex.cause):
+        counted = not ex.collateral  # another rank's fault left it behind: not its own
+        if counted and p.coord.record_failure(member, ex.cause):
             # never readmitted: in place, the same slot would fail again
             p.events.emit("isolation", member=member, reason=ex.cause, blocklisted=True)
             entry = p.coord.blocklisted().get(member)
@@ -55,7 +56,7 @@ class InPlace:
                 "resume from the last checkpoint",
             )
         node = f"node{p.cfg.node_rank}"
-        if p.cfg.node_rank != 0 and p.coord.record_failure(node, ex.cause):
+        if counted and p.cfg.node_rank != 0 and p.coord.record_failure(node, ex.cause):
             # this machine keeps failing: take it out; node 0 adopts its ranks
             p.coord.block(node, f"cordoned after repeated failures, last: {ex.cause}")
             p.events.emit("isolation", member=node, reason=ex.cause, blocklisted=True)

@@ -67,7 +67,7 @@ class Worker:
     slot: int  # progress-board index
     pid: int = 0
     state: WorkerState = WorkerState.STARTING
-    cause: str = ""  # why the agent ended it: hang | restart | shutdown
+    cause: str = ""  # why the agent ended it: hang | collateral | restart | shutdown
     attached: bool = False  # its script runs the stalwart runtime (sticky across restarts)
     t_spawn: float = 0.0
 
@@ -75,7 +75,8 @@ class Worker:
 @dataclass(frozen=True)
 class ProcessExit:
     """A worker process ended by itself or by a signal the agent did not send for a
-    stop (``cause``: the agent's reason when it killed it for a hang, else empty)."""
+    stop (``cause``: the agent's reason when it killed it for a hang, ``collateral``
+    when it waited on a generation another fault ended, else empty)."""
 
     rank: int
     pid: int

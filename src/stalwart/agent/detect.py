@@ -128,6 +128,10 @@ class HangVerdict:
     stalled_s: float  # how long the culprits made no progress
     threshold_s: float
     how: str
+    collateral: bool = False
+    """The ranks are no culprits: they wait in a collective of a generation the job
+    left because of another rank's (or node's) fault. Killing them is part of that
+    recovery, not a failure of theirs (the crash-loop and isolation counts skip it)."""
 
 
 _LIVE = ("starting", "step", "collective", "recovering", "paused")
@@ -151,49 +155,83 @@ def find_hang(
     began (nobody is blamed for the time before it); ``history``: rank -> the p99 step
     time the job saw for it; ``whole_job``: every member of the job is in ``slots``;
     ``generation``: the job's current one (None under elastic, whose members re-form at
-    step boundaries themselves)."""
+    step boundaries themselves).
+
+    The rules in order (module docstring): stopped, then a collective of a generation
+    the job left (collateral), then no CPU progress."""
     sampled = {r: s for r, s in slots.items() if r in activity}
     if not sampled:
         return None
     hist = history or {}
     p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in sampled.items())
-    threshold = config.threshold(p99)
+    j = _Judged(now, config, since, p99, config.threshold(p99))
     # a stopped process is a hang whatever it runs, even before its first step
     stopped = {
         r: now - max(since, activity[r].t_stopped)
         for r, s in sampled.items()
         if s.phase in _LIVE and activity[r].t_stopped > 0
     }
-    late = sorted(r for r, d in stopped.items() if d > threshold)
+    late = sorted(r for r, d in stopped.items() if d > j.threshold)
     if late:
         how = "stopped (process state T: SIGSTOP or a tracer)"
-        return HangVerdict(late, min(stopped[r] for r in late), threshold, how)
+        return HangVerdict(late, min(stopped[r] for r in late), j.threshold, how)
     # busy and idle are judged only where steps are seen (the runtime's or a plain
     # script's optimizer steps): a script that steps no optimizer is never killed idle
     watched = {r: s for r, s in sampled.items() if s.attached or s.observed}
     if generation is not None:
-        # waiting in a collective of a generation the job left (a silent machine's
-        # ranks were adopted elsewhere): nobody will ever answer it
-        left = sorted(
-            r
-            for r, s in watched.items()
-            if s.attached
-            and s.phase == "collective"
-            and s.generation < generation
-            and r not in stopped
-            and now - max(since, s.t_progress) > threshold
-        )
-        if left:
-            how = f"waits in a collective of a generation the job left (now {generation})"
-            return HangVerdict(left, now - max(since, watched[left[0]].t_progress), threshold, how)
+        left = _left_behind(j, watched, set(stopped), generation)
+        if left is not None:
+            return left
     active = {r: s for r, s in watched.items() if s.phase in _ACTIVE and r not in stopped}
     if not active or len(active) < len([r for r in watched if watched[r].phase in _ACTIVE]):
         return None  # nobody to judge, or a stopped one is still within its threshold
+    return _no_progress(j, active, activity, whole_job)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """What every rule of :func:`find_hang` judges against."""
+
+    now: float
+    config: HangConfig
+    since: float  # when the last recovery began
+    p99: float  # the job's p99 step time
+    threshold: float  # config.threshold(p99)
+
+
+def _left_behind(
+    j: _Judged, watched: Mapping[int, Slot], stopped: set[int], generation: int
+) -> HangVerdict | None:
+    """Waiting in a collective of a generation the job left (a silent machine's ranks
+    were adopted elsewhere, a peer was replaced): nobody will ever answer it. These
+    ranks are collateral of the fault that moved the generation."""
+    left = sorted(
+        r
+        for r, s in watched.items()
+        if s.attached
+        and s.phase == "collective"
+        and s.generation < generation
+        and r not in stopped
+        and j.now - max(j.since, s.t_progress) > j.threshold
+    )
+    if not left:
+        return None
+    how = f"waits in a collective of a generation the job left (now {generation})"
+    stalled = j.now - max(j.since, watched[left[0]].t_progress)
+    return HangVerdict(left, stalled, j.threshold, how, collateral=True)
+
+
+def _no_progress(
+    j: _Judged, active: Mapping[int, Slot], activity: Mapping[int, Activity], whole_job: bool
+) -> HangVerdict | None:
+    """Idle ranks, when nobody computes: first the ones outside a collective; all of
+    them when the agent sees the whole job (a deadlock); else only after the ceiling."""
+    config = j.config
     for r, s in active.items():
-        if s.phase == "paused" or now - activity[r].t_busy < config.window_s:
+        if s.phase == "paused" or j.now - activity[r].t_busy < config.window_s:
             return None  # someone computes: the others wait for it
-    limit = min(max(config.idle_s, config.k * p99), max(config.idle_s, config.ceiling_s))
-    idle = {r: now - max(since, activity[r].t_busy, s.t_progress) for r, s in active.items()}
+    limit = min(max(config.idle_s, config.k * j.p99), max(config.idle_s, config.ceiling_s))
+    idle = {r: j.now - max(j.since, activity[r].t_busy, s.t_progress) for r, s in active.items()}
     stuck = sorted(r for r, d in idle.items() if d > limit)
     outside = [r for r in stuck if active[r].attached and active[r].phase == "step"]
     if outside:

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 
 from stalwart.agent.verdict import Failure
 
-__all__ = ["Incident", "NodeLost", "WorkerExited", "WorkerHung"]
+__all__ = ["COLLATERAL", "Incident", "NodeLost", "WorkerExited", "WorkerHung"]
+
+COLLATERAL = "collateral"
+"""The cause of a survivor the agent killed because another fault left it behind (it
+waits in a collective of a generation the job left): recovered, never counted."""
 
 
 @dataclass(frozen=True)
@@ -23,9 +27,13 @@ class WorkerExited:
     rank: int
     pid: int
     rc: int
-    cause: str  # crash | hang
+    cause: str  # crash | hang | collateral
     failure: Failure  # where it failed, its error (agent/verdict.py)
     verdict: str | None  # the crash-loop verdict: it would fail the same way again
+    collateral: bool = False
+    """The agent killed it as collateral of another rank's fault (it waited in a
+    collective of a generation the job left): recovered like a failure, but not counted
+    as one of this rank's or node's (crash-loop verdict, isolation)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class WorkerHung:
     stalled_s: float
     threshold_s: float
     latency_s: float  # from the injected fault, else the stall itself
+    collateral: bool = False  # waits on a generation another fault ended (detect.py)
 
 
 @dataclass(frozen=True)

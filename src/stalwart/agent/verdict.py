@@ -22,7 +22,7 @@ class Failure:
     rank: int
     where: str  # "step 151", "start-up", "recovery to step 150"
     error: str  # first line of the last error ("ValueError: bad batch", "killed by signal 9")
-    cause: str  # crash | hang
+    cause: str  # crash | hang | collateral
 
 
 def failed_at(slot: Slot, pid: int) -> str:
@@ -46,7 +46,8 @@ def error_line_path(run_dir: str, rank: int) -> str:
 
 def error_line(path: str, rc: int, cause: str) -> str:
     """The first line of the worker's error (the zygote writes the exception's last
-    traceback line to ``path``); else what its exit says."""
+    traceback line to ``path``); else why the agent killed it (``cause``: "hung: ...",
+    "collateral: ..."), else what its exit says."""
     try:
         with open(path, errors="replace") as f:
             text = f.read(4096).strip()
@@ -57,7 +58,7 @@ def error_line(path: str, rc: int, cause: str) -> str:
             os.unlink(path)
     if text:
         return text.splitlines()[0][:300]
-    if cause.startswith("hung"):
+    if cause:
         return cause
     return f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
 
