@@ -50,6 +50,9 @@ class FakeLaunch:
     def publish(self, key: str, record: dict[str, Any]) -> None:
         self.records[key] = dict(record)
 
+    def published(self, key: str) -> dict[str, Any] | None:
+        return self.records.get(key)
+
     def read(self, key: str, timeout: float) -> dict[str, Any]:
         return self.records[key]
 

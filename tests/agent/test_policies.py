@@ -33,7 +33,7 @@ _ZYGOTES: dict[int, FakeZygote] = {}  # id(LocalWorkers) -> the fake it forks th
 
 def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> RecoveryParts:
     job = f"t-{uuid.uuid4().hex[:8]}"
-    fields = {"max_restarts": 3, "min_world": 2, **cfg}
+    fields = {"max_restarts": 3, "min_world": 2, "world_size": 4, **cfg}
     config = SimpleNamespace(job=job, node_rank=node, nproc_per_node=nproc, **fields)
     coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
     board = ProgressBoard(str(tmp_path / f"board-{job}"), 8, create=True)
@@ -113,6 +113,47 @@ def test_collateral_kills_are_recovered_without_charging_the_rank_or_its_node(
     policy.on_incident(_failed(parts, 2))
     with pytest.raises(RunFailed, match="rank 2 blocklisted"):
         policy.on_incident(_failed(parts, 2))
+
+
+def _finished(parts: RecoveryParts, rank: int) -> None:
+    w = parts.workers[rank]
+    parts.workers.on_message({"op": "spawned", "id": f"rank-{rank}", "pid": 1000 + rank})
+    parts.workers.on_message({"op": "exit", "pid": w.pid, "rc": 0, "t": 0.0})
+    assert w.state is WorkerState.DONE
+
+
+def test_a_rank_failing_after_its_peer_finished_ends_the_job_instead_of_a_replacement(
+    tmp_path: Path,
+) -> None:
+    # rank 0 exited 0 (past the finish barrier); rank 1 then fails (its final save): a
+    # replacement would wait 300 s for a rank 0 that never comes back, and again
+    parts = _parts(tmp_path)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    _finished(parts, 0)
+    assert parts.launch.records["finished"] == {"rank": 0, "node": 0}  # type: ignore[attr-defined]
+    before = len(_sent(parts))
+    with pytest.raises(RunFailed, match=r"rank 1 failed at step 5 \(ValueError: x\) when rank 0"):
+        policy.on_incident(_failed(parts, 1))
+    assert _sent(parts)[before:] == [] and parts.generation.current == 0
+    assert "resume from the last checkpoint" in parts.launch.records["verdict"]["line"]  # type: ignore[attr-defined]
+
+
+def test_a_peer_that_finished_on_another_node_or_passed_the_barrier_counts_too(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path, node=1)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    parts.launch.publish("finished", {"rank": 0, "node": 0})
+    with pytest.raises(RunFailed, match="when rank 0 had finished the job"):
+        policy.on_incident(_failed(parts, 3))
+    # on this node: a peer whose board says done (its process not reaped yet)
+    parts = _parts(tmp_path)
+    policy = InPlace(parts, name="flash", assigns_spares=False)
+    parts.workers.on_message({"op": "spawned", "id": "rank-0", "pid": 1000})
+    parts.workers.board.write(0, pid=1000, step=6, phase="done", generation=0,
+                              t_progress=0.0, t_alive=0.0, p99_s=0.1)  # fmt: skip
+    with pytest.raises(RunFailed, match="when rank 0 had finished the job"):
+        policy.on_incident(_failed(parts, 1))
 
 
 def test_a_node_other_than_0_that_fails_too_often_cordons_itself(tmp_path: Path) -> None:

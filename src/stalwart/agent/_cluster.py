@@ -268,6 +268,11 @@ class Cluster:
     def publish(self, key: str, record: dict[str, Any]) -> None:
         self.store.put(f"{self._root}/launch/{key}", json.dumps(record).encode())
 
+    def published(self, key: str) -> dict[str, Any] | None:
+        """The record under ``key`` if one was published (no wait)."""
+        kv = self.store.get(f"{self._root}/launch/{key}")
+        return None if kv is None else dict(json.loads(kv.value))
+
     def read(self, key: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:

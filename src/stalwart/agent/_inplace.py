@@ -6,11 +6,20 @@ and the group re-forms in the next generation. A rank that fails too often is
 blocklisted and the job ends with a verdict (in place, the same slot would fail again);
 a node other than node 0 that fails too often cordons itself and node 0 adopts its
 ranks. A lost node's ranks start on the adopter, in its standbys when ``--standby``.
+
+A rank that fails after a peer finished the job (exited 0, or passed the runtime's finish
+barrier) is not replaced either: training is over on every rank, and a replacement would
+wait in its rendezvous for peers that are gone (the hang ceiling, 300 s, then again). The
+job ends with one line: that rank's failure is the verdict. Each node publishes the first
+of its ranks to finish (``launch/finished``) so that a node whose rank fails later knows.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from stalwart.agent._outcome import Cordoned, end_with_verdict
+from stalwart.agent._workers import Worker
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
 from stalwart.runtime.env import WorkerFields
@@ -25,6 +34,7 @@ class InPlace:
         self._p = parts
         self.name = name
         self.assigns_spares = assigns_spares
+        parts.workers.on_finish(self._finished)
 
     def worker_env(self, worker: object) -> WorkerFields:
         return {}
@@ -40,6 +50,8 @@ class InPlace:
 
     def _worker_exited(self, ex: WorkerExited) -> None:
         p = self._p
+        if (done := self._peer_finished(ex.rank)) is not None:
+            end_with_verdict(p.launch, _after_finish(ex, done))
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)
         member = f"rank{ex.rank}"
@@ -77,3 +89,37 @@ class InPlace:
                 p.joined(w, standby=True)
             else:
                 p.spawn(w)
+
+    def _finished(self, w: Worker) -> None:
+        """``w`` exited 0: say so to the other nodes (the first of this node's)."""
+        p = self._p
+        if p.launch.published(_FINISHED) is None:
+            with contextlib.suppress(Exception):  # the store host may be leaving already
+                p.launch.publish(_FINISHED, {"rank": w.rank, "node": p.cfg.node_rank})
+
+    def _peer_finished(self, rank: int) -> int | None:
+        """A rank other than ``rank`` that finished the job, here or on another node."""
+        p = self._p
+        local = p.workers.finished_peer(rank)
+        if local is not None:
+            return local
+        with contextlib.suppress(Exception):  # no store: no other node to ask
+            done = (p.launch.published(_FINISHED) or {}).get("rank")
+            if isinstance(done, int) and 0 <= done < p.cfg.world_size and done != rank:
+                return done
+        return None
+
+
+_FINISHED = "finished"  # the launch record of the first rank that finished the job
+
+
+def _after_finish(ex: WorkerExited, done: int) -> str:
+    """The verdict of a rank that failed once a peer had finished the job."""
+    where = ex.failure.where
+    at = where if where.startswith("after") else f"at {where}"
+    return (
+        f"rank {ex.rank} failed {at} ({ex.failure.error}) when rank {done} had finished the job "
+        f"(exited 0): not restarted, its peers are gone and a replacement would wait for "
+        f"them; the job ends with rank {ex.rank}'s failure: fix it (rank {ex.rank}'s output "
+        "has the traceback) and resume from the last checkpoint"
+    )

@@ -116,6 +116,7 @@ class LocalWorkers:
         self._assign = False  # --strategy spare: a replacement takes a spare
         self._watchers: list[ProcessWatcher] = []
         self._exit_listeners: list[Callable[[int], None]] = []
+        self._finish_listeners: list[Callable[[Worker], None]] = []
         self._spec: Spec = lambda w, extra: {}
         self._joined: Joined = lambda w: None
 
@@ -131,6 +132,10 @@ class LocalWorkers:
     def on_any_exit(self, listener: Callable[[int], None]) -> None:
         """``listener(pid)`` for the exit of every process of the zygote."""
         self._exit_listeners.append(listener)
+
+    def on_finish(self, listener: Callable[[Worker], None]) -> None:
+        """``listener(worker)`` when a worker's process exits 0 (its work is over)."""
+        self._finish_listeners.append(listener)
 
     # ------------------------------------------------------------ reading
     def __iter__(self) -> Iterator[Worker]:
@@ -163,6 +168,21 @@ class LocalWorkers:
 
     def finished(self) -> bool:
         return all(w.state in (WorkerState.DONE, WorkerState.GONE) for w in self)
+
+    def finished_peer(self, rank: int) -> int | None:
+        """A local rank other than ``rank`` that finished the job: its process exited 0,
+        or its board says ``done`` (the runtime passed its finish barrier: every member
+        trained to the end, so nobody will form a group with a replacement any more)."""
+        for w in self._workers.values():
+            if w.rank == rank:
+                continue
+            if w.state is WorkerState.DONE:
+                return w.rank
+            if w.state is WorkerState.RUNNING and w.pid:
+                s = self.board.read(w.slot)
+                if s.pid == w.pid and s.phase == "done":
+                    return w.rank
+        return None
 
     def all_gone(self) -> bool:
         return all(w.state is WorkerState.GONE for w in self)
@@ -289,6 +309,8 @@ class LocalWorkers:
             return None
         if rc == 0:
             w.state = WorkerState.DONE
+            for finished in self._finish_listeners:
+                finished(w)
             return None
         w.state = WorkerState.DEAD
         if w.cause in ("restart", "shutdown"):

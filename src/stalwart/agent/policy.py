@@ -61,6 +61,7 @@ class Launch(Protocol):
     """What of the cluster (agent/_cluster.py) a policy uses."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
+    def published(self, key: str) -> dict[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
