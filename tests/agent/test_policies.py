@@ -152,6 +152,8 @@ def test_a_peer_that_finished_on_another_node_or_passed_the_barrier_counts_too(
     parts.workers.on_message({"op": "spawned", "id": "rank-0", "pid": 1000})
     parts.workers.board.write(0, pid=1000, step=6, phase="done", generation=0,
                               t_progress=0.0, t_alive=0.0, p99_s=0.1)  # fmt: skip
+    parts.workers.judged()  # the agent's next look at the board tells the other nodes
+    assert parts.launch.records["finished"] == {"rank": 0, "node": 0}  # type: ignore[attr-defined]
     with pytest.raises(RunFailed, match="when rank 0 had finished the job"):
         policy.on_incident(_failed(parts, 1))
 

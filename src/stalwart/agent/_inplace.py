@@ -11,7 +11,8 @@ A rank that fails after a peer finished the job (exited 0, or passed the runtime
 barrier) is not replaced either: training is over on every rank, and a replacement would
 wait in its rendezvous for peers that are gone (the hang ceiling, 300 s, then again). The
 job ends with one line: that rank's failure is the verdict. Each node publishes the first
-of its ranks to finish (``launch/finished``) so that a node whose rank fails later knows.
+of its ranks to finish (``launch/finished``, as soon as its board says ``done``) so that a
+node whose rank fails later knows.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class InPlace:
                 p.spawn(w)
 
     def _finished(self, w: Worker) -> None:
-        """``w`` exited 0: say so to the other nodes (the first of this node's)."""
+        """``w`` finished the job: say so to the other nodes (the first of this node's)."""
         p = self._p
         if p.launch.published(_FINISHED) is None:
             with contextlib.suppress(Exception):  # the store host may be leaving already

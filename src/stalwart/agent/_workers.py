@@ -117,6 +117,7 @@ class LocalWorkers:
         self._watchers: list[ProcessWatcher] = []
         self._exit_listeners: list[Callable[[int], None]] = []
         self._finish_listeners: list[Callable[[Worker], None]] = []
+        self._finished: set[int] = set()  # pids whose finish the listeners were told
         self._spec: Spec = lambda w, extra: {}
         self._joined: Joined = lambda w: None
 
@@ -134,8 +135,16 @@ class LocalWorkers:
         self._exit_listeners.append(listener)
 
     def on_finish(self, listener: Callable[[Worker], None]) -> None:
-        """``listener(worker)`` when a worker's process exits 0 (its work is over)."""
+        """``listener(worker)`` once per process that finished the job: its board says
+        ``done`` (seen by :meth:`judged`, the runtime passed its finish barrier) or it
+        exited 0, whichever the agent sees first."""
         self._finish_listeners.append(listener)
+
+    def _finish(self, w: Worker) -> None:
+        if w.pid not in self._finished:
+            self._finished.add(w.pid)
+            for finished in self._finish_listeners:
+                finished(w)
 
     # ------------------------------------------------------------ reading
     def __iter__(self) -> Iterator[Worker]:
@@ -211,7 +220,8 @@ class LocalWorkers:
 
     def judged(self) -> dict[int, Slot]:
         """The board slot of every running worker the agent did not end itself (a slot
-        not written yet by its process stands for a start-up); learns ``attached``."""
+        not written yet by its process stands for a start-up); learns ``attached``, and
+        tells the finish listeners of a slot that says ``done``."""
         slots: dict[int, Slot] = {}
         for w in self._workers.values():
             if w.state is not WorkerState.RUNNING or not w.pid or w.cause:
@@ -221,6 +231,8 @@ class LocalWorkers:
                 s = Slot(w.pid, 0, "starting", 0, w.t_spawn, 0.0, 0.0, False)
             slots[w.rank] = s
             w.attached |= s.attached
+            if s.phase == "done" and s.pid == w.pid:
+                self._finish(w)  # told now, not at its exit: a peer may fail meanwhile
         return slots
 
     # ------------------------------------------------------------ membership
@@ -309,8 +321,7 @@ class LocalWorkers:
             return None
         if rc == 0:
             w.state = WorkerState.DONE
-            for finished in self._finish_listeners:
-                finished(w)
+            self._finish(w)
             return None
         w.state = WorkerState.DEAD
         if w.cause in ("restart", "shutdown"):
