@@ -24,7 +24,7 @@ from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
-from stalwart.coordinator._elastic_keys import Keys
+from stalwart.coordinator.elastic_keys import Keys
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
 

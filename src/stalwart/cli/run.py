@@ -222,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
     if args.rdzv_conf:
-        from stalwart.agent._etcd_cluster import rdzv_from_file
+        from stalwart.agent.etcd_cluster import rdzv_from_file
 
         if args.rdzv:
             raise ConfigError("--rdzv and --rdzv-conf exclude each other; pass one")
