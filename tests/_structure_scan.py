@@ -352,6 +352,44 @@ def long_functions(mod: Module) -> dict[str, int]:
     return v.found
 
 
+STRATEGY_NAMES = frozenset({"restart", "flash", "spare", "elastic", "async"})
+
+
+def _names_strategy(expr: ast.expr) -> bool:
+    """``strategy``, ``cfg.strategy``, ``self._strategy``, ``rp.strategy``: a value named
+    for the strategy (the last name of the expression says it)."""
+    if isinstance(expr, ast.Name):
+        return "strategy" in expr.id.lower()
+    if isinstance(expr, ast.Attribute):
+        return "strategy" in expr.attr.lower()
+    return False
+
+
+def _strategy_literal(expr: ast.expr) -> bool:
+    """A strategy's name, or a tuple/list/set holding one, written as a string."""
+    if isinstance(expr, ast.Constant):
+        return expr.value in STRATEGY_NAMES
+    if isinstance(expr, ast.Tuple | ast.List | ast.Set):
+        return any(_strategy_literal(e) for e in expr.elts)
+    return False
+
+
+def strategy_comparisons(mod: Module) -> set[str]:
+    """Rule (f): a value named for the strategy compared (``==``, ``!=``, ``in``, ``not
+    in``) with a strategy's name written as a string, outside cli/ (the CLI parses the
+    name; everything after it asks the parsed value)."""
+    if mod.part == "cli":
+        return set()
+    found = set()
+    for node in ast.walk(mod.tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        if any(map(_names_strategy, operands)) and any(map(_strategy_literal, operands)):
+            found.add(ast.unparse(node))
+    return found
+
+
 def findings() -> dict[str, set[str]]:
     """Every rule's findings as allowlist entries (``<module path>: <what>``)."""
     mods = modules()
@@ -362,6 +400,7 @@ def findings() -> dict[str, set[str]]:
         "import_cycle": set(),
         "long_module": set(),
         "long_function": set(),
+        "strategy_comparison": set(),
     }
     for m in mods:
         out["private_import"].update(f"{m.rel}: {t}" for t in private_imports(m, known))
@@ -371,6 +410,7 @@ def findings() -> dict[str, set[str]]:
         if m.lines > MAX_MODULE_LINES:
             out["long_module"].add(m.rel)
         out["long_function"].update(f"{m.rel}: {f}" for f in long_functions(m))
+        out["strategy_comparison"].update(f"{m.rel}: {c}" for c in strategy_comparisons(m))
     for package in CYCLE_PACKAGES:
         for comp in cycles(import_graph(mods, package)):
             short = [c.removeprefix(f"stalwart.{package}").lstrip(".") or "__init__" for c in comp]

@@ -24,7 +24,8 @@ from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
-from stalwart.coordinator._elastic_keys import Keys
+from stalwart.coordinator.elastic_keys import Keys
+from stalwart.runtime.env import Strategy
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
 
@@ -227,7 +228,7 @@ def test_elastic_lets_a_member_that_fails_too_often_go_and_ends_below_min(
 def test_the_factory_is_the_one_place_a_strategy_name_is_read(tmp_path: Path) -> None:
     parts = _parts(tmp_path)
     joins = Joins(parts)
-    chosen = {s: choose_policy(s, parts, joins) for s in ("restart", "flash", "spare", "elastic")}
+    chosen = {s.value: choose_policy(s, parts, joins) for s in Strategy}
     assert {s: p.name for s, p in chosen.items()} == {s: s for s in chosen}
     assert [s for s, p in chosen.items() if p.assigns_spares] == ["spare"]
     assert isinstance(chosen["elastic"], ElasticPolicy)

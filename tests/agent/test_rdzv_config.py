@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stalwart.agent._cluster import ring_successor
-from stalwart.agent._etcd_cluster import rdzv_from_file
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.etcd_cluster import rdzv_from_file
 from stalwart.errors import ConfigError
 
 

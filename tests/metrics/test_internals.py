@@ -10,7 +10,7 @@ from typing import Any
 
 from stalwart.cli.main import main
 from stalwart.metrics import _plots
-from stalwart.metrics._intervals import add, covers, measure, overlapping, union
+from stalwart.metrics.intervals import add, covers, measure, overlapping, union
 
 
 def test_interval_ops_match_brute_force() -> None:

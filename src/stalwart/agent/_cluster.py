@@ -3,7 +3,7 @@
 By default node 0's agent hosts the store (a :class:`StoreServer` over its in-process
 :class:`MemoryStore`, as torchrun's node 0 hosts the c10d store); the others connect to
 ``--rdzv-endpoint`` with the job token. With ``--rdzv etcd://...`` every agent is an
-etcd client and no node is special (agent/_etcd_cluster.py). Every agent joins as
+etcd client and no node is special (agent/etcd_cluster.py). Every agent joins as
 member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node whose
 lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
 as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
@@ -89,7 +89,7 @@ class Cluster:
         cfg = self.cfg
         host, port = cfg.endpoint()
         if cfg.etcd:
-            from stalwart.agent._etcd_cluster import open_etcd
+            from stalwart.agent.etcd_cluster import open_etcd
 
             self.store, self.token = open_etcd(cfg)
             self.address = str(cfg.rdzv)

@@ -62,7 +62,6 @@ def worker_contract(
     ``TORCHELASTIC_ERROR_FILE`` is set per process by the zygote (:func:`error_dir`)."""
     host, sep, port = node.store.rpartition(":")
     store = None if cfg.etcd or not (sep and port.isdigit()) else (host, int(port))
-    knobs = cfg.runtime
     return WorkerEnv(
         rank=spec.rank,
         world_size=cfg.world_size,
@@ -84,12 +83,7 @@ def worker_contract(
         progress_slot=spec.slot,
         chaos_plan=node.chaos_plan,
         hang_ceiling_s=cfg.hang.ceiling_s,
-        persist_every=knobs.persist_every,
-        snapshot_budget=knobs.snapshot_budget,
-        snapshot_every=knobs.snapshot_every,
-        collective_timeout_s=knobs.collective_timeout_s,
-        keep_last=knobs.keep_last,
-        keep_every=knobs.keep_every,
+        **cfg.runtime.contract_fields(),
         min_world=cfg.min_world,
         elastic_wait_s=cfg.elastic_wait_s,
         **fields,

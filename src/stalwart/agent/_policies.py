@@ -6,14 +6,15 @@ from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._inplace import InPlace
 from stalwart.agent._restart import RestartAll
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
+from stalwart.runtime.env import Strategy
 
 __all__ = ["choose_policy"]
 
 
-def choose_policy(strategy: str, parts: RecoveryParts, joins: Joins) -> RecoveryPolicy:
-    """The policy of ``--strategy`` (validated by the config: one of STRATEGIES)."""
-    if strategy == "restart":
+def choose_policy(strategy: Strategy, parts: RecoveryParts, joins: Joins) -> RecoveryPolicy:
+    """The policy of ``--strategy`` (parsed by the config)."""
+    if strategy is Strategy.RESTART:
         return RestartAll(parts)
-    if strategy == "elastic":
+    if strategy is Strategy.ELASTIC:
         return ElasticPolicy(parts, joins)
-    return InPlace(parts, name=strategy, assigns_spares=strategy == "spare")
+    return InPlace(parts, name=strategy.value, assigns_spares=strategy.uses_spares)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import DEFAULTS, STRATEGIES
+from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy
 
 __all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
 
@@ -51,6 +52,11 @@ class RuntimeKnobs:
                 f"--snapshot-budget {self.snapshot_budget}: use a fraction of step time >= 0"
             )
 
+    def contract_fields(self) -> dict[str, Any]:
+        """The knobs as worker contract fields: each knob is the WorkerEnv field of the
+        same name, so the agent hands them on without naming them again."""
+        return asdict(self)
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -69,7 +75,8 @@ class LaunchConfig:
     crash_loop_limit: int = 3
     """A rank failing this many times in a row at the same step (or at start-up) ends the
     job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
-    strategy: str = DEFAULTS.strategy
+    strategy: Strategy = DEFAULTS.strategy
+    """The recovery strategy; a name (``"flash"``) is parsed into its :class:`Strategy`."""
     spares: int = 0
     chaos: str | None = None
     redirect: bool = False  # worker output to RUN_DIR/logs/rank<r>.log
@@ -97,15 +104,16 @@ class LaunchConfig:
             raise ConfigError(
                 f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes)"
             )
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
-        if self.strategy == "spare" and self.spares < 1:
+        given = str.__str__(self.strategy)
+        strategy = Strategy.parse(given, lambda fix: ConfigError(f"--strategy {given!r}: {fix}"))
+        object.__setattr__(self, "strategy", strategy)
+        if strategy.uses_spares and self.spares < 1:
             raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
         if self.replica_rate_mb_s < 0:
             raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
-        if self.standby and self.strategy not in ("flash", "spare"):
+        if self.standby and not strategy.replaces_in_place:
             raise ConfigError(
-                f"--standby needs --strategy flash or spare (got {self.strategy!r}): "
+                f"--standby needs --strategy flash or spare (got {given!r}): "
                 "only they replace a lost node's ranks in place"
             )
         if self.standby and self.nnodes < 2:
@@ -161,7 +169,7 @@ class LaunchConfig:
         procs = self.min_nproc_per_node
         if procs is None:
             procs = self.nproc_per_node
-        return nodes * procs if self.strategy == "elastic" else self.world_size
+        return nodes * procs if self.strategy.resizes else self.world_size
 
     @property
     def local_ranks(self) -> list[int]:

@@ -85,6 +85,29 @@ def collect_garbage(
     another member may still restore from). Never follows a link: a linked ``step_*``,
     ``data/`` or pack is reported in ``skipped`` and left alone."""
     report = GcReport()
+    manifests, all_steps = _read_steps(storage, report)
+    if not manifests:
+        return report
+    newest = max(manifests)
+    kept = policy.keep(list(manifests)) | {s for s in protect if s in manifests}
+    live: set[str] = set()
+    for step in kept | set(sorted(manifests)[-2:]):
+        m = manifests.get(step)
+        if m is not None:
+            live |= set(m.packs)
+
+    for step in sorted(all_steps):
+        if step in kept or step > newest:
+            continue
+        if _delete_step(storage, step, report):
+            (report.deleted_steps if step in manifests else report.deleted_partial).append(step)
+    _delete_packs(storage, newest, live, report)
+    return report
+
+
+def _read_steps(storage: Storage, report: GcReport) -> tuple[dict[int, Manifest | None], list[int]]:
+    """The manifest of every step directory (None: damaged or not a file, so it protects
+    nothing) and every step directory, committed or not; links are skipped."""
     manifests: dict[int, Manifest | None] = {}
     all_steps: list[int] = []
     for name in storage.listdir(""):
@@ -104,26 +127,16 @@ def collect_garbage(
                 manifests[step] = None  # damaged: unloadable, so it protects nothing
         elif mkind != "missing":
             manifests[step] = None
-    if not manifests:
-        return report
-    newest = max(manifests)
-    kept = policy.keep(list(manifests)) | {s for s in protect if s in manifests}
-    live: set[str] = set()
-    for step in kept | set(sorted(manifests)[-2:]):
-        m = manifests.get(step)
-        if m is not None:
-            live |= set(m.packs)
+    return manifests, all_steps
 
-    for step in sorted(all_steps):
-        if step in kept or step > newest:
-            continue
-        if _delete_step(storage, step, report):
-            (report.deleted_steps if step in manifests else report.deleted_partial).append(step)
 
+def _delete_packs(storage: Storage, newest: int, live: set[str], report: GcReport) -> None:
+    """Delete the packs no kept manifest references (a pack written for a step after
+    ``newest`` may belong to a commit in flight: kept)."""
     data_kind = storage.kind("data")
     if data_kind not in ("dir", "missing"):
         report.skipped.append(f"data: a {data_kind}, not a directory; no pack collected")
-        return report
+        return
     for name in storage.listdir("data"):
         path = f"data/{name}"
         base = name.split(".", 1)[0] + ".pack" if name.endswith(".tmp") else name
@@ -141,7 +154,6 @@ def collect_garbage(
             continue
         report.freed_bytes += size
         report.deleted_packs.append(path)
-    return report
 
 
 def _delete_step(storage: Storage, step: int, report: GcReport) -> bool:

@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.cli._sim_text import clean, table
 from stalwart.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stalwart.sim.calibrate import CalibrationRun
+    from stalwart.sim.replay import ReplayResult
 
 __all__ = ["register_calibrate"]
 
@@ -35,10 +39,6 @@ def register_calibrate(subparsers: Any) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    import os
-    import sys
-
-    from stalwart.metrics.console import terminal_safe
     from stalwart.sim.calibrate import calibrate
     from stalwart.sim.calibration import calibration_to_dict
     from stalwart.sim.replay import replay
@@ -51,13 +51,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         base = Path(args.run_dir)
         out = (base if base.is_dir() else base.parent) / "calibration.json"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(clean(doc), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as err:
-        raise ConfigError(f"cannot write {out}: {err.strerror}; pass --out FILE") from err
+    _write(out, doc)
     warnings = list(run.warnings)
     if run.missing:
         warnings.append(
@@ -65,30 +59,65 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
     rep = replay(cal) if cal.replay is not None else None
     if args.json:
-        print(
-            json.dumps(
-                clean(
-                    {
-                        "file": str(out),
-                        "calibration": doc,
-                        "samples": {k: run.counts.get(k, 0) for k in cal.costs},
-                        "missing": run.missing,
-                        "warnings": warnings,
-                        "replay": None
-                        if rep is None
-                        else {
-                            "strategy": rep.strategy,
-                            "predicted_ettr": rep.predicted_ettr,
-                            "measured_ettr": rep.measured_ettr,
-                            "error_pp": rep.error_pp,
-                            "interval_s": rep.interval_s,
-                            "failures": rep.failures,
-                        },
-                    }
-                )
+        _print_json(out, doc, run, warnings, rep)
+    else:
+        _print_text(out, run, warnings, rep)
+    return 0
+
+
+def _write(out: Path, doc: dict[str, Any]) -> None:
+    """The calibration file, whole or not at all (written aside, then renamed)."""
+    import os
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(clean(doc), indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as err:
+        raise ConfigError(f"cannot write {out}: {err.strerror}; pass --out FILE") from err
+
+
+def _print_json(
+    out: Path,
+    doc: dict[str, Any],
+    run: CalibrationRun,
+    warnings: list[str],
+    rep: ReplayResult | None,
+) -> None:
+    print(
+        json.dumps(
+            clean(
+                {
+                    "file": str(out),
+                    "calibration": doc,
+                    "samples": {k: run.counts.get(k, 0) for k in run.calibration.costs},
+                    "missing": run.missing,
+                    "warnings": warnings,
+                    "replay": None
+                    if rep is None
+                    else {
+                        "strategy": rep.strategy,
+                        "predicted_ettr": rep.predicted_ettr,
+                        "measured_ettr": rep.measured_ettr,
+                        "error_pp": rep.error_pp,
+                        "interval_s": rep.interval_s,
+                        "failures": rep.failures,
+                    },
+                }
             )
         )
-        return 0
+    )
+
+
+def _print_text(
+    out: Path, run: CalibrationRun, warnings: list[str], rep: ReplayResult | None
+) -> None:
+    import sys
+
+    from stalwart.metrics.console import terminal_safe
+
+    cal = run.calibration
     for w in warnings:
         print(f"stalwart: warning: {terminal_safe(w)}", file=sys.stderr)
     m = cal.measured
@@ -121,4 +150,3 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             + ("" if pp is None else f" ({pp:+.1f} pp)")
         )
     print(f"wrote {out}")
-    return 0

@@ -8,9 +8,12 @@ import argparse
 import dataclasses
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stalwart.sim import ClusterConfig, FailureModel, Scenario
 
 __all__ = ["add_scenario_flags", "build_scenario", "parse_bytes", "replica_count"]
 
@@ -84,13 +87,41 @@ def add_scenario_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_scenario(args: argparse.Namespace) -> Any:
-    from stalwart.sim import ClusterConfig, FailureCause, FailureModel, preset
+    from stalwart.sim import preset
     from stalwart.sim.calibration import apply_calibration, load_calibration
 
     sc = preset(args.preset)
     if args.calibration:
         sc = apply_calibration(sc, load_calibration(args.calibration))
-    cluster = sc.cluster
+    cluster = _cluster(args, sc.cluster)
+    failures, source = _failures(args, sc, cluster)
+    fchanges: dict[str, Any] = {}
+    if args.distribution is not None:
+        fchanges["distribution"] = args.distribution
+    if args.weibull_shape is not None:
+        fchanges["weibull_shape"] = args.weibull_shape
+    failures = dataclasses.replace(failures, **fchanges)
+    costs: dict[str, Any] = {}
+    if args.restart_s is not None:
+        costs["restart_s"] = args.restart_s
+    if args.node_replace_s is not None:
+        costs["node_replace_s"] = args.node_replace_s
+    horizon = sc.horizon_s if args.days is None else args.days * 86400.0
+    return dataclasses.replace(
+        sc,
+        cluster=cluster,
+        failures=failures,
+        job=dataclasses.replace(sc.job, **_job_changes(args)),
+        costs=dataclasses.replace(sc.costs, **costs),
+        horizon_s=horizon,
+        source=source,
+    )
+
+
+def _cluster(args: argparse.Namespace, cluster: ClusterConfig) -> ClusterConfig:
+    """The preset's cluster with --gpus, --gpus-per-node, --spares, --repair-hours."""
+    from stalwart.sim import ClusterConfig
+
     per_node = args.gpus_per_node if args.gpus_per_node is not None else cluster.gpus_per_node
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {per_node}")
@@ -107,7 +138,16 @@ def build_scenario(args: argparse.Namespace) -> Any:
         changes["spare_nodes"] = args.spares
     if args.repair_hours is not None:
         changes["repair_s"] = args.repair_hours * 3600.0
-    cluster = ClusterConfig(**{**dataclasses.asdict(cluster), **changes})
+    return ClusterConfig(**{**dataclasses.asdict(cluster), **changes})
+
+
+def _failures(
+    args: argparse.Namespace, sc: Scenario, cluster: ClusterConfig
+) -> tuple[FailureModel, str]:
+    """The failure model (the preset's, or one of --mtbf-hours /
+    --failures-per-1000-node-days) and the scenario's source line saying which."""
+    from stalwart.sim import FailureCause, FailureModel
+
     failures = sc.failures
     source = sc.source
     if args.mtbf_hours is not None and args.node_rate is not None:
@@ -125,12 +165,11 @@ def build_scenario(args: argparse.Namespace) -> Any:
         source = (
             f"failures: --failures-per-1000-node-days {args.node_rate:g}; costs: preset {sc.name}"
         )
-    fchanges: dict[str, Any] = {}
-    if args.distribution is not None:
-        fchanges["distribution"] = args.distribution
-    if args.weibull_shape is not None:
-        fchanges["weibull_shape"] = args.weibull_shape
-    failures = dataclasses.replace(failures, **fchanges)
+    return failures, source
+
+
+def _job_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's fields the flags set (checkpoint size and speed, stalls, async, interval)."""
     job: dict[str, Any] = {}
     if (args.ckpt_bytes is None) != (args.write_gbps is None):
         raise ConfigError("--ckpt-bytes and --write-gbps go together; give both or neither")
@@ -146,21 +185,7 @@ def build_scenario(args: argparse.Namespace) -> Any:
         job["async_group_nodes"] = args.async_group_nodes
     if args.interval_min is not None:
         job["interval_s"] = args.interval_min * 60.0
-    costs: dict[str, Any] = {}
-    if args.restart_s is not None:
-        costs["restart_s"] = args.restart_s
-    if args.node_replace_s is not None:
-        costs["node_replace_s"] = args.node_replace_s
-    horizon = sc.horizon_s if args.days is None else args.days * 86400.0
-    return dataclasses.replace(
-        sc,
-        cluster=cluster,
-        failures=failures,
-        job=dataclasses.replace(sc.job, **job),
-        costs=dataclasses.replace(sc.costs, **costs),
-        horizon_s=horizon,
-        source=source,
-    )
+    return job
 
 
 def replica_count(args: argparse.Namespace) -> int:

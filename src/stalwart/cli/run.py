@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.errors import ConfigError
+from stalwart.runtime.env import Strategy
+
+if TYPE_CHECKING:
+    from stalwart.agent import RuntimeKnobs
 
 __all__ = ["register"]
 
@@ -22,9 +26,9 @@ def _range(text: str, flag: str) -> tuple[int | None, int]:
     return (int(low), int(high)) if sep else (None, int(low))
 
 
-def _persist_every(text: str | None, strategy: str) -> int:
-    if text is None:
-        return 20 if strategy == "restart" else 0
+def _persist_every(text: str | None, strategy: Strategy) -> int:
+    if text is None:  # a job without memory restores persists by default
+        return 0 if strategy.restores_from_memory else 20
     if text == "auto":
         return -1
     if not _COUNT.fullmatch(text):
@@ -209,7 +213,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stalwart.agent import HangConfig, LaunchConfig, RuntimeKnobs, run_agent
+    from stalwart.agent import HangConfig, LaunchConfig, run_agent
     from stalwart.chaos import FaultPlan
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
@@ -217,12 +221,63 @@ def _run(args: argparse.Namespace) -> int:
     min_procs, nprocs = _range(args.nproc_per_node, "--nproc-per-node")
     if args.standalone and nnodes > 1:
         raise ConfigError("--standalone runs one node; drop --nnodes or --standalone")
-    persist = _persist_every(args.persist_every, args.strategy)
+    given = args.strategy
+    strategy = Strategy.parse(given, lambda fix: ConfigError(f"--strategy {given!r}: {fix}"))
+    knobs = _knobs(args, strategy)
+    kwargs = _rendezvous(args)
+    cfg = LaunchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        nproc_per_node=nprocs,
+        nnodes=nnodes,
+        min_nnodes=min_nodes,
+        min_nproc_per_node=min_procs,
+        elastic_wait_s=args.elastic_wait,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        run_dir=args.run_dir or "",
+        max_restarts=args.max_restarts,
+        strategy=strategy,
+        spares=args.spares,
+        chaos=args.chaos,
+        redirect=args.redirect,
+        token_file=args.token_file,
+        crash_loop_limit=args.crash_loop_limit,
+        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
+        runtime=knobs,
+        node_lease_s=args.node_lease,
+        replica_rate_mb_s=args.replica_rate,
+        standby=args.standby,
+        replica_host=args.replica_host,
+        metrics_port=args.metrics_port,
+        progress=args.progress,
+        **kwargs,
+    )
+    return run_agent(cfg)
+
+
+def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:
+    """The worker-runtime flags, as the agent hands them to its workers."""
+    from stalwart.agent import RuntimeKnobs
+
+    return RuntimeKnobs(
+        persist_every=_persist_every(args.persist_every, strategy),
+        snapshot_budget=args.snapshot_budget,
+        snapshot_every=args.snapshot_every,
+        keep_last=args.keep_last,
+        keep_every=args.keep_every,
+        collective_timeout_s=args.collective_timeout,
+    )
+
+
+def _rendezvous(args: argparse.Namespace) -> dict[str, Any]:
+    """The job id and etcd URL of --rdzv-id, --rdzv and --rdzv-conf (LaunchConfig's
+    ``job`` and ``rdzv``; absent: a fresh job id, the embedded store)."""
     kwargs: dict[str, Any] = {}
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
     if args.rdzv_conf:
-        from stalwart.agent._etcd_cluster import rdzv_from_file
+        from stalwart.agent.etcd_cluster import rdzv_from_file
 
         if args.rdzv:
             raise ConfigError("--rdzv and --rdzv-conf exclude each other; pass one")
@@ -238,39 +293,4 @@ def _run(args: argparse.Namespace) -> int:
             )
         kwargs["job"] = target.job_id
         kwargs["rdzv"] = args.rdzv
-    cfg = LaunchConfig(
-        script=args.script,
-        script_args=tuple(args.script_args),
-        nproc_per_node=nprocs,
-        nnodes=nnodes,
-        min_nnodes=min_nodes,
-        min_nproc_per_node=min_procs,
-        elastic_wait_s=args.elastic_wait,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        run_dir=args.run_dir or "",
-        max_restarts=args.max_restarts,
-        strategy=args.strategy,
-        spares=args.spares,
-        chaos=args.chaos,
-        redirect=args.redirect,
-        token_file=args.token_file,
-        crash_loop_limit=args.crash_loop_limit,
-        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
-        runtime=RuntimeKnobs(
-            persist_every=persist,
-            snapshot_budget=args.snapshot_budget,
-            snapshot_every=args.snapshot_every,
-            keep_last=args.keep_last,
-            keep_every=args.keep_every,
-            collective_timeout_s=args.collective_timeout,
-        ),
-        node_lease_s=args.node_lease,
-        replica_rate_mb_s=args.replica_rate,
-        standby=args.standby,
-        replica_host=args.replica_host,
-        metrics_port=args.metrics_port,
-        progress=args.progress,
-        **kwargs,
-    )
-    return run_agent(cfg)
+    return kwargs

@@ -12,6 +12,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 COLORS: dict[str, str] = {
@@ -104,6 +105,35 @@ def timeline(d: dict[str, Any]) -> str:
             xs += [t0, t1, t1]
             ys += [rate, rate, float("nan")]
     ax.plot(xs, ys, color=COLORS["productive"], linewidth=1.5, label="steps/s")
+    _incidents(ax, d)
+    # One artist however many checkpoints: a rug along the bottom, one tick per column.
+    col = wall / (4 * _MAX_SEGMENTS)
+    ticks = sorted({round(t / col) * col for t in s["snapshots"]})
+    if ticks:
+        ax.plot(
+            ticks,
+            [0.0] * len(ticks),
+            "|",
+            color=COLORS["checkpoint_stall"],
+            markersize=10,
+            clip_on=False,
+            label="checkpoints",
+        )
+    for r in d["resumes"]:
+        if r["cause"] == "reconfiguration":
+            ax.axvline(r["t"], color=COLORS["recovery"], linewidth=1, linestyle="--")
+    ax.set_ylabel("steps / s")
+    _world_sizes(ax, d["world_size"], wall)
+    top = max((y for y in ys if y == y), default=0.0)  # y == y: not NaN
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    ax.set_title("throughput (red: incidents, fault to resume; ticks: checkpoints)", fontsize=9)
+    _bucket_strip(strip, s["segments"], d["wall_s"])
+    return _svg(fig)
+
+
+def _incidents(ax: Axes, d: dict[str, Any]) -> None:
+    """Each interrupting incident shaded from its fault to its resume, labelled unless
+    there are too many to read."""
     for i in d["incidents"]:
         if not i["interrupted"]:
             continue
@@ -122,51 +152,37 @@ def timeline(d: dict[str, Any]) -> str:
             ha="right",
             color=COLORS["lost_progress"],
         )
-    # One artist however many checkpoints: a rug along the bottom, one tick per column.
-    col = wall / (4 * _MAX_SEGMENTS)
-    ticks = sorted({round(t / col) * col for t in s["snapshots"]})
-    if ticks:
-        ax.plot(
-            ticks,
-            [0.0] * len(ticks),
-            "|",
-            color=COLORS["checkpoint_stall"],
-            markersize=10,
-            clip_on=False,
-            label="checkpoints",
-        )
-    for r in d["resumes"]:
-        if r["cause"] == "reconfiguration":
-            ax.axvline(r["t"], color=COLORS["recovery"], linewidth=1, linestyle="--")
-    ax.set_ylabel("steps / s")
-    sizes = d["world_size"]
-    if len({w["world_size"] for w in sizes}) > 1:  # elastic: show the world size too
-        ws = ax.twinx()
-        ws.step(
-            [w["t"] for w in sizes] + [wall],
-            [w["world_size"] for w in sizes] + [sizes[-1]["world_size"]],
-            where="post",
-            color="black",
-            linewidth=0.8,
-            linestyle="--",
-        )
-        ws.set_ylabel("world size (dashed)")
-        ws.set_ylim(0, max(w["world_size"] for w in sizes) * 1.15)
-    top = max((y for y in ys if y == y), default=0.0)  # y == y: not NaN
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
-    ax.set_title("throughput (red: incidents, fault to resume; ticks: checkpoints)", fontsize=9)
-    segs = s["segments"]
+
+
+def _world_sizes(ax: Axes, sizes: list[dict[str, Any]], wall: float) -> None:
+    """Under elastic (the size changed), the world size on a second axis, dashed."""
+    if len({w["world_size"] for w in sizes}) <= 1:
+        return
+    ws = ax.twinx()
+    ws.step(
+        [w["t"] for w in sizes] + [wall],
+        [w["world_size"] for w in sizes] + [sizes[-1]["world_size"]],
+        where="post",
+        color="black",
+        linewidth=0.8,
+        linestyle="--",
+    )
+    ws.set_ylabel("world size (dashed)")
+    ws.set_ylim(0, max(w["world_size"] for w in sizes) * 1.15)
+
+
+def _bucket_strip(strip: Axes, segs: list[list[Any]], wall_s: float) -> None:
+    """The strip of which bucket every instant went to, its legend below."""
     if len(segs) > _MAX_SEGMENTS:
-        segs = _columns(segs, wall, _MAX_SEGMENTS)
+        segs = _columns(segs, max(wall_s, 1e-9), _MAX_SEGMENTS)
     for name in COLORS:
         spans = [(a, b - a) for a, b, k in segs if k == name]
         if spans:
             strip.broken_barh(spans, (0, 1), color=COLORS[name], label=name)
     strip.set_yticks([])
-    strip.set_xlim(0, max(d["wall_s"], 1e-9))
+    strip.set_xlim(0, max(wall_s, 1e-9))
     strip.set_xlabel("seconds since run start")
     strip.legend(loc="upper center", bbox_to_anchor=(0.5, -0.9), ncol=5, fontsize=7, frameon=False)
-    return _svg(fig)
 
 
 def badput(d: dict[str, Any]) -> str:

@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from stalwart.metrics._intervals import Interval, add, covers, measure, overlapping, union
 from stalwart.metrics.events import Event
 from stalwart.metrics.incidents import Incident, find_incidents, resume_after
+from stalwart.metrics.intervals import Interval, add, covers, measure, overlapping, union
 
 __all__ = ["BUCKETS", "Goodput", "Resume", "Segment", "Window", "account"]
 

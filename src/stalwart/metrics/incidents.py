@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stalwart.metrics._intervals import Interval, union
 from stalwart.metrics.events import Event
+from stalwart.metrics.intervals import Interval, union
 
 __all__ = ["Incident", "find_incidents", "recovery_spans", "resume_after"]
 

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stalwart.errors import StalwartError
-from stalwart.metrics._intervals import measure, union
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
+from stalwart.metrics.intervals import measure, union
 from stalwart.metrics.stats import distribution, mtbf, percentile
 
 __all__ = [

@@ -59,7 +59,7 @@ _log = get_logger(__name__)
 
 def job_token(env: WorkerEnv, store: Store) -> bytes:
     """The job token that authenticates state transfers between members: in etcd under
-    ``launch/token`` with ``--rdzv etcd://`` (agent/_etcd_cluster.py; no file is
+    ``launch/token`` with ``--rdzv etcd://`` (agent/etcd_cluster.py; no file is
     written), else the launcher's token file."""
     from stalwart.coordinator.token import read_token_file
     from stalwart.errors import ConfigError

@@ -23,7 +23,7 @@ from typing import Any
 
 from stalwart.checkpoint.format import checksum
 from stalwart.checkpoint.slots import SlotFiles, latest_complete
-from stalwart.coordinator._elastic_keys import Keys, alive_members
+from stalwart.coordinator.elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Store
 from stalwart.logs import get_logger
 from stalwart.transfer import SendResult, TransferError, send_slot

@@ -154,7 +154,8 @@ class _Installed:
     local: Any = None  # the world-size-1 group DDP runs over
     job: JobProcessGroup | None = None
     gen: GenerationGroup | None = None
-    size = 0
+    size = 0  # the job group's size and rank when it was made (it is remade when either
+    rank = 0  # changes)
     patched: list[tuple[Any, str, Any]] = []  # (namespace, name, original)
 
 
@@ -213,7 +214,7 @@ def follow(gen: GenerationGroup) -> None:
             c10d._update_default_pg(inst.local)
         c10d._world.pg_group_ranks[inst.local] = {0: 0}
         return
-    if inst.job is not None and (inst.size, inst.job._rank) == (gen.world_size, gen.rank):
+    if inst.job is not None and (inst.size, inst.rank) == (gen.world_size, gen.rank):
         return
     if not hasattr(dist.Backend, _BACKEND.upper()):
         dist.Backend.register_backend(_BACKEND, _refuse_new_group, devices=["cpu"])
@@ -222,7 +223,7 @@ def follow(gen: GenerationGroup) -> None:
     if inst.job is not None:
         _forget(inst.job)
     register_group(job, gen.store, {i: i for i in range(gen.world_size)}, _BACKEND)
-    inst.job, inst.size = job, gen.world_size
+    inst.job, inst.size, inst.rank = job, gen.world_size, gen.rank
     c10d._update_default_pg(job)
     # the local group maps our global (job) rank to its only rank
     c10d._world.pg_group_ranks[inst.local] = {gen.rank: 0}

@@ -24,10 +24,11 @@ only describes the job: ``stalwart.init()`` takes no argument it could override.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
@@ -38,6 +39,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "DEFAULTS",
     "STRATEGIES",
+    "Strategy",
     "WorkerEnv",
     "WorkerFields",
 ]
@@ -47,8 +49,64 @@ CONTRACT_VAR = "STALWART_CONTRACT"
 CONTRACT_VERSION = 1
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
-STRATEGIES = ("restart", "flash", "spare", "elastic")
-"""The recovery strategies (``stalwart run --strategy``)."""
+
+
+class Strategy(str, enum.Enum):
+    """A recovery strategy (``stalwart run --strategy``), parsed once from its name.
+
+    Why a type and not the name: what a strategy implies (memory restores, spares, a
+    resizing group) is asked of it here, in one place, instead of comparing its name
+    wherever it matters. A ``str`` so that events and the contract's JSON carry the
+    plain name, as before."""
+
+    RESTART = "restart"
+    FLASH = "flash"
+    SPARE = "spare"
+    ELASTIC = "elastic"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __hash__(self) -> int:  # the name's (Enum hashes its member name): a key of "flash"
+        return str.__hash__(self)
+
+    @classmethod
+    def parse(cls, name: str, error: Callable[[str], Exception]) -> Strategy:
+        """The strategy called ``name``; else ``error(message)`` raised, its message
+        naming the strategies there are."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise error(f"use one of {', '.join(STRATEGIES)}") from None
+
+    @property
+    def restores_from_memory(self) -> bool:
+        """A failure is recovered from the survivors' memory snapshots (restart: from
+        the persisted checkpoint only, as torchrun's jobs do)."""
+        return self is not Strategy.RESTART
+
+    @property
+    def resizes(self) -> bool:
+        """The job goes on with fewer members instead of replacing the lost ones."""
+        return self is Strategy.ELASTIC
+
+    @property
+    def replaces_in_place(self) -> bool:
+        """A lost rank is replaced by a new worker while the others keep their state
+        (so a parked standby can stand in for a lost node's ranks)."""
+        return self in (Strategy.FLASH, Strategy.SPARE)
+
+    @property
+    def uses_spares(self) -> bool:
+        """A lost rank is taken over by a pre-started spare worker (``--spares N``)."""
+        return self is Strategy.SPARE
+
+
+STRATEGIES = tuple(s.value for s in Strategy)
+"""The recovery strategies' names (``stalwart run --strategy``)."""
 
 _T = TypeVar("_T")
 _AGENT_FIX = "it is written by `stalwart run`: start the worker with it, not by hand"
@@ -99,8 +157,8 @@ class WorkerEnv:
     # ---- stalwart's own, in STALWART_CONTRACT
     version: int = _c(CONTRACT_VERSION)
     """The JSON part's format; a worker refuses any other (see CONTRACT_VERSION)."""
-    strategy: str = _c("flash", flag="--strategy")
-    """The recovery strategy: how this worker rejoins after a failure."""
+    strategy: Strategy = _c(Strategy.FLASH, flag="--strategy")  # noqa: RUF009 (immutable)
+    """The recovery strategy: how this worker rejoins after a failure (a name is parsed)."""
     run_dir: str = _c("")
     """The run directory: events.jsonl, ckpt/, errors/ and the chaos ledger live here."""
     store: tuple[str, int] | None = _c(None)
@@ -162,11 +220,14 @@ class WorkerEnv:
                 f"RANK={self.rank} is outside 0..{self.world_size - 1} (WORLD_SIZE="
                 f"{self.world_size}): the launcher sets both; unset RANK or fix WORLD_SIZE"
             )
-        if self.strategy not in STRATEGIES:
-            raise ContractError(
-                f"{CONTRACT_VAR}.strategy={self.strategy!r} is not a strategy: use one of "
-                f"{', '.join(STRATEGIES)} (--strategy)"
-            )
+        given = str.__str__(self.strategy)
+        strategy = Strategy.parse(
+            given,
+            lambda fix: ContractError(
+                f"{CONTRACT_VAR}.strategy={given!r} is not a strategy: {fix} (--strategy)"
+            ),
+        )
+        object.__setattr__(self, "strategy", strategy)
         if self.version != CONTRACT_VERSION:
             raise _version_error(self.version)
         if self.c10d_addr and _addr(self.c10d_addr) is None:

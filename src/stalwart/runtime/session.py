@@ -126,7 +126,7 @@ class Session:
         return group
 
     def _open_rejoin(self, env: WorkerEnv) -> Rejoin:
-        if env.managed and env.strategy == "elastic":
+        if env.managed and env.strategy.resizes:
             from stalwart.runtime._elastic import ElasticRejoin
 
             assert self.coord is not None and self.store is not None
@@ -141,7 +141,7 @@ class Session:
             self.coord,
             self.store,
             self.events,
-            use_memory=env.strategy != "restart",
+            use_memory=env.strategy.restores_from_memory,
         )
 
     # ------------------------------------------------------------ where it stands

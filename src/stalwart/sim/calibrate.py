@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from stalwart.errors import ConfigError, StalwartError
-from stalwart.metrics._intervals import measure, union
 from stalwart.metrics.events import Event
 from stalwart.metrics.incidents import Incident
+from stalwart.metrics.intervals import measure, union
 from stalwart.metrics.report import RunReport, load_run
 from stalwart.sim.calibration import COST_KEYS, Calibration, MeasuredRun, Replay, ReplayFault
 from stalwart.sim.replay import ReplayResult, replay, replay_scenario
