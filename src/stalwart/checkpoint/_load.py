@@ -19,7 +19,12 @@ from typing import Any
 import torch
 
 from stalwart.checkpoint._shm import SlotFiles, SlotMeta
-from stalwart.checkpoint._state import apply_state, capture, local_and_shard
+from stalwart.checkpoint._state import (
+    apply_state,
+    capture,
+    fresh_optimizer_targets,
+    local_and_shard,
+)
 from stalwart.checkpoint._tree import unflatten
 
 __all__ = ["SavedTensor", "load_into", "load_slot", "readonly_tensor"]
@@ -63,6 +68,9 @@ def load_into(
     done = finish or (lambda: None)
     _, current = capture(state)
     targets: dict[str, torch.Tensor] = {leaf.path: leaf.tensor for leaf in current}
+    if reshard is not None:  # a fresh optimizer of DTensor parameters: cut its shards too
+        globals_ = [(e.path, (e.shard or {}).get("global_shape", e.shape), e.dtype) for e in saved]
+        targets.update(fresh_optimizer_targets(state, [g for g in globals_ if g[0] not in targets]))
     loaded: dict[int, torch.Tensor] = {}
     for entry in saved:
         dtype = getattr(torch, entry.dtype)

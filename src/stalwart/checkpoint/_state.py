@@ -8,7 +8,7 @@ is captured through them, anything else (tensors, dicts of tensors, numbers) as 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -16,7 +16,14 @@ import torch
 from stalwart.checkpoint._tree import Leaf, flatten
 from stalwart.errors import StateMismatchError
 
-__all__ = ["RNGState", "apply_state", "capture", "deferrable_ptrs", "local_and_shard"]
+__all__ = [
+    "RNGState",
+    "apply_state",
+    "capture",
+    "deferrable_ptrs",
+    "fresh_optimizer_targets",
+    "local_and_shard",
+]
 
 
 class RNGState:
@@ -70,6 +77,45 @@ def local_and_shard(t: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[int]]
 
     _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
     return t.to_local(), {"global_shape": list(t.shape), "offsets": [int(o) for o in offsets]}
+
+
+def fresh_optimizer_targets(
+    state: Mapping[str, Any], saved: Iterable[tuple[str, list[int], str]]
+) -> dict[str, torch.Tensor]:
+    """Empty DTensors, one per saved moment of a DTensor parameter (FSDP2) that a
+    tracked optimizer has no state for yet, keyed by the saved ``(path, global shape,
+    dtype)``'s path.
+
+    Why: a fresh optimizer (a restarted worker's, or one restored at another world size)
+    holds no ``exp_avg`` to load into, so without a target the saved tensor would come
+    back as it was written: another world size's shard, or a whole tensor (a DCP
+    import), never this rank's shard. With a target of the parameter's mesh and
+    placements the restore cuts this rank's box out of the saved pieces, as it does
+    for the parameters. A moment is matched to its parameter by position (the ids
+    ``Optimizer.state_dict`` assigns) and by global shape."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch < 2.4
+        return {}
+    wanted: dict[str, Any] = {}
+    for name, obj in state.items():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        params = [p for g in obj.param_groups for p in g["params"]]
+        for pid, p in enumerate(params):
+            if isinstance(p, DTensor) and not obj.state.get(p):
+                wanted[f".{name}.state.{pid}."] = p
+    out: dict[str, torch.Tensor] = {}
+    for path, global_shape, dtype in saved:
+        head, _, key = path.rpartition(".")
+        p = wanted.get(head + ".")
+        if p is None or not key or list(p.shape) != list(global_shape) or p.dim() == 0:
+            continue
+        local = torch.empty(p.to_local().shape, dtype=getattr(torch, dtype))
+        out[path] = DTensor.from_local(
+            local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+        )
+    return out
 
 
 def deferrable_ptrs(state: Mapping[str, Any]) -> set[int]:
