@@ -301,6 +301,10 @@ def test_export_assembles_dtensor_shards(tmp_path: Path) -> None:
     full = _write_sharded(tmp_path / "ck", [(0, 3), (3, 6), (0, 3), (3, 6)])
     report = export_dcp(str(tmp_path / "ck"), str(tmp_path / "out"))
     assert report.assembled == 1 and report.world_size == 4
+    assert report.notes == [
+        "4 ranks, DTensor shards assembled; other values rank 0's were exported "
+        "(per-rank values of other ranks, e.g. RNG states, are not in the output)"
+    ]
     sd = {"model": {"w": torch.zeros(6, 3), "b": torch.zeros(2)}}
     import torch.distributed.checkpoint as dcp
 
@@ -379,3 +383,19 @@ def test_export_of_a_ddp_model_loads_into_the_plain_model(tmp_path: Path) -> Non
         torch.distributed.checkpoint.load(sd, checkpoint_id=str(tmp_path / "out"), no_dist=True)
     plain.load_state_dict(sd["model"])
     assert_same(model.state_dict(), plain.state_dict(), "model")
+
+
+def test_cli_import_include(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stalwart.cli.main import main
+
+    model, opt = trained()
+    dcp_write({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "dcp")
+    src, out = str(tmp_path / "dcp"), str(tmp_path / "ck")
+    assert main(["ckpt", "import", src, out, "--include", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no top-level name(s) nope" in err
+    assert main(["ckpt", "import", src, out, "--include", "model", "--step", "4"]) == 0
+    assert "as step 4: model;" in capsys.readouterr().out
+    model2 = build()
+    assert restore(tmp_path / "ck", {"model": model2}) == 4
+    assert_same(model.state_dict(), model2.state_dict())

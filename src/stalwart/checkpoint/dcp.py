@@ -181,9 +181,10 @@ def _read_step(storage: Storage, step: int) -> tuple[dict[str, Any], ExportRepor
             index = primary if rank == 0 else load_index(storage, manifest, rank)
             for t in index.tensors:
                 pieces.setdefault(t.path, []).append(t)
-    elif manifest.world_size > 1 and not manifest.replicated:
+    if manifest.world_size > 1 and not manifest.replicated:
+        what = "DTensor shards assembled; other values" if sharded else "no DTensor shards:"
         report.notes.append(
-            f"{manifest.world_size} ranks and no DTensor shards: rank 0's state was exported "
+            f"{manifest.world_size} ranks, {what} rank 0's were exported "
             "(per-rank values of other ranks, e.g. RNG states, are not in the output)"
         )
     tensors: dict[int, torch.Tensor] = {}

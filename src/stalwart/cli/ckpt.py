@@ -205,7 +205,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from stalwart.checkpoint.dcp import import_dcp
 
-    report = import_dcp(args.src, args.dir, step=args.step or 0)
+    report = import_dcp(args.src, args.dir, step=args.step or 0, include=args.include)
     print(report.summary())
     return 0
 
@@ -245,6 +245,12 @@ def register(sub: Any) -> None:
     im.add_argument("src", help="DCP checkpoint directory")
     im.add_argument("dir", help="stalwart checkpoint directory to write")
     im.add_argument("--step", type=int, help="step number to record (default 0)")
+    im.add_argument(
+        "--include",
+        action="append",
+        metavar="NAME",
+        help="import only this top-level name (repeatable; default: all), e.g. model",
+    )
     im.set_defaults(func=_import)
 
     g = cmds.add_parser("gc", help="apply retention and delete unreferenced chunks")
