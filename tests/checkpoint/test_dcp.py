@@ -36,6 +36,7 @@ from stalwart.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConfigError,
+    StateMismatchError,
 )
 
 
@@ -399,3 +400,30 @@ def test_cli_import_include(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     model2 = build()
     assert restore(tmp_path / "ck", {"model": model2}) == 4
     assert_same(model.state_dict(), model2.state_dict())
+
+
+def test_import_resumes_a_run_that_tracks_rngs_and_a_ddp_wrapper(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What `stalwart run` tracks: the DDP wrapper (keys `module.*`) and its own `_rng`;
+    a DCP checkpoint of the plain model has neither, and still resumes."""
+    from stalwart.checkpoint import RNGState
+
+    model, opt = trained()
+    dcp_write({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "dcp")
+    import_dcp(str(tmp_path / "dcp"), str(tmp_path / "ck"), step=3)
+    wrapped = _DDPLike(build())
+    opt2 = torch.optim.Adam(wrapped.parameters(), lr=0.5)
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    with caplog.at_level("WARNING", logger="stalwart"):
+        state = {"model": wrapped, "optimizer": opt2, "_rng": RNGState()}
+        assert restore(tmp_path / "ck", state) == 3
+    assert_same(model.state_dict(), wrapped.module.state_dict(), "model")
+    assert_same(opt.state_dict(), opt2.state_dict(), "optimizer")
+    assert torch.equal(torch.get_rng_state(), before)  # left as the process seeded it
+    assert [r.getMessage()[:40] for r in caplog.records if r.name.startswith("stalwart")] == [
+        "the checkpoint holds no RNG state (_rng)"
+    ]
+    with pytest.raises(StateMismatchError, match="missing in checkpoint: sched"):
+        restore(tmp_path / "ck", {**state, "sched": {}})

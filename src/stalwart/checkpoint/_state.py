@@ -15,6 +15,7 @@ import torch
 
 from stalwart.checkpoint._tree import Leaf, flatten
 from stalwart.errors import StateMismatchError
+from stalwart.logs import get_logger
 
 __all__ = [
     "RNGState",
@@ -24,6 +25,8 @@ __all__ = [
     "fresh_optimizer_targets",
     "local_and_shard",
 ]
+
+_log = get_logger(__name__)
 
 
 class RNGState:
@@ -134,8 +137,14 @@ def deferrable_ptrs(state: Mapping[str, Any]) -> set[int]:
 
 
 def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
-    """Load ``loaded`` (decoded checkpoint tree) into the tracked objects."""
-    missing = [k for k in state if k not in loaded]
+    """Load ``loaded`` (decoded checkpoint tree) into the tracked objects.
+
+    A tracked :class:`RNGState` the checkpoint lacks is the one gap that is not an
+    error: ``stalwart run`` tracks the RNGs itself (``_rng``), and a checkpoint written
+    elsewhere (``stalwart ckpt import``) cannot hold them, so resuming from it would
+    otherwise always fail on a name the script never tracked."""
+    unseeded = [k for k in state if k not in loaded and isinstance(state[k], RNGState)]
+    missing = [k for k in state if k not in loaded and k not in unseeded]
     extra = [k for k in loaded if k not in state]
     if missing or extra:
         raise StateMismatchError(
@@ -144,9 +153,19 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
             + (f"not tracked now: {', '.join(map(str, extra))}; " if extra else "")
             + "track the same names as when the checkpoint was written"
         )
+    if unseeded:
+        _log.warning(
+            "the checkpoint holds no RNG state (%s): the random number generators go on "
+            "from this process's own seeding (a checkpoint written outside stalwart, such "
+            "as a DCP import, has none; the run is not bit-reproducible against the original)",
+            ", ".join(unseeded),
+        )
     for name, obj in state.items():
+        if name in unseeded:
+            continue
         value = loaded[name]
         if isinstance(obj, torch.nn.Module):
+            value = _with_ddp_prefix(obj, value)
             _check_module_keys(name, obj, value)
             if _loaded_in_place(obj, value):
                 continue
@@ -224,6 +243,23 @@ def _loaded_in_place(module: torch.nn.Module, value: dict[str, Any]) -> bool:
         and v.dtype == own[k].dtype
         for k, v in value.items()
     )
+
+
+_DDP_PREFIX = "module."
+
+
+def _with_ddp_prefix(module: torch.nn.Module, value: Any) -> Any:
+    """``value`` with DDP's ``module.`` prefix added when ``module`` is tracked as its
+    DDP wrapper and ``value`` is the plain model's state dict (a DCP export strips the
+    prefix so that the plain model loads it, and a DCP checkpoint of a plain model has
+    none): exactly the wrapper's keys after prefixing, else ``value`` unchanged."""
+    if not isinstance(value, dict) or not value:
+        return value
+    want = set(module.state_dict().keys())
+    if want == set(value) or not all(isinstance(k, str) for k in value):
+        return value
+    prefixed = {_DDP_PREFIX + k: v for k, v in value.items()}
+    return prefixed if set(prefixed) == want else value
 
 
 def _check_module_keys(name: str, module: torch.nn.Module, value: Any) -> None:
