@@ -345,6 +345,9 @@ def test_errors(tmp_path: Path, stalwart_ckpt: Path) -> None:
         export_dcp(str(stalwart_ckpt), str(tmp_path / "o1"), step=7)
     with pytest.raises(ConfigError, match="not an empty directory"):
         export_dcp(str(stalwart_ckpt), str(stalwart_ckpt))
+    save(tmp_path / "run" / "ckpt", {"x": torch.ones(3)}, 1)
+    with pytest.raises(CheckpointNotFoundError, match=r"a run directory.*/run/ckpt: pass that"):
+        export_dcp(str(tmp_path / "run"), str(tmp_path / "o1"))
 
     dcp_write({"model": {"w": torch.ones(2)}}, tmp_path / "dcp")
     with pytest.raises(CheckpointFormatError, match="DCP checkpoint, not a stalwart one"):

@@ -129,6 +129,11 @@ def export_dcp(src: str, out: str, *, step: int | None = None) -> ExportReport:
                 f"{src}: this is a DCP checkpoint, not a stalwart one; "
                 "load it with torch directly or convert it with `stalwart ckpt import`"
             ) from err
+        if storage.kind("ckpt") == "dir":
+            raise CheckpointNotFoundError(
+                f"{src}: a run directory, not a checkpoint; its checkpoints are in "
+                f"{src.rstrip('/')}/ckpt: pass that"
+            ) from err
         raise
     if step is not None and step not in steps:
         raise CheckpointNotFoundError(
