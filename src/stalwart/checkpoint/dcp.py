@@ -38,7 +38,7 @@ from stalwart.checkpoint import _dcp_import as _imp
 from stalwart.checkpoint._tree import unflatten
 from stalwart.checkpoint.catalog import load_index, load_manifest, require_checkpoint_root
 from stalwart.checkpoint.format import TensorEntry, parse_step_dir
-from stalwart.checkpoint.restore import read_tensor
+from stalwart.checkpoint.restore import read_into, read_tensor
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.checkpoint.storage.local import fsync_dir
 from stalwart.errors import (
@@ -262,7 +262,11 @@ def _assemble(
                 f"outside the global shape {shape}; the index is damaged"
             )
         box = tuple(slice(o, o + n) for o, n in zip(offs, p.shape, strict=True))
-        full[box] = read_tensor(storage, p, pool)
+        dst = full[box]
+        if dst.is_contiguous():  # a row block (FSDP2's Shard(0)): read straight into it
+            read_into(storage, p, dst, pool)
+        else:
+            dst.copy_(read_tensor(storage, p, pool))
         covered += p.nbytes
     if covered != full.numel() * full.element_size():
         raise CheckpointCorruptError(

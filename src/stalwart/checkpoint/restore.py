@@ -38,7 +38,7 @@ from stalwart.errors import (
     CheckpointNotFoundError,
 )
 
-__all__ = ["RestoreResult", "quarantine", "read_tensor", "restore_state"]
+__all__ = ["RestoreResult", "quarantine", "read_into", "read_tensor", "restore_state"]
 
 
 @dataclass
@@ -109,6 +109,14 @@ def read_tensor(storage: Storage, t: TensorEntry, pool: ThreadPoolExecutor) -> t
     out = torch.empty(t.shape, dtype=getattr(torch, t.dtype))
     _read_entry(storage, t, out, pool)
     return out
+
+
+def read_into(
+    storage: Storage, t: TensorEntry, dst: torch.Tensor, pool: ThreadPoolExecutor
+) -> None:
+    """Read and verify one saved tensor into ``dst`` (contiguous, CPU, its byte size):
+    export assembles shards in place with it, without a copy per shard."""
+    _read_entry(storage, t, dst, pool)
 
 
 def _saved(t: TensorEntry) -> SavedTensor:
