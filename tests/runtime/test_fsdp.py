@@ -12,7 +12,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from stalwart.errors import ConfigError
-from stalwart.runtime._fsdp import SwapProcessGroup, generation_mesh, refuse_sharded_persist
+from stalwart.runtime._fsdp import SwapProcessGroup, generation_mesh, is_sharded
 from stalwart.runtime._world import install, uninstall
 from stalwart.runtime.group import GenerationGroup
 
@@ -133,14 +133,6 @@ def test_all_reduce_through_the_registered_group(gen: GenerationGroup, mesh: Any
     assert gen.error is not None and torch.equal(t, torch.zeros(3))
 
 
-def test_persisting_a_sharded_state_is_refused(mesh: Any) -> None:
-    refuse_sharded_persist({"model": torch.nn.Linear(4, 6)}, 20, 2)  # replicated: fine
-    model = _sharded(mesh)
-    refuse_sharded_persist({"model": model}, 0, 2)  # no persist: fine
-    with pytest.raises(ConfigError, match="--strategy flash"):
-        refuse_sharded_persist({"model": model}, 20, 2)
-
-
 def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh: Any) -> None:
     """clip_grad_norm_ on DTensor gradients reduces the norm with a functional collective,
     which c10d resolves by the group's registered name."""
@@ -154,3 +146,10 @@ def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh
 def test_the_mesh_is_refused_under_elastic(gen: GenerationGroup) -> None:
     with pytest.raises(ConfigError, match="--strategy flash or spare"):
         generation_mesh(gen, "fsdp-test", elastic=True)
+
+
+def test_a_sharded_state_is_told_from_a_replicated_one(mesh: Any) -> None:
+    """A DTensor-parameter module makes the state sharded: every rank persists its
+    shard into one multi-rank checkpoint (runtime/_sharded.py)."""
+    assert not is_sharded({"model": torch.nn.Linear(4, 6), "meta": {"a": 1}})
+    assert is_sharded({"model": _sharded(mesh)})

@@ -22,12 +22,13 @@ from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import StalwartError
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._metric_log import MetricLog
+from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from stalwart.chaos import Fault
-    from stalwart.checkpoint import PersistResult, SnapshotResult
+    from stalwart.checkpoint import CommitResult, PersistResult, SnapshotResult
     from stalwart.coordinator import Coordinator, Store
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
@@ -74,6 +75,8 @@ class StepAccounting:
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
         self.metrics = MetricLog(events)  # sess.log values (rank 0)
         self._journal: StepJournal | None = None  # the open batch, safe from our death
+        self._auto: AutoPersist | None = None  # sharded + auto: the steps rank 0 chose
+        self._sharded: ShardedCommit | None = None  # sharded: who commits a step
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -212,6 +215,13 @@ class StepAccounting:
             return True
         if every > 0:
             return step % every == 0
+        if self.tracked.sharded and self.position.world_size > 1:
+            # sharded: every rank at the same steps (runtime/_sharded.py)
+            if self._auto is None:
+                self._auto = AutoPersist(self.store, self.env.job, self.position.rank)
+            return step >= CALIBRATE and self._auto.due(
+                step, self.position.generation, self.auto_interval(), list(self.durations)
+            )
         return time.monotonic() - self._last_persist >= self.auto_interval()
 
     def auto_interval(self) -> float:
@@ -269,8 +279,9 @@ class StepAccounting:
             if not wait:
                 return  # one at a time; the next cadence point will catch up
             self._persist.exception()  # the final step's persist must not be skipped
-        if self.events is not None:
-            self.events.emit("persist_begin", step=step)
+        sharded = tracked.sharded and self.position.world_size > 1
+        if self.events is not None and (self.position.rank == 0 or not sharded):
+            self.events.emit("persist_begin", step=step)  # sharded: once for the job
         self._last_persist = time.monotonic()
         t0 = time.perf_counter()
         generation = self.position.generation
@@ -278,40 +289,63 @@ class StepAccounting:
         # of an old generation (the job moved on meanwhile) cannot make it visible
         fut = tracked.checkpoints.persist(commit=self.coord is None)
         self._persist = fut
+        fut.add_done_callback(lambda f: self._persist_done(f, step, generation, t0))
+
+    def _persist_done(
+        self, f: Future[PersistResult], step: int, generation: int, t0: float
+    ) -> None:
+        """This rank's write is done (or failed): commit it, and log the outcome. A
+        sharded step is committed, and logged, by the last rank to write it."""
+        err = f.exception()
+        committed: CommitResult | None = None
+        if err is None and self.coord is not None:
+            try:
+                committed = self._commit(step, generation)
+            except Exception as e:  # FencedError, storage errors: reported, never raised
+                err = e
         events = self.events
+        if err is not None:
+            if events is not None:
+                line = str(err).splitlines()[0] if str(err) else type(err).__name__
+                events.emit("persist_end", step=step, ok=False, seconds=0.0, error=line)
+            return
+        r = f.result()
+        self._persist_s = time.perf_counter() - t0
+        sharded = self.tracked.sharded and self.position.world_size > 1
+        if events is None or (sharded and committed is None):
+            return  # another rank commits this step and logs it
+        m = committed.manifest if committed is not None and sharded else None
+        events.emit(
+            "persist_end",
+            step=r.step,
+            ok=True,
+            seconds=time.perf_counter() - t0,
+            bytes_written=r.written_bytes if m is None else m.new_bytes,
+            total_bytes=r.total_bytes if m is None else m.total_bytes,
+        )
 
-        def done(f: Future[PersistResult]) -> None:
-            err = f.exception()
-            if err is None and self.coord is not None:
-                err = self._commit(step, generation)
-            if events is None:
-                return
-            if err is None:
-                r = f.result()
-                self._persist_s = time.perf_counter() - t0
-                events.emit(
-                    "persist_end",
-                    step=r.step,
-                    ok=True,
-                    seconds=time.perf_counter() - t0,
-                    bytes_written=r.written_bytes,
-                    total_bytes=r.total_bytes,
-                )
-            else:
-                events.emit(
-                    "persist_end", step=step, ok=False, seconds=0.0, error=str(err).splitlines()[0]
-                )
-
-        fut.add_done_callback(done)
-
-    def _commit(self, step: int, generation: int) -> BaseException | None:
-        """Commit this rank's directory through the one commit path (the coordinator's
-        record fences it: docs/checkpoint-format.md), keeping the newest step every
-        rank's directory holds; rank 0 then records the job's checkpoint."""
+    def _commit(self, step: int, generation: int) -> CommitResult | None:
+        """Commit through the one commit path (the coordinator's record fences it:
+        docs/checkpoint-format.md). A sharded step: once, by the last rank to write it
+        (runtime/_sharded.py; None on the others). Else this rank's directory, keeping
+        the newest step every rank's directory holds; rank 0 then records the job's
+        checkpoint."""
         from stalwart.checkpoint import FencedCommit
 
         coord, rank, world = self.coord, self.position.rank, self.position.world_size
         assert coord is not None
+        if self.tracked.sharded and world > 1:
+            assert self.store is not None
+            if self._sharded is None:
+                self._sharded = ShardedCommit(
+                    self.store, self.env.job, self.env.restart_count, rank, world
+                )
+            if not self._sharded.written(generation, step):
+                return None
+            fenced = FencedCommit(coord, shard=SHARD_NAME, job_record=True)
+            done = self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
+            self._sharded.prune(generation, step)
+            return done
         own = not self.tracked.replicated and world > 1
         fenced = FencedCommit(
             coord,
@@ -319,11 +353,7 @@ class StepAccounting:
             peers=tuple(f"rank{r}" for r in range(world)) if own else (),
             job_record=rank == 0,  # the job's record (every rank committed its own)
         )
-        try:
-            self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
-        except Exception as err:  # FencedError, storage errors: reported, never raised
-            return err
-        return None
+        return self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
 
     def wait_persist(self) -> None:
         """The loop's end: the last snapshot complete (and logged), its persist done."""

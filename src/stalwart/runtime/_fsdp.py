@@ -50,7 +50,6 @@ __all__ = [
     "done_work",
     "generation_mesh",
     "is_sharded",
-    "refuse_sharded_persist",
     "register_group",
 ]
 
@@ -256,14 +255,3 @@ def is_sharded(state: Mapping[str, Any]) -> bool:
         if isinstance(obj, torch.nn.Module)
         for p in obj.parameters()
     )
-
-
-def refuse_sharded_persist(state: Mapping[str, Any], persist_every: int, world_size: int) -> None:
-    """Persisting writes rank 0's state only (DDP state is replicated); a sharded
-    state would come back as rank 0's shard on every rank. Refuse it clearly."""
-    if persist_every != 0 and world_size > 1 and is_sharded(state):
-        raise ConfigError(
-            "persisting a sharded (FSDP2/DTensor) state is not supported yet: only rank 0 "
-            "persists; use --strategy flash or spare (shared-memory snapshots) with "
-            "--persist-every 0"
-        )

@@ -40,6 +40,7 @@ class TrackedState:
         self.names = SlotNames(env.job, env.shm_run)  # this job's /dev/shm slot names
         self.state: dict[str, Any] = {}
         self.replicated = False  # a DDP model is tracked: its state is a replica
+        self.sharded = False  # DTensor parameters (FSDP2): one multi-rank checkpoint
         self.part: PerRankPart | None = None  # replicated: this rank's own state on disk
         self.preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
         self._ckpt: CheckpointManager | None = None
@@ -49,6 +50,7 @@ class TrackedState:
         process RNGs are held here (as ``_rng``) unless the script tracks its own
         RNGState: one copy, never two of the same generators."""
         from stalwart.checkpoint import RNGState
+        from stalwart.runtime._fsdp import is_sharded
         from stalwart.runtime._world import localize
 
         for value in state.values():
@@ -62,6 +64,7 @@ class TrackedState:
         self.replicated = any(
             isinstance(v, torch.nn.parallel.DistributedDataParallel) for v in state.values()
         )
+        self.sharded = not self.replicated and is_sharded(state)
         return self.state
 
     @property
@@ -86,15 +89,18 @@ class TrackedState:
         env = self.env
         run_dir = env.run_dir or os.path.abspath("stalwart-local")
         rank, world_size = position.rank, position.world_size
-        # replicated (DDP) state: rank 0 persists the one copy; else every rank its own
-        own = not self.replicated and world_size > 1
+        # replicated (DDP) state: rank 0 persists the one copy; sharded (FSDP2) state:
+        # every rank its shard into one multi-rank checkpoint (runtime/_sharded.py);
+        # else (state of its own per rank) every rank its own one-rank checkpoint
+        multi = self.sharded and world_size > 1
+        own = not self.replicated and not multi and world_size > 1
         root = os.path.join(run_dir, "ckpt", *([f"rank{rank}"] if own else []))
         self._ckpt = ckpt = CheckpointManager(
             CheckpointConfig(
                 root=root,
                 namespace=self.names.rank(rank),
-                rank=0,
-                world_size=1,
+                rank=rank if multi else 0,
+                world_size=world_size if multi else 1,
                 retention=RetentionPolicy(env.keep_last, env.keep_every or None),
             )
         )

@@ -214,9 +214,6 @@ class Session:
         step). The process RNGs are tracked too. A DDP model gets the generation comm
         hook; an optimizer's ``step`` is skipped in a failed step. docs/porting.md says
         what is and is not rolled back."""
-        from stalwart.runtime._fsdp import refuse_sharded_persist
-
-        refuse_sharded_persist(state, self.env.persist_every, self.world_size)
         check_values(state)  # a tracked dict holds only what a checkpoint stores
         tracked = self.tracked.record(state, self.group)
         if not self.env.standby:  # a parked standby opens them when activated

@@ -1,0 +1,73 @@
+"""Who commits a sharded step (the last rank to write it, exactly once per generation),
+and the step counts ``--persist-every auto`` becomes for a sharded job."""
+
+from __future__ import annotations
+
+import threading
+
+from stalwart.coordinator import MemoryStore
+from stalwart.runtime._sharded import AutoPersist, ShardedCommit
+
+
+def _members(store: MemoryStore, world: int, launch: int = 0) -> list[ShardedCommit]:
+    return [ShardedCommit(store, "job", launch, r, world) for r in range(world)]
+
+
+def test_the_rank_that_completes_the_set_commits_once() -> None:
+    store = MemoryStore()
+    a, b, c = _members(store, 3)
+    assert not a.written(0, 10)
+    assert not c.written(0, 10)
+    assert b.written(0, 10)  # the last index of step 10: b commits it
+    assert not a.written(0, 10)  # a late duplicate record never wins a second time
+    # another generation (or a relaunch) is a different claim: the old one does not count
+    assert not a.written(1, 10) and not b.written(1, 10)
+    assert c.written(1, 10)
+    x, y, z = _members(store, 3, launch=1)
+    assert not x.written(1, 10) and not y.written(1, 10) and z.written(1, 10)
+
+
+def test_concurrent_writers_elect_exactly_one_committer() -> None:
+    store = MemoryStore()
+    members = _members(store, 8)
+    won: list[int] = []
+    start = threading.Barrier(len(members))
+
+    def write(m: ShardedCommit) -> None:
+        start.wait()
+        if m.written(0, 4):
+            won.append(m.rank)
+
+    threads = [threading.Thread(target=write, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(won) == 1
+
+
+def test_prune_drops_older_steps_and_keeps_the_committed_one() -> None:
+    store = MemoryStore()
+    a, b = _members(store, 2)
+    assert not a.written(0, 2)  # step 2: b never wrote it (it skipped that persist)
+    a.written(0, 4)
+    assert b.written(0, 4)
+    assert not a.written(0, 6)  # in flight: newer than the commit
+    b.prune(0, 4)
+    keys = [kv.key for kv in store.range("/stalwart/job/sharded/").kvs]
+    assert not [k for k in keys if "/000000000002/" in k]
+    assert [k for k in keys if "/000000000006/" in k]
+    assert not a.written(0, 4)  # step 4's claim survives its prune
+
+
+def test_auto_becomes_the_same_step_count_on_every_rank() -> None:
+    store = MemoryStore()
+    zero, one = AutoPersist(store, "job", 0), AutoPersist(store, "job", 1)
+    assert not one.due(6, 0, 10.0, [1.0])  # rank 0 has not chosen yet: nobody persists
+    # rank 0: Daly's 10 s over a 2 s median step = every 5 steps
+    assert not zero.due(6, 0, 10.0, [2.0, 2.0, 3.0])
+    assert zero.every == 5
+    assert one.due(10, 0, 99.0, [9.0])  # reads rank 0's choice, ignores its own timing
+    assert not one.due(11, 0, 99.0, [9.0])
+    # a new generation: chosen again (the MTBF changed)
+    assert zero.due(7, 1, 7.0, [1.0]) and zero.every == 7
