@@ -6,6 +6,11 @@ The same job (bench/_fsdp_job.py: examples/train_fsdp.py's model, dim 128, 2 blo
 (b) under ``stalwart run`` with ``mesh=sess.mesh`` and the default snapshot policy, no
 faults; (c) as (b) with rank 1 killed at step 50. Overhead = steady step time (b) / (a);
 RTO and progress as in bench/recovery.py. Medians of ``--reps`` repetitions.
+
+Then the checkpoint figures of a 4-rank FSDP2 state of ``--ckpt-mb`` (bench/_fsdp_ckpt.py,
+one run): ``persist_s`` vs ``dcp_save_s`` of the same sharded state, and
+``restore_reshard_s`` (4 -> 2 ranks) vs ``dcp_load_reshard_s``, with their ratios.
+``--ckpt-only`` measures those alone.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _fsdp_ckpt import measure as measure_ckpt
 from recovery import VENV_BIN, _env, _median, _run, recovery_figures, steady_step_s
 
 JOB = Path(__file__).resolve().parent / "_fsdp_job.py"
@@ -49,7 +55,13 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--timeout", type=float, default=240.0)
+    p.add_argument("--ckpt-mb", type=int, default=512, help="FSDP2 state saved and resharded")
+    p.add_argument("--ckpt-only", action="store_true", help="only the checkpoint figures")
     args = p.parse_args()
+    if args.ckpt_only:
+        with tempfile.TemporaryDirectory(prefix="bench-fsdp-ckpt-") as tmp:
+            print(json.dumps(measure_ckpt(Path(tmp), args.ckpt_mb)))
+        return 0
     plain: list[float | None] = []
     ours: list[float | None] = []
     rec: list[dict[str, float | None]] = []
@@ -78,6 +90,8 @@ def main() -> int:
         "reps": args.reps,
         "load_average": os.getloadavg()[0],
     }
+    with tempfile.TemporaryDirectory(prefix="bench-fsdp-ckpt-") as tmp:
+        result.update(measure_ckpt(Path(tmp), args.ckpt_mb))
     rows = [
         ("plain FSDP2 step (torchrun)", p_med, "s"),
         ("FSDP2 step under stalwart", o_med, "s"),
@@ -86,6 +100,10 @@ def main() -> int:
         ("flash progress", result["flash_progress_s"], "s"),
         ("crash detection", result["crash_detect_s"], "s"),
         ("steps redone", result["steps_lost_flash"], ""),
+        ("persist (4 ranks)", result["persist_s"], "s"),
+        ("dcp.save (4 ranks)", result["dcp_save_s"], "s"),
+        ("restore resharded 4 -> 2", result["restore_reshard_s"], "s"),
+        ("dcp.load resharded 4 -> 2", result["dcp_load_reshard_s"], "s"),
     ]
     for name, value, unit in rows:
         shown = "-" if value is None else f"{value:.3f}{unit}"

@@ -5,12 +5,20 @@ re-formed underneath after a failure, so the FSDP module and the optimizer are b
 once and survive recoveries. Deterministic on CPU: the model is seeded and the batch of
 step s on rank r is generated from (s, r), so a run with failures must end with the
 same parameters as one without.
+
+``--global-batch G``: the samples come from ``stalwart.data.loader`` instead (a dataset
+whose sample i is a function of i) with ``sess.use_batch`` keeping G samples per step
+whatever the world size, so a job persisted at 4 workers and restarted at 2 on the same
+``--run-dir`` trains on as a 2-worker job would (the loader re-partitions the rest of the
+epoch; the parameters and optimizer moments are resharded). ``--loss-log FILE``: rank 0
+appends the job's mean loss per step (over every rank's samples) as JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +26,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 import stalwart  # stalwart
+from stalwart.data import BatchConfig
 
 
 class Block(nn.Module):
@@ -56,6 +65,30 @@ def batch(step: int, rank: int, size: int, seq: int, vocab: int) -> tuple[torch.
     return seqs[:, :-1], seqs[:, 1:]
 
 
+class Sequences(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The same sequences as :func:`batch`, sample i a function of i alone."""
+
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        self.n, self.seq, self.vocab = n, seq, vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch(i, 0, 1, self.seq, self.vocab)
+        return x[0], y[0]
+
+
+def step_loss(model: nn.Module, batches: list[tuple[torch.Tensor, ...]], vocab: int) -> float:
+    """Forward and backward over the step's micro-batches (the mean over all of them)."""
+    total = 0.0
+    for x, y in batches:
+        loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)) / len(batches)
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -65,6 +98,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--out", default=None, help="rank 0 saves the full parameters here")
+    p.add_argument("--global-batch", type=int, default=0, help="0: a batch per (step, rank)")
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--loss-log", default=None, help="rank 0 appends the job's mean loss")
     args = p.parse_args()
 
     sess = stalwart.init()  # stalwart
@@ -74,14 +110,30 @@ def main() -> None:
         fully_shard(block, mesh=sess.mesh)  # stalwart: mesh=sess.mesh
     fully_shard(model, mesh=sess.mesh)  # stalwart: mesh=sess.mesh
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sess.track(model=model, optimizer=opt)  # stalwart
+    if args.global_batch:  # samples from the resumable loader, a constant global batch
+        data = stalwart.data.loader(Sequences(args.samples, args.seq, args.vocab), args.batch)
+        sess.track(model=model, optimizer=opt, loader=data)  # stalwart
+        sess.use_batch(BatchConfig(global_batch=args.global_batch, micro_batch=args.batch))
+    else:
+        sess.track(model=model, optimizer=opt)  # stalwart
+    log = open(args.loss_log, "a") if args.loss_log and sess.rank == 0 else None  # noqa: SIM115
     for step in sess.steps(args.steps):  # stalwart
-        x, y = batch(step, sess.rank, args.batch, args.seq, args.vocab)
-        loss = F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1))
         opt.zero_grad()
-        loss.backward()
+        if args.global_batch:
+            loss = torch.tensor(step_loss(model, list(data.step_batches()), args.vocab))
+        else:
+            x, y = batch(step, sess.rank, args.batch, args.seq, args.vocab)
+            loss = F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1))
+            loss.backward()
         opt.step()
         sess.log(loss=loss)  # stalwart
+        if log is not None or args.loss_log:  # every rank takes part in the mean
+            mean = loss.detach().clone()
+            torch.distributed.all_reduce(mean, group=sess.mesh.get_group())
+            if log is not None and sess.step_ok:
+                rec = {"step": step, "loss": float(mean) / sess.world_size}
+                log.write(json.dumps(rec | {"world": sess.world_size}) + "\n")
+                log.flush()
     # every rank takes part in gathering the full parameters (a collective)
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}
     if not sess.step_ok:  # a peer failed during the gather: nothing trustworthy to save

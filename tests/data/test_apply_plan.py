@@ -63,3 +63,16 @@ def test_standby_members_do_not_apply_a_plan() -> None:
     plan = plan_batch(BatchConfig(96, 8, policy="compatible"), 5)
     with pytest.raises(ConfigError, match="rank 4 does not train in a world of 4"):
         apply_plan(_state(), plan, rank=4)
+
+
+def test_a_module_with_a_reshard_method_is_left_alone() -> None:
+    """FSDP2 modules have ``reshard()`` (it frees their unsharded parameters): a plan
+    reshards loaders, never a module (which would be called with the wrong arguments)."""
+
+    class Fsdpish(torch.nn.Linear):
+        def reshard(self) -> None:
+            raise AssertionError("a module was resharded by the batch plan")
+
+    state = {**_state(), "model": Fsdpish(2, 1)}
+    apply_plan(state, plan_batch(CFG, 4), rank=0)
+    assert state["loader"].world_size == 4  # type: ignore[attr-defined]

@@ -56,7 +56,8 @@ def apply_plan(state: Mapping[str, Any], plan: BatchPlan, rank: int) -> dict[str
             obj.base_lrs = [
                 b * ratios.get(id(g), 1.0) for b, g in zip(obj.base_lrs, groups, strict=True)
             ]
-        reshard = getattr(obj, "reshard", None)
+        # a module's reshard() is another thing: FSDP2's frees its unsharded parameters
+        reshard = None if isinstance(obj, torch.nn.Module) else getattr(obj, "reshard", None)
         if callable(reshard):
             reshard(
                 world_size=plan.world_size,
