@@ -10,7 +10,7 @@ from stalwart.runtime._accounting import StepAccounting
 def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
     env: Any = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02)
     position: Any = SimpleNamespace(rank=rank, generation=generation, world_size=2)
-    tracked: Any = SimpleNamespace(part=None, replicated=True)
+    tracked: Any = SimpleNamespace(part=None, replicated=True, sharded=False)
     return StepAccounting(env, position, tracked, None, None, None)
 
 
