@@ -60,6 +60,7 @@ class FixedRejoin:
         self.env, self.group, self.tracked, self.position = env, group, tracked, position
         self.coord, self.store, self.events = coord, store, events
         self.use_memory = use_memory  # restart: every worker is new, nothing in memory
+        self.batch: BatchConfig | None = None  # sess.use_batch's policy, re-applied
 
     def on_track(self, state: Mapping[str, Any]) -> None:
         pass
@@ -68,6 +69,7 @@ class FixedRejoin:
         from stalwart.data import apply_plan, plan_batch
 
         config.validate(self.env.min_world, self.env.world_size)
+        self.batch = config
         apply_plan(self.tracked.state, plan_batch(config, position.world_size), position.rank)
 
     def join(self, min_generation: int, done: int) -> Formation:
@@ -144,7 +146,14 @@ class FixedRejoin:
         pass
 
     def settle(self, formation: Formation, seconds: float) -> None:
-        pass
+        """A restored state carries the learning-rate scale of the world it was saved at
+        (a checkpoint persisted by another world size): the plan is applied again (it is
+        idempotent: it scales by the plan's over the restored one)."""
+        from stalwart.data import apply_plan, plan_batch
+
+        if self.batch is not None and formation.tier != "none":
+            plan = plan_batch(self.batch, formation.world_size)
+            apply_plan(self.tracked.state, plan, formation.rank)
 
     def before_step(self, done: int) -> None:
         pass
