@@ -61,27 +61,3 @@ def test_fresh_optimizer_gets_dtensor_moments(shm_namespace: str) -> None:
             assert torch.equal(a, b)
     finally:
         snap.close(unlink=True)
-
-
-def test_a_fresh_sharded_optimizer_gets_state_tensors_before_a_reshard() -> None:
-    """Before a restore at another world size the moments must exist with the new shard
-    shapes (they are cut to them): one zero-gradient, zero-lr step creates them and
-    leaves the parameters, the learning rate and the gradients as they were."""
-    from stalwart.checkpoint._state import init_sharded_optimizers
-
-    model, opt = _build()
-    before = _locals(model)
-    plain = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-    init_sharded_optimizers({"model": model, "optimizer": opt, "plain": plain})
-    assert not plain.state  # not sharded: nothing to cut, left alone
-    moments = [st["exp_avg"] for st in opt.state.values()]
-    assert len(moments) == len(before) and all(isinstance(m, DTensor) for m in moments)
-    assert [m.to_local().shape for m in moments] == [b.shape for b in before]
-    for a, b in zip(_locals(model), before, strict=True):
-        assert torch.equal(a, b)
-    assert opt.param_groups[0]["lr"] == 0.1
-    assert all(p.grad is None for p in model.parameters())
-    _step(model, opt, 1)
-    stepped = opt.state[next(iter(model.parameters()))]["step"]
-    init_sharded_optimizers({"optimizer": opt})  # has state already: untouched
-    assert opt.state[next(iter(model.parameters()))]["step"] is stepped
