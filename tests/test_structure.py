@@ -41,8 +41,6 @@ ALLOWED: dict[str, frozenset[str]] = {
         {
             "checkpoint/_load.py: load_into",
             "checkpoint/_writer.py: write_rank",
-            "metrics/goodput.py: _account",
-            "metrics/html.py: render_html",
             "sim/calibrate.py: calibrate_report",
             "sim/strategies.py: event_costs",
         }
