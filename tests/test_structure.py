@@ -41,8 +41,6 @@ ALLOWED: dict[str, frozenset[str]] = {
         {
             "checkpoint/_load.py: load_into",
             "checkpoint/_writer.py: write_rank",
-            "sim/calibrate.py: calibrate_report",
-            "sim/strategies.py: event_costs",
         }
     ),
     # (f) a value named for the strategy compared with a strategy's name as a string,
@@ -56,10 +54,6 @@ ALLOWED: dict[str, frozenset[str]] = {
             "sim/planner.py: strategy == 'restart'",
             "sim/replay.py: strategy == 'restart'",
             "sim/replay.py: strategy == 'spare'",
-            "sim/strategies.py: strategy == 'elastic'",
-            "sim/strategies.py: strategy == 'flash'",
-            "sim/strategies.py: strategy == 'restart'",
-            "sim/strategies.py: strategy == 'spare'",
         }
     ),
 }
