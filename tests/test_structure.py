@@ -44,18 +44,9 @@ ALLOWED: dict[str, frozenset[str]] = {
         }
     ),
     # (f) a value named for the strategy compared with a strategy's name as a string,
-    # outside cli/ (agent/ and runtime/ ask the parsed runtime.env.Strategy instead).
-    # The simulator's strategies (async among them) are its own Literal names.
-    "strategy_comparison": frozenset(
-        {
-            "sim/engine.py: strategy == 'async'",
-            "sim/engine.py: strategy == 'restart'",
-            "sim/planner.py: strategy == 'async'",
-            "sim/planner.py: strategy == 'restart'",
-            "sim/replay.py: strategy == 'restart'",
-            "sim/replay.py: strategy == 'spare'",
-        }
-    ),
+    # outside cli/: none left (agent/ and runtime/ ask the parsed runtime.env.Strategy,
+    # the simulator its sim.strategies.TRAITS).
+    "strategy_comparison": frozenset({}),
 }
 
 # Not debt: a dependency's internals that stalwart uses on purpose, each commented where

@@ -36,8 +36,10 @@ from stalwart.sim.job import JobConfig, RecoveryCosts
 __all__ = [
     "QUALITY_NOTES",
     "STRATEGIES",
+    "TRAITS",
     "EventCosts",
     "Strategy",
+    "Traits",
     "event_costs",
     "parse_strategies",
 ]
@@ -51,6 +53,31 @@ QUALITY_NOTES: dict[Strategy, str] = {
     "spare": "bit-identical to a run without failures",
     "elastic": "same loss curve within float tolerance (constant global batch)",
     "async": "convergence penalty applied (LocalSGD/DiLoCo; stated, not measured)",
+}
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the simulator asks of a strategy besides its per-failure costs
+    (:func:`event_costs`): looked up here, never by comparing its name."""
+
+    durable_rollback: bool
+    """A recovery rolls back to the last durable checkpoint (restart), so a checkpoint is
+    a synchronous save (its stall is ``sync_save_s``) and every checkpoint persists."""
+    pauses_job: bool
+    """A failure pauses the whole job; under async only the failed replica group stops,
+    so no checkpoint interval is optimal for the job."""
+    takes_over: bool
+    """A standby takes over every failed rank (spare), even one a process restart would
+    cure in place; its restore reads the failed node's memory."""
+
+
+TRAITS: dict[Strategy, Traits] = {
+    "restart": Traits(durable_rollback=True, pauses_job=True, takes_over=False),
+    "flash": Traits(durable_rollback=False, pauses_job=True, takes_over=False),
+    "spare": Traits(durable_rollback=False, pauses_job=True, takes_over=True),
+    "elastic": Traits(durable_rollback=False, pauses_job=True, takes_over=False),
+    "async": Traits(durable_rollback=False, pauses_job=False, takes_over=False),
 }
 
 
