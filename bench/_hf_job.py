@@ -9,7 +9,6 @@ step to ``--step-log`` (step, wall-clock end time), like bench/_recovery_job.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,17 +21,12 @@ from transformers import GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_w
 import stalwart
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from _job_args import job_parser
 from train_lm import batch
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--step-log", required=True)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq", type=int, default=64)
-    args = p.parse_args()
+    args = job_parser(steps=100, seq=64).parse_args()
     vocab, size = 128, 8
     log = open(args.step_log, "a")  # noqa: SIM115 - lives as long as the process
     rank = int(os.environ.get("RANK", "0"))

@@ -10,7 +10,6 @@ attempt only (torchrun flavour; stalwart runs use --chaos for the same thing).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -21,21 +20,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from _job_args import job_parser
 from train_lm import TinyLM, batch
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = job_parser(steps=100, seq=64)
     p.add_argument("--mode", choices=["torchrun", "stalwart"], required=True)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--step-log", required=True)
     p.add_argument("--ckpt", default="")
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument("--fault", choices=["", "kill", "hang"], default="")
     p.add_argument("--fault-step", type=int, default=50)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq", type=int, default=64)
     args = p.parse_args()
     vocab, size = 128, 8
 

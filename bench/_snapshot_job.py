@@ -8,7 +8,6 @@ cadence choice), so a cost put on the step loop shows up in it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -19,19 +18,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from _job_args import job_parser
 from train_lm import TinyLM, batch
 
 import stalwart
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--step-log", required=True)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq", type=int, default=32)
-    args = p.parse_args()
+    args = job_parser(steps=40, seq=32).parse_args()
     vocab, size = 128, 8
     sess = stalwart.init()
     torch.manual_seed(0)

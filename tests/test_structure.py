@@ -41,29 +41,12 @@ ALLOWED: dict[str, frozenset[str]] = {
         {
             "checkpoint/_load.py: load_into",
             "checkpoint/_writer.py: write_rank",
-            "metrics/goodput.py: _account",
-            "metrics/html.py: render_html",
-            "sim/calibrate.py: calibrate_report",
-            "sim/strategies.py: event_costs",
         }
     ),
     # (f) a value named for the strategy compared with a strategy's name as a string,
-    # outside cli/ (agent/ and runtime/ ask the parsed runtime.env.Strategy instead).
-    # The simulator's strategies (async among them) are its own Literal names.
-    "strategy_comparison": frozenset(
-        {
-            "sim/engine.py: strategy == 'async'",
-            "sim/engine.py: strategy == 'restart'",
-            "sim/planner.py: strategy == 'async'",
-            "sim/planner.py: strategy == 'restart'",
-            "sim/replay.py: strategy == 'restart'",
-            "sim/replay.py: strategy == 'spare'",
-            "sim/strategies.py: strategy == 'elastic'",
-            "sim/strategies.py: strategy == 'flash'",
-            "sim/strategies.py: strategy == 'restart'",
-            "sim/strategies.py: strategy == 'spare'",
-        }
-    ),
+    # outside cli/: none left (agent/ and runtime/ ask the parsed runtime.env.Strategy,
+    # the simulator its sim.strategies.TRAITS).
+    "strategy_comparison": frozenset({}),
 }
 
 # Not debt: a dependency's internals that stalwart uses on purpose, each commented where

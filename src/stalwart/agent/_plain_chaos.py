@@ -14,7 +14,6 @@ has a step-keyed fault for this rank; ``stalwart.init()`` removes it with the ob
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,23 +45,20 @@ class _PlainChaos:
                 self.slowing.remove((fault, t0))
 
     def _fire(self, fault: Any) -> None:
+        from stalwart.chaos.inject import inject
+
+        inject(fault, {"rank": self.rank, "node": self.node}, self._emit, self._slow)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        """One event, the log closed again before the fault fires (a kill loses nothing)."""
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
-        with EventLog(
-            os.path.join(self.run_dir, EVENTS_FILE), node=self.node, rank=self.rank
-        ) as log:
-            log.emit(
-                "fault_injected",
-                fault=fault.kind,
-                domain={"rank": self.rank, "node": self.node},
-                spec=fault.text,
-            )
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif fault.kind == "hang":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        else:
-            self.slowing.append((fault, time.monotonic()))
+        path = os.path.join(self.run_dir, EVENTS_FILE)
+        with EventLog(path, node=self.node, rank=self.rank) as log:
+            log.emit(kind, **fields)
+
+    def _slow(self, fault: Any) -> None:
+        self.slowing.append((fault, time.monotonic()))
 
 
 def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], float]) -> Any:

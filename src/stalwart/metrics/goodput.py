@@ -15,9 +15,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from stalwart.metrics._timeline import classify, productive_counts, waiting, world_sizes, ws_at
 from stalwart.metrics.events import Event
 from stalwart.metrics.incidents import Incident, find_incidents, resume_after
-from stalwart.metrics.intervals import Interval, add, covers, measure, overlapping, union
+from stalwart.metrics.intervals import Interval, covers, measure, union
 
 __all__ = ["BUCKETS", "Goodput", "Resume", "Segment", "Window", "account"]
 
@@ -119,75 +120,6 @@ class Goodput:
         return [i for i in self.incidents if i.interrupted]
 
 
-def _world_sizes(events: Sequence[Event], t_start: float) -> list[tuple[float, int]]:
-    out: list[tuple[float, int]] = []
-    for e in events:
-        if e.kind in ("run_start", "generation", "resize"):
-            ws = int(e["world_size"])
-            if not out or out[-1][1] != ws:
-                out.append((max(e.t, t_start), ws))
-    return out
-
-
-def _ws_at(sizes: list[tuple[float, int]], t: float) -> int:
-    i = bisect.bisect_right(sizes, (t, 1 << 62)) - 1
-    return sizes[max(i, 0)][1] if sizes else 1
-
-
-def _productive_counts(steps: list[Event]) -> list[int]:
-    """Per batch, how many of its steps are the last completion of their number. A step
-    completed again later (after a rollback) was lost work the first time."""
-    done: list[Interval] = []  # step ranges completed later, as [first, last + 1)
-    counts = [0] * len(steps)
-    for n in range(len(steps) - 1, -1, -1):
-        a, b = int(steps[n]["first_step"]), int(steps[n]["last_step"]) + 1
-        counts[n] = (b - a) - round(add(done, a, b))
-    return counts
-
-
-def _classify(
-    a: float, b: float, labelled: dict[str, list[Interval]], priority: tuple[str, ...]
-) -> list[tuple[float, float, str]]:
-    """``[a, b)`` cut where any labelled interval starts or ends, each piece named by the
-    first of ``priority`` that covers it, else "other"."""
-    if b <= a:
-        return []
-    cuts = sorted(
-        {a, b}
-        | {x for k in priority for iv in overlapping(labelled[k], a, b) for x in iv if a < x < b}
-    )
-    out: list[tuple[float, float, str]] = []
-    for x, y in itertools.pairwise(cuts):
-        name = next((k for k in priority if covers(labelled[k], x, y)), "other")
-        if out and out[-1][2] == name:
-            out[-1] = (out[-1][0], y, name)
-        else:
-            out.append((x, y, name))
-    return out
-
-
-def _waiting(events: Sequence[Event], starts: list[float], t_end: float) -> list[Interval]:
-    out: list[Interval] = []
-    t_open: float | None = None
-    for e in events:
-        if e.kind == "waiting" and t_open is None and e["have"] < e["need"]:
-            t_open = e.t
-        elif t_open is not None and (
-            (e.kind == "waiting" and e["have"] >= e["need"])
-            or e.kind in ("generation", "recovery_end", "run_end")
-        ):
-            out.append((t_open, e.t))
-            t_open = None
-    if t_open is not None:
-        out.append((t_open, t_end))
-    # A step batch starting also ends a wait.
-    ends = []
-    for a, b in out:
-        i = bisect.bisect_left(starts, a)
-        ends.append((a, min(b, starts[i]) if i < len(starts) else b))
-    return ends
-
-
 def _shift(e: Event, dt: float) -> Event:
     f = e.fields
     if e.kind == "steps":
@@ -245,10 +177,59 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
     if t1 < t0:
         problems.append(f"the run ends {t0 - t1:.3f}s before it starts (clock skew?)")
         t1 = t0
-    sizes = _world_sizes(events, t0)
+    sizes = world_sizes(events, t0)
+    raw = _batches(steps, t0, t1, problems)
+    starts = [a for a, _, _ in raw]
+    incidents, spans = find_incidents(events, starts, t1)
+    stall = union((e.t - e["stall_s"], e.t) for e in events if e.kind == "snapshot")
+    restore = union((e.t - e["seconds"], e.t) for e in events if e.kind == "restore")
+    amounts = _amounts(raw, stall, restore)
+    busy_end = [a + sum(x) for (a, _, _), x in zip(raw, amounts, strict=True)]
+    labelled: dict[str, list[Interval]] = {
+        "checkpoint_stall": stall,
+        "restore": restore,
+        "waiting": union(waiting(events, starts, t1)),
+    }
+    resumes = _label_incidents(events, incidents, spans, raw, busy_end, t1, labelled)
+    labelled["startup"] = [(t0, starts[0] if starts else t1)]
 
-    # Step batches, clipped to the run and to each other.
-    raw: list[tuple[float, float, Event]] = []
+    split = _Split()
+    counts = productive_counts([e for _, _, e in raw])
+    windows = [
+        split.batch(batch, good, amount, be, labelled, ws_at(sizes, batch[0]), problems)
+        for batch, good, amount, be in zip(raw, counts, amounts, busy_end, strict=True)
+    ]
+    split.gaps(t0, t1, raw, labelled)
+    by_start = {w.t0: w for w in windows}
+    resume_list = [
+        Resume(t, by_start[t].first_step, by_start[t].world_size, resumes[t])
+        for t in sorted(resumes)
+        if t in by_start
+    ]
+    lost_steps = sum(w.last_step - w.first_step + 1 - w.productive_steps for w in windows)
+    buckets = {k: math.fsum(split.parts[k]) for k in BUCKETS}
+    split.segments.sort(key=lambda s: s.t0)
+    return Goodput(
+        t0,
+        t1,
+        t1 - t0,
+        buckets,
+        windows,
+        split.segments,
+        incidents,
+        resume_list,
+        sizes,
+        lost_steps,
+        problems,
+    )
+
+
+_Batch = tuple[float, float, Event]  # a step batch clipped to the run: (a, b, its event)
+
+
+def _batches(steps: list[Event], t0: float, t1: float, problems: list[str]) -> list[_Batch]:
+    """Step batches, clipped to the run and to each other."""
+    raw: list[_Batch] = []
     for e in steps:
         a, b = max(float(e["t_first_start"]), t0), min(e.t, t1)
         if raw and a < raw[-1][1]:
@@ -256,27 +237,36 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
             a = raw[-1][1]
         if b > a:
             raw.append((a, b, e))
-    counts = _productive_counts([e for _, _, e in raw])
-    starts = [a for a, _, _ in raw]
-    incidents, spans = find_incidents(events, starts, t1)
+    return raw
 
-    stall = union((e.t - e["stall_s"], e.t) for e in events if e.kind == "snapshot")
-    restore = union((e.t - e["seconds"], e.t) for e in events if e.kind == "restore")
-    # Per batch: stall, restore and compute amounts. Compute first: busy_s is measured per
-    # step and excludes stalls, so a stall that does not fit beside it was reported at the
-    # wrong time and is clipped instead. The idle rest is taken to follow the compute (a
-    # batch flushed when recovery starts ends with the time spent blocked).
+
+def _amounts(
+    raw: list[_Batch], stall: list[Interval], restore: list[Interval]
+) -> list[tuple[float, float, float]]:
+    """Per batch: stall, restore and compute amounts. Compute first: busy_s is measured
+    per step and excludes stalls, so a stall that does not fit beside it was reported at
+    the wrong time and is clipped instead. The idle rest is taken to follow the compute
+    (a batch flushed when recovery starts ends with the time spent blocked)."""
     amounts: list[tuple[float, float, float]] = []
     for a, b, e in raw:
         busy = min(float(e["busy_s"]), b - a)
         st = min(measure(stall, a, b), b - a - busy)
         amounts.append((st, min(measure(restore, a, b), b - a - busy - st), busy))
-    busy_end = [a + sum(x) for (a, _, _), x in zip(raw, amounts, strict=True)]
-    labelled: dict[str, list[Interval]] = {
-        "checkpoint_stall": stall,
-        "restore": restore,
-        "waiting": union(_waiting(events, starts, t1)),
-    }
+    return amounts
+
+
+def _label_incidents(
+    events: Sequence[Event],
+    incidents: list[Incident],
+    spans: list[Interval],
+    raw: list[_Batch],
+    busy_end: list[float],
+    t1: float,
+    labelled: dict[str, list[Interval]],
+) -> dict[float, str]:
+    """Label detection, recovery and lost progress of every interrupting incident and of
+    reconfigurations (recoveries and resizes without a fault); the resumes they end in."""
+    starts = [a for a, _, _ in raw]
     detection: list[Interval] = []
     recovery: list[Interval] = list(spans)
     lost: list[Interval] = []
@@ -309,78 +299,64 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
     labelled["detection"] = union(detection)
     labelled["recovery"] = union(recovery)
     labelled["lost_progress"] = union(lost)
-    labelled["startup"] = [(t0, first_step_t)]
+    return resumes
 
-    buckets = dict.fromkeys(BUCKETS, 0.0)
-    parts: dict[str, list[float]] = {b: [] for b in BUCKETS}
-    segments: list[Segment] = []
-    windows: list[Window] = []
-    for (a, b, e), good, (st, rs, busy), be in zip(raw, counts, amounts, busy_end, strict=True):
+
+@dataclass
+class _Split:
+    """The run's time as it is split: each bucket's pieces and the timeline segments."""
+
+    parts: dict[str, list[float]] = field(default_factory=lambda: {b: [] for b in BUCKETS})
+    segments: list[Segment] = field(default_factory=list)
+
+    def batch(
+        self,
+        batch: _Batch,
+        good: int,
+        amount: tuple[float, float, float],
+        busy_end: float,
+        labelled: dict[str, list[Interval]],
+        world_size: int,
+        problems: list[str],
+    ) -> Window:
+        """A step batch: its compute (productive, or lost when redone later), stall,
+        restore, then its idle tail by what covers it."""
+        (a, b, e), (st, rs, busy) = batch, amount
         n = int(e["last_step"]) - int(e["first_step"]) + 1
         if n != int(e["count"]):
             problems.append(f"steps {e['first_step']}..{e['last_step']} say count={e['count']}")
         prod = busy if good >= n else busy * good / n
-        parts["productive"].append(prod)
-        parts["lost_progress"].append(busy - prod)
-        parts["checkpoint_stall"].append(st)
-        parts["restore"].append(rs)
-        segments.append(Segment(a, be, "productive" if prod >= busy - prod else "lost_progress"))
+        self.parts["productive"].append(prod)
+        self.parts["lost_progress"].append(busy - prod)
+        self.parts["checkpoint_stall"].append(st)
+        self.parts["restore"].append(rs)
+        kind = "productive" if prod >= busy - prod else "lost_progress"
+        self.segments.append(Segment(a, busy_end, kind))
         other = 0.0
-        for x, y, name in _classify(be, b, labelled, _GAP_PRIORITY):
-            parts[name].append(y - x)
-            segments.append(Segment(x, y, name))
+        for x, y, name in classify(busy_end, b, labelled, _GAP_PRIORITY):
+            self.parts[name].append(y - x)
+            self.segments.append(Segment(x, y, name))
             other += (y - x) if name == "other" else 0.0
-        windows.append(
-            Window(
-                a,
-                b,
-                int(e["first_step"]),
-                int(e["last_step"]),
-                busy,
-                e.get("generation"),
-                _ws_at(sizes, a),
-                good,
-                prod,
-                busy - prod,
-                st,
-                other,
-            )
-        )
+        first, last = int(e["first_step"]), int(e["last_step"])
+        gen = e.get("generation")
+        return Window(a, b, first, last, busy, gen, world_size, good, prod, busy - prod, st, other)
 
-    cuts = sorted(
-        {t0, t1, *(x for a, b, _ in raw for x in (a, b))}
-        | {x for ivs in labelled.values() for iv in ivs for x in iv if t0 < x < t1}
-    )
-    in_window = [(a, b) for a, b, _ in raw]
-    for a, b in itertools.pairwise(cuts):
-        if b <= a or covers(in_window, a, b):
-            continue
-        name = next((k for k in _PRIORITY if covers(labelled[k], a, b)), "other")
-        parts[name].append(b - a)
-        if segments and segments[-1].bucket == name and segments[-1].t1 == a:
-            segments[-1] = Segment(segments[-1].t0, b, name)
-        else:
-            segments.append(Segment(a, b, name))
-    for k in BUCKETS:
-        buckets[k] = math.fsum(parts[k])
-    segments.sort(key=lambda s: s.t0)
-    by_start = {w.t0: w for w in windows}
-    resume_list = [
-        Resume(t, by_start[t].first_step, by_start[t].world_size, resumes[t])
-        for t in sorted(resumes)
-        if t in by_start
-    ]
-    lost_steps = sum(w.last_step - w.first_step + 1 - w.productive_steps for w in windows)
-    return Goodput(
-        t0,
-        t1,
-        t1 - t0,
-        buckets,
-        windows,
-        segments,
-        incidents,
-        resume_list,
-        sizes,
-        lost_steps,
-        problems,
-    )
+    def gaps(
+        self, t0: float, t1: float, raw: list[_Batch], labelled: dict[str, list[Interval]]
+    ) -> None:
+        """The time outside step batches, each piece to the first label covering it."""
+        cuts = sorted(
+            {t0, t1, *(x for a, b, _ in raw for x in (a, b))}
+            | {x for ivs in labelled.values() for iv in ivs for x in iv if t0 < x < t1}
+        )
+        in_window = [(a, b) for a, b, _ in raw]
+        for a, b in itertools.pairwise(cuts):
+            if b <= a or covers(in_window, a, b):
+                continue
+            name = next((k for k in _PRIORITY if covers(labelled[k], a, b)), "other")
+            self.parts[name].append(b - a)
+            last = self.segments[-1] if self.segments else None
+            if last is not None and last.bucket == name and last.t1 == a:
+                self.segments[-1] = Segment(last.t0, b, name)
+            else:
+                self.segments.append(Segment(a, b, name))

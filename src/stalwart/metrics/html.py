@@ -57,7 +57,6 @@ def _plot(fn: Callable[[dict[str, Any]], str], d: dict[str, Any], alt: str) -> s
 def render_html(d: dict[str, Any]) -> str:
     """The whole HTML document for a :meth:`RunReport.to_dict` document."""
     e = html.escape
-    wall = d["wall_s"]
     job = e(str(d["job"] or "-"))
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
@@ -65,28 +64,52 @@ def render_html(d: dict[str, Any]) -> str:
         f"<h1>stalwart report &mdash; {job}</h1>",
         f"<p>run <code>{e(d['run_dir'])}</code> &middot; strategy {e(strategy_text(d))} "
         f"&middot; status {e(str(d['status'] or 'unknown (no run_end)'))}</p>",
+        *_problems(d),
+        _kpis(d),
+        "<h2>Timeline</h2>" + _plot(_plots.timeline, d, "throughput over time"),
+        "<h2>Where the time went</h2>" + _buckets(d),
+        _plot(_plots.badput, d, "badput breakdown"),
+        "<h2>Incidents</h2>" + _incidents(d),
+        _plot(_plots.rto, d, "RTO per incident"),
+        _rto_and_mtbf(d),
+        "<h2>Checkpoints</h2>" + _checkpoints(d["checkpoint"]),
+        *_loss(d),
+        '<h2>Raw figures</h2><details><summary>JSON</summary><pre id="json">'
+        + e(json.dumps({k: v for k, v in d.items() if k != "series"}, indent=1))
+        + "</pre></details></body></html>",
     ]
+    return "\n".join(parts)
+
+
+def _problems(d: dict[str, Any]) -> list[str]:
+    """What the event log did not show (a partial report) or looked wrong in it."""
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in d["problems"])
     if d["partial"]:
-        items = "".join(f"<li>{e(p)}</li>" for p in d["problems"])
-        parts.append(
+        return [
             f'<div class="partial" id="partial"><b>Partial report.</b> The event log does not '
             f"show a whole run; figures cover what it shows.<ul>{items}</ul></div>"
-        )
-    elif d["problems"]:
-        items = "".join(f"<li>{e(p)}</li>" for p in d["problems"])
-        parts.append(f'<div class="partial" id="warnings"><b>Warnings.</b><ul>{items}</ul></div>')
+        ]
+    if d["problems"]:
+        return [f'<div class="partial" id="warnings"><b>Warnings.</b><ul>{items}</ul></div>']
+    return []
+
+
+def _kpis(d: dict[str, Any]) -> str:
     ettr, m, r = d["ettr"], d["mtbf"], d["rto_s"]
     kpis = [
         ("ETTR", _num(None if ettr is None else 100 * ettr, ".1f", "%")),
-        ("wall time", _num(wall, ".1f", " s")),
+        ("wall time", _num(d["wall_s"], ".1f", " s")),
         ("productive steps", str(d["steps"]["productive"])),
         ("failures", str(d["failures"])),
         ("RTO p50", _num(r["p50"], ".2f", " s")),
         ("MTBF", _num(m["mtbf_s"], ".0f", " s")),
         ("lost work", f"{d['steps']['lost']} steps / {_num(d['lost_work_s'], '.1f', ' s')}"),
     ]
-    parts.append("".join(f'<span class="kpi">{k}<b>{v}</b></span>' for k, v in kpis))
-    parts.append("<h2>Timeline</h2>" + _plot(_plots.timeline, d, "throughput over time"))
+    return "".join(f'<span class="kpi">{k}<b>{v}</b></span>' for k, v in kpis)
+
+
+def _buckets(d: dict[str, Any]) -> str:
+    wall = d["wall_s"]
     rows = [
         [
             f'<span class="swatch" style="background:{_plots.COLORS[k]}"></span>{k}',
@@ -98,11 +121,12 @@ def render_html(d: dict[str, Any]) -> str:
     rows.append(
         ["<b>total (= wall time)</b>", _num(sum(d["buckets_s"].values()), ".2f", " s"), "100.00 %"]
     )
-    parts.append("<h2>Where the time went</h2>" + _table(["bucket", "time", "share"], rows))
-    parts.append(_plot(_plots.badput, d, "badput breakdown"))
-    parts.append("<h2>Incidents</h2>" + _incidents(d))
-    parts.append(_plot(_plots.rto, d, "RTO per incident"))
-    parts.append(
+    return _table(["bucket", "time", "share"], rows)
+
+
+def _rto_and_mtbf(d: dict[str, Any]) -> str:
+    m, r = d["mtbf"], d["rto_s"]
+    return (
         f"<p>RTO p50 {_num(r['p50'])} s, p95 {_num(r['p95'])} s, max {_num(r['max'])} s; "
         f"detection latency p50 {_num(d['detection_latency_s']['p50'])} s. "
         f"MTBF {_num(m['mtbf_s'], '.0f')} s ({100 * m['confidence']:.0f}% interval "
@@ -110,65 +134,57 @@ def render_html(d: dict[str, Any]) -> str:
         f"{_num(m['upper_s'], '.0f') if m['upper_s'] is not None else 'unbounded'} s) "
         f"from {m['failures']} failure(s) in {_num(m['exposure_s'], '.0f')} s.</p>"
     )
-    c = d["checkpoint"]
-    parts.append(
-        "<h2>Checkpoints</h2>"
-        + _table(
-            [
-                "snapshots",
-                "stall",
-                "stall % of wall",
-                "persist (background)",
-                "persist % of wall",
-                "persist cost % of wall",
-                "failed persists",
-                "written",
-            ],
-            [
-                [
-                    str(c["snapshots"]),
-                    _num(c["stall_s"], ".2f", " s"),
-                    _num(c["stall_pct"]),
-                    _num(c["persist_s"], ".2f", " s"),
-                    _num(c["persist_pct"]),
-                    _num(c["persist_overhead_pct"]),
-                    str(c["persists_failed"]),
-                    f"{c['bytes_written']:,} B",
-                ]
-            ],
-        )
-    )
-    if d["series"]["loss"] or d["series"]["reference_loss"]:
-        parts.append("<h2>Loss</h2>" + _plot(_plots.loss, d, "loss vs reference"))
-        conv = [
-            [
-                str(cv["resume_step"]),
-                e(cv["cause"]),
-                str(cv["world_size"]),
-                str(cv["compared"]),
-                "never" if cv["steps_to_converge"] is None else str(cv["steps_to_converge"]),
-            ]
-            for cv in d["convergence"]
+
+
+def _checkpoints(c: dict[str, Any]) -> str:
+    head = [
+        "snapshots",
+        "stall",
+        "stall % of wall",
+        "persist (background)",
+        "persist % of wall",
+        "persist cost % of wall",
+        "failed persists",
+        "written",
+    ]
+    row = [
+        str(c["snapshots"]),
+        _num(c["stall_s"], ".2f", " s"),
+        _num(c["stall_pct"]),
+        _num(c["persist_s"], ".2f", " s"),
+        _num(c["persist_pct"]),
+        _num(c["persist_overhead_pct"]),
+        str(c["persists_failed"]),
+        f"{c['bytes_written']:,} B",
+    ]
+    return _table(head, [row])
+
+
+def _loss(d: dict[str, Any]) -> list[str]:
+    """The loss plot and, per resumption, how soon the loss was back in the band."""
+    if not (d["series"]["loss"] or d["series"]["reference_loss"]):
+        return []
+    out = ["<h2>Loss</h2>" + _plot(_plots.loss, d, "loss vs reference")]
+    conv = [
+        [
+            str(cv["resume_step"]),
+            html.escape(cv["cause"]),
+            str(cv["world_size"]),
+            str(cv["compared"]),
+            "never" if cv["steps_to_converge"] is None else str(cv["steps_to_converge"]),
         ]
-        if conv:
-            parts.append(
-                _table(
-                    [
-                        "resumed at step",
-                        "cause",
-                        "world size",
-                        "losses compared",
-                        "steps until within band",
-                    ],
-                    conv,
-                )
-            )
-    parts.append(
-        '<h2>Raw figures</h2><details><summary>JSON</summary><pre id="json">'
-        + e(json.dumps({k: v for k, v in d.items() if k != "series"}, indent=1))
-        + "</pre></details></body></html>"
-    )
-    return "\n".join(parts)
+        for cv in d["convergence"]
+    ]
+    if conv:
+        head = [
+            "resumed at step",
+            "cause",
+            "world size",
+            "losses compared",
+            "steps until within band",
+        ]
+        out.append(_table(head, conv))
+    return out
 
 
 def _incidents(d: dict[str, Any]) -> str:

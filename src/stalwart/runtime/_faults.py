@@ -9,11 +9,11 @@ step does not fire it again.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.chaos.inject import inject
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
@@ -47,16 +47,5 @@ class WorkerFaults:
         for fault in self.plan.worker_faults(member, step):
             if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
                 continue
-            if self._events is not None:
-                self._events.emit(
-                    "fault_injected",
-                    fault=fault.kind,
-                    domain={"rank": member, "node": self.node},
-                    spec=fault.text,
-                )
-            if fault.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "hang":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            else:
-                self._slow(fault)
+            emit = None if self._events is None else self._events.emit
+            inject(fault, {"rank": member, "node": self.node}, emit, self._slow)

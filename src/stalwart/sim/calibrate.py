@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 
 from stalwart.errors import ConfigError, StalwartError
 from stalwart.metrics.events import Event
+from stalwart.metrics.goodput import Goodput
 from stalwart.metrics.incidents import Incident
 from stalwart.metrics.intervals import measure, union
 from stalwart.metrics.report import RunReport, load_run
@@ -154,38 +155,78 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
     gpus = int(start["world_size"]) if start is not None else top
     nodes = int(start.get("nnodes") or 1) if start is not None else 1
 
-    costs: dict[str, float] = {}
-    counts: dict[str, int] = {}
-
-    def put(key: str, values: list[float]) -> None:
-        if values:
-            costs[key] = max(_mean(values), 0.0)
-            counts[key] = len(values)
-
+    c = _Costs()
     # Checkpointing.
     doc = rep.to_dict()
     ck = doc["checkpoint"]
     if ck["snapshots"]:
-        costs["snapshot_stall_s"] = float(ck["mean_stall_s"])
-        counts["snapshot_stall_s"] = int(ck["snapshots"])
+        c.costs["snapshot_stall_s"] = float(ck["mean_stall_s"])
+        c.counts["snapshot_stall_s"] = int(ck["snapshots"])
     persists = [e for e in events if e.kind == "persist_end" and e["ok"]]
-    put("persist_s", [float(e["seconds"]) for e in persists])
+    c.put("persist_s", [float(e["seconds"]) for e in persists])
+    faults = _failure_costs(rep, run_strategy, c, warnings)
 
-    # Failures: detection by kind, restore by tier, the rest of the RTO by strategy.
+    # The run's shape and its replay.
+    measured: MeasuredRun | None = None
+    if g.ettr is not None:
+        measured = MeasuredRun(
+            ettr=min(max(g.ettr, 0.0), 1.0),
+            wall_s=g.wall_s,
+            failures=len(g.failures),
+            gpus=max(gpus, 0),
+            nodes=max(nodes, 0),
+            mtbf_s=doc["mtbf"]["mtbf_s"],
+            step_s=_step_s(g),
+            persist_bytes_per_s=ck["write_bytes_per_s"],
+        )
+    persist_every = _cadence(sorted({int(e["step"]) for e in persists})) or 0
+    replay_cfg = _replay(rep, run_strategy, persist_every, faults, warnings)
+    missing = [k for k in COST_KEYS if k not in c.costs and k != "sync_save_s"]
+    source: dict[str, str | int | float] = {
+        "run_dir": os.path.abspath(rep.run_dir),
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "events": len(events),
+        "strategy": run_strategy,
+    }
+    if start is not None:
+        source["job"] = str(start["job"])
+    cal = Calibration(costs=c.costs, source=source, measured=measured, replay=replay_cfg)
+    return CalibrationRun(cal, missing, warnings, c.counts)
+
+
+@dataclass
+class _Costs:
+    """The costs measured so far and the samples behind each."""
+
+    costs: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def put(self, key: str, values: list[float]) -> None:
+        if values:
+            self.costs[key] = max(_mean(values), 0.0)
+            self.counts[key] = len(values)
+
+
+def _failure_costs(
+    rep: RunReport, run_strategy: str, c: _Costs, warnings: list[str]
+) -> list[ReplayFault]:
+    """Failures: detection by kind, restore by tier, the rest of the RTO by strategy;
+    every failure as a fault of the replay."""
+    g, events = rep.goodput, rep.events
     detected = [e for e in events if e.kind == "fault_detected"]
     injected = [e for e in events if e.kind == "fault_injected"]
     restores = [e for e in events if e.kind == "restore"]
-    fails = [i for i in g.failures if i.t_detected is not None]
     detect: dict[str, list[float]] = {"crash": [], "hang": [], "lease": []}
     tier_s: dict[str, list[float]] = {t: [] for t in _TIERS}
     parts: dict[tuple[str, bool], list[float]] = {}
     faults: list[ReplayFault] = []
     t_train = g.windows[0].t0 if g.windows else g.t_start
-    for inc in fails:
+    for inc in (i for i in g.failures if i.t_detected is not None):
         kind = _detection_kind(inc, detected, warnings)
         node = _is_node_fault(inc)
-        step = _trigger_step(inc, injected)
-        faults.append(ReplayFault(max(inc.t_fault - t_train, 0.0), kind, node, step))
+        faults.append(
+            ReplayFault(max(inc.t_fault - t_train, 0.0), kind, node, _trigger_step(inc, injected))
+        )
         if inc.overlaps or inc.during_recovery:
             warnings.append(
                 f"failure {inc.index} overlaps failure(s) {inc.overlaps or '-'}: left out of "
@@ -208,29 +249,53 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
             tier_s[tier].append(span)
         strategy = inc.strategy or run_strategy
         parts.setdefault((strategy, node), []).append(max(b - a - span, 0.0))
-    put("detect_crash_s", detect["crash"])
-    put("detect_hang_s", detect["hang"])
-    put("detect_lease_s", detect["lease"])
+    for kind, values in detect.items():
+        c.put(f"detect_{kind}_s", values)
     for tier in _TIERS:
-        put(f"restore_{tier}_s", tier_s[tier])
-    for strategy, key in (("restart", "restart_s"), ("spare", "spare_takeover_s")):
-        put(key, parts.get((strategy, False), []) + parts.get((strategy, True), []))
-    put("reconfigure_s", parts.get(("elastic", False), []) + parts.get(("elastic", True), []))
-    put("flash_restart_s", parts.get(("flash", False), []))
+        c.put(f"restore_{tier}_s", tier_s[tier])
+    _recovery_costs(parts, c, warnings)
+    return faults
+
+
+def _recovery_costs(
+    parts: dict[tuple[str, bool], list[float]], c: _Costs, warnings: list[str]
+) -> None:
+    """The recovery cost of each strategy, from its recoveries' times (by strategy, and
+    whether the failure took a node)."""
+
+    def both(name: str) -> list[float]:
+        return parts.get((name, False), []) + parts.get((name, True), [])
+
+    c.put("restart_s", both("restart"))
+    c.put("spare_takeover_s", both("spare"))
+    c.put("reconfigure_s", both("elastic"))
+    c.put("flash_restart_s", parts.get(("flash", False), []))
     node_parts = parts.get(("flash", True), [])
     if node_parts:
-        base = costs.get("flash_restart_s", 0.0)
-        costs["node_replace_s"] = max(_mean(node_parts) - base, 0.0)
-        counts["node_replace_s"] = len(node_parts)
+        base = c.costs.get("flash_restart_s", 0.0)
+        c.costs["node_replace_s"] = max(_mean(node_parts) - base, 0.0)
+        c.counts["node_replace_s"] = len(node_parts)
     unknown = sorted({s for s, _ in parts} - set(STRATEGIES))
     if unknown:
         warnings.append(f"recoveries by unknown strategy {', '.join(unknown)}: not calibrated")
 
-    # The run's shape and its replay.
-    measured: MeasuredRun | None = None
-    ettr = g.ettr
-    m = doc["mtbf"]
-    wins = g.windows
+
+def _step_s(g: Goodput) -> float | None:
+    nsteps = sum(w.last_step - w.first_step + 1 for w in g.windows)
+    busy = math.fsum(w.busy_s for w in g.windows)
+    return busy / nsteps if nsteps else None
+
+
+def _replay(
+    rep: RunReport,
+    run_strategy: str,
+    persist_every: int,
+    faults: list[ReplayFault],
+    warnings: list[str],
+) -> Replay | None:
+    """The run's shape for the replay: its startup, training span, step time and cadence
+    (None, with a warning, when the run shows too little of them)."""
+    g, wins = rep.goodput, rep.goodput.windows
     nsteps = sum(w.last_step - w.first_step + 1 for w in wins)
     busy = math.fsum(w.busy_s for w in wins)
     # Per-step overhead: the "other" time of the training span (inside step batches, and the
@@ -238,55 +303,31 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
     # batch.
     tail = max(g.t_end - wins[-1].t1, 0.0) if wins else 0.0
     overhead = max(g.buckets["other"] - tail, 0.0)
-    step_s = busy / nsteps if nsteps else None
-    if ettr is not None:
-        measured = MeasuredRun(
-            ettr=min(max(ettr, 0.0), 1.0),
-            wall_s=g.wall_s,
-            failures=len(g.failures),
-            gpus=max(gpus, 0),
-            nodes=max(nodes, 0),
-            mtbf_s=m["mtbf_s"],
-            step_s=step_s,
-            persist_bytes_per_s=ck["write_bytes_per_s"],
-        )
-    replay_cfg: Replay | None = None
     # Snapshot steps: the snapshots logged, and the steps recoveries restored (a snapshot
     # each, even when its event was lost with the process that would have written it).
     snap_steps = sorted(
-        {int(e["step"]) for e in events if e.kind == "snapshot"}
-        | {int(e["restored_step"]) for e in events if e.kind == "recovery_end"}
+        {int(e["step"]) for e in rep.events if e.kind == "snapshot"}
+        | {int(e["restored_step"]) for e in rep.events if e.kind == "recovery_end"}
     )
     every = _cadence(snap_steps)
     if not wins or nsteps == 0 or busy <= 0:
         warnings.append("no step batches: step time, cadence and the replay are not measured")
-    elif every is None:
+        return None
+    if every is None:
         warnings.append("fewer than two snapshots: no snapshot cadence, so no replay section")
-    else:
-        wall_step = (busy + overhead) / nsteps
-        train = wins[-1].t1 - wins[0].t0
-        startup = wins[0].t0 - g.t_start  # launch to the first step (a first snapshot too)
-        persist_every = _cadence(sorted({int(e["step"]) for e in persists})) or 0
-        replay_cfg = Replay(
-            strategy=run_strategy,
-            startup_s=max(startup, 0.0),
-            train_s=max(train, wall_step),
-            tail_s=tail,
-            step_s=wall_step,
-            efficiency=busy / (busy + overhead),
-            snapshot_every=every,
-            interval_s=every * wall_step,
-            persist_every=persist_every,
-            faults=tuple(faults),
-        )
-    missing = [k for k in COST_KEYS if k not in costs and k != "sync_save_s"]
-    source: dict[str, str | int | float] = {
-        "run_dir": os.path.abspath(rep.run_dir),
-        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "events": len(events),
-        "strategy": run_strategy,
-    }
-    if start is not None:
-        source["job"] = str(start["job"])
-    cal = Calibration(costs=costs, source=source, measured=measured, replay=replay_cfg)
-    return CalibrationRun(cal, missing, warnings, counts)
+        return None
+    wall_step = (busy + overhead) / nsteps
+    train = wins[-1].t1 - wins[0].t0
+    startup = wins[0].t0 - g.t_start  # launch to the first step (a first snapshot too)
+    return Replay(
+        strategy=run_strategy,
+        startup_s=max(startup, 0.0),
+        train_s=max(train, wall_step),
+        tail_s=tail,
+        step_s=wall_step,
+        efficiency=busy / (busy + overhead),
+        snapshot_every=every,
+        interval_s=every * wall_step,
+        persist_every=persist_every,
+        faults=tuple(faults),
+    )

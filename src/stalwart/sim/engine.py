@@ -33,6 +33,7 @@ from stalwart.sim.failures import ClusterConfig, FailureModel, FailureTrace, sam
 from stalwart.sim.job import JobConfig, RecoveryCosts
 from stalwart.sim.strategies import (
     QUALITY_NOTES,
+    TRAITS,
     EventCosts,
     Strategy,
     event_costs,
@@ -99,9 +100,8 @@ def strategy_interval(scenario: Scenario, strategy: Strategy) -> float:
     """The checkpoint interval a strategy runs with: the job's, else Daly's for its stall."""
     if scenario.job.interval_s is not None:
         return scenario.job.interval_s
-    stall = scenario.job.sync_save_s if strategy == "restart" else scenario.job.snapshot_stall_s
-    if strategy == "async":
-        stall = scenario.job.snapshot_stall_s
+    durable = TRAITS[strategy].durable_rollback
+    stall = scenario.job.sync_save_s if durable else scenario.job.snapshot_stall_s
     mtbf = scenario.mtbf_s
     if math.isinf(mtbf):
         return scenario.horizon_s

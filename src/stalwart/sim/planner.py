@@ -30,7 +30,7 @@ from stalwart.errors import ConfigError
 from stalwart.sim.analytic import daly_interval, young_interval
 from stalwart.sim.engine import Scenario, ettr_by_interval, simulate
 from stalwart.sim.failures import sample_failures
-from stalwart.sim.strategies import Strategy
+from stalwart.sim.strategies import TRAITS, Strategy
 
 __all__ = [
     "Plan",
@@ -97,7 +97,8 @@ def numeric_optimum(intervals: NDArray[np.float64], ettr: NDArray[np.float64]) -
 
 
 def _stall(scenario: Scenario, strategy: Strategy) -> float:
-    return scenario.job.sync_save_s if strategy == "restart" else scenario.job.snapshot_stall_s
+    durable = TRAITS[strategy].durable_rollback
+    return scenario.job.sync_save_s if durable else scenario.job.snapshot_stall_s
 
 
 def plan(
@@ -128,7 +129,7 @@ def plan(
         grid = centre * np.exp(np.linspace(-math.log(span), math.log(span), points))
         per_replica = ettr_by_interval(scenario, strategy, trace, grid)
         curve = per_replica.mean(axis=1)
-        if strategy == "async":
+        if not TRAITS[strategy].pauses_job:
             optimum: float | None = None
             at = per_replica[points // 2]
         else:
@@ -144,7 +145,7 @@ def plan(
                 young_s=young,
                 daly_s=daly,
                 optimum_s=optimum,
-                persist_every=1 if strategy == "restart" else persist_every,
+                persist_every=1 if TRAITS[strategy].durable_rollback else persist_every,
                 ettr=float(at.mean()),
                 ettr_ci95=ci,
                 grid_s=tuple(float(g) for g in grid),

@@ -25,7 +25,7 @@ from stalwart.sim.calibration import Calibration, Replay, apply_calibration
 from stalwart.sim.engine import Scenario, ettr_by_interval
 from stalwart.sim.failures import ClusterConfig, FailureCause, FailureModel, FailureTrace
 from stalwart.sim.job import JobConfig, RecoveryCosts
-from stalwart.sim.strategies import STRATEGIES, Strategy
+from stalwart.sim.strategies import STRATEGIES, TRAITS, Strategy
 
 __all__ = ["ReplayResult", "replay", "replay_scenario"]
 
@@ -66,7 +66,7 @@ def _trace(rp: Replay, strategy: Strategy, times: list[float]) -> FailureTrace:
         times=row(times, np.float64),
         cause=np.zeros(shape, dtype=np.int64),
         nodes_lost=np.ones(shape, dtype=np.int64),
-        replace=(np.ones(shape, dtype=bool) if strategy == "spare" else node) & finite,
+        replace=(np.ones(shape, dtype=bool) if TRAITS[strategy].takes_over else node) & finite,
         hang=row([f.kind == "hang" for f in faults], bool) & finite,
         repair_s=np.full(shape, 10.0 * rp.train_s + 1.0),
         spare_ok=np.ones(shape, dtype=bool),
@@ -133,7 +133,7 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
     stall = cal.costs.get("snapshot_stall_s", 0.0)
     interval = rp.interval_s
     sync_save = stall
-    if strategy == "restart" and rp.persist_every > 0:
+    if TRAITS[strategy].durable_rollback and rp.persist_every > 0:
         # stalwart's restart rolls back to the last persisted checkpoint: a checkpoint
         # (for the engine) is a persist, and its stall is that of the snapshots between.
         interval = rp.persist_every * rp.step_s
@@ -148,12 +148,12 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
         source=f"replay of {cal.source.get('run_dir', '?')}",
     )
     sc = apply_calibration(sc, cal)
-    if strategy == "spare" and "restore_peer_s" not in cal.costs:
+    if TRAITS[strategy].takes_over and "restore_peer_s" not in cal.costs:
         # The engine restores a taken-over rank from the peer tier; a standby on the failed
         # rank's own node reads the node's shared memory, which is what the run measured.
         mem = cal.costs.get("restore_memory_s", 0.0)
         sc = replace(sc, costs=replace(sc.costs, restore_peer_s=mem))
-    if strategy == "restart":
+    if TRAITS[strategy].durable_rollback:
         remote = cal.costs.get("restore_remote_s", cal.costs.get("restore_disk_s", 0.0))
         sc = replace(
             sc,

@@ -22,6 +22,7 @@ rolls back to the durable checkpoint (a stated assumption). Faults cured by a pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,8 +36,10 @@ from stalwart.sim.job import JobConfig, RecoveryCosts
 __all__ = [
     "QUALITY_NOTES",
     "STRATEGIES",
+    "TRAITS",
     "EventCosts",
     "Strategy",
+    "Traits",
     "event_costs",
     "parse_strategies",
 ]
@@ -50,6 +53,31 @@ QUALITY_NOTES: dict[Strategy, str] = {
     "spare": "bit-identical to a run without failures",
     "elastic": "same loss curve within float tolerance (constant global batch)",
     "async": "convergence penalty applied (LocalSGD/DiLoCo; stated, not measured)",
+}
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the simulator asks of a strategy besides its per-failure costs
+    (:func:`event_costs`): looked up here, never by comparing its name."""
+
+    durable_rollback: bool
+    """A recovery rolls back to the last durable checkpoint (restart), so a checkpoint is
+    a synchronous save (its stall is ``sync_save_s``) and every checkpoint persists."""
+    pauses_job: bool
+    """A failure pauses the whole job; under async only the failed replica group stops,
+    so no checkpoint interval is optimal for the job."""
+    takes_over: bool
+    """A standby takes over every failed rank (spare), even one a process restart would
+    cure in place; its restore reads the failed node's memory."""
+
+
+TRAITS: dict[Strategy, Traits] = {
+    "restart": Traits(durable_rollback=True, pauses_job=True, takes_over=False),
+    "flash": Traits(durable_rollback=False, pauses_job=True, takes_over=False),
+    "spare": Traits(durable_rollback=False, pauses_job=True, takes_over=True),
+    "elastic": Traits(durable_rollback=False, pauses_job=True, takes_over=False),
+    "async": Traits(durable_rollback=False, pauses_job=False, takes_over=False),
 }
 
 
@@ -95,6 +123,20 @@ def _node_wait(trace: FailureTrace, costs: RecoveryCosts) -> NDArray[np.float64]
     return np.where(trace.replace, wait, 0.0)
 
 
+@dataclass(frozen=True)
+class _Failures:
+    """What every strategy's costs start from: the trace and the parts of its pause that
+    do not depend on the strategy."""
+
+    trace: FailureTrace
+    cluster: ClusterConfig
+    job: JobConfig
+    costs: RecoveryCosts
+    detect: NDArray[np.float64]  # detection latency of each failure
+    single: NDArray[np.bool_]  # the failure took at most one node (the memory tier holds)
+    tier: NDArray[np.float64]  # the restore from the tier that survives it
+
+
 def event_costs(
     strategy: Strategy,
     trace: FailureTrace,
@@ -107,78 +149,22 @@ def event_costs(
     if trace.lease is not None:
         detect = np.where(trace.lease, costs.detect_lease_s, detect)
     single = trace.nodes_lost <= 1
-    zeros = np.zeros(trace.times.shape)
-    share = np.minimum(trace.nodes_lost / cluster.nodes, 1.0)
     tier = np.where(
         ~trace.replace,
         costs.restore_memory_s,
         np.where(single, costs.restore_peer_s, costs.restore_remote_s),
     )
-    if strategy == "restart":
-        pause = detect + _node_wait(trace, costs) + costs.restart_s + costs.restore_remote_s
-        return EventCosts(
-            strategy, pause, np.ones(pause.shape, bool), zeros, pause, job.sync_save_s, 0.0, 1, True
-        )
-    if strategy == "flash":
-        pause = detect + _node_wait(trace, costs) + costs.flash_restart_s + tier
-    elif strategy == "spare":
-        takeover = np.where(
-            trace.spare_ok,
-            costs.spare_takeover_s,
-            trace.repair_s + costs.flash_restart_s,
-        )
-        pause = detect + np.where(trace.replace, takeover, costs.flash_restart_s) + tier
-    elif strategy == "elastic":
-        shrink = detect + costs.reconfigure_s + tier
-        pause = np.where(trace.replace, shrink, detect + costs.flash_restart_s + tier)
-        outage = np.where(trace.replace, _node_wait(trace, costs), 0.0)
-        outage = np.minimum(outage, np.maximum(trace.horizon_s - trace.times - pause, 0.0))
-        regrow = np.where(trace.replace & (outage > 0), costs.reconfigure_s, 0.0)
-        deficit = share * outage + regrow
-        window = pause + outage + regrow
-        durable = ~single
-        return EventCosts(
-            strategy,
-            pause,
-            durable,
-            deficit,
-            window,
-            job.snapshot_stall_s,
-            job.persist_s,
-            job.persist_every,
-            True,
-        )
-    else:  # async: only the replica group(s) holding the failed nodes stop
-        g = min(job.async_group_nodes, cluster.nodes)
-        groups = np.ceil(trace.nodes_lost / g)
-        group_share = np.minimum(groups * g / cluster.nodes, 1.0)
-        recovery = (
-            detect
-            + _node_wait(trace, costs)
-            + costs.flash_restart_s
-            + costs.restore_peer_s
-            + trace.uniform * job.async_sync_interval_s
-        )
-        recovery = np.minimum(recovery, np.maximum(trace.horizon_s - trace.times, 0.0))
-        recovery = np.where(np.isfinite(trace.times), recovery, 0.0)
-        lost = group_share * trace.uniform * job.async_sync_interval_s
-        return EventCosts(
-            strategy,
-            zeros,
-            np.zeros(zeros.shape, bool),
-            group_share * recovery,
-            recovery,
-            0.0,
-            job.persist_s,
-            job.persist_every,
-            False,
-            lost=np.where(np.isfinite(trace.times), lost, 0.0),
-        )
-    durable = ~single
+    return _COSTS[strategy](strategy, _Failures(trace, cluster, job, costs, detect, single, tier))
+
+
+def _in_place(strategy: Strategy, f: _Failures, pause: NDArray[np.float64]) -> EventCosts:
+    """A strategy that pauses the whole job and rolls back to memory (one node lost)."""
+    zeros = np.zeros(f.trace.times.shape)
+    job = f.job
     return EventCosts(
         strategy,
         pause,
-        durable,
+        ~f.single,
         zeros,
         pause,
         job.snapshot_stall_s,
@@ -186,3 +172,93 @@ def event_costs(
         job.persist_every,
         True,
     )
+
+
+def _restart(strategy: Strategy, f: _Failures) -> EventCosts:
+    trace, costs = f.trace, f.costs
+    pause = f.detect + _node_wait(trace, costs) + costs.restart_s + costs.restore_remote_s
+    zeros = np.zeros(trace.times.shape)
+    return EventCosts(
+        strategy, pause, np.ones(pause.shape, bool), zeros, pause, f.job.sync_save_s, 0.0, 1, True
+    )
+
+
+def _flash(strategy: Strategy, f: _Failures) -> EventCosts:
+    pause = f.detect + _node_wait(f.trace, f.costs) + f.costs.flash_restart_s + f.tier
+    return _in_place(strategy, f, pause)
+
+
+def _spare(strategy: Strategy, f: _Failures) -> EventCosts:
+    trace, costs = f.trace, f.costs
+    takeover = np.where(
+        trace.spare_ok,
+        costs.spare_takeover_s,
+        trace.repair_s + costs.flash_restart_s,
+    )
+    pause = f.detect + np.where(trace.replace, takeover, costs.flash_restart_s) + f.tier
+    return _in_place(strategy, f, pause)
+
+
+def _elastic(strategy: Strategy, f: _Failures) -> EventCosts:
+    trace, costs = f.trace, f.costs
+    share = np.minimum(trace.nodes_lost / f.cluster.nodes, 1.0)
+    shrink = f.detect + costs.reconfigure_s + f.tier
+    pause = np.where(trace.replace, shrink, f.detect + costs.flash_restart_s + f.tier)
+    outage = np.where(trace.replace, _node_wait(trace, costs), 0.0)
+    outage = np.minimum(outage, np.maximum(trace.horizon_s - trace.times - pause, 0.0))
+    regrow = np.where(trace.replace & (outage > 0), costs.reconfigure_s, 0.0)
+    deficit = share * outage + regrow
+    window = pause + outage + regrow
+    job = f.job
+    return EventCosts(
+        strategy,
+        pause,
+        ~f.single,
+        deficit,
+        window,
+        job.snapshot_stall_s,
+        job.persist_s,
+        job.persist_every,
+        True,
+    )
+
+
+def _async(strategy: Strategy, f: _Failures) -> EventCosts:
+    """Only the replica group(s) holding the failed nodes stop."""
+    trace, costs, job = f.trace, f.costs, f.job
+    zeros = np.zeros(trace.times.shape)
+    g = min(job.async_group_nodes, f.cluster.nodes)
+    groups = np.ceil(trace.nodes_lost / g)
+    group_share = np.minimum(groups * g / f.cluster.nodes, 1.0)
+    recovery = (
+        f.detect
+        + _node_wait(trace, costs)
+        + costs.flash_restart_s
+        + costs.restore_peer_s
+        + trace.uniform * job.async_sync_interval_s
+    )
+    recovery = np.minimum(recovery, np.maximum(trace.horizon_s - trace.times, 0.0))
+    recovery = np.where(np.isfinite(trace.times), recovery, 0.0)
+    lost = group_share * trace.uniform * job.async_sync_interval_s
+    return EventCosts(
+        strategy,
+        zeros,
+        np.zeros(zeros.shape, bool),
+        group_share * recovery,
+        recovery,
+        0.0,
+        job.persist_s,
+        job.persist_every,
+        False,
+        lost=np.where(np.isfinite(trace.times), lost, 0.0),
+    )
+
+
+_COSTS: dict[Strategy, Callable[[Strategy, _Failures], EventCosts]] = {
+    "restart": _restart,
+    "flash": _flash,
+    "spare": _spare,
+    "elastic": _elastic,
+    "async": _async,
+}
+"""Each strategy's costs: the one place the simulator maps a strategy to what it does."""
