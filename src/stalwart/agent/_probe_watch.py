@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from stalwart.agent._nvml import NvmlHealth
+from stalwart.agent._outcome import Cordoned
 from stalwart.agent._types import EventSink, Say
+from stalwart.agent.config import LaunchConfig
 from stalwart.agent.incidents import ProbeFailed
 from stalwart.agent.probes import (
     DiskSpace,
@@ -31,7 +34,7 @@ from stalwart.agent.probes import (
     ShmSpace,
 )
 
-__all__ = ["ProbeWatch", "build_probes", "probe_event"]
+__all__ = ["Blocklist", "ProbeWatch", "build_probes", "isolate_node", "probe_event"]
 
 
 def probe_event(events: EventSink, r: ProbeResult, node: int) -> None:
@@ -151,3 +154,37 @@ def build_probes(cfg: ProbeConfig, *, ckpt_dir: str, shm_pending: Callable[[], i
     if "nvml" in cfg.names:
         out.append(NvmlHealth(max_temp_c=cfg.gpu_max_temp_c))
     return out
+
+
+class Blocklist(Protocol):
+    """What of the cluster (agent/_cluster.py) isolating a node needs."""
+
+    def block(self, member: str, reason: str) -> None: ...
+
+
+def isolate_node(
+    cfg: LaunchConfig, cluster: Blocklist, events: EventSink, say: Say, why: str
+) -> None:
+    """Take this node out of the job for ``why`` (a failing probe, a preflight verdict):
+    blocklisted, it leaves like a lost node (:class:`Cordoned`, exit code 3) and the
+    leader adopts its ranks, which recover by the job's strategy. A node that cannot
+    leave (the only node; node 0 when it hosts the embedded store) says why it stays,
+    and so does ``--on-probe report``."""
+    node = cfg.node_rank
+    if cfg.probes.on_failure == "report":
+        stays = "--on-probe report: the node stays in the job"
+    elif cfg.nnodes == 1:
+        stays = "the only node: nowhere to move its ranks, it stays"
+    elif node == 0 and not cfg.etcd:
+        stays = "node 0 hosts the job's store and cannot leave (use --rdzv etcd://...)"
+    else:
+        stays = ""
+    if stays:
+        events.emit("note", message=f"node {node}: {why}; {stays}")
+        say(f"node {node}: {why}; {stays}")
+        return
+    member = f"node{node}"
+    cluster.block(member, why)
+    events.emit("isolation", member=member, reason=why, blocklisted=True)
+    say(f"node {node} isolated ({why}): blocklisted, its ranks move to a healthy node")
+    raise Cordoned(f"node {node} isolated: {why}")

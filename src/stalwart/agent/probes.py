@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "ON_PROBE",
     "PROBE_NAMES",
     "DiskSpace",
     "DiskWriteSpeed",
@@ -32,10 +33,13 @@ __all__ = [
     "ProbeConfig",
     "ProbeResult",
     "ShmSpace",
+    "parse_probe_limits",
     "parse_probe_names",
     "slot_growth",
 ]
 
+ON_PROBE = ("isolate", "report")
+"""What ``--on-probe`` accepts."""
 PROBE_NAMES = ("host", "shm", "disk", "nvml")
 """What ``--probes`` accepts (``disk`` is the checkpoint disk's space and write speed)."""
 
@@ -87,15 +91,22 @@ class ProbeConfig:
     journals, the persister's scratch)."""
     disk_min_free_bytes: int = 1024 * _MIB
     """Free space the checkpoint disk must keep: below it the next persist fails."""
-    disk_min_mb_s: float = 20.0
+    disk_min_mb_s: float = 2.0
     """Slowest acceptable checkpoint-disk write speed (write + fsync of
-    ``write_probe_bytes``): a disk this slow makes every persist a stall."""
+    ``write_probe_bytes``): a disk this slow makes every persist a stall. Low by
+    default: a shared disk under load measures 10-50x below its quiet speed, and only a
+    disk that is failing, not a busy one, should take a node out."""
     write_probe_bytes: int = 8 * _MIB
     """Bytes the write-speed probe writes (small: it must not disturb the job)."""
     write_every_s: float = 300.0
     """Seconds between write-speed probes (each writes ``write_probe_bytes``)."""
     gpu_max_temp_c: float = 90.0
     """Hottest acceptable GPU temperature (degrees C): above it the GPU throttles."""
+    on_failure: str = "isolate"
+    """What a failing probe does (--on-probe): ``isolate`` blocklists this node and moves
+    its ranks to a healthy node before the fault takes the job down; ``report`` only
+    writes the events (a node that cannot leave, node 0 hosting the store or the only
+    node, always reports)."""
 
     def __post_init__(self) -> None:
         from stalwart.errors import ConfigError
@@ -103,6 +114,8 @@ class ProbeConfig:
         unknown = [n for n in self.names if n not in PROBE_NAMES]
         if unknown:
             raise ConfigError(f"--probes {unknown}: use some of {', '.join(PROBE_NAMES)}")
+        if self.on_failure not in ON_PROBE:
+            raise ConfigError(f"--on-probe {self.on_failure!r}: use {' or '.join(ON_PROBE)}")
         if self.interval_s <= 0 or self.write_every_s <= 0:
             raise ConfigError("--probe-interval must be > 0 seconds")
         if not 0 <= self.host_min_available < 1:
@@ -295,3 +308,57 @@ class DiskWriteSpeed:
                 "(dmesg) or move --run-dir to a faster one"
             )
         return [ProbeResult(self.name, ok, detail, mb_s, self._min, "MB/s")]
+
+
+_LIMITS = {  # --probe-limits key -> (ProbeConfig field, scale to the field's unit)
+    "host_min_available": ("host_min_available", 1.0),
+    "shm_reserve_mb": ("shm_reserve_bytes", float(_MIB)),
+    "disk_min_free_mb": ("disk_min_free_bytes", float(_MIB)),
+    "disk_min_mb_s": ("disk_min_mb_s", 1.0),
+    "write_every_s": ("write_every_s", 1.0),
+    "gpu_max_temp_c": ("gpu_max_temp_c", 1.0),
+}
+
+
+def parse_probe_limits(
+    text: str | None, *, names: tuple[str, ...], interval_s: float, on_failure: str = "isolate"
+) -> ProbeConfig:
+    """``--probe-limits K=V,...`` (keys: :data:`_LIMITS`) over the defaults."""
+    from stalwart.errors import ConfigError
+
+    d = ProbeConfig()
+    v: dict[str, float] = {
+        "host_min_available": d.host_min_available,
+        "shm_reserve_bytes": d.shm_reserve_bytes,
+        "disk_min_free_bytes": d.disk_min_free_bytes,
+        "disk_min_mb_s": d.disk_min_mb_s,
+        "write_every_s": d.write_every_s,
+        "gpu_max_temp_c": d.gpu_max_temp_c,
+    }
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, _, value = part.strip().partition("=")
+        if key not in _LIMITS:
+            raise ConfigError(
+                f"--probe-limits {part!r}: unknown key; use some of {', '.join(_LIMITS)}"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"--probe-limits {part!r}: {key} needs a number") from None
+        if not 0 <= number < float("inf"):
+            raise ConfigError(f"--probe-limits {part!r}: use a finite number >= 0")
+        name, scale = _LIMITS[key]
+        v[name] = number * scale
+    return ProbeConfig(
+        names=names,
+        interval_s=interval_s,
+        host_min_available=v["host_min_available"],
+        shm_reserve_bytes=int(v["shm_reserve_bytes"]),
+        disk_min_free_bytes=int(v["disk_min_free_bytes"]),
+        disk_min_mb_s=v["disk_min_mb_s"],
+        write_every_s=v["write_every_s"],
+        gpu_max_temp_c=v["gpu_max_temp_c"],
+        on_failure=on_failure,
+    )
