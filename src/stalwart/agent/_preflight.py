@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._types import EventSink, Say
 from stalwart.errors import ConfigError
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "classify",
     "decide",
     "pair_up",
+    "report",
     "retest_rounds",
     "run_check",
     "run_preflight",
@@ -55,8 +57,8 @@ class PreflightConfig:
     is seldom 2x."""
     n: int = 512
     """Matmul size (N x N float32): about 270 MFLOP, a few ms on one core."""
-    reps: int = 5
-    """Repetitions of each measurement (the median is kept)."""
+    reps: int = 10
+    """Repetitions of each measurement (the fastest is kept)."""
     mb: float = 4.0
     """Allreduce size in MiB: large enough to measure bandwidth, not only latency."""
     timeout_s: float = 120.0
@@ -278,3 +280,38 @@ def run_preflight(
     for j, pairs in enumerate(retest_rounds(suspects, fast)):
         r2.update(_round(f"r2.{j}", pairs, node, launch, check, host, cfg.timeout_s))
     return decide(nodes, r1, r2, cfg.factor), time.monotonic() - t0
+
+
+def _ms(x: float) -> float:
+    return x if math.isfinite(x) else -1.0  # a failed check has no figure (JSON has no inf)
+
+
+def report(
+    events: EventSink,
+    verdicts: dict[int, NodeVerdict],
+    seconds: float,
+    *,
+    node: int,
+    say: Say,
+) -> None:
+    """Node 0 writes one ``preflight`` event per node (and ``fault_detected`` for an
+    unfit one); every node says its own verdict."""
+    mine = verdicts[node]
+    say(f"preflight: node {node} {mine.verdict} ({mine.detail}) in {seconds:.1f} s")
+    if node != 0:
+        return
+    for n, v in sorted(verdicts.items()):
+        extra: dict[str, Any] = {}
+        if v.r1 is not None:
+            extra.update(matmul_s=_ms(v.r1.matmul_s), allreduce_s=_ms(v.r1.allreduce_s))
+            extra["partner"] = v.r1.partner if v.r1.partner >= 0 else None
+        if v.retest is not None:
+            extra.update(retest_partner=v.retest.partner)
+            extra.update(retest_allreduce_s=_ms(v.retest.allreduce_s))
+        events.emit(
+            "preflight", member=f"node{n}", ok=v.ok, verdict=v.verdict, seconds=seconds, **extra
+        )
+        if not v.ok:
+            domain = {"rank": None, "node": n}
+            how = f"preflight {v.verdict}: {v.detail}"
+            events.emit("fault_detected", fault="preflight", domain=domain, latency_s=0.0, how=how)

@@ -39,6 +39,7 @@ from stalwart.agent._lifecycle import (
 )
 from stalwart.agent._outcome import ENDINGS, RunFailed, Terminated, ending, quietly
 from stalwart.agent._policies import choose_policy
+from stalwart.agent._preflight import PreflightConfig, report, run_check, run_preflight
 from stalwart.agent._probe_watch import ProbeWatch, build_probes, isolate_node
 from stalwart.agent._replica import NodeReplicas
 from stalwart.agent._restart import RestartAll
@@ -157,6 +158,22 @@ class Agent:
         self.probes.start()
         self._stack.callback(self.probes.close)
 
+    def _preflight(self) -> None:
+        """Check this node against the others before the first generation: a slow or
+        failing node leaves now (agent/_preflight.py), its ranks start elsewhere."""
+        cfg = self.cfg
+        pcfg = PreflightConfig()
+        check = run_check(pcfg, cfg.node_rank)
+        nodes = list(range(cfg.nnodes))
+        verdicts, seconds = run_preflight(
+            nodes, cfg.node_rank, self.cluster, check, host=cfg.replica_host, cfg=pcfg
+        )
+        report(self.events, verdicts, seconds, node=cfg.node_rank, say=_say)
+        mine = verdicts[cfg.node_rank]
+        if not mine.ok:
+            why = f"preflight {mine.verdict}: {mine.detail}"
+            isolate_node(cfg, self.cluster, self.events, _say, why)
+
     # ---------------------------------------------------------------- incidents
     def _probe_failed(self, failed: ProbeFailed) -> None:
         """Isolate the node before the fault takes the job down (``--on-probe``)."""
@@ -195,6 +212,8 @@ class Agent:
     def run(self) -> int:
         try:
             self._start()
+            if self.cfg.preflight:
+                self._preflight()
             for w in self.workers:
                 self.parts.spawn(w)
             self._loop()
