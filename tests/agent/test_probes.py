@@ -225,3 +225,74 @@ def test_watch_thread_starts_and_stops(tmp_path: Path) -> None:
     watch.close()
     log.close()
     assert time.monotonic() < deadline
+
+
+class _Cluster:
+    def __init__(self) -> None:
+        self.blocked: list[tuple[str, str]] = []
+
+    def block(self, member: str, reason: str) -> None:
+        self.blocked.append((member, reason))
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> Any:
+    from stalwart.agent import LaunchConfig
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    return LaunchConfig(script=str(script), **kw)
+
+
+def test_isolate_blocklists_and_leaves_when_the_node_can(tmp_path: Path) -> None:
+    from stalwart.agent._outcome import Cordoned
+    from stalwart.agent._probe_watch import isolate_node
+
+    log = EventLog(str(tmp_path / "events.jsonl"), node=1)
+    cluster = _Cluster()
+    cfg = _cfg(tmp_path, nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:1")
+    with pytest.raises(Cordoned, match="node 1 isolated: probe shm"):
+        isolate_node(cfg, cluster, log, lambda _: None, "probe shm failed: full")
+    assert cluster.blocked == [("node1", "probe shm failed: full")]
+    log.close()
+    (iso,) = [e for e in read_events(str(tmp_path / "events.jsonl")).events]
+    assert iso.kind == "isolation" and iso["member"] == "node1" and iso["blocklisted"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({}, "the only node"),
+        ({"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "127.0.0.1:1"}, "hosts the job's store"),
+        (
+            {"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "127.0.0.1:1",
+             "probes": ProbeConfig(on_failure="report")},
+            "--on-probe report",
+        ),
+    ],
+)  # fmt: skip
+def test_a_node_that_cannot_or_must_not_leave_reports(
+    tmp_path: Path, kw: dict[str, Any], why: str
+) -> None:
+    from stalwart.agent._probe_watch import isolate_node
+
+    log = EventLog(str(tmp_path / "events.jsonl"), node=0)
+    cluster = _Cluster()
+    isolate_node(_cfg(tmp_path, **kw), cluster, log, lambda _: None, "probe disk failed")
+    log.close()
+    assert cluster.blocked == []
+    (note,) = read_events(str(tmp_path / "events.jsonl")).events
+    assert note.kind == "note" and why in note["message"]
+
+
+def test_probe_limits_parse_over_the_defaults() -> None:
+    from stalwart.agent.probes import parse_probe_limits
+
+    cfg = parse_probe_limits("disk_min_free_mb=10,gpu_max_temp_c=80", names=(), interval_s=5)
+    assert cfg.disk_min_free_bytes == 10 * 1024 * 1024 and cfg.gpu_max_temp_c == 80
+    assert cfg.shm_reserve_bytes == ProbeConfig().shm_reserve_bytes and cfg.interval_s == 5
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_probe_limits("disk=1", names=(), interval_s=5)
+    with pytest.raises(ConfigError, match="needs a number"):
+        parse_probe_limits("disk_min_mb_s=fast", names=(), interval_s=5)
+    with pytest.raises(ConfigError, match="on-probe"):
+        ProbeConfig(on_failure="evict")
