@@ -4,13 +4,19 @@
 ``preflight`` events' ``seconds``) for 2 nodes x 2 workers on loopback; measured beside
 the same job started without it, so that ``preflight_ratio_startup`` (preflight_s over
 the plain job's start-up, ``run_start`` to its first step) says what it costs against
-what a start costs anyway on the same machine at the same time. Also which verdicts the
-two nodes got (on one host they should both be ``ok``).
+what a start costs anyway on the same machine at the same time (the workers fork from a
+zygote that imported torch already), and ``preflight_ratio_import`` over one ``import
+torch`` in a new process measured between the two runs: the check process imports torch,
+which is most of what it costs. Also which verdicts the two nodes got (on one host they
+should both be ``ok``).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,8 +54,16 @@ def _startup_s(evs: list[dict[str, Any]]) -> float:
     return float(first - start)
 
 
+def _import_torch_s() -> float:
+    """What one ``import torch`` in a new process costs now: the check's floor."""
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=600)
+    return time.monotonic() - t0
+
+
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     plain = _run(work, "plain", args.probes_steps, [])
+    import_s = _import_torch_s()
     checked = _run(work, "preflight", args.probes_steps, ["--preflight"])
     pre = [e for e in checked if e["kind"] == "preflight"]
     if not pre:
@@ -61,6 +75,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "preflight_startup_plain_s": round(startup, 2),
         "preflight_startup_checked_s": round(_startup_s(checked), 2),
         "preflight_ratio_startup": round(preflight_s / startup, 2),
+        "preflight_torch_import_s": round(import_s, 2),
+        "preflight_ratio_import": round(preflight_s / import_s, 2),
         "preflight_verdicts": sorted(f"{e['member']}:{e['verdict']}" for e in pre),
         "probe_skipped": sorted(
             {e["probe"] for e in checked if e["kind"] == "probe" and e.get("skipped")}
