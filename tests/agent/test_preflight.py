@@ -132,3 +132,23 @@ def test_every_node_reaches_the_same_verdict_through_the_launch_record() -> None
     assert all(v == verdicts[0] for v in verdicts.values())
     assert verdicts[0] == {0: "ok", 1: "ok", 2: "slow node", 3: "ok"}
     assert "preflight-r2.0-pair0" in launch.kv  # node 2 was paired again with node 0
+
+
+def test_a_single_node_checks_itself_with_two_processes() -> None:
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def check(addr: str, rank: int, partner: int) -> Timing:
+        with lock:
+            seen.append((rank, partner))
+        return Timing(0, partner, 0.01, 0.02)
+
+    verdicts, _ = run_preflight([0], 0, _Launch(), check, host="127.0.0.1", cfg=PreflightConfig())
+    assert sorted(seen) == [(0, 0), (1, 0)]
+    assert verdicts[0].ok and "single node" in verdicts[0].detail
+
+    def broken(addr: str, rank: int, partner: int) -> Timing:
+        return Timing(0, partner, math.inf, math.inf, "gloo failed" if rank else "")
+
+    verdicts, _ = run_preflight([0], 0, _Launch(), broken, host="127.0.0.1", cfg=PreflightConfig())
+    assert not verdicts[0].ok and verdicts[0].detail == "gloo failed"

@@ -263,6 +263,32 @@ def _round(
     return out
 
 
+def _alone(node: int, check: Check, host: str) -> dict[int, NodeVerdict]:
+    """A single node has no partner: its check pairs with itself (two processes), which
+    still tells a node whose torch, compute or gloo is broken; there is nobody to be
+    slower than."""
+    import threading
+
+    from stalwart.agent._generation import free_port
+
+    addr = f"{host}:{free_port()}"
+    got: dict[int, Timing] = {}
+    other = threading.Thread(target=lambda: got.__setitem__(1, check(addr, 1, node)))
+    other.start()
+    t = check(addr, 0, node)
+    other.join()
+    peer = got.get(1)
+    errors = [x.error for x in (t, peer) if x is not None and x.error]
+    if errors or peer is None:
+        why = errors[0] if errors else "the second local check process gave no result"
+        return {node: NodeVerdict(node, False, "failed", why, t)}
+    detail = (
+        f"single node: matmul {t.matmul_s * 1e3:.1f} ms, allreduce "
+        f"{t.allreduce_s * 1e3:.1f} ms between two local processes (nobody to compare with)"
+    )
+    return {node: NodeVerdict(node, True, "ok", detail, t)}
+
+
 def run_preflight(
     nodes: list[int],
     node: int,
@@ -274,6 +300,8 @@ def run_preflight(
 ) -> tuple[dict[int, NodeVerdict], float]:
     """This node's part of both rounds; every node's verdict and the seconds it took."""
     t0 = time.monotonic()
+    if len(nodes) == 1:
+        return _alone(node, check, host), time.monotonic() - t0
     r1 = _round("r1", pair_up(nodes), node, launch, check, host, cfg.timeout_s)
     _, suspects, fast = classify(nodes, r1, cfg.factor)
     r2: dict[int, Timing] = {}
