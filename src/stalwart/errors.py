@@ -18,6 +18,7 @@ __all__ = [
     "GroupNotFormedError",
     "ProcessGroupInitError",
     "ReplicaMismatchError",
+    "SnapshotWontFitError",
     "StalwartError",
     "StateMismatchError",
     "StepFailedError",
@@ -72,6 +73,11 @@ class UnsupportedStateError(CheckpointError, TypeError):
 
 class DiskFullError(CheckpointError, OSError):
     """The storage ran out of space (ENOSPC) during a save."""
+
+
+class SnapshotWontFitError(CheckpointError):
+    """/dev/shm has too little free space for the next snapshot's slot: the snapshot is
+    refused before it starts (the older snapshots stay intact), not killed mid-copy."""
 
 
 class FencedError(StalwartError):

@@ -81,14 +81,21 @@ def _free_port() -> int:
 
 
 def stalwart_run_nodes(
-    run_dir: Path, nnodes: int, args: list[str], *, timeout: float = 120.0
+    run_dir: Path,
+    nnodes: int,
+    args: list[str],
+    *,
+    timeout: float = 120.0,
+    per_node: dict[int, list[str]] | None = None,
 ) -> list[tuple[int, str]]:
-    """One agent per node on loopback; returns (returncode, stderr) per node."""
+    """One agent per node on loopback; returns (returncode, stderr) per node.
+    ``per_node``: more flags for some nodes (before ``args``)."""
+    more = per_node or {}
     job = f"test-{uuid.uuid4().hex[:8]}"
     common = ["--nnodes", str(nnodes), "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
     procs = [
         subprocess.Popen(
-            _cmd(job, run_dir, [*common, "--node-rank", str(n), *args]),
+            _cmd(job, run_dir, [*common, "--node-rank", str(n), *more.get(n, []), *args]),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -81,3 +81,32 @@ def test_a_loop_left_early_still_logs_its_last_snapshot(loop: tuple[Any, StepAcc
         acct.maybe_snapshot(step)
     acct.close()  # Session.close: the loop was left by an exception
     assert sess.events.snapshots() == [1, 2]
+
+
+def test_a_snapshot_that_does_not_fit_is_skipped_with_one_event_and_training_goes_on(
+    loop: tuple[Any, StepAccounting], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stalwart.checkpoint import _shm
+
+    sess, acct = loop
+    _step(sess)
+    acct.maybe_snapshot(1)
+    real = _shm.os.statvfs
+
+    def full(path: Any) -> Any:
+        st = real(path)
+        return _shm.os.statvfs_result((st.f_bsize, st.f_frsize, 0, 0, 0, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(_shm.os, "statvfs", full)
+    for step in (2, 3):  # slot 1 must be created: refused, twice, one event
+        _step(sess)
+        acct.maybe_snapshot(step)
+    monkeypatch.setattr(_shm.os, "statvfs", real)
+    _step(sess)
+    acct.maybe_snapshot(4)
+    _step(sess)
+    probes = [(f["ok"], f["domain"]["rank"]) for kind, f in sess.events.logged if kind == "probe"]
+    assert probes == [(False, 0), (True, 0)]
+    assert sess.events.snapshots() == [1, 4]
+    refused = next(f for kind, f in sess.events.logged if kind == "probe")
+    assert "refused before it started" in refused["detail"]

@@ -39,6 +39,8 @@ from stalwart.agent._lifecycle import (
 )
 from stalwart.agent._outcome import ENDINGS, RunFailed, Terminated, ending, quietly
 from stalwart.agent._policies import choose_policy
+from stalwart.agent._preflight import PreflightConfig, report, run_check, run_preflight
+from stalwart.agent._probe_watch import ProbeWatch, build_probes, isolate_node
 from stalwart.agent._replica import NodeReplicas
 from stalwart.agent._restart import RestartAll
 from stalwart.agent._rundir import claim_run_dir
@@ -48,8 +50,9 @@ from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.incidents import Incident, NodeLost
+from stalwart.agent.incidents import Incident, NodeLost, ProbeFailed
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
+from stalwart.agent.probes import slot_growth
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog
@@ -132,6 +135,7 @@ class Agent:
         self.replicas = NodeReplicas.for_node(ctx, self.cluster, workers.ranks)
         if self.replicas is not None:
             stack.callback(self.replicas.close)
+        self._start_probes()
         self.trash = Trash()  # a lost node's /dev/shm, freed once we recovered
         stack.callback(self.trash.close)
         if self.standbys is not None:
@@ -139,7 +143,44 @@ class Agent:
             workers.watch(self.standbys)
         stack.callback(quietly(lambda: workers.stop_all("shutdown", timeout=5.0)))
 
+    def _start_probes(self) -> None:
+        cfg, names, workers = self.cfg, self.cluster.names, self.workers
+        pending = lambda: slot_growth(names.rank_dir(r) for r in workers.ranks())  # noqa: E731
+        ckpt = os.path.join(self.run_dir, "ckpt")
+        probes = build_probes(cfg.probes, ckpt_dir=ckpt, shm_pending=pending)
+        self.probes = ProbeWatch(
+            probes,
+            interval_s=cfg.probes.interval_s,
+            node=cfg.node_rank,
+            events=self.events,
+            say=_say,
+        )
+        self.probes.start()
+        self._stack.callback(self.probes.close)
+
+    def _preflight(self) -> None:
+        """Check this node against the others before the first generation: a slow or
+        failing node leaves now (agent/_preflight.py), its ranks start elsewhere."""
+        cfg = self.cfg
+        pcfg = PreflightConfig()
+        check = run_check(pcfg, cfg.node_rank)
+        nodes = list(range(cfg.nnodes))
+        verdicts, seconds = run_preflight(
+            nodes, cfg.node_rank, self.cluster, check, host=cfg.replica_host, cfg=pcfg
+        )
+        report(self.events, verdicts, seconds, node=cfg.node_rank, say=_say)
+        mine = verdicts[cfg.node_rank]
+        if not mine.ok:
+            why = f"preflight {mine.verdict}: {mine.detail}"
+            isolate_node(cfg, self.cluster, self.events, _say, why)
+
     # ---------------------------------------------------------------- incidents
+    def _probe_failed(self, failed: ProbeFailed) -> None:
+        """Isolate the node before the fault takes the job down (``--on-probe``)."""
+        what = f"GPU {failed.device} " if failed.device is not None else ""
+        why = f"probe {failed.probe} failed: {what}{failed.detail}"
+        isolate_node(self.cfg, self.cluster, self.events, _say, why)
+
     def _recover(self, incident: Incident) -> None:
         if isinstance(incident, NodeLost):
             self.detect.hangs.recovery_began(time.time())
@@ -171,6 +212,8 @@ class Agent:
     def run(self) -> int:
         try:
             self._start()
+            if self.cfg.preflight:
+                self._preflight()
             for w in self.workers:
                 self.parts.spawn(w)
             self._loop()
@@ -209,6 +252,8 @@ class Agent:
 
     def _poll_store(self, now: float) -> None:
         self.cluster.check_fenced(probe=False)
+        for failed in self.probes.failures():
+            self._probe_failed(failed)
         if (line := self.cluster.published_verdict()) is not None:
             raise RunFailed(line)  # another node ended the job
         for lost in self.detect.lost.check():

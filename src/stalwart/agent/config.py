@@ -9,6 +9,7 @@ from typing import Any
 
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
+from stalwart.agent.probes import ProbeConfig
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy
 
@@ -96,6 +97,11 @@ class LaunchConfig:
     min_nnodes: int | None = None
     min_nproc_per_node: int | None = None
     elastic_wait_s: float = DEFAULTS.elastic_wait_s
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
+    """The node's health probes and their bounds (agent/probes.py, --probes)."""
+    preflight: bool = False
+    """Check every node before the first generation (--preflight, agent/_preflight.py):
+    a matmul and an allreduce with a partner; slow or failing nodes leave."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:

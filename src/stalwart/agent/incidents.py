@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from stalwart.agent.verdict import Failure
 
-__all__ = ["COLLATERAL", "Incident", "NodeLost", "WorkerExited", "WorkerHung"]
+__all__ = ["COLLATERAL", "Incident", "NodeLost", "ProbeFailed", "WorkerExited", "WorkerHung"]
 
 COLLATERAL = "collateral"
 """The cause of a survivor the agent killed because another fault left it behind (it
@@ -60,6 +60,18 @@ class NodeLost:
     how: str
     latency_s: float
     cordoned: bool  # it said so itself (repeated failures): nothing to report
+
+
+@dataclass(frozen=True)
+class ProbeFailed:
+    """A health probe of this node started failing (agent/probes.py): the agent
+    isolates the node (``--on-probe isolate``) before the fault takes the job down, or
+    only reports it (``report``)."""
+
+    node: int
+    probe: str  # host | shm | disk | disk_write | nvml
+    device: int | None  # the GPU (nvml), else None: the node
+    detail: str  # the reading, the problem and the fix
 
 
 Incident = WorkerExited | NodeLost

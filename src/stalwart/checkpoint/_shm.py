@@ -28,12 +28,13 @@ import stat
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from stalwart.errors import ConfigError
+from stalwart.errors import ConfigError, SnapshotWontFitError
 
 __all__ = [
     "SlotFiles",
     "SlotMeta",
     "Window",
+    "check_fits",
     "ensure_private_dir",
     "open_private",
     "pin_slot",
@@ -146,6 +147,14 @@ class SlotFiles:
     @property
     def size(self) -> int:
         return self._size
+
+    def allocated(self) -> int:
+        """Bytes of the data file that have pages (a sparse or missing file: fewer)."""
+        try:
+            st = os.stat(self.data_path, follow_symlinks=False)
+        except OSError:
+            return 0
+        return int(st.st_blocks) * 512
 
     def read_meta(self) -> SlotMeta | None:
         try:
@@ -303,3 +312,28 @@ def pinned_slots(directory: str) -> set[int]:
         else:
             unpin_slot(os.path.join(directory, name))
     return pinned
+
+
+def check_fits(slot: SlotFiles, size: int, directory: str, step: int) -> None:
+    """Refuse a snapshot whose slot must grow by more than /dev/shm has free.
+
+    Why here and not at the copy: a tmpfs mapping past its free space is not an error
+    when it is made (``fallocate`` fails quietly, ``MAP_POPULATE`` stops short); the copy
+    then dies of SIGBUS on the first page that has none, with the slot half written.
+    Checked before the slot is invalidated, the refusal leaves every complete snapshot
+    as it was."""
+    if slot.size >= size:
+        return  # mapped at full size by this process: its pages are there
+    need = size - slot.allocated()
+    if need <= 0:
+        return
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        mib = 1024 * 1024
+        raise SnapshotWontFitError(
+            f"snapshot of step {step} needs {need // mib} MiB more in "
+            f"{os.path.dirname(directory)} but {free // mib} MiB are free: refused before "
+            "it started (the older snapshots are intact); free space there (stale "
+            "stalwart-* files) or enlarge it (mount -o remount,size=...)"
+        )

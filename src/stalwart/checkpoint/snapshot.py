@@ -30,6 +30,7 @@ from stalwart.checkpoint._shm import (
     SHM_DIR,
     SlotFiles,
     SlotMeta,
+    check_fits,
     ensure_private_dir,
     latest_complete,
     pinned_slots,
@@ -175,6 +176,7 @@ class Snapshotter:
         if plan is None or plan.key != [(t.dtype, tuple(t.shape)) for t, _ in pairs]:
             plan = self._plan = _Plan(pairs)
         slot = self._choose_slot()
+        check_fits(slot, plan.size, self.directory, step)  # before the slot is touched
         slot.invalidate()
         self._slot_seq[slot.index] = None
         dsts = plan.dst_views(slot, pairs)

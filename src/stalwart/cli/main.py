@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "stalwart.cli.run",
     "stalwart.cli.chaos",
     "stalwart.cli.report",
+    "stalwart.cli.check",
 )
 
 

@@ -11,6 +11,7 @@ from stalwart.runtime.env import Strategy
 
 if TYPE_CHECKING:
     from stalwart.agent import RuntimeKnobs
+    from stalwart.agent.probes import ProbeConfig
 
 __all__ = ["register"]
 
@@ -207,9 +208,47 @@ def register(sub: Any) -> None:
         help="address this node's replica receiver binds and advertises to its buddy "
         "(default 127.0.0.1: every node on one host)",
     )
+    _health_flags(p)
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
+
+
+def _health_flags(p: Any) -> None:
+    """The health-probe and preflight flags (docs/detection.md)."""
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="before the first generation, every node runs a small matmul and an allreduce "
+        "with a partner; a node far slower than the others is paired again with a fast "
+        "one (slow node or slow link?) and a slow or failing node leaves the job, its "
+        "ranks moved to a healthy node (see also `stalwart check`)",
+    )
+    p.add_argument(
+        "--probes",
+        default="all",
+        help="node health probes: all (default), none, or some of host,shm,disk,nvml "
+        "(nvml needs pynvml and a GPU, else it is skipped with a note)",
+    )
+    p.add_argument(
+        "--probe-interval",
+        type=float,
+        default=10.0,
+        help="seconds between probe rounds (default 10)",
+    )
+    p.add_argument(
+        "--probe-limits",
+        default=None,
+        help="bounds, K=V comma-separated: host_min_available (fraction, 0.05), "
+        "shm_reserve_mb (64), disk_min_free_mb (1024), disk_min_mb_s (2), "
+        "write_every_s (300), gpu_max_temp_c (90)",
+    )
+    p.add_argument(
+        "--on-probe",
+        default="isolate",
+        help="a failing probe: isolate (default: blocklist the node, its ranks move to a "
+        "healthy node) or report (events only)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -251,9 +290,21 @@ def _run(args: argparse.Namespace) -> int:
         replica_host=args.replica_host,
         metrics_port=args.metrics_port,
         progress=args.progress,
+        probes=_probes(args),
+        preflight=args.preflight,
         **kwargs,
     )
     return run_agent(cfg)
+
+
+def _probes(args: argparse.Namespace) -> ProbeConfig:
+    """--probes, --probe-interval, --probe-limits and --on-probe as one ProbeConfig."""
+    from stalwart.agent.probes import parse_probe_limits, parse_probe_names
+
+    names = parse_probe_names(args.probes)
+    return parse_probe_limits(
+        args.probe_limits, names=names, interval_s=args.probe_interval, on_failure=args.on_probe
+    )
 
 
 def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:

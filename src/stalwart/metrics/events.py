@@ -123,6 +123,27 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
     "metric": {"name": _STR, "step": _INT, "value": _NUM, "generation": _INT},
     "route": {"route": _STR, "recovery": _STR},
     "note": {"message": _STR},
+    "probe": {
+        "probe": _STR,
+        "ok": _BOOL,
+        "skipped": _BOOL,
+        "detail": _STR,
+        "value": _NUM,
+        "limit": _NUM,
+        "unit": _STR,
+        "domain": (dict,),
+    },
+    "preflight": {
+        "member": _STR,
+        "ok": _BOOL,
+        "verdict": _STR,
+        "matmul_s": _NUM,
+        "allreduce_s": _NUM,
+        "partner": _OPT_INT,
+        "retest_partner": _OPT_INT,
+        "retest_allreduce_s": _NUM,
+        "seconds": _NUM,
+    },
 }
 _REQUIRED: dict[str, set[str]] = {
     "run_start": {"job", "world_size"},
@@ -147,6 +168,8 @@ _REQUIRED: dict[str, set[str]] = {
     "metric": {"name", "step", "value"},
     "route": {"route"},
     "note": {"message"},
+    "probe": {"probe", "ok", "detail"},
+    "preflight": {"member", "ok", "verdict"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 

@@ -19,7 +19,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
-from stalwart.errors import StalwartError
+from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._metric_log import MetricLog
 from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
@@ -77,6 +77,7 @@ class StepAccounting:
         self._journal: StepJournal | None = None  # the open batch, safe from our death
         self._auto: AutoPersist | None = None  # sharded + auto: the steps rank 0 chose
         self._sharded: ShardedCommit | None = None  # sharded: who commits a step
+        self._refused = False  # the last snapshot did not fit in /dev/shm
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -238,16 +239,31 @@ class StepAccounting:
         """After step ``step`` (``final``: the loop's last step)."""
         persist = self._persist_due(step, final)
         every = self._cadence(step)  # always: rank 0 publishes it at CALIBRATE
-        if persist or step % every == 0:
-            self.snapshot_now(step)
+        if (persist or step % every == 0) and not self.snapshot_now(step):
+            return  # refused (no room in /dev/shm): nothing new to persist either
         if persist:
             self._start_persist(step, wait=final)
 
-    def snapshot_now(self, step: int) -> None:
+    def snapshot_now(self, step: int) -> bool:
+        """Snapshot after ``step``; False when /dev/shm cannot hold it (refused before
+        it started, the older snapshots intact: training goes on, and says so once)."""
         tracked = self.tracked
-        tracked.checkpoints.snapshot(
-            tracked.state, step, blocking=False, on_done=self._snapshot_done
-        )
+        try:
+            tracked.checkpoints.snapshot(
+                tracked.state, step, blocking=False, on_done=self._snapshot_done
+            )
+        except SnapshotWontFitError as err:
+            if not self._refused and self.events is not None:
+                domain = {"rank": self.position.rank, "node": None, "device": None}
+                self.events.emit("probe", probe="shm", ok=False, detail=str(err), domain=domain)
+            self._refused = True
+            return False
+        if self._refused and self.events is not None:
+            domain = {"rank": self.position.rank, "node": None, "device": None}
+            detail = f"snapshot of step {step} fits in /dev/shm again"
+            self.events.emit("probe", probe="shm", ok=True, detail=detail, domain=domain)
+        self._refused = False
+        return True
 
     def _snapshot_done(self, snap: SnapshotResult) -> None:
         """A snapshot is complete (its background copy waited for: its stall is final):

@@ -1,0 +1,190 @@
+"""The probe detector: runs the node's health probes on a thread, reports changes.
+
+Why a thread: the write-speed probe writes and fsyncs a few MiB and NVML calls can take
+milliseconds; the agent's loop polls its workers every 20 ms and must not wait for
+either. The loop calls :meth:`ProbeWatch.failures` each turn: the events are written
+there (on the loop's thread), and a probe that starts failing comes back as a
+:class:`~stalwart.agent.incidents.ProbeFailed` for the agent to isolate the node
+(agent/agent.py; the ``--on-probe`` policy).
+
+What is written (docs/events.md, ``probe``): every probe's first reading (so a report
+shows what was watched, and which probes were skipped, with why), then only changes: a
+probe that fails (with ``fault_detected``, domain the node or the GPU), and one that
+recovers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from stalwart.agent._nvml import NvmlHealth
+from stalwart.agent._outcome import Cordoned
+from stalwart.agent._types import EventSink, Say
+from stalwart.agent.config import LaunchConfig
+from stalwart.agent.incidents import ProbeFailed
+from stalwart.agent.probes import (
+    DiskSpace,
+    DiskWriteSpeed,
+    HostMemory,
+    Probe,
+    ProbeConfig,
+    ProbeResult,
+    ShmSpace,
+)
+
+__all__ = ["Blocklist", "ProbeWatch", "build_probes", "isolate_node", "probe_event"]
+
+
+def probe_event(events: EventSink, r: ProbeResult, node: int) -> None:
+    """One ``probe`` event for ``r`` (the fields docs/events.md lists)."""
+    extra: dict[str, object] = {}
+    if r.value is not None:
+        extra["value"] = r.value
+    if r.limit is not None:
+        extra["limit"] = r.limit
+    events.emit(
+        "probe",
+        probe=r.probe,
+        ok=r.ok,
+        skipped=r.skipped,
+        detail=r.detail,
+        unit=r.unit,
+        domain={"rank": None, "node": node, "device": r.device},
+        **extra,
+    )
+
+
+class ProbeWatch:
+    """The node's probes, run every ``interval_s`` on a daemon thread."""
+
+    def __init__(
+        self,
+        probes: Sequence[Probe],
+        *,
+        interval_s: float,
+        node: int,
+        events: EventSink,
+        say: Say,
+    ) -> None:
+        self._probes, self._interval, self._node = list(probes), interval_s, node
+        self._events, self._say = events, say
+        self._lock = threading.Lock()
+        self._fresh: list[ProbeResult] = []  # read by the thread, not yet reported
+        self._state: dict[tuple[str, int | None], bool] = {}  # last reported ok
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._probes and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="stalwart-probes", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.round()
+            if self._stop.wait(self._interval):
+                return
+
+    def round(self) -> None:
+        """Run every probe once (the thread's work; tests call it directly)."""
+        for probe in self._probes:
+            try:
+                results = probe.check()
+            except Exception as err:  # a probe must not raise; if one does, say so
+                detail = f"probe {probe.name} raised {type(err).__name__}: {err}"
+                results = [ProbeResult(probe.name, True, detail, skipped=True)]
+            with self._lock:
+                self._fresh.extend(results)
+
+    def failures(self) -> list[ProbeFailed]:
+        """Write the events of what the thread read since the last call; the probes
+        that started failing."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, []
+        out = []
+        for r in fresh:
+            key = (r.probe, r.device)
+            before = self._state.get(key)
+            if before is not None and before == r.ok:
+                continue
+            self._state[key] = r.ok
+            probe_event(self._events, r, self._node)
+            if r.skipped:
+                self._say(f"probe {r.probe} skipped: {r.detail}")
+            elif not r.ok:
+                out.append(self._failed(r))
+            elif before is False:
+                self._say(f"probe {r.probe} healthy again: {r.detail}")
+        return out
+
+    def _failed(self, r: ProbeResult) -> ProbeFailed:
+        domain = {"rank": None, "node": self._node, "device": r.device}
+        self._events.emit(
+            "fault_detected", fault=f"probe_{r.probe}", domain=domain, latency_s=0.0, how=r.detail
+        )
+        self._say(f"node {self._node} probe {r.probe} failed: {r.detail}")
+        return ProbeFailed(self._node, r.probe, r.device, r.detail)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+
+def build_probes(cfg: ProbeConfig, *, ckpt_dir: str, shm_pending: Callable[[], int]) -> list[Probe]:
+    """The probes ``cfg.names`` asks for, bound to this node's paths."""
+    out: list[Probe] = []
+    if "host" in cfg.names:
+        out.append(HostMemory(cfg.host_min_available))
+    if "shm" in cfg.names:
+        out.append(ShmSpace(cfg.shm_reserve_bytes, shm_pending))
+    if "disk" in cfg.names:
+        out.append(DiskSpace(ckpt_dir, cfg.disk_min_free_bytes))
+        out.append(
+            DiskWriteSpeed(
+                ckpt_dir,
+                nbytes=cfg.write_probe_bytes,
+                min_mb_s=cfg.disk_min_mb_s,
+                every_s=cfg.write_every_s,
+            )
+        )
+    if "nvml" in cfg.names:
+        out.append(NvmlHealth(max_temp_c=cfg.gpu_max_temp_c))
+    return out
+
+
+class Blocklist(Protocol):
+    """What of the cluster (agent/_cluster.py) isolating a node needs."""
+
+    def block(self, member: str, reason: str) -> None: ...
+
+
+def isolate_node(
+    cfg: LaunchConfig, cluster: Blocklist, events: EventSink, say: Say, why: str
+) -> None:
+    """Take this node out of the job for ``why`` (a failing probe, a preflight verdict):
+    blocklisted, it leaves like a lost node (:class:`Cordoned`, exit code 3) and the
+    leader adopts its ranks, which recover by the job's strategy. A node that cannot
+    leave (the only node; node 0 when it hosts the embedded store) says why it stays,
+    and so does ``--on-probe report``."""
+    node = cfg.node_rank
+    if cfg.probes.on_failure == "report":
+        stays = "--on-probe report: the node stays in the job"
+    elif cfg.nnodes == 1:
+        stays = "the only node: nowhere to move its ranks, it stays"
+    elif node == 0 and not cfg.etcd:
+        stays = "node 0 hosts the job's store and cannot leave (use --rdzv etcd://...)"
+    else:
+        stays = ""
+    if stays:
+        events.emit("note", message=f"node {node}: {why}; {stays}")
+        say(f"node {node}: {why}; {stays}")
+        return
+    member = f"node{node}"
+    cluster.block(member, why)
+    events.emit("isolation", member=member, reason=why, blocklisted=True)
+    say(f"node {node} isolated ({why}): blocklisted, its ranks move to a healthy node")
+    raise Cordoned(f"node {node} isolated: {why}")
