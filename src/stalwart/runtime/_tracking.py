@@ -42,6 +42,8 @@ class TrackedState:
         self.replicated = False  # a DDP model is tracked: its state is a replica
         self.part: PerRankPart | None = None  # replicated: this rank's own state on disk
         self.preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
+        # HSDP: ranks of the same key hold the same shards (runtime/_mesh.py copy_key)
+        self.copy_key: int | None = None
         self._ckpt: CheckpointManager | None = None
 
     def record(self, state: Mapping[str, Any], group: GenerationGroup) -> dict[str, Any]:
