@@ -46,11 +46,17 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=0.0, help="extra compute per step, ms")
     p.add_argument("--out", default=None, help="each rank writes its shards' sha256 here")
     p.add_argument("--step-log", default=None, help="rank 0 appends {step, t, gen} lines")
+    p.add_argument(
+        "--dim0-name",
+        default="replicate",
+        help="mesh dim 0's name; another name hides the replicas from stalwart (the "
+        "same HSDP job, but a lost node's shards come from disk: bench/_hsdp_node_loss.py)",
+    )
     args = p.parse_args()
 
     sess = stalwart.init()  # stalwart
     shape = (args.replicate, sess.world_size // args.replicate)
-    mesh = sess.init_device_mesh(shape, ("replicate", "shard"))  # stalwart
+    mesh = sess.init_device_mesh(shape, (args.dim0_name, "shard"))  # stalwart
     model = model_of(args.dim, args.layers)
     for layer in model:
         fully_shard(layer, mesh=mesh)

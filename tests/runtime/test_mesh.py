@@ -114,6 +114,19 @@ def test_each_dimension_runs_on_its_own_sub_group_of_the_generation(
     assert backend.made[-2].ops == 1 and sub_rep.ops == 1
 
 
+def test_a_collective_before_the_first_formation_is_refused_not_zeroed() -> None:
+    """Tensor parallel's parallelize_module scatters rank 0's weights at once by default:
+    before the formation no member is connected, so the result would be zeros."""
+    from stalwart.errors import GroupNotFormedError
+
+    backend = _Backend()
+    gen = GenerationGroup(None, 0, 2, 5.0, "early", store=HashStore(), backend=backend)
+    pg = SwapProcessGroup(gen, "stalwart:early:tp", ranks=(0, 1), sub="tp-0.1")
+    with pytest.raises(GroupNotFormedError, match="src_data_rank=None"):
+        pg.allreduce([torch.ones(2)])
+    gen.close()
+
+
 def test_the_mesh_must_be_made_before_the_first_step(
     job: tuple[GenerationGroup, _Backend, Any],
 ) -> None:

@@ -38,7 +38,7 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed.distributed_c10d import GroupName
 
-from stalwart.errors import ConfigError
+from stalwart.errors import ConfigError, GroupNotFormedError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -113,6 +113,14 @@ class SwapProcessGroup(dist.ProcessGroup):
         """Run ``op(backend)`` and wait; on any error (now or earlier in this step)
         record it, zero ``outputs`` and return a completed Work."""
         gen, comm = self._gen, self._comm()
+        if gen.generation < 0 and self._size > 1:
+            raise GroupNotFormedError(
+                f"a collective on the mesh group {str(self._name)!r} ran before the job's "
+                "group formed (members connect at the first `for step in sess.steps(...)` "
+                "iteration); its result would be this rank's zeros. Tensor parallel: pass "
+                "src_data_rank=None to parallelize_module (every rank seeded alike keeps its "
+                "own values); else move the collective into the loop"
+            )
         if gen.error is None and comm is not None:
             if gen.on_collective is not None:
                 gen.on_collective(True)
