@@ -68,6 +68,7 @@ def job() -> Iterator[tuple[GenerationGroup, Any]]:
 @pytest.fixture
 def gen(job: tuple[GenerationGroup, Any]) -> GenerationGroup:
     job[0].pg, job[0].error = None, None
+    job[0].generation = 0  # formed (the stubs stand in for its communicator)
     return job[0]
 
 

@@ -68,6 +68,7 @@ def _tracked(tmp: Path, held: dict[int, float]) -> Any:
         checkpoints=SimpleNamespace(storage=storage),
         replicated=True,
         part=None,
+        copy_key=None,
         preload=None,
         disk_step=lambda: None,
     )

@@ -96,7 +96,14 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "steps_lost": _INT,
         "ok": _BOOL,
     },
-    "restore": {"step": _INT, "tier": _STR, "seconds": _NUM, "bytes": _INT, "preloaded": _BOOL},
+    "restore": {
+        "step": _INT,
+        "tier": _STR,
+        "seconds": _NUM,
+        "bytes": _INT,
+        "preloaded": _BOOL,
+        "source_rank": _INT,
+    },
     "waiting": {"have": _INT, "need": _INT, "reason": _STR},
     "resize": {
         "world_size": _INT,

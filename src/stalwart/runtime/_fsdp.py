@@ -38,7 +38,7 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed.distributed_c10d import GroupName
 
-from stalwart.errors import ConfigError
+from stalwart.errors import ConfigError, GroupNotFormedError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -50,6 +50,7 @@ __all__ = [
     "done_work",
     "generation_mesh",
     "is_sharded",
+    "refuse_elastic_mesh",
     "register_group",
 ]
 
@@ -64,14 +65,30 @@ def done_work(result: Any) -> dist.Work:
 
 class SwapProcessGroup(dist.ProcessGroup):
     """A registered ProcessGroup of the job's rank and size whose backend is the
-    generation group's current ``ProcessGroupGloo`` (``gen.pg``)."""
+    generation group's current ``ProcessGroupGloo`` (``gen.pg``); with ``sub``, of the
+    job ranks ``ranks`` (a mesh dimension's group, runtime/_mesh.py) whose backend is
+    the generation's sub-group ``sub`` (``gen.sub(sub)``)."""
 
-    def __init__(self, gen: GenerationGroup, name: str) -> None:
-        super().__init__(gen.rank, gen.world_size)  # type: ignore[call-arg]
+    def __init__(
+        self,
+        gen: GenerationGroup,
+        name: str,
+        *,
+        ranks: Sequence[int] | None = None,
+        sub: str | None = None,
+    ) -> None:
+        rank = gen.rank if ranks is None else list(ranks).index(gen.rank)
+        size = gen.world_size if ranks is None else len(ranks)
+        super().__init__(rank, size)  # type: ignore[call-arg]
         self._gen = gen
         self._name = GroupName(name)
-        self._rank = gen.rank
-        self._size = gen.world_size
+        self._rank = rank
+        self._size = size
+        self._sub = sub
+
+    def _comm(self) -> Any:
+        """This generation's communicator of the group (None: not formed, or dropped)."""
+        return self._gen.pg if self._sub is None else self._gen.sub(self._sub)
 
     # -- identity -----------------------------------------------------------
     def getBackendName(self) -> str:  # c10d's name
@@ -94,12 +111,20 @@ class SwapProcessGroup(dist.ProcessGroup):
     def _run(self, op: Callable[[Any], Any], outputs: Sequence[torch.Tensor]) -> dist.Work:
         """Run ``op(backend)`` and wait; on any error (now or earlier in this step)
         record it, zero ``outputs`` and return a completed Work."""
-        gen = self._gen
-        if gen.error is None and gen.pg is not None:
+        gen, comm = self._gen, self._comm()
+        if gen.generation < 0 and self._size > 1:
+            raise GroupNotFormedError(
+                f"a collective on the mesh group {str(self._name)!r} ran before the job's "
+                "group formed (members connect at the first `for step in sess.steps(...)` "
+                "iteration); its result would be this rank's zeros. Tensor parallel: pass "
+                "src_data_rank=None to parallelize_module (every rank seeded alike keeps its "
+                "own values); else move the collective into the loop"
+            )
+        if gen.error is None and comm is not None:
             if gen.on_collective is not None:
                 gen.on_collective(True)
             try:
-                gen.wait(op(gen.pg))
+                gen.wait(op(comm))
                 return done_work(list(outputs))  # a c10d Work, whatever the backend returned
             except Exception as err:
                 gen.error = err.with_traceback(None)  # a traceback keeps frames alive
@@ -107,7 +132,7 @@ class SwapProcessGroup(dist.ProcessGroup):
             finally:
                 if gen.on_collective is not None:
                     gen.on_collective(False)
-        elif gen.pg is None and gen.error is None and self._size > 1:
+        elif comm is None and gen.error is None and self._size > 1:
             gen.error = RuntimeError("no process group formed for this generation yet")
         for t in outputs:
             t.zero_()
@@ -230,12 +255,7 @@ def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> De
     Refused under elastic: its size and the shards would stay the launch world's."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    if elastic:
-        raise ConfigError(
-            "sess.mesh (FSDP2) is not supported under --strategy elastic: the shards "
-            "would need resharding at every resize; use --strategy flash or spare, or "
-            "DDP under elastic"
-        )
+    refuse_elastic_mesh(elastic)
 
     if gen.world_size == 1:
         return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]
@@ -243,6 +263,16 @@ def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> De
     # the job's default group (runtime/_world.py) makes our global rank the job rank
     register_group(pg, gen.store, {i: i for i in range(gen.world_size)}, "stalwart")
     return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
+
+
+def refuse_elastic_mesh(elastic: bool) -> None:
+    """A mesh's size and shards would stay the launch world's under elastic: refuse."""
+    if elastic:
+        raise ConfigError(
+            "sess.mesh (FSDP2) is not supported under --strategy elastic: the shards "
+            "would need resharding at every resize; use --strategy flash or spare, or "
+            "DDP under elastic"
+        )
 
 
 def is_sharded(state: Mapping[str, Any]) -> bool:

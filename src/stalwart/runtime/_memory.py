@@ -16,6 +16,7 @@ __all__ = [
     "committed_disk_steps",
     "holds_replica",
     "memory_steps",
+    "peer_name",
     "peer_slots",
     "restore_memory_step",
     "taken_from_replica",
@@ -52,18 +53,24 @@ def restore_memory_step(snap: Snapshotter, state: Mapping[str, Any], step: int) 
     return int(meta.data_size) if meta is not None else 0
 
 
-def peer_slots(
-    names: SlotNames, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]
-) -> Snapshotter | None:
-    """The slots of the first member among ``holders`` ((name, published info), lowest
-    name first) on this host whose published steps hold ``target``: the peer tier of
-    fixed and elastic recoveries alike (across hosts: a buddy's replica, or disk)."""
+def peer_name(target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]) -> int | None:
+    """The first member among ``holders`` ((name, published info), lowest name first)
+    on this host whose published steps hold ``target``: whose slots the peer tier of
+    fixed and elastic recoveries alike reads (across hosts: a buddy's replica, or disk)."""
     import socket
-
-    from stalwart.checkpoint import SnapshotConfig
 
     host = socket.gethostname()
     for name, info in sorted(holders, key=lambda h: h[0]):
         if target in info.get("steps", []) and info.get("host") == host:
-            return Snapshotter(SnapshotConfig(names.rank(name)))
+            return name
     return None
+
+
+def peer_slots(
+    names: SlotNames, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]
+) -> Snapshotter | None:
+    """The slots of :func:`peer_name`'s member, if any."""
+    from stalwart.checkpoint import SnapshotConfig
+
+    name = peer_name(target, holders)
+    return None if name is None else Snapshotter(SnapshotConfig(names.rank(name)))

@@ -21,7 +21,7 @@ from stalwart.runtime._memory import (
     committed_disk_steps,
     holds_replica,
     memory_steps,
-    peer_slots,
+    peer_name,
     restore_memory_step,
     taken_from_replica,
 )
@@ -100,6 +100,8 @@ class FixedRejoin:
             "host": socket.gethostname(),
             "replicated": tracked.replicated,
         }
+        if tracked.copy_key is not None:  # HSDP: the ranks of this key hold our shards
+            info["copy"] = tracked.copy_key
         if holds_replica(snap):  # slots a buddy kept for our lost node
             info["replica"] = True
         storage = tracked.checkpoints.storage
@@ -132,6 +134,7 @@ class FixedRejoin:
         preload = self.tracked.preload
         no_common_point(a, done, rank, preloaded=preload is not None and preload.touched)
         if self.events is not None and a.tier != "none":
+            source = peer_rank(a, rank) if tier == "peer" else None
             self.events.emit(
                 "restore",
                 step=restored,
@@ -139,6 +142,7 @@ class FixedRejoin:
                 seconds=time.perf_counter() - t_restore,
                 bytes=nbytes,
                 **({"preloaded": True} if preloaded else {}),
+                **({"source_rank": source} if source is not None else {}),
             )
         return restored
 
@@ -176,14 +180,28 @@ def memory_source(
 ) -> Snapshotter:
     """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
     host that does (the peer tier; across hosts, a buddy's replica or disk)."""
-    target = agreement.target
-    if target in memory_steps(own):
+    from stalwart.checkpoint import SnapshotConfig, Snapshotter
+
+    if agreement.target in memory_steps(own):
         return own
-    holders = [(int(i.get("rank", 0)), i) for i in agreement.infos]
-    peer = None if target is None else peer_slots(names, target, holders)
+    peer = peer_rank(agreement, rank)
     if peer is None:
-        raise RuntimeError(f"no snapshot of step {target} reachable from rank {rank}")
-    return peer
+        raise RuntimeError(f"no snapshot of step {agreement.target} reachable from rank {rank}")
+    return Snapshotter(SnapshotConfig(names.rank(peer)))
+
+
+def peer_rank(agreement: Agreement, rank: int) -> int | None:
+    """The lowest-ranked member on this host whose published slots hold the agreed step
+    and the same state as ``rank`` (any member of a replicated DDP job; under HSDP, one
+    of the same ``copy`` key: the same shards in another replica group)."""
+    mine = next((i for i in agreement.infos if int(i.get("rank", -1)) == rank), {})
+    holders = [
+        (int(i.get("rank", 0)), i)
+        for i in agreement.infos
+        if i.get("copy") == mine.get("copy") and int(i.get("rank", -1)) != rank
+    ]
+    target = agreement.target
+    return None if target is None else peer_name(target, holders)
 
 
 def restore_agreed(

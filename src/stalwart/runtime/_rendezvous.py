@@ -27,7 +27,7 @@ __all__ = ["Agreement", "agree", "choose", "finish_barrier", "no_common_point"]
 class Agreement:
     generation: int
     target: int | None  # step to restore (None: fresh start)
-    tier: str  # memory | peer | disk | none
+    tier: str  # memory | peer | disk | none (``replica``: decided per rank at the restore)
     last_done: int  # newest step any member had completed (for steps_lost)
     infos: tuple[dict[str, Any], ...] = ()
 
@@ -89,8 +89,16 @@ def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[
     if common and len(holders) == len(held):
         return max(common), "memory"
     # members that lost their memory (a lost node) copy a peer's snapshot, which is
-    # the same state when every member holds a replica (DDP)
+    # the same state when every member holds a replica (DDP), or, under HSDP, when a
+    # holder on the same host has the same ``copy`` key (the same shards)
     if common and all(i.get("replicated") for i in infos):
+        return max(common), "peer"
+    copies = {
+        (i["copy"], i.get("host")) for h, i in zip(held, infos, strict=True) if h and "copy" in i
+    }
+    if common and all(
+        h or (i.get("copy"), i.get("host")) in copies for h, i in zip(held, infos, strict=True)
+    ):
         return max(common), "peer"
     return None
 

@@ -43,6 +43,8 @@ class TrackedState:
         self.sharded = False  # DTensor parameters (FSDP2): one multi-rank checkpoint
         self.part: PerRankPart | None = None  # replicated: this rank's own state on disk
         self.preload: Preload | None = None  # a parked standby's (runtime/_standby.py)
+        # HSDP: ranks of the same key hold the same shards (runtime/_mesh.py copy_key)
+        self.copy_key: int | None = None
         self._ckpt: CheckpointManager | None = None
 
     def record(self, state: Mapping[str, Any], group: GenerationGroup) -> dict[str, Any]:

@@ -109,6 +109,9 @@ class GenerationGroup:
         self._params: dict[int, int] = {}
         self._pending: list[tuple[Any, torch.futures.Future[torch.Tensor]]] = []
         self.last_allreduce_s = 0.0
+        # sub-groups of a 2-D mesh (runtime/_mesh.py): name -> the job ranks in ours
+        self._subgroups: dict[str, tuple[int, ...]] = {}
+        self._subpgs: dict[str, Any] = {}
 
     def _connect(self) -> None:
         if self._given_store is not None:
@@ -138,14 +141,33 @@ class GenerationGroup:
         formation); a group registered beside this one (the job's default) uses it."""
         return self._store
 
+    def add_subgroup(self, name: str, ranks: tuple[int, ...]) -> None:
+        """Form, at every :meth:`build` from now on, a sub-group of the job ranks
+        ``ranks`` (this rank among them) beside the world's: a mesh dimension's group
+        (runtime/_mesh.py). Every member of ``ranks`` adds it under the same ``name``."""
+        if self.rank not in ranks:
+            raise ValueError(f"rank {self.rank} is not in sub-group {name!r} {ranks}")
+        self._subgroups[name] = tuple(ranks)
+
+    def sub(self, name: str) -> Any:
+        """The current generation's communicator of sub-group ``name`` (None when the
+        generation is not formed, or was dropped after a failure)."""
+        return self._subpgs.get(name)
+
     def build(self, generation: int) -> None:
-        """Form the group of ``generation``; raises if a member is missing or fails."""
+        """Form the group of ``generation`` and its sub-groups; raises if a member is
+        missing or fails."""
         self.drop()
         self.error = None
         self.signalled = False
         if self.world_size > 1:
             store = PrefixStore(f"{self.namespace}/gen{generation}", self._store)
             self.pg = self.backend.create(store, self.rank, self.world_size, self.timeout)
+            for name, ranks in self._subgroups.items():  # same order on every member
+                sub = PrefixStore(f"{self.namespace}/gen{generation}/{name}", self._store)
+                self._subpgs[name] = self.backend.create(
+                    sub, ranks.index(self.rank), len(ranks), self.timeout
+                )
         self.generation = generation
 
     def drop(self) -> None:
@@ -153,8 +175,10 @@ class GenerationGroup:
         generation is formed): the peers that are not our ring neighbours then fail
         within milliseconds too instead of at the timeout."""
         pg, self.pg = self.pg, None
-        if pg is not None:
-            self.backend.drop(pg)
+        subs, self._subpgs = self._subpgs, {}
+        for comm in [pg, *subs.values()]:
+            if comm is not None:
+                self.backend.drop(comm)
 
     def allreduce_(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` over the group in place; errors are recorded, never raised."""
@@ -208,7 +232,10 @@ class GenerationGroup:
                         return None
                     if not self.moved():
                         continue  # a slice passed: look again
-                self.backend.abandon(self.pg, work)
+                # the work may be a sub-group's: keep every communicator it may use
+                for comm in (self.pg, *self._subpgs.values()):
+                    if comm is not None:
+                        self.backend.abandon(comm, work)
                 return GenerationMovedError(
                     f"generation {self.generation} was left while a collective waited "
                     "(the job moved to a new generation: a member was lost)"

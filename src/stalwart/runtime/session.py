@@ -199,11 +199,27 @@ class Session:
     @property
     def mesh(self) -> DeviceMesh:
         """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) whose process
-        group runs every collective over the current generation's group (runtime/_fsdp.py)."""
+        group runs every collective over the current generation's group (runtime/_fsdp.py);
+        after :meth:`init_device_mesh`, that mesh."""
         if self._mesh is None:
             from stalwart.runtime._fsdp import generation_mesh
 
             self._mesh = generation_mesh(self.group, self.env.job, self._rejoin.resizes)
+        return self._mesh
+
+    def init_device_mesh(
+        self, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...]
+    ) -> DeviceMesh:
+        """torch's ``init_device_mesh("cpu", mesh_shape, mesh_dim_names=...)`` under
+        stalwart, before the first step: ``((2, 2), ("replicate", "shard"))`` is HSDP, and a
+        lost rank restores its shards from its ``replicate`` peer's memory (runtime/_mesh.py)."""
+        from stalwart.runtime._fsdp import refuse_elastic_mesh
+        from stalwart.runtime._mesh import MeshLayout, layout_mesh
+
+        refuse_elastic_mesh(self._rejoin.resizes)
+        layout = MeshLayout(tuple(mesh_shape), tuple(mesh_dim_names))
+        self._mesh = layout_mesh(self.group, self.env.job, layout)
+        self.tracked.copy_key = layout.copy_key(self.rank)
         return self._mesh
 
     # ------------------------------------------------------------ tracking
