@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _fsdp_ckpt import measure as measure_ckpt
+from _hsdp_node_loss import measure as measure_hsdp_node_loss
 from recovery import VENV_BIN, _env, _median, _run, recovery_figures, steady_step_s
 
 JOB = Path(__file__).resolve().parent / "_fsdp_job.py"
@@ -92,6 +93,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-ckpt-") as tmp:
         result.update(measure_ckpt(Path(tmp), args.ckpt_mb))
+    result.update(measure_hsdp_node_loss())  # HSDP 2x2 on 2 nodes: memory vs disk
     rows = [
         ("plain FSDP2 step (torchrun)", p_med, "s"),
         ("FSDP2 step under stalwart", o_med, "s"),
@@ -104,6 +106,8 @@ def main() -> int:
         ("dcp.save (4 ranks)", result["dcp_save_s"], "s"),
         ("restore resharded 4 -> 2", result["restore_reshard_s"], "s"),
         ("dcp.load resharded 4 -> 2", result["dcp_load_reshard_s"], "s"),
+        ("HSDP node loss RTO, memory", result.get("node_loss_rto_memory_s"), "s"),
+        ("HSDP node loss RTO, disk", result.get("node_loss_rto_disk_s"), "s"),
     ]
     for name, value, unit in rows:
         shown = "-" if value is None else f"{value:.3f}{unit}"
