@@ -8,7 +8,7 @@ from stalwart.runtime._accounting import StepAccounting
 
 
 def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
-    env: Any = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02)
+    env: Any = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02, job="j")
     position: Any = SimpleNamespace(rank=rank, generation=generation, world_size=2)
     tracked: Any = SimpleNamespace(part=None, replicated=True, sharded=False)
     return StepAccounting(env, position, tracked, None, None, None)
@@ -51,48 +51,92 @@ def test_a_fixed_snapshot_cadence_skips_the_calibration() -> None:
     acct = _acct(0)
     acct.env.snapshot_every = 25
     fixed = StepAccounting(acct.env, acct.position, acct.tracked, None, None, None)
-    assert [fixed._cadence(s) for s in (1, 3, 50)] == [25, 25, 25]
+    assert [s for s in range(1, 80) if fixed._snapshot_due(s)] == [25, 50, 75]
+
+
+def _members(n: int, store: Any, ceiling: float = 300.0) -> list[StepAccounting]:
+    def polled() -> int:
+        raise AssertionError("the cadence choice waited inside a training step")
+
+    members = []
+    for rank in range(n):
+        acct = _acct(0, rank=rank)
+        env = acct.env
+        env.job, env.hang_ceiling_s, env.snapshot_every = "j", ceiling, 0
+        coord: Any = SimpleNamespace(generation=polled)
+        members.append(StepAccounting(env, acct.position, acct.tracked, None, coord, store))
+    return members
+
+
+def _every_5(acct: StepAccounting) -> None:
+    acct.durations.extend([0.1] * 10)
+    acct.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
 
 
 def test_a_run_resumed_past_the_calibration_step_still_agrees_on_a_cadence() -> None:
     """A run resumed from a checkpoint after step CALIBRATE never sees step == CALIBRATE:
-    rank 0 publishes at its first step past it (else every rank waited for the ceiling)."""
+    rank 0 publishes at its first step past it."""
+    from stalwart.coordinator import MemoryStore
+
+    ranks = _members(2, MemoryStore(), ceiling=1.0)
+    assert [r._snapshot_due(13) for r in ranks] == [True, True]  # no stalls: every step
+    assert [r.cadence.every for r in ranks] == [1, 1]  # agreed through the store
+
+
+def test_members_that_read_the_cadence_at_different_steps_snapshot_the_same_steps() -> None:
+    """Rank 1 reads before rank 0 published (it looks again at the next step, no
+    polling inside the step); both still snapshot exactly the same steps, so a member
+    killed while copying a snapshot holds a step every other member holds too."""
+    from stalwart.coordinator import MemoryStore
+
+    rank0, rank1 = _members(2, MemoryStore())
+    _every_5(rank0)
+    taken: dict[int, list[int]] = {0: [], 1: []}
+    for step in range(1, 31):
+        # rank 1 finishes its step before rank 0 (it sees no record at step 6)
+        for rank, acct in ((1, rank1), (0, rank0)):
+            if acct._snapshot_due(step):
+                taken[rank].append(step)
+    assert rank1.cadence.every == 5
+    assert taken[0] == taken[1] == [1, 2, 3, 4, 5, 6, 7, 10, 15, 20, 25, 30]
+    # any two consecutive snapshot steps of one are snapshot steps of the other
+    held = set(taken[0][-2:])
+    assert held <= set(taken[1])
+
+
+def test_a_restarted_rank0_adopts_the_jobs_cadence_instead_of_choosing_again() -> None:
+    """Under flash, a replacement of rank 0 measures other stalls; were it to publish a
+    new choice, the survivors (who keep theirs) and the newcomers would snapshot at
+    different steps for good."""
     from stalwart.coordinator import MemoryStore
 
     store = MemoryStore()
-    ranks = []
-    for rank in (0, 1):
-        acct = _acct(0, rank=rank)
-        env = acct.env
-        env.job, env.hang_ceiling_s, env.snapshot_every = "j", 1.0, 0
-        coord: Any = SimpleNamespace(generation=lambda: 0)
-        ranks.append(StepAccounting(env, acct.position, acct.tracked, None, coord, store))
-    assert [r._cadence(13) for r in ranks] == [1, 1]  # no stalls measured: every step
-    assert [r.every for r in ranks] == [1, 1]  # agreed through the store, not timed out
+    rank0, rank1 = _members(2, store)
+    _every_5(rank0)
+    for step in range(1, 12):
+        rank0._snapshot_due(step)
+        rank1._snapshot_due(step)
+    replacement = _members(1, store)[0]  # rank 0 again, measuring every step fits
+    replacement.durations.extend([0.1] * 10)
+    replacement.stalls = [0.5, 0.5, 0.0, 0.0, 0.0]
+    due = [s for s in range(12, 31) if replacement._snapshot_due(s)]
+    assert due == [s for s in range(12, 31) if rank1._snapshot_due(s)] == [15, 20, 25, 30]
 
 
-def test_the_cadence_is_read_without_waiting_for_rank0() -> None:
-    """A rank that reaches the choice before rank 0 published it snapshots that step and
-    looks again at the next one: one store read, no polling inside the step."""
+def test_a_cadence_record_out_of_bounds_is_refused_with_its_fix() -> None:
+    import json
+
+    import pytest
+
     from stalwart.coordinator import MemoryStore
+    from stalwart.runtime._cadence import CadenceRecordError
 
-    def polled() -> int:
-        raise AssertionError("the cadence choice waited inside a training step")
-
-    store = MemoryStore()
-    ranks = []
-    for rank in (0, 1):
-        acct = _acct(0, rank=rank)
-        env = acct.env
-        env.job, env.hang_ceiling_s, env.snapshot_every = "j", 300.0, 0
-        coord: Any = SimpleNamespace(generation=polled)
-        ranks.append(StepAccounting(env, acct.position, acct.tracked, None, coord, store))
-    rank0, rank1 = ranks
-    assert rank1._cadence(6) == 1 and rank1.every is None  # not published: every step
-    rank0.durations.extend([0.1] * 10)
-    rank0.stalls = [0.5, 0.5, 0.01, 0.01, 0.01]  # 10% of a step: every 5 steps
-    assert rank0._cadence(6) == 5
-    assert rank1._cadence(7) == 5 and rank1.every == 5  # adopted at its next step
+    for doc in ({"every": 0, "from": 3}, {"every": 2}, {"every": True, "from": 1}, "x"):
+        store = MemoryStore()
+        store.put("/stalwart/j/cadence", json.dumps(doc).encode())
+        (rank1,) = _members(2, store)[1:]
+        with pytest.raises(CadenceRecordError, match="fresh --rdzv-id"):
+            rank1._snapshot_due(7)
 
 
 def test_the_final_step_is_persisted_when_persisting_is_on() -> None:

@@ -1,11 +1,9 @@
 """Step timing, snapshot cadence, persist cadence and the `steps` events of a session.
 
-Cadence: the first steps are snapshotted every step while stall and step time are
-measured; then rank 0 fixes ``every`` = 1 if the median stall fits the budget (default
-2% of the median step time), else the smallest k that does, and publishes it per
-generation so that every member snapshots at the same steps (a rollback target must be
-a step every member holds). The others read it without waiting (``_cadence``): no
-training step blocks on the store for it.
+Snapshot cadence: the job's one record, chosen by rank 0 from the stalls and step times
+measured here and applied from the same step by every member (runtime/_cadence.py: a
+rollback target must be a step every member holds). No training step blocks on the
+store for it.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import statistics
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -21,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
+from stalwart.runtime._cadence import CALIBRATE, SnapshotCadence, choose_every
 from stalwart.runtime._metric_log import MetricLog
 from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
 
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["StepAccounting"]
 
-CALIBRATE = 6
 _FLUSH_S = 1.0
 _WARMUP = 2  # steps after a (re)start left out of the p99 (NVRx skips 5 warm-up iterations)
 
@@ -65,7 +62,9 @@ class StepAccounting:
             self._recent.append(inherited)
         self.stalls: list[float] = []
         fixed = int(getattr(env, "snapshot_every", 0) or 0)
-        self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
+        alone = store is None or coord is None
+        self.cadence = SnapshotCadence(env.job, position, None if alone else store, fixed)
+        self._cadence_noted = fixed > 0  # a fixed --snapshot-every needs no note
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._slow: list[tuple[Fault, float]] = []
@@ -167,41 +166,21 @@ class StepAccounting:
             self._journal = None
 
     # ------------------------------------------------------------ snapshots
-    def _cadence(self, step: int) -> int:
-        """Snapshot every ``k`` steps: 1 while calibrating, then rank 0's choice.
-
-        Rank 0 publishes its choice at its first step past the calibration; every rank
-        reads it without waiting, one store read per step until it is there (in a job
-        with a collective per step it is there by the next step), and snapshots every
-        step meanwhile, as while calibrating. Nothing in a training step waits for
-        another rank here."""
-        store, pos = self.store, self.position
-        if self.every is not None:
-            return self.every
-        if step < CALIBRATE:
-            return 1
-        if store is None or self.coord is None:
-            self.every = self._choose()
-            return self.every
-        prefix = f"/stalwart/{self.env.job}/cadence/"
-        if pos.rank == 0:  # at its first step >= CALIBRATE (a run may resume past it)
-            store.put(f"{prefix}{pos.generation:012d}", str(self._choose()).encode())
-        kvs = store.range(prefix).kvs
-        if not kvs:
-            return 1  # not published yet: this step is snapshotted, look again at the next
-        self.every = int(kvs[-1].value)
-        if pos.rank == 0 and self.events is not None:
-            self.events.emit("note", message=f"snapshot cadence: every {self.every} steps")
-        return self.every
-
     def _choose(self) -> int:
-        stalls = self.stalls[2:]  # the first snapshot into each slot allocates it
-        if not stalls or not self.durations:
-            return 1
-        stall = statistics.median(stalls)
-        step = statistics.median(self.durations)
-        budget = self.env.snapshot_budget * step
-        return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
+        return choose_every(self.stalls, list(self.durations), self.env.snapshot_budget)
+
+    def _snapshot_due(self, step: int) -> bool:
+        """The job's cadence (runtime/_cadence.py); rank 0 notes it once it is known."""
+        due = self.cadence.due(step, self._choose)
+        every = self.cadence.every
+        if every is not None and not self._cadence_noted:
+            self._cadence_noted = True
+            if self.position.rank == 0 and self.events is not None:
+                self.events.emit(
+                    "note",
+                    message=f"snapshot cadence: every {every} steps from step {self.cadence.start}",
+                )
+        return due
 
     def _persist_due(self, step: int, final: bool = False) -> bool:
         every = self.env.persist_every
@@ -238,8 +217,8 @@ class StepAccounting:
     def maybe_snapshot(self, step: int, *, final: bool = False) -> None:
         """After step ``step`` (``final``: the loop's last step)."""
         persist = self._persist_due(step, final)
-        every = self._cadence(step)  # always: rank 0 publishes it at CALIBRATE
-        if (persist or step % every == 0) and not self.snapshot_now(step):
+        due = self._snapshot_due(step)  # always asked: rank 0 publishes the cadence in it
+        if (persist or due) and not self.snapshot_now(step):
             return  # refused (no room in /dev/shm): nothing new to persist either
         if persist:
             self._start_persist(step, wait=final)
