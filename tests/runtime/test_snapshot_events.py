@@ -30,7 +30,7 @@ def loop(tmp_path: Any, shm_namespace: str) -> Iterator[tuple[Any, StepAccountin
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = CheckpointManager(CheckpointConfig(root=str(tmp_path), namespace=shm_namespace))
     ckpt.snapshots.guard(opt)  # as Session.track does: opt.step waits for the copy
-    env: Any = SimpleNamespace(persist_every=0, snapshot_every=1, snapshot_budget=0.02)
+    env: Any = SimpleNamespace(persist_every=0, snapshot_every=1, snapshot_budget=0.02, job="j")
     position: Any = SimpleNamespace(rank=0, generation=0, world_size=1)
     state = {"model": model, "optimizer": opt}
     tracked: Any = SimpleNamespace(
