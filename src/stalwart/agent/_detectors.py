@@ -5,7 +5,9 @@
   failed and the crash-loop verdict (agent/verdict.py);
 - :class:`HangDetector`: the progress board and each process's CPU time (the decision
   is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
-- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``.
+- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``;
+- :class:`StragglerDetector`: the ranks' compute times on the progress board, scored
+  against each other (agent/straggler.py) -> ``Straggler``.
 
 Each writes the ``fault_detected`` record of what it found (detection latency included);
 recovering is the policy's (agent/policy.py).
@@ -22,12 +24,20 @@ from stalwart.agent._proc import read_cpu
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
-from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
+from stalwart.agent.incidents import COLLATERAL, NodeLost, Straggler, WorkerExited, WorkerHung
 from stalwart.agent.progress import Slot
+from stalwart.agent.straggler import Declared, StragglerAction, StragglerConfig, StragglerWindows
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
 
-__all__ = ["CrashDetector", "Detectors", "HangDetector", "HangWatch", "NodeLossDetector"]
+__all__ = [
+    "CrashDetector",
+    "Detectors",
+    "HangDetector",
+    "HangWatch",
+    "NodeLossDetector",
+    "StragglerDetector",
+]
 
 
 class HangWatch:
@@ -74,6 +84,7 @@ class HangWatch:
 
 
 _SAMPLE_S = 0.1
+_DETECTED = ("hang", COLLATERAL, "straggler")  # an agent's kill: reported before it
 
 
 class CrashDetector:
@@ -101,7 +112,7 @@ class CrashDetector:
         rank, pid, rc = exit_.rank, exit_.pid, exit_.rc
         recorded = None
         collateral = exit_.cause == COLLATERAL
-        if exit_.cause not in ("hang", COLLATERAL):  # those the hang detector reported
+        if exit_.cause not in _DETECTED:  # its detector wrote its fault_detected
             fired = self._ledger.fired_at(pid=pid)
             latency = time.time() - (fired if fired is not None else exit_.t_exit)
             how = f"process exit (rc {rc})"
@@ -269,6 +280,69 @@ class NodeLossDetector:
         return NodeLost(node, tuple(self._nodes.ranks_of(node)), how, latency, False)
 
 
+class StragglerDetector:
+    """The board's compute times -> :class:`Straggler` (agent/straggler.py decides);
+    writes ``fault_detected`` (fault ``straggler``) and the ``straggler`` event."""
+
+    def __init__(
+        self,
+        *,
+        config: StragglerConfig,
+        node: int,
+        workers: LocalWorkers,
+        watch: HangWatch,
+        ledger: FaultLedger,
+        events: EventSink,
+        say: Say,
+    ) -> None:
+        self._node, self._workers, self._watch = node, workers, watch
+        self._ledger, self._events, self._say = ledger, events, say
+        self.windows = StragglerWindows(config)
+        self._evict = config.action is StragglerAction.EVICT
+
+    def check(self, now: float) -> list[Straggler]:
+        return [self._report(d, now) for d in self.windows.observe(self._workers.judged(), now)]
+
+    def _report(self, d: Declared, now: float) -> Straggler:
+        sc, domain = d.score, {"rank": d.score.rank, "node": self._node}
+        fired = self._ledger.fired_at(pid=d.pid)
+        latency = now - (fired if fired is not None else d.t_first)
+        how = (
+            f"computes {sc.compute_s * 1000:.1f} ms per step, {sc.ratio:.2f}x the other ranks' "
+            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) for {d.windows} windows"
+        )
+        self._events.emit(
+            "fault_detected", fault="straggler", domain=domain, latency_s=latency, how=how
+        )
+        action = "evict" if self._evict else "report"
+        self._events.emit(
+            "straggler",
+            domain=domain,
+            compute_s=sc.compute_s,
+            median_s=sc.median_s,
+            ratio=sc.ratio,
+            score=sc.z,
+            windows=d.windows,
+            action=action,
+            latency_s=latency,
+        )
+        then = "evicting it" if self._evict else "reported (--on-straggler evict replaces it)"
+        self._say(f"rank {sc.rank} is a straggler ({how}); detected in {latency:.1f} s, {then}")
+        return Straggler(
+            sc.rank, d.pid, self._node, sc.compute_s, sc.median_s, sc.ratio, sc.z,
+            d.windows, latency, self._evict,
+        )  # fmt: skip
+
+    def isolate(self, s: Straggler) -> None:
+        """Under ``evict``: end the rank's process; its exit is recovered as a failure
+        with cause ``straggler`` by the strategy (a spare, flash, restart, elastic)."""
+        w = self._workers.get(s.rank)
+        if not s.evict or w is None or w.pid != s.pid:
+            return
+        self._watch.killed[s.pid] = f"evicted as a straggler ({s.ratio:.2f}x the others)"
+        self._workers.kill(w, "straggler")
+
+
 @dataclass(frozen=True)
 class Detectors:
     """The node's detectors, built once from the config."""
@@ -276,6 +350,7 @@ class Detectors:
     crashes: CrashDetector
     hangs: HangDetector
     lost: NodeLossDetector
+    stragglers: StragglerDetector
 
     @classmethod
     def for_node(
@@ -306,4 +381,13 @@ class Detectors:
         lost = NodeLossDetector(
             nodes=nodes, lease_s=cfg.node_lease_s, ledger=ledger, events=events, say=say
         )
-        return cls(crashes, hangs, lost)
+        stragglers = StragglerDetector(
+            config=cfg.straggler,
+            node=node,
+            workers=workers,
+            watch=watch,
+            ledger=ledger,
+            events=events,
+            say=say,
+        )
+        return cls(crashes, hangs, lost, stragglers)

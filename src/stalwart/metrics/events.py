@@ -123,6 +123,16 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
     "metric": {"name": _STR, "step": _INT, "value": _NUM, "generation": _INT},
     "route": {"route": _STR, "recovery": _STR},
     "note": {"message": _STR},
+    "straggler": {
+        "domain": (dict,),
+        "compute_s": _NUM,
+        "median_s": _NUM,
+        "ratio": _NUM,
+        "score": _NUM,
+        "windows": _INT,
+        "action": _STR,
+        "latency_s": _NUM,
+    },
 }
 _REQUIRED: dict[str, set[str]] = {
     "run_start": {"job", "world_size"},
@@ -147,6 +157,7 @@ _REQUIRED: dict[str, set[str]] = {
     "metric": {"name", "step", "value"},
     "route": {"route"},
     "note": {"message"},
+    "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 
