@@ -8,10 +8,11 @@ runtime/_progress.py): the slow rank computes, its peers wait for it.
 
 The decision is NVRx's and Falcon's shape, made robust for small jobs on noisy machines:
 
-- **windows**: every ``window_s`` the mean compute time per step of each rank over the
-  window (differences of the board's running sums, so the agent's sampling rate does not
-  matter). A window in which the generation changed (a recovery) or a rank made fewer
-  than ``min_steps`` steps is not scored;
+- **windows**: every ``window_s`` the median compute time per step of each rank over
+  the window (the agent reads the board's running sums every few ms; each read that
+  saw steps complete adds their mean, weighted by their count). A window in which the
+  generation changed (a recovery) or a rank made fewer than ``min_steps`` steps is not
+  scored;
 - **robust score**: each rank against the *others* (leave-one-out median and MAD:
   with 2 ranks the other rank is the reference; with many, one slow rank cannot drag
   the reference with it). ``z = (x - median) / max(1.4826 * MAD, floor * median)``;
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stalwart.agent.progress import Slot
 from stalwart.errors import ConfigError
@@ -131,10 +132,32 @@ def robust_scores(means: dict[int, float], cfg: StragglerConfig) -> list[RankSco
 
 
 @dataclass
-class _Baseline:
+class _Track:
+    """One rank's process as the detector follows it: the board's running sums at the
+    last read, and the window's per-step compute times (value, steps it covers)."""
+
     pid: int
     compute_s: float
     steps: int
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def follow(self, s: Slot) -> None:
+        if s.compute_steps > self.steps:
+            n = s.compute_steps - self.steps
+            self.samples.append(((s.compute_s - self.compute_s) / n, n))
+            self.compute_s, self.steps = s.compute_s, s.compute_steps
+
+    def median(self) -> float:
+        """The window's median compute time per step (weighted by steps covered): a rank
+        0 evaluating every few steps, a GC pause or a burst of another process on the
+        core moves a mean, not the median."""
+        ordered = sorted(self.samples)
+        half, seen = sum(n for _, n in ordered) / 2, 0
+        for value, n in ordered:
+            seen += n
+            if seen >= half:
+                return value
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -155,42 +178,44 @@ class StragglerWindows:
         self.cfg = cfg
         self._t_window = 0.0
         self._generation: int | None = None
-        self._base: dict[int, _Baseline] = {}
+        self._tracks: dict[int, _Track] = {}
         self._flagged: dict[int, tuple[int, float]] = {}  # rank -> (windows in a row, t first)
         self._declared: set[int] = set()  # pids
         self.last: list[RankScore] = []  # the latest scored window (for the metrics)
 
     def observe(self, slots: dict[int, Slot], now: float) -> list[Declared]:
-        """Read the board's ``slots`` (rank -> slot) at wall-clock ``now``; the ranks
-        declared when a window closes."""
+        """Read the board's ``slots`` (rank -> slot) at wall-clock ``now`` (every few
+        ms: each read adds the steps completed since the last one); the ranks declared
+        when a window closes. A process's first 2 steps (DDP's first iteration, a
+        rebuilt group) are never scored."""
         measured = {r: s for r, s in slots.items() if s.attached and s.compute_steps >= 2}
         gens = {s.generation for s in measured.values()}
         generation = gens.pop() if len(gens) == 1 else None
         if generation is None or generation != self._generation:
-            self._restart(measured, now, generation)  # a recovery: windows start again
+            self._t_window, self._generation = now, generation  # a recovery: start again
+            self._tracks = {
+                r: _Track(s.pid, s.compute_s, s.compute_steps) for r, s in measured.items()
+            }
             return []
+        for rank, s in measured.items():
+            t = self._tracks.get(rank)
+            if t is None or t.pid != s.pid or s.compute_steps < t.steps:
+                self._tracks[rank] = _Track(s.pid, s.compute_s, s.compute_steps)  # a new process
+            else:
+                t.follow(s)
         if now - self._t_window < self.cfg.window_s:
             return []
-        means: dict[int, float] = {}
-        for rank, s in measured.items():
-            b = self._base.get(rank)
-            if b is None or b.pid != s.pid or s.compute_steps < b.steps:
-                continue  # a new process (or a torn read): scored from the next window
-            steps = s.compute_steps - b.steps
-            if steps >= self.cfg.min_steps:
-                means[rank] = (s.compute_s - b.compute_s) / steps
-        if len(means) < 2 and now - self._t_window < 8 * self.cfg.window_s:
+        enough = {
+            r: t for r, t in self._tracks.items()
+            if r in measured and sum(n for _, n in t.samples) >= self.cfg.min_steps
+        }  # fmt: skip
+        if len(enough) < 2 and now - self._t_window < 8 * self.cfg.window_s:
             return []  # steps longer than the window: let it grow (up to 8 windows)
-        t_start = self._t_window
-        self._restart(measured, now, generation)
-        self.last = robust_scores(means, self.cfg)
+        t_start, self._t_window = self._t_window, now
+        self.last = robust_scores({r: t.median() for r, t in enough.items()}, self.cfg)
+        for t in self._tracks.values():
+            t.samples.clear()
         return self._persisting(self.last, measured, t_start)
-
-    def _restart(self, measured: dict[int, Slot], now: float, generation: int | None) -> None:
-        self._t_window, self._generation = now, generation
-        self._base = {
-            r: _Baseline(s.pid, s.compute_s, s.compute_steps) for r, s in measured.items()
-        }
 
     def _persisting(
         self, scores: list[RankScore], measured: dict[int, Slot], t_start: float

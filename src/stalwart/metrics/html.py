@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.metrics import _plots
+from stalwart.metrics._stragglers import straggler_html
 from stalwart.metrics.goodput import BUCKETS
 from stalwart.metrics.report import strategy_text
 
@@ -102,6 +103,7 @@ def render_html(d: dict[str, Any]) -> str:
     parts.append(_plot(_plots.badput, d, "badput breakdown"))
     parts.append("<h2>Incidents</h2>" + _incidents(d))
     parts.append(_plot(_plots.rto, d, "RTO per incident"))
+    parts.append(straggler_html(d.get("stragglers", [])))
     parts.append(
         f"<p>RTO p50 {_num(r['p50'])} s, p95 {_num(r['p95'])} s, max {_num(r['max'])} s; "
         f"detection latency p50 {_num(d['detection_latency_s']['p50'])} s. "
