@@ -28,7 +28,7 @@ from stalwart.metrics.events import EventLog, read_events
 
 from ._fakes import FakeEvents, FakeZygote
 
-CFG = StragglerConfig()
+CFG = StragglerConfig(window_s=4.0)
 
 
 def test_a_rank_far_slower_than_the_others_is_flagged_and_nobody_else() -> None:
@@ -147,8 +147,9 @@ def _detector(
         ident = next(m["id"] for m in reversed(zygote.sent) if m.get("id") == f"rank-{w.rank}")
         workers.on_message({"op": "spawned", "id": ident, "pid": 100 + w.rank})
     events, watch = FakeEvents(), HangWatch(HangConfig())
-    detector = StragglerDetector(config=StragglerConfig(action=action), node=0, workers=workers,
-                                 watch=watch, ledger=FaultLedger(str(tmp_path)), events=events,
+    cfg = StragglerConfig(action=action, window_s=4.0)
+    detector = StragglerDetector(config=cfg, node=0, workers=workers, watch=watch,
+                                 ledger=FaultLedger(str(tmp_path)), events=events,
                                  say=lambda line: None)  # fmt: skip
     return detector, workers, events, watch
 

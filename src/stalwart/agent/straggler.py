@@ -21,9 +21,9 @@ The decision is NVRx's and Falcon's shape, made robust for small jobs on noisy m
   (``z >= z`` and ``x / median >= min_ratio``), once per process; an unflagged window
   starts its count again.
 
-With the defaults (4 s windows, 3 in a row, z 3.5, floor 10%: a rank at least 1.35x the
-others' median) a rank slowed 3x is declared 12-16 s after the slowdown began, 1.5x
-within ~20 s; docs/detection.md gives the figures measured.
+With the defaults (3 s windows, 3 in a row, z 3.5, floor 10%: a rank at least 1.35x the
+others' median) a rank slowed 3x is declared 9-12 s after the slowdown began when no
+window is noisy; docs/detection.md gives the figures measured.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ class StragglerConfig:
     """``report`` by default: a slow rank is a cost, not a failure, and replacing it is
     not free (a restore, maybe a spare); ``evict`` when a spare or a flash restart is
     cheaper than running at the straggler's pace."""
-    window_s: float = 4.0
+    window_s: float = 3.0
     """Seconds per scored window: long enough to hold several steps of most jobs and to
     average a loaded machine's scheduling noise, short enough that 3 windows find a 3x
-    slowdown within 20 s."""
+    slowdown within 20 s (9-12 s, 15 s with one noisy window between)."""
     windows: int = 3
     """Consecutive flagged windows before a rank is declared: one noisy window (another
     process on the core, a page-cache flush) never declares anyone."""
