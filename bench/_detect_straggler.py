@@ -117,7 +117,8 @@ def _slowed(
     try:
         t_first = run.first_step()
         if t_first is None:
-            return {**out, "note": f"{name}: the job never stepped (see {run.log.name})"}
+            out["note"] = f"{name}: the job never stepped (rc {run.proc.poll()})"
+            return out
         t_slow = t_first + _SLOW_AT_S
         found = run.wait_for("straggler", t_slow + timeout)
         if found is not None:
@@ -130,6 +131,9 @@ def _slowed(
                     time.sleep(max(0.0, ended["t"] + 25 - time.time()))
     finally:
         out["events"] = run.stop()
+        if "note" in out:
+            tail = (work / f"{name}.log").read_text().strip().splitlines()[-3:]
+            out["note"] += ": " + " | ".join(tail)
     return out
 
 
