@@ -4,8 +4,10 @@ progress board written as workers would (compute time per step)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import HangConfig
 from stalwart.agent.progress import Slot
 from stalwart.agent.straggler import (
+    ComputeExchange,
     StragglerAction,
     StragglerConfig,
     StragglerWindows,
@@ -23,7 +26,7 @@ from stalwart.agent.straggler import (
 )
 from stalwart.agent.verdict import CrashLoops
 from stalwart.chaos import FaultLedger
-from stalwart.errors import ConfigError
+from stalwart.errors import ConfigError, StalwartError
 from stalwart.metrics.events import EventLog, read_events
 
 from ._fakes import FakeEvents, FakeZygote
@@ -215,3 +218,39 @@ def test_report_leaves_the_rank_running(tmp_path: Path, monkeypatch: pytest.Monk
         found += detector.check(4.0 * k + 0.01)
     detector.isolate(found[0])
     assert sent == [] and workers[1].cause == ""
+
+
+class _Records:
+    """The launch records of the coordinator store, shared by two nodes' agents."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, dict[str, object]] = {}
+
+    def publish(self, key: str, record: dict[str, object]) -> None:
+        self.kv[key] = json.loads(json.dumps(record))  # what goes through the store
+
+    def read(self, key: str, timeout: float) -> dict[str, object]:
+        if key not in self.kv:
+            raise StalwartError(f"{key} not published")
+        return dict(self.kv[key])
+
+
+def test_nodes_of_one_rank_each_are_scored_against_the_job_through_the_store() -> None:
+    records = _Records()
+    nodes = [StragglerWindows(CFG) for _ in range(2)]
+    peers = [ComputeExchange(records, n, 2, CFG.window_s) for n in range(2)]
+    boards = [Board(1), Board(1)]
+    boards[1].pids = {0: 900}
+    boards[1].per_step[0] = 0.2  # node 1's only rank computes 4x longer
+    t0 = time.time()
+    found: list[tuple[int, int]] = []
+    for k in range(6):
+        for n in range(2):
+            boards[n].run(20)
+            slots = boards[n].slots()
+            if n == 1:
+                slots = {1: slots[0]}  # node 1 holds rank 1
+            found += [(n, d.score.rank) for d in nodes[n].observe(slots, t0 + 4.0 * k, peers[n])]
+    assert found == [(1, 1)]  # declared by its own node, nobody else
+    records.kv["straggler-n0"]["generation"] = 7  # a stale or foreign record: left out
+    assert peers[1]({1: 0.2}, 0) == {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from stalwart.agent._env import error_message
 from stalwart.agent._proc import read_cpu
@@ -26,7 +26,14 @@ from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 from stalwart.agent.incidents import COLLATERAL, NodeLost, Straggler, WorkerExited, WorkerHung
 from stalwart.agent.progress import Slot
-from stalwart.agent.straggler import Declared, StragglerAction, StragglerConfig, StragglerWindows
+from stalwart.agent.straggler import (
+    ComputeExchange,
+    Declared,
+    PeerMedians,
+    StragglerAction,
+    StragglerConfig,
+    StragglerWindows,
+)
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
 
@@ -229,13 +236,16 @@ class HangDetector:
 
 
 class Nodes(Protocol):
-    """What of agent/_cluster.py the node-loss detector needs."""
+    """What of agent/_cluster.py the node-loss and straggler detectors need (the
+    straggler detector: the launch records it exchanges window medians through)."""
 
     def lost_nodes(self) -> list[int]: ...
     def ranks_of(self, node: int) -> list[int]: ...
     def watch_closed_at(self, node: int) -> float | None: ...
     def blocklisted(self) -> set[str]: ...
     def block(self, member: str, reason: str) -> None: ...
+    def publish(self, key: str, record: dict[str, Any]) -> None: ...
+    def read(self, key: str, timeout: float) -> dict[str, Any]: ...
 
 
 class NodeLossDetector:
@@ -294,14 +304,16 @@ class StragglerDetector:
         ledger: FaultLedger,
         events: EventSink,
         say: Say,
+        peers: PeerMedians | None = None,
     ) -> None:
-        self._node, self._workers, self._watch = node, workers, watch
+        self._node, self._workers, self._watch, self._peers = node, workers, watch, peers
         self._ledger, self._events, self._say = ledger, events, say
         self.windows = StragglerWindows(config)
         self._evict = config.action is StragglerAction.EVICT
 
     def check(self, now: float) -> list[Straggler]:
-        return [self._report(d, now) for d in self.windows.observe(self._workers.judged(), now)]
+        declared = self.windows.observe(self._workers.judged(), now, self._peers)
+        return [self._report(d, now) for d in declared]
 
     def _report(self, d: Declared, now: float) -> Straggler:
         sc, domain = d.score, {"rank": d.score.rank, "node": self._node}
@@ -381,6 +393,9 @@ class Detectors:
         lost = NodeLossDetector(
             nodes=nodes, lease_s=cfg.node_lease_s, ledger=ledger, events=events, say=say
         )
+        peers = None
+        if cfg.nnodes > 1:  # the job's ranks, not only this node's (one write per window)
+            peers = ComputeExchange(nodes, node, cfg.nnodes, cfg.straggler.window_s)
         stragglers = StragglerDetector(
             config=cfg.straggler,
             node=node,
@@ -389,5 +404,6 @@ class Detectors:
             ledger=ledger,
             events=events,
             say=say,
+            peers=peers,
         )
         return cls(crashes, hangs, lost, stragglers)

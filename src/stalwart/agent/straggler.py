@@ -29,20 +29,30 @@ window is noisy; docs/detection.md gives the figures measured.
 from __future__ import annotations
 
 import enum
+import math
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from stalwart.agent.progress import Slot
-from stalwart.errors import ConfigError
+from stalwart.errors import ConfigError, StalwartError
 
 __all__ = [
+    "ComputeExchange",
     "Declared",
+    "PeerMedians",
     "RankScore",
     "StragglerAction",
     "StragglerConfig",
     "StragglerWindows",
     "robust_scores",
 ]
+
+PeerMedians = Callable[[dict[int, float], int], dict[int, float]]
+"""Publish this node's window medians (rank -> seconds per step) of ``generation``;
+return the other nodes' latest of the same generation (:class:`ComputeExchange`)."""
 
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution x this = its standard deviation
 
@@ -183,11 +193,14 @@ class StragglerWindows:
         self._declared: set[int] = set()  # pids
         self.last: list[RankScore] = []  # the latest scored window (for the metrics)
 
-    def observe(self, slots: dict[int, Slot], now: float) -> list[Declared]:
+    def observe(
+        self, slots: dict[int, Slot], now: float, peers: PeerMedians | None = None
+    ) -> list[Declared]:
         """Read the board's ``slots`` (rank -> slot) at wall-clock ``now`` (every few
         ms: each read adds the steps completed since the last one); the ranks declared
         when a window closes. A process's first 2 steps (DDP's first iteration, a
-        rebuilt group) are never scored."""
+        rebuilt group) are never scored. ``peers``: the other nodes' ranks to score
+        against (a job of several nodes); only this node's ranks are declared."""
         measured = {r: s for r, s in slots.items() if s.attached and s.compute_steps >= 2}
         gens = {s.generation for s in measured.values()}
         generation = gens.pop() if len(gens) == 1 else None
@@ -205,16 +218,18 @@ class StragglerWindows:
                 t.follow(s)
         if now - self._t_window < self.cfg.window_s:
             return []
-        enough = {
-            r: t for r, t in self._tracks.items()
+        local = {
+            r: t.median() for r, t in self._tracks.items()
             if r in measured and sum(n for _, n in t.samples) >= self.cfg.min_steps
         }  # fmt: skip
-        if len(enough) < 2 and now - self._t_window < 8 * self.cfg.window_s:
+        if len(local) < (1 if peers else 2) and now - self._t_window < 8 * self.cfg.window_s:
             return []  # steps longer than the window: let it grow (up to 8 windows)
         t_start, self._t_window = self._t_window, now
-        self.last = robust_scores({r: t.median() for r, t in enough.items()}, self.cfg)
         for t in self._tracks.values():
             t.samples.clear()
+        others = peers(local, generation) if peers is not None and local else {}
+        scores = robust_scores({**others, **local}, self.cfg)
+        self.last = [sc for sc in scores if sc.rank in local]
         return self._persisting(self.last, measured, t_start)
 
     def _persisting(
@@ -233,4 +248,57 @@ class StragglerWindows:
             if n + 1 >= self.cfg.windows and pid not in self._declared:
                 self._declared.add(pid)
                 out.append(Declared(sc, pid, n + 1, t_first))
+        return out
+
+
+class Records(Protocol):
+    """The job's launch records in the coordinator store (agent/_cluster.py)."""
+
+    def publish(self, key: str, record: dict[str, Any]) -> None: ...
+    def read(self, key: str, timeout: float) -> dict[str, Any]: ...
+
+
+class ComputeExchange:
+    """A job of several nodes: each agent publishes its ranks' window medians under
+    ``straggler-n<node>`` (one store write per window) and scores its ranks against
+    every node's latest, so the reference is the job's, not the node's. A record older
+    than 3 windows, of another generation, or malformed is left out (never trusted:
+    every field is checked)."""
+
+    def __init__(self, records: Records, node: int, nnodes: int, window_s: float) -> None:
+        self._records, self._node, self._nnodes = records, node, nnodes
+        self._max_age_s = 3 * window_s
+
+    def __call__(self, local: dict[int, float], generation: int) -> dict[int, float]:
+        now = time.time()
+        mine = {
+            "t": now,
+            "generation": generation,
+            "medians": {str(r): v for r, v in local.items()},
+        }
+        others: dict[int, float] = {}
+        try:
+            self._records.publish(f"straggler-n{self._node}", mine)
+            for node in range(self._nnodes):
+                if node != self._node:
+                    others.update(self._read(node, now, generation))
+        except (StalwartError, OSError, ValueError):
+            pass  # the store is slow or away: this window is scored within the node
+        return others
+
+    def _read(self, node: int, now: float, generation: int) -> dict[int, float]:
+        try:
+            rec = self._records.read(f"straggler-n{node}", 0.0)
+        except StalwartError:
+            return {}  # not published yet
+        t, gen, medians = rec.get("t"), rec.get("generation"), rec.get("medians")
+        if not isinstance(t, int | float) or abs(now - t) > self._max_age_s:
+            return {}
+        if gen != generation or not isinstance(medians, dict) or len(medians) > 1_000_000:
+            return {}
+        out = {}
+        for rank, v in medians.items():
+            ok = isinstance(rank, str) and rank.isdigit() and isinstance(v, int | float)
+            if ok and math.isfinite(v) and 0 < v < 86400:
+                out[int(rank)] = float(v)
         return out
