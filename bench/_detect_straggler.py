@@ -158,8 +158,13 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if t_first is not None:
         time.sleep(max(0.0, t_first + args.straggler_fp_s - time.time()))
     ev = clean.stop()
-    res["straggler_false_positives"] = sum(1 for e in ev if e["kind"] == "straggler")
-    res["straggler_fault_free_s"] = round(args.straggler_fp_s, 0)
+    if t_first is None:
+        res["straggler_false_positives"] = None
+        res["straggler_note"] = "fault_free: the job never stepped (see its log)"
+    else:
+        res["straggler_false_positives"] = sum(1 for e in ev if e["kind"] == "straggler")
+        steps = [e for e in ev if e["kind"] == "steps"]
+        res["straggler_fault_free_s"] = round(max(e["t"] for e in steps) - t_first, 0)
     res["straggler_load_avg"] = round(os.getloadavg()[0], 1)
     for part in (three, one5):
         if "note" in part:
