@@ -11,7 +11,14 @@ from pathlib import Path
 
 from stalwart.metrics.events import read_events
 
-__all__ = ["events_of", "stalwart_run", "stalwart_run_nodes", "start_etcd_agents"]
+__all__ = [
+    "events_of",
+    "stalwart_run",
+    "stalwart_run_nodes",
+    "start_etcd_agents",
+    "start_run",
+    "stop_run",
+]
 
 
 def _cmd(job: str, run_dir: Path, args: list[str]) -> list[str]:
@@ -61,6 +68,27 @@ def stalwart_run(
         _stop(proc)
     _check_shm(job)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def start_run(run_dir: Path, args: list[str]) -> tuple[str, subprocess.Popen[str]]:
+    """`stalwart run` in the background (the caller ends it with :func:`stop_run`)."""
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        _cmd(job, run_dir, args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(run_dir.parent),
+    )
+    return job, proc
+
+
+def stop_run(job: str, proc: subprocess.Popen[str]) -> None:
+    """SIGTERM (the agent cleans up), then no shared memory of the job may be left."""
+    _stop(proc)
+    _check_shm(job)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

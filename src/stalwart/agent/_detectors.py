@@ -5,7 +5,9 @@
   failed and the crash-loop verdict (agent/verdict.py);
 - :class:`HangDetector`: the progress board and each process's CPU time (the decision
   is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
-- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``.
+- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``;
+- :class:`StragglerDetector`: the ranks' compute times on the progress board, scored
+  against each other (agent/straggler.py) -> ``Straggler``.
 
 Each writes the ``fault_detected`` record of what it found (detection latency included);
 recovering is the policy's (agent/policy.py).
@@ -15,19 +17,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from stalwart.agent._env import error_message
 from stalwart.agent._proc import read_cpu
+from stalwart.agent._stragglers import StragglerDetector
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
 from stalwart.agent.progress import Slot
+from stalwart.agent.straggler import ComputeExchange
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
 
-__all__ = ["CrashDetector", "Detectors", "HangDetector", "HangWatch", "NodeLossDetector"]
+__all__ = [
+    "CrashDetector",
+    "Detectors",
+    "HangDetector",
+    "HangWatch",
+    "NodeLossDetector",
+    "StragglerDetector",
+]
 
 
 class HangWatch:
@@ -74,6 +85,7 @@ class HangWatch:
 
 
 _SAMPLE_S = 0.1
+_DETECTED = ("hang", COLLATERAL, "straggler")  # an agent's kill: reported before it
 
 
 class CrashDetector:
@@ -101,7 +113,7 @@ class CrashDetector:
         rank, pid, rc = exit_.rank, exit_.pid, exit_.rc
         recorded = None
         collateral = exit_.cause == COLLATERAL
-        if exit_.cause not in ("hang", COLLATERAL):  # those the hang detector reported
+        if exit_.cause not in _DETECTED:  # its detector wrote its fault_detected
             fired = self._ledger.fired_at(pid=pid)
             latency = time.time() - (fired if fired is not None else exit_.t_exit)
             how = f"process exit (rc {rc})"
@@ -218,13 +230,16 @@ class HangDetector:
 
 
 class Nodes(Protocol):
-    """What of agent/_cluster.py the node-loss detector needs."""
+    """What of agent/_cluster.py the node-loss and straggler detectors need (the
+    straggler detector: the launch records it exchanges window medians through)."""
 
     def lost_nodes(self) -> list[int]: ...
     def ranks_of(self, node: int) -> list[int]: ...
     def watch_closed_at(self, node: int) -> float | None: ...
     def blocklisted(self) -> set[str]: ...
     def block(self, member: str, reason: str) -> None: ...
+    def publish(self, key: str, record: dict[str, Any]) -> None: ...
+    def read(self, key: str, timeout: float) -> dict[str, Any]: ...
 
 
 class NodeLossDetector:
@@ -276,6 +291,7 @@ class Detectors:
     crashes: CrashDetector
     hangs: HangDetector
     lost: NodeLossDetector
+    stragglers: StragglerDetector
 
     @classmethod
     def for_node(
@@ -306,4 +322,17 @@ class Detectors:
         lost = NodeLossDetector(
             nodes=nodes, lease_s=cfg.node_lease_s, ledger=ledger, events=events, say=say
         )
-        return cls(crashes, hangs, lost)
+        peers = None
+        if cfg.nnodes > 1:  # the job's ranks, not only this node's (one write per window)
+            peers = ComputeExchange(nodes, node, cfg.nnodes, cfg.straggler.window_s)
+        stragglers = StragglerDetector(
+            config=cfg.straggler,
+            node=node,
+            workers=workers,
+            watch=watch,
+            ledger=ledger,
+            events=events,
+            say=say,
+            peers=peers,
+        )
+        return cls(crashes, hangs, lost, stragglers)

@@ -241,6 +241,8 @@ class Agent:
             gen = self.gen.current if self.policy.judges_generation else None
             for hung in self.detect.hangs.check(now, generation=gen, slowed=self.chaos.slowed()):
                 self.detect.hangs.isolate(hung)
+            for slow in self.detect.stragglers.check(now):
+                self.detect.stragglers.isolate(slow)  # under --on-straggler evict only
             self.steps.tick(now)
             if self.trash.pending:  # (the board is read only then)
                 self.trash.collect(recovered=workers.recovered(self.gen.current))

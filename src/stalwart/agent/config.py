@@ -10,6 +10,7 @@ from typing import Any
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
 from stalwart.agent.probes import ProbeConfig
+from stalwart.agent.straggler import StragglerConfig
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy
 
@@ -83,6 +84,8 @@ class LaunchConfig:
     redirect: bool = False  # worker output to RUN_DIR/logs/rank<r>.log
     token_file: str | None = None
     hang: HangConfig = field(default_factory=HangConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    """How stragglers are judged and what is done with one (``--on-straggler``)."""
     runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
     progress: bool = False  # console progress line on node 0 (stderr)

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from stalwart.agent.verdict import Failure
 
-__all__ = ["COLLATERAL", "Incident", "NodeLost", "ProbeFailed", "WorkerExited", "WorkerHung"]
+__all__ = [
+    "COLLATERAL",
+    "Incident",
+    "NodeLost",
+    "ProbeFailed",
+    "Straggler",
+    "WorkerExited",
+    "WorkerHung",
+]
 
 COLLATERAL = "collateral"
 """The cause of a survivor the agent killed because another fault left it behind (it
@@ -27,7 +35,7 @@ class WorkerExited:
     rank: int
     pid: int
     rc: int
-    cause: str  # crash | hang | collateral
+    cause: str  # crash | hang | collateral | straggler
     failure: Failure  # where it failed, its error (agent/verdict.py)
     verdict: str | None  # the crash-loop verdict: it would fail the same way again
     collateral: bool = False
@@ -72,6 +80,25 @@ class ProbeFailed:
     probe: str  # host | shm | disk | disk_write | nvml
     device: int | None  # the GPU (nvml), else None: the node
     detail: str  # the reading, the problem and the fix
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank computes persistently slower than the job's others (agent/straggler.py).
+    Under ``--on-straggler evict`` the agent ends its process, whose exit comes back as
+    :class:`WorkerExited` with cause ``straggler`` and is recovered by the strategy's
+    means; under ``report`` it keeps running."""
+
+    rank: int
+    pid: int
+    node: int  # the fault domain: this rank on this node
+    compute_s: float  # its mean compute time per step in the last window
+    median_s: float  # the other ranks' median
+    ratio: float  # compute_s / median_s
+    score: float  # robust z-score against the others
+    windows: int  # consecutive flagged windows
+    latency_s: float  # from the injected slowdown, else from the first flagged window
+    evict: bool  # the policy: replace it (True) or only report it
 
 
 Incident = WorkerExited | NodeLost

@@ -143,6 +143,14 @@ def register(sub: Any) -> None:
         "worker, and a worker waiting for it, is never killed",
     )
     p.add_argument(
+        "--on-straggler",
+        choices=("report", "evict"),
+        default="report",
+        help="a rank computing persistently slower than the others (stalwart.init() "
+        "scripts): report it (default: an event, the report's section, a metric) or "
+        "evict it (replaced by the strategy's means: spare, flash, restart, elastic)",
+    )
+    p.add_argument(
         "--collective-timeout",
         type=float,
         default=1800.0,
@@ -253,6 +261,7 @@ def _health_flags(p: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from stalwart.agent import HangConfig, LaunchConfig, run_agent
+    from stalwart.agent.straggler import StragglerAction, StragglerConfig
     from stalwart.chaos import FaultPlan
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
@@ -283,6 +292,7 @@ def _run(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         crash_loop_limit=args.crash_loop_limit,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
+        straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
         runtime=knobs,
         node_lease_s=args.node_lease,
         replica_rate_mb_s=args.replica_rate,

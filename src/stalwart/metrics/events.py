@@ -151,6 +151,16 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "retest_allreduce_s": _NUM,
         "seconds": _NUM,
     },
+    "straggler": {
+        "domain": (dict,),
+        "compute_s": _NUM,
+        "median_s": _NUM,
+        "ratio": _NUM,
+        "score": _NUM,
+        "windows": _INT,
+        "action": _STR,
+        "latency_s": _NUM,
+    },
 }
 _REQUIRED: dict[str, set[str]] = {
     "run_start": {"job", "world_size"},
@@ -177,6 +187,7 @@ _REQUIRED: dict[str, set[str]] = {
     "note": {"message"},
     "probe": {"probe", "ok", "detail"},
     "preflight": {"member", "ok", "verdict"},
+    "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 

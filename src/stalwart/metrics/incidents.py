@@ -9,6 +9,7 @@ three ranks is one failure, and an injected fault's true time beats a detector's
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,7 @@ def find_incidents(
     for n, inc in enumerate(incidents):
         inc.index = n
     spans = recovery_spans(events, t_end)
+    t_last_steps = max((e.t for e in events if e.kind == "steps"), default=-math.inf)
     begins = [e for e in events if e.kind == "recovery_begin"]
     ends = [e for e in events if e.kind == "recovery_end"]
     for inc in incidents:
@@ -144,6 +146,8 @@ def find_incidents(
         stop = t_end if inc.t_resume is None else inc.t_resume
         mine = [b for b in begins if inc.t_fault <= b.t <= stop]
         inc.interrupted = bool(mine) or inc.t_resume is None
+        if not mine and inc.t_resume is None and t_last_steps > inc.t_detected:
+            inc.interrupted = False  # training went on through it (a straggler reported)
         if mine:
             inc.strategy = str(mine[-1]["strategy"])
         done = [r for r in ends if inc.t_detected <= r.t <= stop]

@@ -67,6 +67,7 @@ class LiveSnapshot:
     persisted_bytes: int
     restores: int
     restore_s: float
+    stragglers: int = 0  # ranks declared stragglers (agent/straggler.py)
 
 
 class LiveFigures:
@@ -93,6 +94,7 @@ class LiveFigures:
         self.persisted_bytes = 0
         self.restores = 0
         self.restore_s = 0.0
+        self.stragglers = 0
         self._open_faults: list[float] = []  # fault times awaiting resumption
         self._recovery_began = self._recovery_done = self._detected = False
         self._snapshot_steps: deque[int] = deque(maxlen=64)
@@ -188,6 +190,9 @@ class LiveFigures:
         self.restores += 1
         self.restore_s += float(f["seconds"])
 
+    def _on_straggler(self, t: float, f: dict[str, Any]) -> None:
+        self.stragglers += 1
+
     def snapshot(self, now: float | None = None) -> LiveSnapshot:
         """Figures as of ``now`` (default: the latest event's time; pass ``time.time()``
         for a display that keeps ageing while no event arrives)."""
@@ -222,4 +227,5 @@ class LiveFigures:
             self.persisted_bytes,
             self.restores,
             self.restore_s,
+            self.stragglers,
         )

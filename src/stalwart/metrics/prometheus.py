@@ -61,6 +61,8 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Persists finished, by result.", "persists"),
     ("stalwart_restores_total", "counter", "State restores.", "restores"),
     ("stalwart_restore_seconds_total", "counter", "Time spent restoring state.", "restore_s"),
+    ("stalwart_stragglers_total", "counter",
+     "Ranks declared stragglers: computing persistently slower than the others.", "stragglers"),
 )  # fmt: skip
 
 

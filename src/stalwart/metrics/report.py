@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics._stragglers import straggler_lines, straggler_rows
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
@@ -82,6 +83,7 @@ class RunReport:
             },
             "lost_work_s": g.buckets["lost_progress"],
             "incidents": [_incident(i, t0) for i in g.incidents],
+            "stragglers": straggler_rows(self.events, t0),
             "failures": len(fails),
             "rto_s": asdict(distribution(rtos)),
             "detection_latency_s": asdict(distribution(lat)),
@@ -324,6 +326,7 @@ def format_summary(d: dict[str, Any]) -> str:
             + ("  (during recovery)" if i["during_recovery"] else "")
             + ("" if i["interrupted"] else "  (no interruption)")
         )
+    lines += [t(line) for line in straggler_lines(d.get("stragglers", []))]
     for cv in d["convergence"]:
         s = cv["steps_to_converge"]
         lines.append(

@@ -33,6 +33,11 @@ class Progress:
         self.t_progress = time.time()
         self.paused: list[str] = []  # open sess.pause(...) blocks, innermost last
         self.paused_s = 0.0  # time paused within the current step (not step time)
+        self.compute_s = 0.0  # completed steps' time outside collectives and pauses
+        self.compute_steps = 0  # steps summed into compute_s
+        self._t_step = time.perf_counter()
+        self._collective_s = 0.0  # blocked in collectives within the current step
+        self._t_collective: float | None = None
         self._status = status
         self._stop = threading.Event()
         self._board: ProgressBoard | None = None
@@ -58,6 +63,8 @@ class Progress:
                 t_progress=self.t_progress,
                 t_alive=time.time(),
                 p99_s=p99,
+                compute_s=self.compute_s,
+                compute_steps=self.compute_steps,
             )
 
     def progressed(self) -> None:
@@ -66,9 +73,26 @@ class Progress:
 
     def step_started(self) -> None:
         self.paused_s = 0.0
+        self._collective_s, self._t_collective = 0.0, None
+        self._t_step = time.perf_counter()
         self.publish("step")
 
+    def step_done(self) -> None:
+        """The step that began at :meth:`step_started` completed: add its compute time
+        (published with the next write). A failed step adds nothing (it is redone)."""
+        wall = time.perf_counter() - self._t_step
+        self.compute_s += max(0.0, wall - self.paused_s - self._collective_s)
+        self.compute_steps += 1
+
     def on_collective(self, entering: bool, failed: bool) -> None:
+        now = time.perf_counter()
+        if self.paused:
+            pass  # inside a pause: already left out of the step's compute time
+        elif entering:
+            self._t_collective = now
+        elif self._t_collective is not None:
+            self._collective_s += now - self._t_collective
+            self._t_collective = None
         # a failed collective means recovery is next: never look like a stuck computation
         after = "paused" if self.paused else "step"
         self.publish("collective" if entering else "recovering" if failed else after)

@@ -292,6 +292,7 @@ class Session:
                 self._recover(f"collective failed in step {step}: {err}".splitlines()[0])
                 continue
             self.acct.step_done(step, t0 + self.progress.paused_s)  # a pause is not step time
+            self.progress.step_done()  # its compute time (the straggler detector's)
             self._step = step
             self.progress.progressed()
             self.acct.maybe_snapshot(step, final=step >= total)

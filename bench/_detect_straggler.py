@@ -1,0 +1,172 @@
+"""Straggler figures of bench/detection.py: how soon a slowed rank is declared, and how
+often a fault-free run declares one.
+
+Three `stalwart run`s of bench/_straggler_job.py (2 workers, a DDP MLP, one thread each):
+
+- ``straggler_detect_s_3x``: rank 1 slowed 3x (chaos ``slow``, the agent's SIGSTOP/SIGCONT
+  duty cycle) 15 s after the first step, under ``--strategy spare --spares 1
+  --on-straggler evict``: the ``straggler`` event's latency (from the injected slowdown).
+  The same run gives ``straggler_evict_rate_ratio``: the step rate after the spare took
+  over, over the rate before the slowdown (the same run's peer; issue 16's bar: >= 0.95),
+  and ``straggler_slowed_rate_ratio`` (the rate while slowed, for scale);
+- ``straggler_detect_s_1p5x``: rank 1 slowed 1.5x, ``--on-straggler report``; None if not
+  declared within ``--straggler-timeout`` seconds of the slowdown;
+- ``straggler_false_positives``: ``straggler`` events in a fault-free run of
+  ``--straggler-fp-s`` seconds (issue 16's bar: 0 in 10 minutes: ``--straggler-fp-s 600``).
+
+Each run is ended with SIGTERM once it showed what is measured (its run_end says
+``terminated``); the figures come from its events.jsonl alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+_JOB = HERE / "_straggler_job.py"
+_SLOW_AT_S = 15.0  # the slowdown's time after the first step
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--straggler-fp-s",
+        type=float,
+        default=120.0,
+        help="seconds of the fault-free run (the issue's bar: 600)",
+    )
+    p.add_argument("--straggler-timeout", type=float, default=90.0,
+                   help="seconds after a slowdown before it counts as not detected")  # fmt: skip
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written
+    return out
+
+
+def _rate(events: list[dict[str, Any]], a: float, b: float) -> float | None:
+    """Steps per second of rank 0's ``steps`` batches that ended within [a, b]."""
+    batches = [e for e in events if e["kind"] == "steps" and a <= e["t"] <= b]
+    if len(batches) < 2:
+        return None
+    t0 = min(e["t_first_start"] for e in batches)
+    return sum(e["count"] for e in batches) / (max(e["t"] for e in batches) - t0)
+
+
+class _Run:
+    """One `stalwart run` of the job in ``work/name``; ended with SIGTERM."""
+
+    def __init__(self, work: Path, name: str, flags: list[str]) -> None:
+        self.dir = work / name
+        cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--nproc-per-node", "2",
+               "--run-dir", str(self.dir), *flags, str(_JOB)]  # fmt: skip
+        self.log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def first_step(self, timeout: float = 300.0) -> float | None:
+        """Wall-clock start of the first step (the origin of ``at=time:``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            steps = [e for e in _events(self.dir) if e["kind"] == "steps"]
+            if steps:
+                return float(steps[0]["t_first_start"])
+            time.sleep(0.5)
+        return None
+
+    def wait_for(self, kind: str, until: float) -> dict[str, Any] | None:
+        while time.time() < until and self.proc.poll() is None:
+            found = [e for e in _events(self.dir) if e["kind"] == kind]
+            if found:
+                return found[0]
+            time.sleep(0.5)
+        return None
+
+    def stop(self) -> list[dict[str, Any]]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # the agent did not end: its workers die with it
+                self.proc.wait()
+        self.log.close()
+        return _events(self.dir)
+
+
+def _slowed(
+    work: Path, name: str, factor: float, flags: list[str], timeout: float
+) -> dict[str, Any]:
+    chaos = f"slow rank=1 factor={factor:g} at=time:{_SLOW_AT_S:g}s"
+    run = _Run(work, name, ["--chaos", chaos, *flags])
+    out: dict[str, Any] = {"detect_s": None}
+    try:
+        t_first = run.first_step()
+        if t_first is None:
+            out["note"] = f"{name}: the job never stepped (rc {run.proc.poll()})"
+            return out
+        t_slow = t_first + _SLOW_AT_S
+        found = run.wait_for("straggler", t_slow + timeout)
+        if found is not None:
+            out["detect_s"] = float(found["latency_s"])
+            out["t_detected"], out["t_slow"], out["t_first"] = found["t"], t_slow, t_first
+            if "evict" in flags:  # 20 s of steps after the spare took over
+                ended = run.wait_for("recovery_end", time.time() + 60)
+                if ended is not None:
+                    out["t_recovered"] = ended["t"]
+                    time.sleep(max(0.0, ended["t"] + 25 - time.time()))
+    finally:
+        out["events"] = run.stop()
+        if "note" in out:
+            tail = (work / f"{name}.log").read_text().strip().splitlines()[-3:]
+            out["note"] += ": " + " | ".join(tail)
+    return out
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    evict = ["--strategy", "spare", "--spares", "1", "--on-straggler", "evict"]
+    three = _slowed(work, "slow3x", 3.0, evict, args.straggler_timeout)
+    res["straggler_detect_s_3x"] = three["detect_s"]
+    ev = three["events"]
+    if three.get("t_recovered") is not None:
+        before = _rate(ev, three["t_first"] + 3.0, three["t_slow"])
+        slowed = _rate(ev, three["t_slow"] + 2.0, three["t_detected"])
+        after = _rate(ev, three["t_recovered"] + 3.0, three["t_recovered"] + 25.0)
+        if before and after:
+            res["straggler_evict_rate_ratio"] = round(after / before, 3)
+        if before and slowed:
+            res["straggler_slowed_rate_ratio"] = round(slowed / before, 3)
+    one5 = _slowed(work, "slow1p5x", 1.5, ["--on-straggler", "report"], args.straggler_timeout)
+    res["straggler_detect_s_1p5x"] = one5["detect_s"]
+    clean = _Run(work, "fault_free", [])
+    t_first = clean.first_step()
+    if t_first is not None:
+        time.sleep(max(0.0, t_first + args.straggler_fp_s - time.time()))
+    ev = clean.stop()
+    if t_first is None:
+        res["straggler_false_positives"] = None
+        res["straggler_note"] = "fault_free: the job never stepped (see its log)"
+    else:
+        res["straggler_false_positives"] = sum(1 for e in ev if e["kind"] == "straggler")
+        steps = [e for e in ev if e["kind"] == "steps"]
+        res["straggler_fault_free_s"] = round(max(e["t"] for e in steps) - t_first, 0)
+    res["straggler_load_avg"] = round(os.getloadavg()[0], 1)
+    for part in (three, one5):
+        if "note" in part:
+            res["straggler_note"] = part["note"]
+    return res
