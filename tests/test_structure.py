@@ -210,3 +210,11 @@ def test_the_scan_reads_this_checkout() -> None:
     mods = {m.rel for m in scan.modules()}
     assert {"agent/agent.py", "runtime/session.py", "logs.py"} <= mods
     assert Path(scan.SRC, "logs.py").is_file()
+
+
+def test_the_agent_module_only_wires_its_parts() -> None:
+    """agent/agent.py wires the parts and runs the loop (issue 14: at most 250 lines);
+    a new capability of the agent is a part of its own (a detector, a policy, the node's
+    health), not more lines here."""
+    mod = next(m for m in scan.modules() if m.rel == "agent/agent.py")
+    assert mod.lines <= 250, f"agent/agent.py has {mod.lines} lines: move the new part out"

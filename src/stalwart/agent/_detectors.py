@@ -336,3 +336,11 @@ class Detectors:
             peers=peers,
         )
         return cls(crashes, hangs, lost, stragglers)
+
+    def watch_progress(self, now: float, generation: int | None, slowed: frozenset[int]) -> None:
+        """The board's readers, once per loop turn: a hung rank is isolated at once, a
+        straggler only under ``--on-straggler evict`` (else it is reported)."""
+        for hung in self.hangs.check(now, generation=generation, slowed=slowed):
+            self.hangs.isolate(hung)
+        for slow in self.stragglers.check(now):
+            self.stragglers.isolate(slow)

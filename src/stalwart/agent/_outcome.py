@@ -7,7 +7,9 @@ cannot go on (1), a node that cordoned itself (3), SIGTERM (143).
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
@@ -22,8 +24,10 @@ __all__ = [
     "Ending",
     "RunFailed",
     "Terminated",
+    "catch_sigterm",
     "end_with_verdict",
     "ending",
+    "ignore_signals",
     "quietly",
 ]
 
@@ -38,6 +42,27 @@ class Cordoned(StalwartError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM: the run ends like after Ctrl-C, with 143 (128 + SIGTERM)."""
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated
+
+
+def catch_sigterm() -> bool:
+    """SIGTERM ends the run as :class:`Terminated` (only the main thread can set a
+    handler: an agent run in a thread, as in tests, keeps the default); True if set."""
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.signal(signal.SIGTERM, _terminate)
+    return main
+
+
+def ignore_signals(main: bool) -> None:
+    """Once the run ended: a second Ctrl-C or SIGTERM must not cut the teardown short
+    (it would leave shared memory and workers behind)."""
+    if main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 class _Publisher(Protocol):

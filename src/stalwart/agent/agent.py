@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._detectors import Detectors, HangWatch
 from stalwart.agent._elastic import Joins
 from stalwart.agent._generation import JobGeneration
+from stalwart.agent._health import NodeHealth
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
@@ -37,10 +37,15 @@ from stalwart.agent._lifecycle import (
     start_live,
     write_agent_json,
 )
-from stalwart.agent._outcome import ENDINGS, RunFailed, Terminated, ending, quietly
+from stalwart.agent._outcome import (
+    ENDINGS,
+    RunFailed,
+    catch_sigterm,
+    ending,
+    ignore_signals,
+    quietly,
+)
 from stalwart.agent._policies import choose_policy
-from stalwart.agent._preflight import PreflightConfig, report, run_check, run_preflight
-from stalwart.agent._probe_watch import ProbeWatch, build_probes, isolate_node
 from stalwart.agent._replica import NodeReplicas
 from stalwart.agent._restart import RestartAll
 from stalwart.agent._rundir import claim_run_dir
@@ -50,9 +55,8 @@ from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.incidents import Incident, NodeLost, ProbeFailed
+from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
-from stalwart.agent.probes import slot_growth
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog
@@ -63,9 +67,8 @@ __all__ = ["Agent", "run_agent"]
 _log = get_logger(__name__)
 
 
-def _say(msg: str) -> None:
-    """A diagnostic (``stalwart: agent: ...``); the job's end is printed (_outcome.py)."""
-    _log.info(msg)
+# a diagnostic ("stalwart: agent: ..."); the job's end is printed (_outcome.py)
+_say: Callable[[str], None] = _log.info
 
 
 class Agent:
@@ -135,7 +138,8 @@ class Agent:
         self.replicas = NodeReplicas.for_node(ctx, self.cluster, workers.ranks)
         if self.replicas is not None:
             stack.callback(self.replicas.close)
-        self._start_probes()
+        self.health = NodeHealth(ctx, self.cluster, workers.ranks)
+        stack.callback(self.health.close)
         self.trash = Trash()  # a lost node's /dev/shm, freed once we recovered
         stack.callback(self.trash.close)
         if self.standbys is not None:
@@ -143,44 +147,7 @@ class Agent:
             workers.watch(self.standbys)
         stack.callback(quietly(lambda: workers.stop_all("shutdown", timeout=5.0)))
 
-    def _start_probes(self) -> None:
-        cfg, names, workers = self.cfg, self.cluster.names, self.workers
-        pending = lambda: slot_growth(names.rank_dir(r) for r in workers.ranks())  # noqa: E731
-        ckpt = os.path.join(self.run_dir, "ckpt")
-        probes = build_probes(cfg.probes, ckpt_dir=ckpt, shm_pending=pending)
-        self.probes = ProbeWatch(
-            probes,
-            interval_s=cfg.probes.interval_s,
-            node=cfg.node_rank,
-            events=self.events,
-            say=_say,
-        )
-        self.probes.start()
-        self._stack.callback(self.probes.close)
-
-    def _preflight(self) -> None:
-        """Check this node against the others before the first generation: a slow or
-        failing node leaves now (agent/_preflight.py), its ranks start elsewhere."""
-        cfg = self.cfg
-        pcfg = PreflightConfig()
-        check = run_check(pcfg, cfg.node_rank)
-        nodes = list(range(cfg.nnodes))
-        verdicts, seconds = run_preflight(
-            nodes, cfg.node_rank, self.cluster, check, host=cfg.replica_host, cfg=pcfg
-        )
-        report(self.events, verdicts, seconds, node=cfg.node_rank, say=_say)
-        mine = verdicts[cfg.node_rank]
-        if not mine.ok:
-            why = f"preflight {mine.verdict}: {mine.detail}"
-            isolate_node(cfg, self.cluster, self.events, _say, why)
-
     # ---------------------------------------------------------------- incidents
-    def _probe_failed(self, failed: ProbeFailed) -> None:
-        """Isolate the node before the fault takes the job down (``--on-probe``)."""
-        what = f"GPU {failed.device} " if failed.device is not None else ""
-        why = f"probe {failed.probe} failed: {what}{failed.detail}"
-        isolate_node(self.cfg, self.cluster, self.events, _say, why)
-
     def _recover(self, incident: Incident) -> None:
         if isinstance(incident, NodeLost):
             self.detect.hangs.recovery_began(time.time())
@@ -213,15 +180,15 @@ class Agent:
         try:
             self._start()
             if self.cfg.preflight:
-                self._preflight()
+                self.health.preflight()
             for w in self.workers:
                 self.parts.spawn(w)
             self._loop()
         except ENDINGS as err:
             if isinstance(err, NodeFenced):
                 self.workers.fence_out(self.cluster.adopted_here)
-                node = f"node{self.cfg.node_rank}"
-                self.events.emit("isolation", member=node, reason=str(err), blocklisted=False)
+                me = f"node{self.cfg.node_rank}"
+                self.events.emit("isolation", member=me, reason=str(err), blocklisted=False)
                 _say(str(err))
             end = ending(err)
             self.status, self._end_reason, self._goodbye = end.status, end.reason, end.goodbye
@@ -239,10 +206,7 @@ class Agent:
                 return
             now = time.time()
             gen = self.gen.current if self.policy.judges_generation else None
-            for hung in self.detect.hangs.check(now, generation=gen, slowed=self.chaos.slowed()):
-                self.detect.hangs.isolate(hung)
-            for slow in self.detect.stragglers.check(now):
-                self.detect.stragglers.isolate(slow)  # under --on-straggler evict only
+            self.detect.watch_progress(now, gen, self.chaos.slowed())
             self.steps.tick(now)
             if self.trash.pending:  # (the board is read only then)
                 self.trash.collect(recovered=workers.recovered(self.gen.current))
@@ -254,8 +218,7 @@ class Agent:
 
     def _poll_store(self, now: float) -> None:
         self.cluster.check_fenced(probe=False)
-        for failed in self.probes.failures():
-            self._probe_failed(failed)
+        self.health.check()
         if (line := self.cluster.published_verdict()) is not None:
             raise RunFailed(line)  # another node ended the job
         for lost in self.detect.lost.check():
@@ -276,22 +239,12 @@ class Agent:
         self._stack.close()
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    raise Terminated
-
-
 def run_agent(config: LaunchConfig) -> int:
     """Run one node's agent to the end of the job; returns the exit code."""
-    import threading
-
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        signal.signal(signal.SIGTERM, _terminate)
+    main = catch_sigterm()
     agent = Agent(config)
     try:
         return agent.run()
     finally:
-        if main:  # a second Ctrl-C must not cut the teardown short (shared memory left)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_IGN)
+        ignore_signals(main)
         agent.close()
