@@ -133,6 +133,11 @@ def report(run_dir: Path) -> float | None:
                 first = after[0]
                 end = first["t_first_start"] + first["busy_s"] / first["count"]
         rto = None if end is None else end - inc.t_fault
+        if not inc.interrupted:  # reported only (a straggler under --on-straggler report)
+            print(
+                f"  incident {n}: {inc.fault:<9} {target:<7} reported, training went on: {inc.how}"
+            )
+            continue
         print(
             f"  incident {n}: {inc.fault:<9} {target:<7} detected in "
             f"{det if det is not None else float('nan'):6.3f} s   RTO {rto or float('nan'):5.2f} s"

@@ -132,6 +132,15 @@ def test_detection_without_interruption_is_not_a_failure(synth: Any) -> None:
     assert g.buckets["productive"] == 20 and g.buckets["detection"] == 0
 
 
+def test_a_reported_detection_has_no_rto(synth: Any) -> None:
+    """A straggler reported while training goes on (steps before and after): no
+    recovery ran, so there is no resumption to time (the demo printed a 9.85 s RTO)."""
+    synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0).steps(10.0, 20.0, 11, 20, 10.0)
+    synth.detect(15.0, 9.0, fault="straggler", rank=0).steps(20.0, 30.0, 21, 30, 10.0).end(30.0)
+    (inc,) = _account(synth.close()).incidents
+    assert not inc.interrupted and inc.t_resume is None and inc.rto_s is None
+
+
 def test_run_ending_during_recovery(synth: Any) -> None:
     synth.start(0.0).steps(0.0, 10.0, 1, 10, 10.0)
     synth.fault(10.0, rank=0).detect(11.0, 1.0, rank=0).rec_begin(11.0, 2).end(15.0, "failed")

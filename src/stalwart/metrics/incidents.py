@@ -146,8 +146,10 @@ def find_incidents(
         stop = t_end if inc.t_resume is None else inc.t_resume
         mine = [b for b in begins if inc.t_fault <= b.t <= stop]
         inc.interrupted = bool(mine) or inc.t_resume is None
-        if not mine and inc.t_resume is None and t_last_steps > inc.t_detected:
-            inc.interrupted = False  # training went on through it (a straggler reported)
+        if not mine and t_last_steps > inc.t_detected:
+            # training went on through it (a straggler or a probe only reported): no
+            # recovery, so no resumption and no RTO to count
+            inc.interrupted, inc.t_resume = False, None
         if mine:
             inc.strategy = str(mine[-1]["strategy"])
         done = [r for r in ends if inc.t_detected <= r.t <= stop]
