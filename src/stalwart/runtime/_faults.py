@@ -28,7 +28,11 @@ class WorkerFaults:
     fault once across the worker's replacements."""
 
     def __init__(
-        self, env: WorkerEnv, events: EventLog | None, slow: Callable[[Fault], None]
+        self,
+        env: WorkerEnv,
+        events: EventLog | None,
+        slow: Callable[[Fault], None],
+        tamper: Callable[[Fault, int], str] | None = None,
     ) -> None:
         self.member = env.rank  # chaos names members by their launch rank (elastic renumbers)
         self.node = env.node_rank
@@ -40,12 +44,21 @@ class WorkerFaults:
             self.ledger = FaultLedger(env.run_dir)
         self._events = events
         self._slow = slow
+        self._tamper = tamper  # corrupt / nan: the integrity checks' live state
 
     def fire(self, step: int) -> None:
-        """Fire the faults planned for this worker at ``step`` (kill, hang or slow)."""
+        """Fire the faults planned for this worker at ``step`` (kill, hang, slow, and
+        corrupt or nan on the tracked state)."""
         member = self.member
         for fault in self.plan.worker_faults(member, step):
             if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
                 continue
             emit = None if self._events is None else self._events.emit
-            inject(fault, {"rank": member, "node": self.node}, emit, self._slow)
+            tamper = self._tamper
+            inject(
+                fault,
+                {"rank": member, "node": self.node},
+                emit,
+                self._slow,
+                None if tamper is None else lambda f: tamper(f, step),
+            )

@@ -38,6 +38,8 @@ __all__ = [
     "CONTRACT_VAR",
     "CONTRACT_VERSION",
     "DEFAULTS",
+    "NAN_POLICIES",
+    "SDC_POLICIES",
     "STRATEGIES",
     "Strategy",
     "WorkerEnv",
@@ -46,7 +48,7 @@ __all__ = [
 
 CONTRACT_VAR = "STALWART_CONTRACT"
 """The environment variable holding the stalwart part of the contract (JSON)."""
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
 
@@ -107,6 +109,10 @@ class Strategy(str, enum.Enum):
 
 STRATEGIES = tuple(s.value for s in Strategy)
 """The recovery strategies' names (``stalwart run --strategy``)."""
+SDC_POLICIES = ("rollback", "evict", "report")
+"""What a replica digest mismatch does (``--on-sdc``; runtime/_integrity.py)."""
+NAN_POLICIES = ("report", "rollback")
+"""What a non-finite or spiking logged loss does (``--on-nan``)."""
 
 _T = TypeVar("_T")
 _AGENT_FIX = "it is written by `stalwart run`: start the worker with it, not by hand"
@@ -211,6 +217,20 @@ class WorkerEnv:
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
     (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
+    sdc_every: int = _c(100, low=0, flag="--sdc-every")
+    """Steps between comparisons of the DDP replicas' state digests (0: off): replicas
+    must be bit-identical, so a mismatch is silent data corruption on a minority."""
+    on_sdc: str = _c("rollback", flag="--on-sdc")
+    """A digest mismatch: roll back to the newest snapshot every replica agreed on
+    (``rollback``), and also evict the minority rank (``evict``), or only report it."""
+    on_nan: str = _c("report", flag="--on-nan")
+    """A non-finite or spiking ``sess.log(loss=...)``: report it, or roll back to the
+    snapshot before it and skip that step's batch (``rollback``, one more small
+    collective per step: every rank must decide at the same step)."""
+    spike_z: float = _c(6.0, low=0, flag="--spike-z")
+    """A loss above mean + z * std of its running window is a spike (0: only NaN/inf)."""
+    spike_window: int = _c(100, low=2, flag="--spike-window")
+    """How many recent finite losses (per rank) the spike's mean and std are over."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -230,6 +250,12 @@ class WorkerEnv:
         object.__setattr__(self, "strategy", strategy)
         if self.version != CONTRACT_VERSION:
             raise _version_error(self.version)
+        for name, allowed in (("on_sdc", SDC_POLICIES), ("on_nan", NAN_POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ContractError(
+                    f"{CONTRACT_VAR}.{name}={getattr(self, name)!r} is not a policy: use one "
+                    f"of {', '.join(allowed)} (--{name.replace('_', '-')})"
+                )
         if self.c10d_addr and _addr(self.c10d_addr) is None:
             raise ContractError(
                 f"{CONTRACT_VAR}.c10d_addr={self.c10d_addr!r} is not HOST:PORT: {_AGENT_FIX}"
