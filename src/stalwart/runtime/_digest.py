@@ -24,7 +24,14 @@ import xxhash
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
 
-__all__ = ["flip_bit", "poison", "replicated_tensors", "state_digest"]
+__all__ = [
+    "flip_bit",
+    "majority_split",
+    "poison",
+    "replicated_tensors",
+    "state_digest",
+    "tamper",
+]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -104,3 +111,25 @@ def poison(tensors: list[torch.Tensor]) -> str:
                 t.reshape(-1)[0] = float("nan")
             return f"tensor {index} element 0 = NaN"
     return "nothing to poison (no floating-point replicated tensor)"
+
+
+def majority_split(digests: list[int]) -> tuple[int | None, list[int]]:
+    """(the strict majority's digest or None, the ranks that differ from it: all ranks
+    that differ from any other when there is no strict majority)."""
+    counts: dict[int, int] = {}
+    for d in digests:
+        counts[d] = counts.get(d, 0) + 1
+    top = max(counts, key=lambda d: counts[d])
+    if counts[top] * 2 > len(digests):
+        return top, [r for r, d in enumerate(digests) if d != top]
+    return None, list(range(len(digests))) if len(counts) > 1 else []
+
+
+def tamper(state: Mapping[str, Any], fault: Fault, step: int) -> str:
+    """Chaos ``corrupt`` (one bit) or ``nan`` on the replicated tensors of ``state`` (not
+    a DDP job: the parameters of whatever module is tracked); returns where."""
+    tensors = replicated_tensors(state)
+    if not tensors:
+        modules = [v for v in state.values() if isinstance(v, torch.nn.Module)]
+        tensors = [p.detach() for m in modules for p in m.parameters()]
+    return flip_bit(tensors, fault, step) if fault.kind == "corrupt" else poison(tensors)

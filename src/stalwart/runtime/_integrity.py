@@ -36,13 +36,14 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stalwart.errors import StalwartError
-from stalwart.runtime._digest import flip_bit, poison, replicated_tensors, state_digest
+from stalwart.runtime._digest import majority_split, replicated_tensors, state_digest, tamper
 from stalwart.runtime._spikes import Reading, SpikeWatch
 
 if TYPE_CHECKING:
@@ -53,10 +54,11 @@ if TYPE_CHECKING:
     from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["Integrity", "NumericalFaultError", "Rollback", "majority_split"]
+__all__ = ["Integrity", "NumericalFaultError", "Rollback"]
 
 _WATCHED = ("loss", "grad_norm")  # non-finite checks; spikes: loss only
 _MAX_NUMERIC_ROLLBACKS = 3  # within one spike window: then a verdict
+_HELD = 4  # snapshot steps a rank offers as rollback targets (it keeps 2 or 3 slots)
 
 
 class NumericalFaultError(StalwartError):
@@ -85,18 +87,6 @@ class _Numeric:
     reading: Reading = Reading.OK
     value: float | None = None
     positions: dict[str, list[int]] = field(default_factory=dict)
-
-
-def majority_split(digests: list[int]) -> tuple[int | None, list[int]]:
-    """(the strict majority's digest or None, the ranks that differ from it: all ranks
-    that differ from any other when there is no strict majority)."""
-    counts: dict[int, int] = {}
-    for d in digests:
-        counts[d] = counts.get(d, 0) + 1
-    top = max(counts, key=lambda d: counts[d])
-    if counts[top] * 2 > len(digests):
-        return top, [r for r, d in enumerate(digests) if d != top]
-    return None, list(range(len(digests))) if len(counts) > 1 else []
 
 
 class Integrity:
@@ -227,10 +217,16 @@ class Integrity:
         if not suspects:
             self._verify(checked)
             return None
-        target = self._verified[0] if self._verified is not None else None
+        verified = self._verified[0] if self._verified is not None else -1
+        target = None
+        if self.sdc_rolls_back:  # on every rank: the digests are the same everywhere
+            common = self._common_steps(lambda s: s <= verified)
+            if common is None:
+                return None  # the exchange failed: the next step fails and recovers
+            target = common[-1] if common else None
         mine = self.position.rank in suspects
         self._report_sdc(checked, step, digests, suspects, target, mine)
-        if not self.sdc_rolls_back or target is None:
+        if target is None:
             return None
         self._restore(target, f"sdc: replica digests differ at step {checked}")
         return Rollback(target, evict=self.evicts and mine and majority is not None)
@@ -320,7 +316,9 @@ class Integrity:
         burst = len(self._rollbacks) == _MAX_NUMERIC_ROLLBACKS and (
             self._rollbacks[-1] - self._rollbacks[0] <= window
         )
-        older = [s for s in self.tracked.snapshots.steps() if s < step]
+        older = self._common_steps(lambda s: s < step)
+        if older is None:
+            return None  # the exchange failed: the next step fails and recovers
         if repeat or burst or not older:
             self._report_numeric(step, now, ranks, reading, "verdict", -1)
             why = (
@@ -363,6 +361,24 @@ class Integrity:
         )
 
     # ------------------------------------------------------------ both
+    def _common_steps(self, eligible: Callable[[int], bool]) -> list[int] | None:
+        """The snapshot steps every rank holds, among those ``eligible``, oldest first
+        (None: the exchange failed). Ranks hold different steps (a rank snapshots every
+        step until it reads the cadence rank 0 chose), so a rollback target is agreed in
+        one more small allreduce, made only when every rank decided to roll back."""
+        mine = [s for s in self.tracked.snapshots.steps() if eligible(s)][-_HELD:]
+        world, rank = self.position.world_size, self.position.rank
+        if world == 1:
+            return mine
+        flat = torch.zeros(world * _HELD, dtype=torch.int64)
+        for i, s in enumerate(mine):
+            flat[rank * _HELD + i] = s + 1  # 0: no step
+        self.group.allreduce_(flat)
+        if self.group.error is not None:
+            return None
+        held = [{v - 1 for v in row if v > 0} for row in flat.view(world, _HELD).tolist()]
+        return sorted(set.intersection(*held))
+
     def _restore(self, target: int, why: str) -> None:
         t0 = time.perf_counter()
         snaps = self.tracked.snapshots
@@ -380,13 +396,5 @@ class Integrity:
         flight is complete (the fault lands in the state, not in the copy)."""
         if self.tracked.opened:
             self.tracked.snapshots.wait()
-        tensors = replicated_tensors(self.tracked.state)
-        if not tensors:  # not a DDP job: the parameters of whatever is tracked
-            tensors = [
-                p.detach()
-                for v in self.tracked.state.values()
-                if isinstance(v, torch.nn.Module)
-                for p in v.parameters()
-            ]
         self._injected_t = time.time()
-        return flip_bit(tensors, fault, step) if fault.kind == "corrupt" else poison(tensors)
+        return tamper(self.tracked.state, fault, step)
