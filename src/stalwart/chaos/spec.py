@@ -33,8 +33,9 @@ do not share; ``param=I`` (the tensor's index among them, wrapped), ``elem=E`` (
 and ``bit=B`` (0..63, wrapped to the element's width) pin it down, else each is drawn
 from a generator seeded by the fault's id and step (the same flip in every run).
 ``nan rank=R at=step:S`` sets one element of the first parameter to NaN, so that the
-step's loss and, after the allreduce, every replica's state are NaN. Both fire when the
-target begins step S (rank faults only, step-keyed only).
+step's loss and, after the allreduce, every replica's state are NaN; it models a bad
+batch, so it fires every time step S is run (replays included), not once. Both fire when
+the target begins step S (rank faults only, step-keyed only).
 
 Errors are one line that quotes the bad token and says what would be accepted, because
 a spec is typed on a command line and the fix is a one-word edit.

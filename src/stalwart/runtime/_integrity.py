@@ -16,14 +16,14 @@ step S is found at the end of step S' + 1 for the first check step S' >= the cor
 step: within K + 1 steps.
 
 **Numerical faults.** Values given to ``sess.log(loss=...)`` (and ``grad_norm=``) are
-judged per rank (runtime/_spikes.py). ``report``: a typed event, nothing else. ``rollback``:
-the ranks exchange their verdicts at the end of every step (the same allreduce as the
-digests), and if any rank flagged step S, all restore the newest snapshot before S,
-mark S as skipped (when the loop reaches S again, the tracked loaders' batches of S are
-drawn and dropped and step S is not yielded: the data position advances), and go on. A
-flag at a data position (step number or tracked loader position) that was flagged before,
-or a third numeric rollback within one spike window, escalates to a verdict
-(:class:`NumericalFaultError`): a cause that replaying cannot shake off.
+judged per rank (runtime/_spikes.py). ``report``: a typed event. ``rollback``: the ranks
+exchange their verdicts at the end of every step (the digests' allreduce); if any rank
+flagged step S, all restore the newest snapshot before S, mark S skipped (the loop does
+not yield it; tracked loaders draw and drop its batches: the data position advances) and
+go on. With replica checks on, a first flag replays from the verified snapshot instead,
+without a skip (a corrupted state spreads NaN to every replica within one step, before
+the digests see it); the same position flagged again is skipped. One more flag there,
+or three skips within a spike window, is a verdict (:class:`NumericalFaultError`).
 
 Every rank takes the same decision from the same exchanged numbers, so no rank waits for
 another's verdict and the group is never re-formed for an integrity rollback.
@@ -113,7 +113,7 @@ class Integrity:
         self._now = _Numeric()
         self._injected_t: float | None = None
         self._skipped: set[int] = set()
-        self._flagged: set[str] = set()  # data positions a numeric fault was seen at
+        self._flagged: dict[str, int] = {}  # data position -> numeric faults seen there
         self._rollbacks: deque[int] = deque(maxlen=_MAX_NUMERIC_ROLLBACKS)
 
     # ------------------------------------------------------------ the step loop's hooks
@@ -300,46 +300,45 @@ class Integrity:
 
     # ------------------------------------------------------------ numerical faults
     def _numeric(self, step: int, now: _Numeric, flags: list[int]) -> Rollback | None:
-        ranks = [r for r, f in enumerate(flags) if f]
-        reading = Reading(max(flags))
-        where = f"step {step}" + "".join(
-            f", {name} at epoch {e} position {p}" for name, (e, p) in now.positions.items()
-        )
+        ranks, reading = [r for r, f in enumerate(flags) if f], Reading(max(flags))
         keys = {f"step:{step}", *(f"{n}:{e}:{p}" for n, (e, p) in now.positions.items())}
-        repeat = bool(keys & self._flagged)
-        self._flagged |= keys
+        seen = max((self._flagged.get(k, 0) for k in keys), default=0)
+        for k in keys:
+            self._flagged[k] = seen + 1
         if not self.nan_rolls_back:
             self._report_numeric(step, now, ranks, reading, "report", -1)
             return None
-        self._rollbacks.append(step)
+        # with replica checks on, the first flag may be a corrupted state the digests had
+        # no time to see (its NaN reaches every replica in one step): replay from the
+        # verified snapshot first; the same position flagged again is the data: skip it
+        retry = self.active and seen == 0
+        verified = self._verified[0] if self._verified is not None else -1
+        older = self._common_steps((lambda s: s <= verified) if retry else (lambda s: s < step))
+        if older is None:
+            return None  # the exchange failed: the next step fails and recovers
+        if not retry:
+            self._rollbacks.append(step)
         window = self.env.spike_window
         burst = len(self._rollbacks) == _MAX_NUMERIC_ROLLBACKS and (
             self._rollbacks[-1] - self._rollbacks[0] <= window
         )
-        older = self._common_steps(lambda s: s < step)
-        if older is None:
-            return None  # the exchange failed: the next step fails and recovers
-        if repeat or burst or not older:
+        if seen > int(self.active) or burst or not older:
             self._report_numeric(step, now, ranks, reading, "verdict", -1)
-            why = (
-                "again at the same data position"
-                if repeat
-                else (
-                    f"{_MAX_NUMERIC_ROLLBACKS} times within {window} steps"
-                    if burst
-                    else ("with no snapshot before it to roll back to")
-                )
+            why = "again at the same data position" if seen else "with no snapshot before it"
+            why = f"{_MAX_NUMERIC_ROLLBACKS} times within {window} steps" if burst else why
+            where = f"step {step}" + "".join(
+                f", {name} at epoch {e} position {p}" for name, (e, p) in now.positions.items()
             )
             raise NumericalFaultError(
                 f"the logged loss was {reading.name.lower()} at {where} {why}: replaying "
                 "cannot get past it; inspect that batch and the model's numerics (or run "
                 "with --on-nan report to train on)"
             )
-        target = older[-1]
-        self._skipped.add(step)
-        self._restore(target, f"numeric: {reading.name.lower()} loss at step {step}")
-        self._report_numeric(step, now, ranks, reading, "rollback", target)
-        return Rollback(target)
+        if not retry:
+            self._skipped.add(step)
+        self._restore(older[-1], f"numeric: {reading.name.lower()} loss at step {step}")
+        self._report_numeric(step, now, ranks, reading, "retry" if retry else "rollback", older[-1])
+        return Rollback(older[-1])
 
     def _report_numeric(
         self, step: int, now: _Numeric, ranks: list[int], reading: Reading, action: str, to: int
