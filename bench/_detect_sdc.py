@@ -64,7 +64,9 @@ def _run(work: Path, name: str, args: argparse.Namespace, extra: list[str]) -> l
         "8",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=900)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: stalwart run failed: {done.stderr[-2000:]}")
     return list(read_events(str(run_dir / "events.jsonl")).events)
 
 

@@ -98,9 +98,12 @@ def flip_bit(tensors: list[torch.Tensor], fault: Fault, step: int) -> str:
     mask = 1 << bit
     if t.element_size() > 1 and bit == width - 1:
         mask = -mask  # the sign bit of a signed word
+    before = t.reshape(-1)[elem].item()
     with torch.no_grad():
         words[elem : elem + 1].bitwise_xor_(torch.tensor(mask, dtype=words.dtype))
-    return f"tensor {index} element {elem} bit {bit}"
+    # a signed zero: the next update writes +0.0 back on every replica, nothing to find
+    same = before == t.reshape(-1)[elem].item()
+    return f"tensor {index} element {elem} bit {bit}" + (" (a signed zero: no change)" * same)
 
 
 def poison(tensors: list[torch.Tensor]) -> str:
