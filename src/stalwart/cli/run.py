@@ -6,6 +6,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
+from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import Strategy
 
@@ -203,7 +204,7 @@ def register(sub: Any) -> None:
         help="largest snapshot stall as a fraction of step time; sets how often workers "
         "snapshot to memory (default 0.02)",
     )
-    _integrity_flags(p)
+    integrity_flags(p)
     p.add_argument(
         "--replica-rate",
         type=float,
@@ -361,42 +362,3 @@ def _rendezvous(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["job"] = target.job_id
         kwargs["rdzv"] = args.rdzv
     return kwargs
-
-
-def _integrity_flags(p: argparse.ArgumentParser) -> None:
-    """Silent data corruption and numerical faults (docs/detection.md)."""
-    from stalwart.runtime.env import DEFAULTS, NAN_POLICIES, SDC_POLICIES
-
-    p.add_argument(
-        "--sdc-every",
-        type=int,
-        default=DEFAULTS.sdc_every,
-        help="compare the DDP replicas' state digests every this many steps (default "
-        f"{DEFAULTS.sdc_every}; 0: off)",
-    )
-    p.add_argument(
-        "--on-sdc",
-        choices=SDC_POLICIES,
-        default=DEFAULTS.on_sdc,
-        help="a replica mismatch: roll back to the newest snapshot all replicas agreed on, "
-        f"also evict the minority rank, or only report (default {DEFAULTS.on_sdc})",
-    )
-    p.add_argument(
-        "--on-nan",
-        choices=NAN_POLICIES,
-        default=DEFAULTS.on_nan,
-        help="a NaN/inf or spiking sess.log(loss=...): report, or roll back before it and "
-        f"skip that step's batch (default {DEFAULTS.on_nan})",
-    )
-    p.add_argument(
-        "--spike-z",
-        type=float,
-        default=DEFAULTS.spike_z,
-        help=f"z-score that makes a loss a spike (default {DEFAULTS.spike_z:g}; 0: NaN/inf only)",
-    )
-    p.add_argument(
-        "--spike-window",
-        type=int,
-        default=DEFAULTS.spike_window,
-        help=f"losses per rank the spike's mean/std are over (default {DEFAULTS.spike_window})",
-    )

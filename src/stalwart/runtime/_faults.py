@@ -50,6 +50,8 @@ class WorkerFaults:
         """Fire the faults planned for this worker at ``step`` (kill, hang, slow, and
         corrupt or nan on the tracked state)."""
         member = self.member
+        raw = self._tamper
+        tamper = None if raw is None else (lambda f: raw(f, step))
         for fault in self.plan.worker_faults(member, step):
             claimed = self.ledger is not None and self.ledger.claim(
                 fault, rank=member, pid=os.getpid()
@@ -58,11 +60,4 @@ class WorkerFaults:
             if not claimed and not (fault.kind == "nan" and self.ledger is not None):
                 continue
             emit = None if self._events is None else self._events.emit
-            tamper = self._tamper
-            inject(
-                fault,
-                {"rank": member, "node": self.node},
-                emit,
-                self._slow,
-                None if tamper is None else lambda f: tamper(f, step),
-            )
+            inject(fault, {"rank": member, "node": self.node}, emit, self._slow, tamper)

@@ -97,9 +97,8 @@ class Session:
         from stalwart.coordinator import Coordinator, CoordinatorConfig
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
-        self.events = EventLog(
-            os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
-        )
+        path = os.path.join(env.run_dir, EVENTS_FILE)
+        self.events = EventLog(path, node=env.node_rank, rank=env.rank)
         self.store = open_store(env)
         self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
         if env.rdzv:
@@ -135,15 +134,9 @@ class Session:
             return ElasticRejoin(
                 env, self.group, self.tracked, self.coord, self.store, self.events, self.close
             )
+        mem = env.strategy.restores_from_memory
         return FixedRejoin(
-            env,
-            self.group,
-            self.tracked,
-            self,
-            self.coord,
-            self.store,
-            self.events,
-            use_memory=env.strategy.restores_from_memory,
+            env, self.group, self.tracked, self, self.coord, self.store, self.events, use_memory=mem
         )
 
     # ------------------------------------------------------------ where it stands
@@ -355,9 +348,7 @@ class Session:
         self._publish("step")
 
     def _rolled_back(self, back: Rollback) -> None:
-        """The integrity checks restored step ``back.step`` in place, on every rank at
-        the same step (runtime/_integrity.py): the group stays, the steps after it are
-        redone (and recorded again, as after any rollback)."""
+        """runtime/_integrity.py restored ``back.step`` in place on every rank: redo from it."""
         self.acct.flush()
         self._step = back.step
         self.acct.recovered(0.0)
@@ -387,13 +378,9 @@ class Session:
         self.acct.wait_persist()
         if self.store is None or self.coord is None:
             return True
-        done = finish_barrier(
-            self.store,
-            self.coord,
-            f"/stalwart/{self.env.job}/done/{self.generation:012d}/",
-            (self.rank, self.world_size, self.generation),
-            self.env.hang_ceiling_s,
-        )
+        key = f"/stalwart/{self.env.job}/done/{self.generation:012d}/"
+        me = (self.rank, self.world_size, self.generation)
+        done = finish_barrier(self.store, self.coord, key, me, self.env.hang_ceiling_s)
         if done:
             self._publish("done")
         return done
