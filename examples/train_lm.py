@@ -68,6 +68,12 @@ def main() -> None:
     p.add_argument("--out", default=None, help="rank 0 saves the final parameters here")
     p.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every N steps")
     p.add_argument("--eval-iters", type=int, default=50, help="batches per evaluation")
+    p.add_argument(
+        "--skip-steps",
+        default="",
+        help="comma-separated steps whose batch is not trained on (the fault-free peer of "
+        "a run whose NaN at those steps was rolled back: --on-nan rollback)",
+    )
     args = p.parse_args()
 
     sess = stalwart.init()  # stalwart
@@ -76,7 +82,10 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sess.track(model=model, optimizer=opt)  # stalwart
     t0 = time.time()
+    skip = {int(s) for s in args.skip_steps.split(",") if s}
     for step in sess.steps(args.steps):  # stalwart
+        if step in skip:
+            continue
         x, y = batch(step, sess.rank, args.batch, args.seq, args.vocab)
         loss = F.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1))
         opt.zero_grad()

@@ -43,3 +43,28 @@ def test_kill_is_a_sigkill_of_this_process() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9 and "survived" not in proc.stdout
     assert "fault_injected" in proc.stdout  # recorded before it fired
+
+
+def test_corrupt_and_nan_go_to_the_tamper_callback_and_the_event_says_what_changed() -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    slowed: list[Any] = []
+    tampered: list[Any] = []
+
+    def tamper(fault: Any) -> str:
+        tampered.append(fault)
+        return "tensor 0 element 3 bit 7"
+
+    emit = lambda k, **f: events.append((k, f))  # noqa: E731
+    for spec in ("corrupt rank=0 at=step:2", "nan rank=0 at=step:3"):
+        inject(_fault(spec), {"rank": 0, "node": 0}, emit, slowed.append, tamper)
+    assert slowed == [] and len(tampered) == 2
+    assert [f["spec"].endswith("(tensor 0 element 3 bit 7)") for _, f in events] == [True, True]
+
+
+def test_corrupt_without_tracked_state_fires_nothing_and_says_so() -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    slowed: list[Any] = []
+    fault = _fault("corrupt rank=0 at=step:2")
+    inject(fault, {"rank": 0, "node": 0}, lambda k, **f: events.append((k, f)), slowed.append)
+    assert slowed == []
+    assert events[0][1]["spec"] == f"{fault.text} (not fired: no tracked state)"

@@ -58,6 +58,11 @@ def _full() -> WorkerEnv:
         step_p99_s=0.25,
         standby="/dev/shm/go",
         shm_run="5f2c9a10",
+        sdc_every=7,
+        on_sdc="evict",
+        on_nan="rollback",
+        spike_z=4.5,
+        spike_window=30,
     )
 
 

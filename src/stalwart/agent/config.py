@@ -39,6 +39,16 @@ class RuntimeKnobs:
     a long run's disk use stays bounded; at least 1, and the newest is always kept."""
     keep_every: int = DEFAULTS.keep_every
     """Also keep every step divisible by this as a milestone (0: none)."""
+    sdc_every: int = DEFAULTS.sdc_every
+    """Steps between DDP replica digest comparisons (0: off): silent data corruption."""
+    on_sdc: str = DEFAULTS.on_sdc
+    """What a replica mismatch does (rollback, evict, report)."""
+    on_nan: str = DEFAULTS.on_nan
+    """What a NaN/inf or spiking logged loss does (report, rollback)."""
+    spike_z: float = DEFAULTS.spike_z
+    """z-score over the running window that makes a loss a spike (0: NaN/inf only)."""
+    spike_window: int = DEFAULTS.spike_window
+    """Finite losses per rank the spike's mean and std are over."""
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -49,6 +59,10 @@ class RuntimeKnobs:
             raise ConfigError("--collective-timeout must be > 0 seconds")
         if self.snapshot_every < 0 or self.persist_every < -1:
             raise ConfigError("--snapshot-every and --persist-every must be >= 0 steps")
+        if self.sdc_every < 0 or self.spike_window < 2 or not 0 <= self.spike_z < float("inf"):
+            raise ConfigError(
+                "--sdc-every must be >= 0, --spike-window >= 2 and --spike-z a number >= 0"
+            )
         if not 0 <= self.snapshot_budget < float("inf"):
             raise ConfigError(
                 f"--snapshot-budget {self.snapshot_budget}: use a fraction of step time >= 0"

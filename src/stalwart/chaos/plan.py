@@ -22,7 +22,7 @@ __all__ = ["Fault", "FaultLedger", "FaultPlan"]
 @dataclass(frozen=True)
 class Fault:
     id: int
-    kind: str  # kill | hang | slow | join
+    kind: str  # kill | hang | slow | join | corrupt | nan
     text: str  # the spec fragment, for events
     rank: int | None = None
     node: int | None = None
@@ -32,6 +32,9 @@ class Fault:
     duration: float | None = None  # seconds (slow, hang)
     steps: int | None = None  # slow: number of steps
     permanent: bool = False  # kill: the member is not started again (elastic)
+    param: int | None = None  # corrupt: which replicated tensor (None: drawn)
+    elem: int | None = None  # corrupt: which element of it (None: drawn)
+    bit: int | None = None  # corrupt: which bit of the element (None: drawn)
 
     @property
     def domain(self) -> dict[str, int | None]:

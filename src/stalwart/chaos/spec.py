@@ -26,6 +26,17 @@ the fault ``join`` (``join node=1 at=step:40``, ``join rank=3 at=time:30s``): th
 ``rank`` names a member by the rank it was launched with (ranks are renumbered densely
 after a resize).
 
+Numerical faults, for the integrity checks (runtime/_integrity.py, docs/detection.md):
+``corrupt rank=R at=step:S`` flips one bit of one element of one replicated tensor (a
+parameter or an optimizer moment) of that rank, a silent data corruption its DDP peers
+do not share; ``param=I`` (the tensor's index among them, wrapped), ``elem=E`` (wrapped)
+and ``bit=B`` (0..63, wrapped to the element's width) pin it down, else each is drawn
+from a generator seeded by the fault's id and step (the same flip in every run).
+``nan rank=R at=step:S`` sets one element of the first parameter to NaN, so that the
+step's loss and, after the allreduce, every replica's state are NaN; it models a bad
+batch, so it fires every time step S is run (replays included), not once. Both fire when
+the target begins step S (rank faults only, step-keyed only).
+
 Errors are one line that quotes the bad token and says what would be accepted, because
 a spec is typed on a command line and the fix is a one-word edit.
 """
@@ -45,12 +56,14 @@ __all__ = [
     "parse_spec",
 ]
 
-FAULT_KINDS = ("kill", "hang", "slow", "join")
+FAULT_KINDS = ("kill", "hang", "slow", "join", "corrupt", "nan")
 _KEYS = {
     "kill": {"rank", "node", "at"},
     "hang": {"rank", "node", "at", "for"},
     "slow": {"rank", "node", "at", "factor", "for", "steps"},
     "join": {"rank", "node", "at"},
+    "corrupt": {"rank", "at", "param", "elem", "bit"},
+    "nan": {"rank", "at"},
 }
 _FLAGS = {"kill": {"permanent"}}  # bare words
 _NUMBER = r"(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})"
@@ -61,7 +74,16 @@ _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 MAX_DURATION_S = 30 * 86400.0
 """Longest duration a spec takes (30 days: longer than a two-week job)."""
 MAX_FAULTS = 1000
-_MAX = {"rank": 999_999, "node": 999_999, "steps": 10**9, "step": 10**12}
+_MAX = {
+    "rank": 999_999,
+    "node": 999_999,
+    "steps": 10**9,
+    "step": 10**12,
+    "param": 10**9,
+    "elem": 10**12,
+    "bit": 63,
+}
+_STEP_ONLY = ("corrupt", "nan")  # fired inside the step loop, on a replica's tensors
 _MAX_FACTOR = 1000.0  # slow's duty cycle runs 0.1 ms of every 100 ms at this factor
 
 
@@ -153,7 +175,7 @@ def _parse_fault(spec: str, index: int, part: str) -> dict[str, object]:
         if key in seen:
             raise _bad(spec, token, f"{key}= given twice in one fault")
         seen.add(key)
-        if key in ("rank", "node"):
+        if key in ("rank", "node", "param", "elem", "bit"):
             rec[key] = _int(spec, token, value, key)
         elif key == "steps":
             rec[key] = _int(spec, token, value, key, low=1)
@@ -172,6 +194,8 @@ def _parse_fault(spec: str, index: int, part: str) -> dict[str, object]:
         raise _bad(spec, part, "name exactly one target: rank=R or node=N")
     if "at" not in seen:
         raise _bad(spec, part, "say when: at=step:N or at=time:DURATION")
+    if kind in _STEP_ONLY and "at_step" not in rec:
+        raise _bad(spec, part, f"{kind} fires inside the step loop: give at=step:N")
     if kind == "slow" and "factor" not in rec:
         raise _bad(spec, part, "slow needs factor=F (F > 1)")
     return rec

@@ -323,6 +323,19 @@ class Snapshotter:
                 self._pinned[found[0]] = self._pinned.get(found[0], 0) + 1
         return found
 
+    def discard_newer(self, step: int) -> None:
+        """Invalidate the unpinned complete slots of steps after ``step``: a rollback to
+        ``step`` (runtime/_integrity.py) must not leave a later, corrupted or
+        discarded, snapshot to be chosen by the next recovery."""
+        self.wait()
+        with self._cond:
+            held = {i for i, n in self._pinned.items() if n > 0}
+        for s in self._slots:
+            meta = s.read_meta()
+            if meta is not None and meta.step > step and s.index not in held:
+                s.invalidate()
+                self._slot_seq[s.index] = None
+
     def unpin(self, slot: int) -> None:
         with self._cond:
             self._pinned[slot] = max(0, self._pinned.get(slot, 0) - 1)

@@ -6,6 +6,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
+from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import Strategy
 
@@ -203,6 +204,7 @@ def register(sub: Any) -> None:
         help="largest snapshot stall as a fraction of step time; sets how often workers "
         "snapshot to memory (default 0.02)",
     )
+    integrity_flags(p)
     p.add_argument(
         "--replica-rate",
         type=float,
@@ -328,6 +330,11 @@ def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:
         keep_last=args.keep_last,
         keep_every=args.keep_every,
         collective_timeout_s=args.collective_timeout,
+        sdc_every=args.sdc_every,
+        on_sdc=args.on_sdc,
+        on_nan=args.on_nan,
+        spike_z=args.spike_z,
+        spike_window=args.spike_window,
     )
 
 

@@ -28,6 +28,7 @@ from stalwart.errors import StalwartError
 __all__ = [
     "EVENTS_FILE",
     "EVENT_KINDS",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "Event",
     "EventLog",
@@ -36,7 +37,10 @@ __all__ = [
     "read_events",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Versions this reader reads: 2 added ``probe``, ``preflight``, ``straggler``,
+``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log without them)."""
 EVENTS_FILE = "events.jsonl"
 
 _NUM = (int, float)
@@ -161,6 +165,25 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "action": _STR,
         "latency_s": _NUM,
     },
+    "sdc_detected": {
+        "step": _INT,
+        "detected_step": _INT,
+        "ranks": (list,),
+        "digests": (list,),
+        "verified_step": _INT,
+        "action": _STR,
+    },
+    "numeric_fault": {
+        "step": _INT,
+        "reason": _STR,
+        "ranks": (list,),
+        "action": _STR,
+        "restored_step": _INT,
+        "skipped_step": _INT,
+        "data_position": (dict,),
+        "value": _NUM,
+        "z": _NUM,
+    },
 }
 _REQUIRED: dict[str, set[str]] = {
     "run_start": {"job", "world_size"},
@@ -188,6 +211,8 @@ _REQUIRED: dict[str, set[str]] = {
     "probe": {"probe", "ok", "detail"},
     "preflight": {"member", "ok", "verdict"},
     "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
+    "sdc_detected": {"step", "detected_step", "ranks", "action"},
+    "numeric_fault": {"step", "reason", "ranks", "action"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 
@@ -304,9 +329,9 @@ def read_events(path: str) -> ReadResult:
             continue
         try:
             d = json.loads(line)
-            if d.get("v") != SCHEMA_VERSION:
+            if d.get("v") not in READABLE_VERSIONS:
                 raise ValueError(
-                    f"schema version {d.get('v')!r}, this reader reads {SCHEMA_VERSION}"
+                    f"schema version {d.get('v')!r}, this reader reads {READABLE_VERSIONS}"
                 )
             fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
             _validate(str(d["kind"]), fields)

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any
 
-from stalwart.metrics.events import SCHEMA_VERSION, Event, EventLogError, _validate
+from stalwart.metrics.events import READABLE_VERSIONS, Event, EventLogError, _validate
 from stalwart.metrics.live import EventSink
 
 __all__ = ["EventFollower", "LiveFeed", "start_live"]
@@ -48,7 +48,7 @@ class EventFollower:
                 continue
             try:
                 d: dict[str, Any] = json.loads(line)
-                if d.get("v") != SCHEMA_VERSION:
+                if d.get("v") not in READABLE_VERSIONS:
                     raise ValueError(f"schema version {d.get('v')!r}")
                 fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
                 _validate(str(d["kind"]), fields)

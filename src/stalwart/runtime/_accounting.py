@@ -214,11 +214,12 @@ class StepAccounting:
         mtbf = elapsed / failures if failures else max(3600.0, elapsed)
         return daly_interval(max(self._persist_s, 1e-3), max(mtbf, 1e-3))
 
-    def maybe_snapshot(self, step: int, *, final: bool = False) -> None:
-        """After step ``step`` (``final``: the loop's last step)."""
+    def maybe_snapshot(self, step: int, *, final: bool = False, force: bool = False) -> None:
+        """After step ``step`` (``final``: the loop's last step; ``force``: an integrity
+        check step, whose snapshot the replicas compare)."""
         persist = self._persist_due(step, final)
         due = self._snapshot_due(step)  # always asked: rank 0 publishes the cadence in it
-        if (persist or due) and not self.snapshot_now(step):
+        if (persist or force or due) and not self.snapshot_now(step):
             return  # refused (no room in /dev/shm): nothing new to persist either
         if persist:
             self._start_persist(step, wait=final)

@@ -100,7 +100,7 @@ class Admission:
         if latest is None or latest.step != step:
             snap.snapshot(self.tracked.state, step, blocking=True)
         ready = self._gather(watcher, need, world)
-        found = newest_digest(snap.directory)
+        found = newest_digest(snap.directory, snap.config.slots)
         assert found is not None
         _, sent_step, digest = found
         admitted: list[dict[str, Any]] = []

@@ -28,7 +28,11 @@ class WorkerFaults:
     fault once across the worker's replacements."""
 
     def __init__(
-        self, env: WorkerEnv, events: EventLog | None, slow: Callable[[Fault], None]
+        self,
+        env: WorkerEnv,
+        events: EventLog | None,
+        slow: Callable[[Fault], None],
+        tamper: Callable[[Fault, int], str] | None = None,
     ) -> None:
         self.member = env.rank  # chaos names members by their launch rank (elastic renumbers)
         self.node = env.node_rank
@@ -40,12 +44,20 @@ class WorkerFaults:
             self.ledger = FaultLedger(env.run_dir)
         self._events = events
         self._slow = slow
+        self._tamper = tamper  # corrupt / nan: the integrity checks' live state
 
     def fire(self, step: int) -> None:
-        """Fire the faults planned for this worker at ``step`` (kill, hang or slow)."""
+        """Fire the faults planned for this worker at ``step`` (kill, hang, slow, and
+        corrupt or nan on the tracked state)."""
         member = self.member
+        raw = self._tamper
+        tamper = None if raw is None else (lambda f: raw(f, step))
         for fault in self.plan.worker_faults(member, step):
-            if self.ledger is None or not self.ledger.claim(fault, rank=member, pid=os.getpid()):
+            claimed = self.ledger is not None and self.ledger.claim(
+                fault, rank=member, pid=os.getpid()
+            )
+            # nan is a bad batch: it fires each time step S is run, replays included
+            if not claimed and not (fault.kind == "nan" and self.ledger is not None):
                 continue
             emit = None if self._events is None else self._events.emit
-            inject(fault, {"rank": member, "node": self.node}, emit, self._slow)
+            inject(fault, {"rank": member, "node": self.node}, emit, self._slow, tamper)

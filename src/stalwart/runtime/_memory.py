@@ -73,4 +73,5 @@ def peer_slots(
     from stalwart.checkpoint import SnapshotConfig
 
     name = peer_name(target, holders)
-    return None if name is None else Snapshotter(SnapshotConfig(names.rank(name)))
+    # 3: a job with digest checks keeps a third slot (runtime/_integrity.py)
+    return None if name is None else Snapshotter(SnapshotConfig(names.rank(name), slots=3))

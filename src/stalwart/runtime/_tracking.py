@@ -101,6 +101,8 @@ class TrackedState:
             CheckpointConfig(
                 root=root,
                 namespace=self.names.rank(rank),
+                # a verified snapshot stays pinned for the digest checks (runtime/_integrity.py)
+                slots=3 if env.sdc_every > 0 and self.replicated else 2,
                 rank=rank if multi else 0,
                 world_size=world_size if multi else 1,
                 retention=RetentionPolicy(env.keep_last, env.keep_every or None),

@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
 from stalwart.errors import ContractError
+from stalwart.runtime._field_check import check_field
 
 __all__ = [
     "CONTRACT_VAR",
     "CONTRACT_VERSION",
     "DEFAULTS",
+    "NAN_POLICIES",
+    "SDC_POLICIES",
     "STRATEGIES",
     "Strategy",
     "WorkerEnv",
@@ -46,7 +48,7 @@ __all__ = [
 
 CONTRACT_VAR = "STALWART_CONTRACT"
 """The environment variable holding the stalwart part of the contract (JSON)."""
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
 
@@ -107,18 +109,28 @@ class Strategy(str, enum.Enum):
 
 STRATEGIES = tuple(s.value for s in Strategy)
 """The recovery strategies' names (``stalwart run --strategy``)."""
+SDC_POLICIES = ("rollback", "evict", "report")
+"""What a replica digest mismatch does (``--on-sdc``; runtime/_integrity.py)."""
+NAN_POLICIES = ("report", "rollback")
+"""What a non-finite or spiking logged loss does (``--on-nan``)."""
 
 _T = TypeVar("_T")
 _AGENT_FIX = "it is written by `stalwart run`: start the worker with it, not by hand"
 
 
 def _c(
-    default: _T, *, var: str = "", low: float | None = None, gt: bool = False, flag: str = ""
+    default: _T,
+    *,
+    var: str = "",
+    low: float | None = None,
+    gt: bool = False,
+    flag: str = "",
+    choices: tuple[str, ...] = (),
 ) -> _T:
     """A contract field: ``var`` is the torchrun variable carrying it (empty: a key of
     the JSON part); ``low`` its lower bound (exclusive with ``gt``); ``flag`` the `stalwart
-    run` flag that sets it (named in the error's fix)."""
-    meta = {"var": var, "low": low, "gt": gt, "flag": flag}
+    run` flag that sets it (named in the error's fix); ``choices`` the names it takes."""
+    meta = {"var": var, "low": low, "gt": gt, "flag": flag, "choices": choices}
     return field(default=default, metadata=meta)
 
 
@@ -211,10 +223,26 @@ class WorkerEnv:
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
     (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
+    sdc_every: int = _c(100, low=0, flag="--sdc-every")
+    """Steps between comparisons of the DDP replicas' state digests (0: off): replicas
+    must be bit-identical, so a mismatch is silent data corruption on a minority."""
+    on_sdc: str = _c("rollback", flag="--on-sdc", choices=SDC_POLICIES)
+    """A digest mismatch: roll back to the newest snapshot every replica agreed on
+    (``rollback``), and also evict the minority rank (``evict``), or only report it."""
+    on_nan: str = _c("report", flag="--on-nan", choices=NAN_POLICIES)
+    """A non-finite or spiking ``sess.log(loss=...)``: report it, or roll back to the
+    snapshot before it and skip that step's batch (``rollback``, one more small
+    collective per step: every rank must decide at the same step)."""
+    spike_z: float = _c(6.0, low=0, flag="--spike-z")
+    """A loss above mean + z * std of its running window is a spike (0: only NaN/inf)."""
+    spike_window: int = _c(100, low=2, flag="--spike-window")
+    """How many recent finite losses (per rank) the spike's mean and std are over."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check(f.name, f.metadata, f.default, getattr(self, f.name))
+            where = f.metadata["var"] or f"{CONTRACT_VAR}.{f.name}"
+            fix = f"set {f.metadata['flag']}" if f.metadata["flag"] else _AGENT_FIX
+            check_field(f.name, f.metadata, f.default, getattr(self, f.name), where, fix)
         if self.rank >= self.world_size:
             raise ContractError(
                 f"RANK={self.rank} is outside 0..{self.world_size - 1} (WORLD_SIZE="
@@ -354,40 +382,6 @@ def _parse_blob(raw: str, names: set[str]) -> dict[str, Any]:
             raise ContractError(f"{CONTRACT_VAR}.store={store!r} is not HOST:PORT: {_AGENT_FIX}")
         blob["store"] = _addr(store) if store else None
     return blob
-
-
-def _check(name: str, meta: Mapping[str, Any], default: object, value: object) -> None:
-    """``value`` has its field's type and lies within its bounds."""
-    where = meta["var"] or f"{CONTRACT_VAR}.{name}"
-    fix = f"set {meta['flag']}" if meta["flag"] else _AGENT_FIX
-    if default is MISSING:  # pragma: no cover - every field has a default
-        return
-    if name == "store":
-        ok = value is None or (
-            isinstance(value, tuple)
-            and len(value) == 2
-            and isinstance(value[0], str)
-            and type(value[1]) is int
-        )
-        want = "None or (host, port)"
-    elif isinstance(default, bool):
-        ok, want = isinstance(value, bool), "a boolean"
-    elif isinstance(default, int):
-        ok, want = type(value) is int, "an integer"
-    elif isinstance(default, float):
-        ok = type(value) in (int, float) and math.isfinite(float(value))  # type: ignore[arg-type]
-        want = "a finite number"
-    else:
-        ok, want = isinstance(value, str), "a string"
-    if not ok:
-        raise ContractError(f"{where}={value!r} is not {want}: {fix}")
-    low = meta["low"]
-    if low is None:
-        return
-    assert isinstance(value, int | float)
-    if value < low or (meta["gt"] and value == low):
-        bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
-        raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
 
 
 DEFAULTS = WorkerEnv()

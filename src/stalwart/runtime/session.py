@@ -29,6 +29,7 @@ from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store
 from stalwart.runtime._faults import WorkerFaults
 from stalwart.runtime._formation import Formation, Rejoin
+from stalwart.runtime._integrity import Integrity, Rollback
 from stalwart.runtime._perrank import check_values
 from stalwart.runtime._progress import Progress
 from stalwart.runtime._rejoin import FixedRejoin
@@ -85,7 +86,8 @@ class Session:
         self.group = self._open_group(env, caller)
         self.tracked = TrackedState(env)
         self.acct = StepAccounting(env, self, self.tracked, self.events, self.coord, self.store)
-        self.faults = WorkerFaults(env, self.events, self.acct.slow)
+        self.integrity = Integrity(env, self.tracked, self.group, self, self.events)
+        self.faults = WorkerFaults(env, self.events, self.acct.slow, self.integrity.inject)
         self._rejoin = self._open_rejoin(env)
         if self._genwatch is not None and not self._rejoin.resizes:
             self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
@@ -95,9 +97,8 @@ class Session:
         from stalwart.coordinator import Coordinator, CoordinatorConfig
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
-        self.events = EventLog(
-            os.path.join(env.run_dir, EVENTS_FILE), node=env.node_rank, rank=env.rank
-        )
+        path = os.path.join(env.run_dir, EVENTS_FILE)
+        self.events = EventLog(path, node=env.node_rank, rank=env.rank)
         self.store = open_store(env)
         self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
         if env.rdzv:
@@ -133,15 +134,9 @@ class Session:
             return ElasticRejoin(
                 env, self.group, self.tracked, self.coord, self.store, self.events, self.close
             )
+        mem = env.strategy.restores_from_memory
         return FixedRejoin(
-            env,
-            self.group,
-            self.tracked,
-            self,
-            self.coord,
-            self.store,
-            self.events,
-            use_memory=env.strategy.restores_from_memory,
+            env, self.group, self.tracked, self, self.coord, self.store, self.events, use_memory=mem
         )
 
     # ------------------------------------------------------------ where it stands
@@ -259,6 +254,7 @@ class Session:
         self.metrics.update(
             {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
         )
+        self.integrity.observe(metrics)  # NaN/inf and loss spikes (runtime/_spikes.py)
         if self.rank == 0:
             self.acct.metrics.log(metrics)
 
@@ -282,6 +278,9 @@ class Session:
                 self._recover("the generation moved on (a node was lost)")
                 continue
             step = self._step + 1
+            if not self.integrity.begin(step):
+                self._step = step  # skipped after a numerical fault: its batch is dropped
+                continue
             self.faults.fire(step)
             t0 = time.perf_counter()
             self.progress.step_started()
@@ -295,7 +294,12 @@ class Session:
             self.progress.step_done()  # its compute time (the straggler detector's)
             self._step = step
             self.progress.progressed()
-            self.acct.maybe_snapshot(step, final=step >= total)
+            back = self.integrity.after_step(step)  # every K steps or --on-nan rollback
+            if back is not None:
+                self._rolled_back(back)
+                continue
+            self.acct.maybe_snapshot(step, final=step >= total, force=self.integrity.due(step))
+            self.integrity.snapshotted(step)
             self._publish()
             if self._rejoin.after_step(step):
                 self._grow(step)
@@ -325,8 +329,10 @@ class Session:
             self._genwatch.follow(f.generation)
         self._rejoin.adopt(f)
         self.progress.progressed()
+        self.integrity.formed(f.step)
         if f.fresh:
             self.acct.snapshot_now(0)
+            self.integrity.snapshotted(0)
         if f.rank == 0 and self.events is not None and f.generation > 0:
             self.events.emit(
                 "recovery_end",
@@ -340,6 +346,15 @@ class Session:
         self._rejoin.settle(f, seconds)
         self.acct.recovered(seconds)
         self._publish("step")
+
+    def _rolled_back(self, back: Rollback) -> None:
+        """runtime/_integrity.py restored ``back.step`` in place on every rank: redo from it."""
+        self.acct.flush()
+        self._step = back.step
+        self.acct.recovered(0.0)
+        self._publish("step")
+        if back.evict:
+            self.integrity.evict()
 
     def _grow(self, step: int) -> None:
         """Stop at the boundary after ``step`` for joiners, then re-form."""
@@ -363,13 +378,9 @@ class Session:
         self.acct.wait_persist()
         if self.store is None or self.coord is None:
             return True
-        done = finish_barrier(
-            self.store,
-            self.coord,
-            f"/stalwart/{self.env.job}/done/{self.generation:012d}/",
-            (self.rank, self.world_size, self.generation),
-            self.env.hang_ceiling_s,
-        )
+        key = f"/stalwart/{self.env.job}/done/{self.generation:012d}/"
+        me = (self.rank, self.world_size, self.generation)
+        done = finish_barrier(self.store, self.coord, key, me, self.env.hang_ceiling_s)
         if done:
             self._publish("done")
         return done
