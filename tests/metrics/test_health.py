@@ -33,7 +33,9 @@ def _run(synth: Any) -> Path:
     _probe(s, 2.0, "nvml", True, 0, skipped=True, detail="pynvml is not installed")
     _probe(s, 2.0, "disk", True, 1, value=5e10, limit=1e9)
     s.steps(3.0, 20.0, 1, 50, 17.0)
-    _probe(s, 21.0, "disk", False, 1, value=1e8, limit=1e9, detail="1e8 B free < 1e9 B")
+    _probe(
+        s, 21.0, "disk", False, 1, value=1e8, limit=1e9, unit="bytes", detail="1e8 B free < 1e9 B"
+    )
     s.detect(21.0, 0.0, fault="probe_disk", node=1)
     s.emit("isolation", 21.5, member="node1", reason="probe disk failed: 1e8 B free",
            blocklisted=True)  # fmt: skip
@@ -74,6 +76,7 @@ def test_the_html_report_has_a_node_health_section(synth: Any, tmp_path: Path) -
         assert ident in page
     assert "<td>FAILING</td>" in page and "<td>skipped</td>" in page
     assert "<td>isolated (blocklisted)</td>" in page and "<td>31.0 ms</td>" in page
+    assert "<td>95 MiB</td>" in page  # the failing disk's 1e8 bytes, as a reader reads them
 
 
 def test_a_run_without_probes_says_so(synth: Any, tmp_path: Path, capsys: Any) -> None:

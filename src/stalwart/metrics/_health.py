@@ -146,13 +146,19 @@ def health_lines(h: dict[str, Any]) -> list[str]:
     ]
     lines += [
         f"  preflight {r['member']}: {r['verdict']} (matmul {_ms(r['matmul_s'])}, allreduce "
-        f"{_ms(r['allreduce_s'])} with node {r['partner']}"
+        f"{_ms(r['allreduce_s'])}{_partner(r['member'], r['partner'])}"
         + ("" if r["retest_partner"] is None else
            f", again {_ms(r['retest_allreduce_s'])} with node {r['retest_partner']}")
         + f"){'' if r['ok'] else '; ' + r['action']}"
         for r in pre
     ]  # fmt: skip
     return lines
+
+
+def _partner(member: str, partner: Any) -> str:
+    if partner is None:
+        return ""
+    return " within the node" if member == f"node{partner}" else f" with node {partner}"
 
 
 def _again(t: Any) -> str:
@@ -170,14 +176,23 @@ def _state(r: dict[str, Any]) -> str:
     return "skipped" if r["skipped"] else ("ok" if r["ok"] else "FAILING")
 
 
+def _quantity(x: Any, unit: Any) -> str:
+    """A reading in the unit a reader thinks in: bytes as MiB, a fraction as a percent."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return "-"
+    if unit == "bytes":
+        return f"{x / 2**20:.0f} MiB"
+    if unit == "fraction":
+        return f"{100 * x:.1f}%"
+    return f"{x:.4g} {unit}" if unit else f"{x:.4g}"
+
+
 def _value(r: dict[str, Any]) -> str:
-    unit = f" {r['unit']}" if r.get("unit") else ""
-    return "-" if r["value"] is None else f"{_num(r['value'], '.4g')}{unit}"
+    return _quantity(r["value"], r.get("unit"))
 
 
 def _limit(r: dict[str, Any]) -> str:
-    unit = f" {r['unit']}" if r.get("unit") else ""
-    return "-" if r["limit"] is None else f"{_num(r['limit'], '.4g')}{unit}"
+    return _quantity(r["limit"], r.get("unit"))
 
 
 def health_html(h: dict[str, Any]) -> str:
@@ -203,9 +218,13 @@ def health_html(h: dict[str, Any]) -> str:
                                           "retest allreduce", "retest partner", "check (s)",
                                           "what the agent did"], [
             [r["member"], r["verdict"], _ms(r["matmul_s"]), _ms(r["allreduce_s"]),
-             str(r["partner"]), _ms(r["retest_allreduce_s"]), str(r["retest_partner"]),
+             _opt(r["partner"]), _ms(r["retest_allreduce_s"]), _opt(r["retest_partner"]),
              _num(r["seconds"], ".1f"), r["action"]] for r in pre]))  # fmt: skip
     return "".join(parts)
+
+
+def _opt(x: Any) -> str:
+    return "-" if x is None else str(x)
 
 
 def _device(r: dict[str, Any]) -> str:
