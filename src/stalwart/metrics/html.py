@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.metrics import _plots
+from stalwart.metrics._health import health_html
 from stalwart.metrics._stragglers import straggler_html
 from stalwart.metrics.goodput import BUCKETS
 from stalwart.metrics.report import strategy_text
@@ -73,6 +74,7 @@ def render_html(d: dict[str, Any]) -> str:
         "<h2>Incidents</h2>" + _incidents(d),
         _plot(_plots.rto, d, "RTO per incident"),
         straggler_html(d.get("stragglers", [])),
+        health_html(d.get("health", {})),
         _rto_and_mtbf(d),
         "<h2>Checkpoints</h2>" + _checkpoints(d["checkpoint"]),
         *_loss(d),

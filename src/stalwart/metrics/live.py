@@ -68,6 +68,11 @@ class LiveSnapshot:
     restores: int
     restore_s: float
     stragglers: int = 0  # ranks declared stragglers (agent/straggler.py)
+    # the probes' last readings, (node, probe, device, 1 ok / 0 failing); skipped ones out
+    probes: tuple[tuple[str, str, str, int], ...] = ()
+    probe_failures: int = 0  # probe readings that started failing (ok false, not skipped)
+    preflight_s: float | None = None  # the latest preflight node check's wall time
+    preflight: tuple[tuple[str, int], ...] = ()  # (member, 1 fit / 0 unfit) per node checked
 
 
 class LiveFigures:
@@ -95,6 +100,10 @@ class LiveFigures:
         self.restores = 0
         self.restore_s = 0.0
         self.stragglers = 0
+        self.probe_failures = 0
+        self.preflight_s: float | None = None
+        self._probes: dict[tuple[str, str, str], int] = {}
+        self._preflight: dict[str, int] = {}
         self._open_faults: list[float] = []  # fault times awaiting resumption
         self._recovery_began = self._recovery_done = self._detected = False
         self._snapshot_steps: deque[int] = deque(maxlen=64)
@@ -193,6 +202,24 @@ class LiveFigures:
     def _on_straggler(self, t: float, f: dict[str, Any]) -> None:
         self.stragglers += 1
 
+    def _on_probe(self, t: float, f: dict[str, Any]) -> None:
+        if f.get("skipped", False):
+            return  # a probe that cannot run here has no reading
+        raw = f.get("domain")
+        dom: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        dev = dom.get("device")
+        key = (str(dom.get("node", "")), str(f["probe"]), "" if dev is None else str(dev))
+        ok = 1 if f["ok"] else 0
+        if not ok and self._probes.get(key) != 0:
+            self.probe_failures += 1
+        self._probes[key] = ok
+
+    def _on_preflight(self, t: float, f: dict[str, Any]) -> None:
+        member = str(f["member"])  # "node<k>": labelled k, as the probes' node label is
+        self._preflight[member.removeprefix("node")] = 1 if f["ok"] else 0
+        if "seconds" in f:
+            self.preflight_s = float(f["seconds"])
+
     def snapshot(self, now: float | None = None) -> LiveSnapshot:
         """Figures as of ``now`` (default: the latest event's time; pass ``time.time()``
         for a display that keeps ageing while no event arrives)."""
@@ -228,4 +255,8 @@ class LiveFigures:
             self.restores,
             self.restore_s,
             self.stragglers,
+            tuple((*k, v) for k, v in sorted(self._probes.items())),
+            self.probe_failures,
+            self.preflight_s,
+            tuple(sorted(self._preflight.items())),
         )

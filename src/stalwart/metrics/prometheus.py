@@ -63,6 +63,15 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("stalwart_restore_seconds_total", "counter", "Time spent restoring state.", "restore_s"),
     ("stalwart_stragglers_total", "counter",
      "Ranks declared stragglers: computing persistently slower than the others.", "stragglers"),
+    ("stalwart_probe_ok", "gauge",
+     "A node health probe's last reading: 1 healthy, 0 failing (skipped probes absent).",
+     "probes"),
+    ("stalwart_probe_failures_total", "counter",
+     "Node health probe readings that started failing.", "probe_failures"),
+    ("stalwart_preflight_seconds", "gauge",
+     "Wall time of the latest preflight node check.", "preflight_s"),
+    ("stalwart_preflight_ok", "gauge",
+     "The preflight node check's verdict per node: 1 fit, 0 unfit (blocklisted).", "preflight"),
 )  # fmt: skip
 
 
@@ -76,6 +85,16 @@ def _fmt(v: float) -> str:
     if math.isinf(v):
         return "+Inf" if v > 0 else "-Inf"
     return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def _labelled(s: LiveSnapshot, attr: str) -> list[tuple[tuple[str, ...], int]]:
+    """The per-node samples: (labels, value) of the probes' or the preflight's state."""
+    if attr == "probes":
+        return [
+            ((f'node="{_escape(n)}"', f'probe="{_escape(p)}"', f'device="{_escape(d)}"'), v)
+            for n, p, d, v in s.probes
+        ]
+    return [((f'node="{_escape(m)}"',), v) for m, v in s.preflight]
 
 
 def render_metrics(s: LiveSnapshot, labels: dict[str, str] | None = None) -> str:
@@ -95,6 +114,8 @@ def render_metrics(s: LiveSnapshot, labels: dict[str, str] | None = None) -> str
             ]
         elif attr == "recovering":
             samples = [sample(name, 1 if s.status == "recovering" else 0)]
+        elif attr in ("probes", "preflight"):
+            samples = [sample(name, v, labels) for labels, v in _labelled(s, attr)]
         else:
             v = getattr(s, attr)
             samples = [] if v is None else [sample(name, v)]

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics._health import health_lines, health_section
 from stalwart.metrics._stragglers import straggler_lines, straggler_rows
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
@@ -84,6 +85,7 @@ class RunReport:
             "lost_work_s": g.buckets["lost_progress"],
             "incidents": [_incident(i, t0) for i in g.incidents],
             "stragglers": straggler_rows(self.events, t0),
+            "health": health_section(self.events, t0),
             "failures": len(fails),
             "rto_s": asdict(distribution(rtos)),
             "detection_latency_s": asdict(distribution(lat)),
@@ -271,6 +273,11 @@ def strategy_text(d: dict[str, Any]) -> str:
     return name
 
 
+def _detector_lines(d: dict[str, Any]) -> list[str]:
+    """The soft detectors' lines (docs/detection.md): stragglers, then node health."""
+    return straggler_lines(d.get("stragglers", [])) + health_lines(d.get("health", {}))
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
     comes from the event log is printed with its control characters escaped (an ESC
@@ -326,7 +333,7 @@ def format_summary(d: dict[str, Any]) -> str:
             + ("  (during recovery)" if i["during_recovery"] else "")
             + ("" if i["interrupted"] else "  (no interruption)")
         )
-    lines += [t(line) for line in straggler_lines(d.get("stragglers", []))]
+    lines += [t(line) for line in _detector_lines(d)]
     for cv in d["convergence"]:
         s = cv["steps_to_converge"]
         lines.append(
