@@ -115,6 +115,7 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
             data=data,
             known=base.get(storage),
             chunk_bytes=int(req.get("chunk_bytes", 4 << 20)),
+            copy_of=None if req.get("copy_of") is None else int(req["copy_of"]),
         )
     finally:
         with contextlib.suppress(BufferError):  # a traceback may still hold slices

@@ -182,14 +182,16 @@ def write_rank(
     known: dict[str, ChunkRef],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: Callable[[int, int], None] | None = None,
+    copy_of: int | None = None,
 ) -> RankWrite:
     """Write the chunks of ``data`` that ``known`` does not already hold into a new pack,
-    then the rank index. ``known`` (hash -> stored chunk) is updated in place."""
+    then the rank index. ``known`` (hash -> stored chunk) is updated in place.
+    ``copy_of``: this rank's DTensor shards are rank ``copy_of``'s (an HSDP replica):
+    their entries name that rank and no bytes of theirs are written."""
     t0 = time.perf_counter()
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
     out = _PackOut(stream, data)
-    total = sum(int(e["nbytes"]) for e in layout)
     done = 0
     # Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks go
     # first, the rest (tensor tails, tiny tensors such as optimizer step counters) last:
@@ -198,8 +200,11 @@ def write_rank(
     pieces: list[tuple[int, int, int, int]] = []
     for ei, e in enumerate(layout):
         off, nbytes = int(e["offset"]), int(e["nbytes"])
+        if copy_of is not None and e.get("shard"):
+            continue  # its bytes are in rank copy_of's pack
         for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
             pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
+    total = sum(p[3] for p in pieces)
     align = out.align
     pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
     refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
@@ -224,6 +229,7 @@ def write_rank(
                 nbytes=int(e["nbytes"]),
                 chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
                 shard=e.get("shard"),
+                copy_of=copy_of if copy_of is not None and e.get("shard") else None,
             )
             for ei, e in enumerate(layout)
         ]

@@ -185,7 +185,8 @@ def _read_step(storage: Storage, step: int) -> tuple[dict[str, Any], ExportRepor
         for rank in range(manifest.world_size):
             index = primary if rank == 0 else load_index(storage, manifest, rank)
             for t in index.tensors:
-                pieces.setdefault(t.path, []).append(t)
+                if t.copy_of is None:  # an HSDP replica's copy names its bytes' rank
+                    pieces.setdefault(t.path, []).append(t)
     if manifest.world_size > 1 and not manifest.replicated:
         what = "DTensor shards assembled; other values" if sharded else "no DTensor shards:"
         report.notes.append(

@@ -117,7 +117,10 @@ class ChunkRef:
 @dataclass
 class TensorEntry:
     """One tensor of a rank's state. ``shard`` describes a DTensor's local piece:
-    ``{"global_shape": [...], "offsets": [...]}``; None for a whole (replicated) tensor."""
+    ``{"global_shape": [...], "offsets": [...]}``; None for a whole (replicated) tensor.
+    ``copy_of``: the rank of the same step whose index holds this shard's bytes (an HSDP
+    replica at replicate coordinate > 0 writes none of its shards' bytes: its coordinate-0
+    peer has the same ones); ``chunks`` is then empty and ``shard`` set."""
 
     id: int
     path: str
@@ -126,10 +129,13 @@ class TensorEntry:
     nbytes: int
     chunks: list[ChunkRef]
     shard: dict[str, list[int]] | None = None
+    copy_of: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["chunks"] = [c.to_json() for c in self.chunks]
+        if self.copy_of is None:
+            del d["copy_of"]  # the field is new: indexes without copies are as before
         return d
 
     @staticmethod
@@ -151,7 +157,13 @@ class TensorEntry:
                 f"{at}: shape {dims[:8]} of {dtype} is not {size} bytes; the index is damaged"
             )
         refs = [ChunkRef.from_json(c, at) for c in v.want_list(chunks, at, "chunks")]
-        if sum(c.length for c in refs) != size:
+        shard = _shard(d.get("shard"), dims, at)
+        copy_of = d.get("copy_of")
+        if copy_of is not None:
+            copy_of = v.want_int(copy_of, at, "copy_of", 0, v.MAX_RANKS - 1)
+            if refs or shard is None:
+                raise CheckpointFormatError(f"{at}: a copy entry has chunks or no shard; damaged")
+        elif sum(c.length for c in refs) != size:
             raise CheckpointFormatError(f"{at}: its chunks do not add up to {size} bytes")
         return TensorEntry(
             id=v.want_int(tid, at, "id", 0, 1 << 40),
@@ -160,7 +172,8 @@ class TensorEntry:
             shape=dims,
             nbytes=size,
             chunks=refs,
-            shard=_shard(d.get("shard"), dims, at),
+            shard=shard,
+            copy_of=copy_of,
         )
 
 
@@ -227,6 +240,8 @@ class RankIndex:
         ids = {t.id for t in entries}
         if len(ids) != len(entries):
             raise CheckpointFormatError(f"{where}: two tensors share an id; damaged")
+        if any(t.copy_of is not None and not 0 <= t.copy_of < world_size for t in entries):
+            raise CheckpointFormatError(f"{where}: a copy entry names no rank of the step")
         v.check_tree(tree, ids, where)
         return RankIndex(
             step=v.want_int(step, where, "step", 0, v.MAX_STEP),

@@ -64,11 +64,14 @@ class CheckpointManager:
         """See :meth:`Snapshotter.snapshot` (``on_done``: once it is complete)."""
         return self.snapshots.snapshot(state, step, blocking=blocking, on_done=on_done)
 
-    def persist(self, *, commit: bool | None = None, generation: int = 0) -> Future[PersistResult]:
+    def persist(
+        self, *, commit: bool | None = None, generation: int = 0, copy_of: int | None = None
+    ) -> Future[PersistResult]:
         """Write the newest snapshot in the background. One persist at a time: a second
         call waits for the first (what a slow disk costs shows up here, not in snapshot).
         A snapshot still copying in the background is not waited for: the request is
-        handed to the persister once the copy is complete."""
+        handed to the persister once the copy is complete. ``copy_of``: this rank's
+        DTensor shards are that rank's (HSDP replicas): written as references only."""
         if self._inflight is not None:
             self._inflight.exception()
         cfg = self.config
@@ -82,6 +85,7 @@ class CheckpointManager:
                 "replicated": cfg.replicated,
                 "keep_last": cfg.retention.keep_last,
                 "keep_every": cfg.retention.keep_every,
+                "copy_of": copy_of,
             }
         )
         self._inflight = fut

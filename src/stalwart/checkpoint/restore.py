@@ -139,15 +139,24 @@ def _restore_step(
     with ThreadPoolExecutor(max_workers=4) as pool:
         pending: list[Future[None]] = []
 
-        def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
-            _read_entry(storage, by_id[entry.id], dst, pool, pending)
-
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
             nonlocal others
             if others is None:
                 others = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
-            pieces = [t for idx in others for t in idx.tensors if t.path == entry.path]
+            pieces = [
+                t
+                for idx in others
+                for t in idx.tensors
+                if t.path == entry.path and t.copy_of is None  # a copy has no bytes
+            ]
             _fill_box(storage, pieces, dst, box, pool)
+
+        def fill(entry: SavedTensor, dst: torch.Tensor) -> None:
+            saved = by_id[entry.id]
+            if saved.copy_of is not None and saved.shard is not None:
+                reshard(entry, dst, saved.shard)  # the bytes are in the peer's pack
+                return
+            _read_entry(storage, saved, dst, pool, pending)
 
         try:
             load_into(

@@ -283,7 +283,11 @@ class StepAccounting:
         generation = self.position.generation
         # written uncommitted, then committed here with the generation fence: a member
         # of an old generation (the job moved on meanwhile) cannot make it visible
-        fut = tracked.checkpoints.persist(commit=self.coord is None)
+        # HSDP: a replica at replicate coordinate > 0 writes references to its
+        # coordinate-0 peer's shards, not the same bytes again (runtime/_mesh.py)
+        key = tracked.copy_key
+        copy_of = key if sharded and key is not None and key != self.position.rank else None
+        fut = tracked.checkpoints.persist(commit=self.coord is None, copy_of=copy_of)
         self._persist = fut
         fut.add_done_callback(lambda f: self._persist_done(f, step, generation, t0))
 
