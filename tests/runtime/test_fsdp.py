@@ -145,7 +145,7 @@ def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh
 
 
 def test_the_mesh_is_refused_under_elastic(gen: GenerationGroup) -> None:
-    with pytest.raises(ConfigError, match="--strategy flash or spare"):
+    with pytest.raises(ConfigError, match="relaunch with --nproc-per-node"):
         generation_mesh(gen, "fsdp-test", elastic=True)
 
 

@@ -266,12 +266,18 @@ def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> De
 
 
 def refuse_elastic_mesh(elastic: bool) -> None:
-    """A mesh's size and shards would stay the launch world's under elastic: refuse."""
+    """A mesh's size and shards would stay the launch world's under elastic: refuse.
+
+    Survivors keep their processes under elastic, and FSDP2 fixes a module's shards (and
+    the optimizer's DTensor moments) to the mesh it was built on; resharding them in place
+    onto a smaller mesh needs FSDP2's parameters rebuilt, which torch has no API for. What
+    does change world size is a relaunch restoring the newest persisted sharded step."""
     if elastic:
         raise ConfigError(
-            "sess.mesh (FSDP2) is not supported under --strategy elastic: the shards "
-            "would need resharding at every resize; use --strategy flash or spare, or "
-            "DDP under elastic"
+            "sess.mesh (FSDP2) is not supported under --strategy elastic: its shards are "
+            "fixed to the launch world; use --strategy restart --persist-every N (to go on "
+            "at another size, relaunch with --nproc-per-node W' on the same --run-dir: the "
+            "checkpoint is resharded), or flash/spare, or DDP under elastic"
         )
 
 
