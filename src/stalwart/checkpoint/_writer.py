@@ -33,7 +33,7 @@ from stalwart.checkpoint.format import (
     step_dir,
 )
 from stalwart.checkpoint.storage import Storage
-from stalwart.errors import CheckpointError, FencedError
+from stalwart.errors import CheckpointError, FencedError, StepCommittedError
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RankWrite", "known_chunks", "publish_step", "write_rank"]
 
@@ -184,7 +184,17 @@ def write_rank(
     progress: Callable[[int, int], None] | None = None,
 ) -> RankWrite:
     """Write the chunks of ``data`` that ``known`` does not already hold into a new pack,
-    then the rank index. ``known`` (hash -> stored chunk) is updated in place."""
+    then the rank index. ``known`` (hash -> stored chunk) is updated in place.
+
+    Raises :class:`StepCommittedError` when ``step`` is already committed: its manifest
+    lists this rank's index by checksum, so rewriting the index in place would break the
+    committed step until (unless) a new manifest is written (the caller skips it)."""
+    if storage.exists(manifest_path(step)):
+        raise StepCommittedError(
+            f"step {step} is already committed in {storage.url}: a committed step is never "
+            "rewritten (its manifest names each rank's index by checksum); skip the persist "
+            'of a committed step (docs/checkpoint-format.md, "A committed step is immutable")'
+        )
     t0 = time.perf_counter()
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
