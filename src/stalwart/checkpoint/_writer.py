@@ -42,6 +42,9 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 a frozen block inside a partly trained tensor still deduplicates."""
 
 
+_Piece = tuple[int, int, int, int]  # (tensor, chunk index, slot offset, length)
+
+
 @dataclass
 class RankWrite:
     index: RankIndex
@@ -199,44 +202,9 @@ def write_rank(
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
     out = _PackOut(stream, data)
-    total = sum(int(e["nbytes"]) for e in layout)
-    done = 0
-    # Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks go
-    # first, the rest (tensor tails, tiny tensors such as optimizer step counters) last:
-    # the first kind is written straight from the slot in long runs, and the second
-    # cannot then interrupt a run or push the chunks after it through the bounce buffer.
-    pieces: list[tuple[int, int, int, int]] = []
-    for ei, e in enumerate(layout):
-        off, nbytes = int(e["offset"]), int(e["nbytes"])
-        for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
-            pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
-    align = out.align
-    pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
-    refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
     try:
-        for ei, ci, at, n in pieces:
-            piece = data[at : at + n]
-            h = checksum(piece)
-            ref = known.get(h)
-            if ref is None or ref.length != n:
-                ref = ChunkRef(h, pack, out.put(piece, at), n)
-                known[h] = ref
-            refs[ei][ci] = ref
-            done += n
-            if progress is not None:
-                progress(done, total)
-        entries = [
-            TensorEntry(
-                id=int(e["id"]),
-                path=str(e["path"]),
-                dtype=str(e["dtype"]),
-                shape=[int(x) for x in e["shape"]],
-                nbytes=int(e["nbytes"]),
-                chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
-                shard=e.get("shard"),
-            )
-            for ei, e in enumerate(layout)
-        ]
+        refs = _write_chunks(out, data, layout, pack, known, chunk_bytes, progress)
+        entries = _entries(layout, refs)
         out.finish()
         out.close()
         pos = out.pos
@@ -253,6 +221,63 @@ def write_rank(
     index = RankIndex(step, rank, world_size, tree, entries, new_bytes=pos)
     storage.write_atomic(index_path(step, rank), index.encode())
     return RankWrite(index, pos, time.perf_counter() - t0)
+
+
+def _pieces(layout: list[dict[str, Any]], chunk_bytes: int, align: int) -> list[_Piece]:
+    """Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks
+    go first, the rest (tensor tails, tiny tensors such as optimizer step counters)
+    last: the first kind is written straight from the slot in long runs, and the second
+    cannot then interrupt a run or push the chunks after it through the bounce buffer."""
+    pieces: list[_Piece] = []
+    for ei, e in enumerate(layout):
+        off, nbytes = int(e["offset"]), int(e["nbytes"])
+        for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
+            pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
+    pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
+    return pieces
+
+
+def _write_chunks(
+    out: _PackOut,
+    data: memoryview,
+    layout: list[dict[str, Any]],
+    pack: str,
+    known: dict[str, ChunkRef],
+    chunk_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> list[dict[int, ChunkRef]]:
+    """Hash every chunk, append the ones ``known`` lacks to the pack (``known`` grows);
+    returns each tensor's chunk refs by chunk index."""
+    total = sum(int(e["nbytes"]) for e in layout)
+    done = 0
+    refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
+    for ei, ci, at, n in _pieces(layout, chunk_bytes, out.align):
+        piece = data[at : at + n]
+        h = checksum(piece)
+        ref = known.get(h)
+        if ref is None or ref.length != n:
+            ref = ChunkRef(h, pack, out.put(piece, at), n)
+            known[h] = ref
+        refs[ei][ci] = ref
+        done += n
+        if progress is not None:
+            progress(done, total)
+    return refs
+
+
+def _entries(layout: list[dict[str, Any]], refs: list[dict[int, ChunkRef]]) -> list[TensorEntry]:
+    return [
+        TensorEntry(
+            id=int(e["id"]),
+            path=str(e["path"]),
+            dtype=str(e["dtype"]),
+            shape=[int(x) for x in e["shape"]],
+            nbytes=int(e["nbytes"]),
+            chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
+            shard=e.get("shard"),
+        )
+        for ei, e in enumerate(layout)
+    ]
 
 
 def publish_step(
