@@ -10,7 +10,8 @@ Protocol: one JSON object per line on stdin, one reply per line on stdout.
 ``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
 "commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` (optionally
 ``"only": [names]``: write only those top-level entries of the slot) ->
-``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}`` or
+``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}``
+(plus ``"skipped": "committed"`` when the step was already committed: nothing written) or
 ``{"id", "ok": false, "kind": "<error class>", "error": "<one line>"}``.
 """
 
