@@ -21,6 +21,7 @@ __all__ = [
     "SnapshotWontFitError",
     "StalwartError",
     "StateMismatchError",
+    "StepCommittedError",
     "StepFailedError",
     "UnsafePathError",
     "UnsupportedStateError",
@@ -37,6 +38,10 @@ class ConfigError(StalwartError, ValueError):
 
 class CheckpointError(StalwartError):
     """Base class for checkpoint errors."""
+
+
+class StepCommittedError(CheckpointError):
+    """A write into a step that is already committed (a committed step is immutable)."""
 
 
 class CheckpointNotFoundError(CheckpointError):

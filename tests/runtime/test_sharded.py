@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from stalwart.coordinator import MemoryStore
+from stalwart.runtime._cadence import CadenceRecordError
 from stalwart.runtime._sharded import AutoPersist, ShardedCommit
 
 
@@ -60,14 +63,31 @@ def test_prune_drops_older_steps_and_keeps_the_committed_one() -> None:
     assert not a.written(0, 4)  # step 4's claim survives its prune
 
 
-def test_auto_becomes_the_same_step_count_on_every_rank() -> None:
+def test_auto_becomes_the_same_persist_steps_on_every_rank() -> None:
     store = MemoryStore()
     zero, one = AutoPersist(store, "job", 0), AutoPersist(store, "job", 1)
-    assert not one.due(6, 0, 10.0, [1.0])  # rank 0 has not chosen yet: nobody persists
-    # rank 0: Daly's 10 s over a 2 s median step = every 5 steps
-    assert not zero.due(6, 0, 10.0, [2.0, 2.0, 3.0])
-    assert zero.every == 5
-    assert one.due(10, 0, 99.0, [9.0])  # reads rank 0's choice, ignores its own timing
-    assert not one.due(11, 0, 99.0, [9.0])
-    # a new generation: chosen again (the MTBF changed)
-    assert zero.due(7, 1, 7.0, [1.0]) and zero.every == 7
+    assert not one.due(10, 10.0, [1.0])  # rank 0 has not chosen yet: nobody persists
+    # rank 0 at step 10: Daly's 10 s over a 2 s median step = every 5 steps, from step 12,
+    # so step 10 (a multiple of 5) is not a persist point for rank 0 either: rank 1
+    # looked before rank 0 published, and a step only one rank wrote never commits
+    assert not zero.due(10, 10.0, [2.0, 2.0, 3.0])
+    assert (zero.every, zero.start) == (5, 12)
+    assert not one.due(11, 99.0, [9.0])  # reads the job's record, ignores its own timing
+    assert (one.every, one.start) == (5, 12)
+    persisted = [s for s in range(12, 31) if zero.due(s, 1.0, [1.0])]
+    assert persisted == [15, 20, 25, 30]
+    assert [s for s in range(12, 31) if one.due(s, 1.0, [1.0])] == persisted
+
+
+def test_a_restarted_rank_0_adopts_the_jobs_record() -> None:
+    store = MemoryStore()
+    assert not AutoPersist(store, "job", 0).due(8, 10.0, [2.0])  # every 5 from 10
+    again = AutoPersist(store, "job", 0)  # a later generation, another MTBF and step time
+    assert again.due(10, 70.0, [1.0]) and (again.every, again.start) == (5, 10)
+
+
+def test_a_malformed_auto_record_is_refused() -> None:
+    store = MemoryStore()
+    store.put("/stalwart/job/persist-auto", b'{"every": 0, "from": 3}')
+    with pytest.raises(CadenceRecordError, match="persist-every auto"):
+        AutoPersist(store, "job", 1).due(9, 1.0, [1.0])

@@ -66,52 +66,14 @@ def load_into(
     """``fill`` may only queue its reads; ``finish`` then completes them (it is called
     before a filled tensor is used: copied elsewhere, or handed to ``load_state_dict``)."""
     done = finish or (lambda: None)
-    _, current = capture(state)
-    targets: dict[str, torch.Tensor] = {leaf.path: leaf.tensor for leaf in current}
-    if reshard is not None:  # a fresh optimizer of DTensor parameters: cut its shards too
-        globals_ = [(e.path, (e.shard or {}).get("global_shape", e.shape), e.dtype) for e in saved]
-        targets.update(fresh_optimizer_targets(state, [g for g in globals_ if g[0] not in targets]))
+    targets = _targets(state, saved, reshard)
     loaded: dict[int, torch.Tensor] = {}
     for entry in saved:
-        dtype = getattr(torch, entry.dtype)
         target = targets.get(entry.path)
-        if target is not None:
-            local, box = local_and_shard(target)
-            if (
-                box is not None
-                and reshard is not None
-                and (
-                    entry.shard is None
-                    or entry.shard["offsets"] != box["offsets"]
-                    or list(local.shape) != entry.shape
-                )
-            ):
-                if local.device.type == "cpu" and local.is_contiguous():
-                    reshard(entry, local, box)
-                else:
-                    tmp = torch.empty(local.shape, dtype=local.dtype)
-                    reshard(entry, tmp, box)
-                    done()
-                    local.copy_(tmp)
-                loaded[entry.id] = target
-                continue
-            if (
-                local.dtype == dtype
-                and list(local.shape) == entry.shape
-                and local.device.type == "cpu"
-                and local.is_contiguous()
-            ):
-                fill(entry, local)
-                loaded[entry.id] = target
-                continue
-            if local.dtype == dtype and list(local.shape) == entry.shape:
-                tmp = torch.empty(entry.shape, dtype=dtype)
-                fill(entry, tmp)
-                done()
-                local.copy_(tmp)
-                loaded[entry.id] = target
-                continue
-        fresh = torch.empty(entry.shape, dtype=dtype)
+        if target is not None and _load_in_place(entry, target, fill, reshard, done):
+            loaded[entry.id] = target
+            continue
+        fresh = torch.empty(entry.shape, dtype=getattr(torch, entry.dtype))
         fill(entry, fresh)
         loaded[entry.id] = fresh
 
@@ -121,6 +83,58 @@ def load_into(
 
     done()
     apply_state(state, unflatten(tree, tensor_of))
+
+
+def _targets(
+    state: Mapping[str, Any], saved: list[SavedTensor], reshard: Reshard | None
+) -> dict[str, torch.Tensor]:
+    """The state's current tensors by path, to load into in place."""
+    _, current = capture(state)
+    targets: dict[str, torch.Tensor] = {leaf.path: leaf.tensor for leaf in current}
+    if reshard is not None:  # a fresh optimizer of DTensor parameters: cut its shards too
+        globals_ = [(e.path, (e.shard or {}).get("global_shape", e.shape), e.dtype) for e in saved]
+        targets.update(fresh_optimizer_targets(state, [g for g in globals_ if g[0] not in targets]))
+    return targets
+
+
+def _load_in_place(
+    entry: SavedTensor,
+    target: torch.Tensor,
+    fill: Fill,
+    reshard: Reshard | None,
+    done: Callable[[], None],
+) -> bool:
+    """Load ``entry`` into ``target`` (resharded when its shard differs); False when
+    ``target`` cannot take it (another dtype or shape: a fresh tensor is loaded)."""
+    dtype = getattr(torch, entry.dtype)
+    local, box = local_and_shard(target)
+    if (
+        box is not None
+        and reshard is not None
+        and (
+            entry.shard is None
+            or entry.shard["offsets"] != box["offsets"]
+            or list(local.shape) != entry.shape
+        )
+    ):
+        if local.device.type == "cpu" and local.is_contiguous():
+            reshard(entry, local, box)
+        else:
+            tmp = torch.empty(local.shape, dtype=local.dtype)
+            reshard(entry, tmp, box)
+            done()
+            local.copy_(tmp)
+        return True
+    if local.dtype != dtype or list(local.shape) != entry.shape:
+        return False
+    if local.device.type == "cpu" and local.is_contiguous():
+        fill(entry, local)
+        return True
+    tmp = torch.empty(entry.shape, dtype=dtype)
+    fill(entry, tmp)
+    done()
+    local.copy_(tmp)
+    return True
 
 
 def load_slot(slot: SlotFiles, meta: SlotMeta, state: Mapping[str, Any]) -> None:

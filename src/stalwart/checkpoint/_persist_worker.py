@@ -10,7 +10,8 @@ Protocol: one JSON object per line on stdin, one reply per line on stdout.
 ``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
 "commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` (optionally
 ``"only": [names]``: write only those top-level entries of the slot) ->
-``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}`` or
+``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}``
+(plus ``"skipped": "committed"`` when the step was already committed: nothing written) or
 ``{"id", "ok": false, "kind": "<error class>", "error": "<one line>"}``.
 """
 
@@ -27,9 +28,9 @@ from typing import Any
 from stalwart.checkpoint._select import select
 from stalwart.checkpoint._shm import SlotFiles
 from stalwart.checkpoint._writer import known_chunks, write_rank
-from stalwart.checkpoint.catalog import committed_steps, load_manifest
+from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest
 from stalwart.checkpoint.commit import StepCommitter
-from stalwart.checkpoint.format import ChunkRef
+from stalwart.checkpoint.format import ChunkRef, manifest_path
 from stalwart.checkpoint.retention import RetentionPolicy
 from stalwart.checkpoint.storage import Storage, open_storage
 from stalwart.errors import CheckpointError
@@ -98,6 +99,8 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     meta = slot.read_meta()
     if meta is None:
         raise CheckpointError(f"snapshot slot {slot.meta_path} is not complete; snapshot again")
+    if storage.exists(manifest_path(meta.step)):
+        return _already_committed(storage, meta.step, int(req["rank"]), t0)
     base = _BASES.setdefault(storage.url, _DedupBase())
     tree, layout = meta.tree, meta.layout
     only = req.get("only")
@@ -146,6 +149,25 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     cpu1 = os.times()
     reply["cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return reply
+
+
+def _already_committed(storage: Storage, step: int, rank: int, t0: float) -> dict[str, Any]:
+    """The reply to a persist of a step that is already committed (after a restart from
+    an older step, the job trains through it again): nothing is written, the committed
+    step stays as it is (docs/checkpoint-format.md, "A committed step is immutable")."""
+    manifest = load_manifest(storage, step)
+    total = load_index(storage, manifest, rank).nbytes if rank < manifest.world_size else 0
+    return {
+        "ok": True,
+        "step": step,
+        "written_bytes": 0,
+        "total_bytes": total,
+        "committed": True,
+        "skipped": "committed",
+        "write_s": 0.0,
+        "seconds": time.perf_counter() - t0,
+        "cpu_s": 0.0,
+    }
 
 
 def main() -> int:

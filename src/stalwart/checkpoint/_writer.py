@@ -33,13 +33,16 @@ from stalwart.checkpoint.format import (
     step_dir,
 )
 from stalwart.checkpoint.storage import Storage
-from stalwart.errors import CheckpointError, FencedError
+from stalwart.errors import CheckpointError, FencedError, StepCommittedError
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "RankWrite", "known_chunks", "publish_step", "write_rank"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """4 MiB: large enough that per-chunk overhead is noise at disk speed, small enough that
 a frozen block inside a partly trained tensor still deduplicates."""
+
+
+_Piece = tuple[int, int, int, int]  # (tensor, chunk index, slot offset, length)
 
 
 @dataclass
@@ -187,52 +190,24 @@ def write_rank(
     """Write the chunks of ``data`` that ``known`` does not already hold into a new pack,
     then the rank index. ``known`` (hash -> stored chunk) is updated in place.
     ``copy_of``: this rank's DTensor shards are rank ``copy_of``'s (an HSDP replica):
-    their entries name that rank and no bytes of theirs are written."""
+    their entries name that rank and no bytes of theirs are written.
+
+    Raises :class:`StepCommittedError` when ``step`` is already committed: its manifest
+    lists this rank's index by checksum, so rewriting the index in place would break the
+    committed step until (unless) a new manifest is written (the caller skips it)."""
+    if storage.exists(manifest_path(step)):
+        raise StepCommittedError(
+            f"step {step} is already committed in {storage.url}: a committed step is never "
+            "rewritten (its manifest names each rank's index by checksum); skip the persist "
+            'of a committed step (docs/checkpoint-format.md, "A committed step is immutable")'
+        )
     t0 = time.perf_counter()
     pack = pack_path(step, rank, uuid.uuid4().hex[:8])
     stream = storage.open_stream(pack)
     out = _PackOut(stream, data)
-    done = 0
-    # Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks go
-    # first, the rest (tensor tails, tiny tensors such as optimizer step counters) last:
-    # the first kind is written straight from the slot in long runs, and the second
-    # cannot then interrupt a run or push the chunks after it through the bounce buffer.
-    pieces: list[tuple[int, int, int, int]] = []
-    for ei, e in enumerate(layout):
-        off, nbytes = int(e["offset"]), int(e["nbytes"])
-        if copy_of is not None and e.get("shard"):
-            continue  # its bytes are in rank copy_of's pack
-        for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
-            pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
-    total = sum(p[3] for p in pieces)
-    align = out.align
-    pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
-    refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
     try:
-        for ei, ci, at, n in pieces:
-            piece = data[at : at + n]
-            h = checksum(piece)
-            ref = known.get(h)
-            if ref is None or ref.length != n:
-                ref = ChunkRef(h, pack, out.put(piece, at), n)
-                known[h] = ref
-            refs[ei][ci] = ref
-            done += n
-            if progress is not None:
-                progress(done, total)
-        entries = [
-            TensorEntry(
-                id=int(e["id"]),
-                path=str(e["path"]),
-                dtype=str(e["dtype"]),
-                shape=[int(x) for x in e["shape"]],
-                nbytes=int(e["nbytes"]),
-                chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
-                shard=e.get("shard"),
-                copy_of=copy_of if copy_of is not None and e.get("shard") else None,
-            )
-            for ei, e in enumerate(layout)
-        ]
+        refs = _write_chunks(out, data, layout, pack, known, chunk_bytes, progress, copy_of)
+        entries = _entries(layout, refs, copy_of)
         out.finish()
         out.close()
         pos = out.pos
@@ -249,6 +224,72 @@ def write_rank(
     index = RankIndex(step, rank, world_size, tree, entries, new_bytes=pos)
     storage.write_atomic(index_path(step, rank), index.encode())
     return RankWrite(index, pos, time.perf_counter() - t0)
+
+
+def _pieces(
+    layout: list[dict[str, Any]], chunk_bytes: int, align: int, copy_of: int | None
+) -> list[_Piece]:
+    """Every chunk as (tensor, chunk index, slot offset, length). Whole aligned blocks
+    go first, the rest (tensor tails, tiny tensors such as optimizer step counters)
+    last: the first kind is written straight from the slot in long runs, and the second
+    cannot then interrupt a run or push the chunks after it through the bounce buffer."""
+    pieces: list[_Piece] = []
+    for ei, e in enumerate(layout):
+        off, nbytes = int(e["offset"]), int(e["nbytes"])
+        if copy_of is not None and e.get("shard"):
+            continue  # its bytes are in rank copy_of's pack
+        for ci, start in enumerate(range(0, nbytes, chunk_bytes)):
+            pieces.append((ei, ci, off + start, min(chunk_bytes, nbytes - start)))
+    pieces.sort(key=lambda p: p[2] % align != 0 or p[3] % align != 0)  # stable
+    return pieces
+
+
+def _write_chunks(
+    out: _PackOut,
+    data: memoryview,
+    layout: list[dict[str, Any]],
+    pack: str,
+    known: dict[str, ChunkRef],
+    chunk_bytes: int,
+    progress: Callable[[int, int], None] | None,
+    copy_of: int | None,
+) -> list[dict[int, ChunkRef]]:
+    """Hash every chunk, append the ones ``known`` lacks to the pack (``known`` grows);
+    returns each tensor's chunk refs by chunk index (none for an HSDP replica's copy)."""
+    pieces = _pieces(layout, chunk_bytes, out.align, copy_of)
+    total = sum(p[3] for p in pieces)
+    done = 0
+    refs: list[dict[int, ChunkRef]] = [{} for _ in layout]
+    for ei, ci, at, n in pieces:
+        piece = data[at : at + n]
+        h = checksum(piece)
+        ref = known.get(h)
+        if ref is None or ref.length != n:
+            ref = ChunkRef(h, pack, out.put(piece, at), n)
+            known[h] = ref
+        refs[ei][ci] = ref
+        done += n
+        if progress is not None:
+            progress(done, total)
+    return refs
+
+
+def _entries(
+    layout: list[dict[str, Any]], refs: list[dict[int, ChunkRef]], copy_of: int | None
+) -> list[TensorEntry]:
+    return [
+        TensorEntry(
+            id=int(e["id"]),
+            path=str(e["path"]),
+            dtype=str(e["dtype"]),
+            shape=[int(x) for x in e["shape"]],
+            nbytes=int(e["nbytes"]),
+            chunks=[refs[ei][ci] for ci in range(len(refs[ei]))],
+            shard=e.get("shard"),
+            copy_of=copy_of if copy_of is not None and e.get("shard") else None,
+        )
+        for ei, e in enumerate(layout)
+    ]
 
 
 def publish_step(

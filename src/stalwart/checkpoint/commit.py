@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.checkpoint._writer import publish_step
-from stalwart.checkpoint.format import Manifest
+from stalwart.checkpoint.catalog import load_manifest
+from stalwart.checkpoint.format import Manifest, manifest_path
 from stalwart.checkpoint.retention import GcReport, RetentionPolicy, collect_garbage
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import FencedError
@@ -110,7 +111,13 @@ class StepCommitter:
         when a coordinator is given, then apply the retention policy keeping
         ``protect`` and the job's common step. Raises :class:`FencedError` when this
         member's generation is stale: nothing is then visible. ``pause(stage)``: tests
-        (see :func:`stalwart.checkpoint.publish_step`)."""
+        (see :func:`stalwart.checkpoint.publish_step`).
+
+        A step already committed is left exactly as it is (its manifest returned, no
+        record, no retention): a committed step is immutable, and a re-persist of it
+        after a restart from an older step wrote nothing (docs/checkpoint-format.md)."""
+        if self.storage.exists(manifest_path(step)):
+            return CommitResult(load_manifest(self.storage, step), None)
         fenced = self.fenced
         # read before this commit's own record (the common step the job had until now)
         keep = set(protect) | self.common_step() if self.retention is not None else set()

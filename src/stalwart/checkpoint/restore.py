@@ -47,6 +47,10 @@ class RestoreResult:
     skipped: list[str] = field(default_factory=list)  # problems of newer steps passed over
     bytes_read: int = 0
     quarantined: list[str] = field(default_factory=list)  # where damaged steps were moved
+    source_rank: int = 0
+    """The saved rank whose index was loaded (tree and unsharded values such as RNG
+    states): the restoring rank itself, or ``rank % saved world`` when the checkpoint
+    was written by fewer ranks (the caller then derives what must differ per rank)."""
 
 
 def _read_entry(
@@ -125,7 +129,7 @@ def _saved(t: TensorEntry) -> SavedTensor:
 
 def _restore_step(
     storage: Storage, state: Mapping[str, Any], step: int, rank: int, world_size: int
-) -> int:
+) -> tuple[int, int]:
     manifest = load_manifest(storage, step)
     src_rank = rank if rank < manifest.world_size else rank % manifest.world_size
     primary = load_index(storage, manifest, src_rank)
@@ -169,7 +173,7 @@ def _restore_step(
             )
         finally:
             _drain_quietly(pending)
-    return primary.nbytes
+    return primary.nbytes, src_rank
 
 
 def _fill_box(
@@ -268,8 +272,8 @@ def restore_state(
     quarantined: list[str] = []
     for s in reversed(steps):
         try:
-            nbytes = _restore_step(storage, state, s, rank, world_size)
-            return RestoreResult(s, skipped, nbytes, quarantined)
+            nbytes, source = _restore_step(storage, state, s, rank, world_size)
+            return RestoreResult(s, skipped, nbytes, quarantined, source)
         except _BAD_STEP as err:
             problems = getattr(err, "problems", None) or [str(err).splitlines()[0]]
             skipped.extend(f"step {s}: {p}" for p in problems)

@@ -200,7 +200,7 @@ class StepAccounting:
             if self._auto is None:
                 self._auto = AutoPersist(self.store, self.env.job, self.position.rank)
             return step >= CALIBRATE and self._auto.due(
-                step, self.position.generation, self.auto_interval(), list(self.durations)
+                step, self.auto_interval(), list(self.durations)
             )
         return time.monotonic() - self._last_persist >= self.auto_interval()
 

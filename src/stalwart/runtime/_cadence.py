@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from stalwart.coordinator import Store
     from stalwart.runtime._formation import Position
 
-__all__ = ["CALIBRATE", "CadenceRecordError", "SnapshotCadence", "choose_every"]
+__all__ = ["CALIBRATE", "CadenceRecordError", "SnapshotCadence", "choose_every", "parse_every"]
 
 CALIBRATE = 6
 _MAX_EVERY = 1_000_000
@@ -54,20 +54,21 @@ class CadenceRecordError(StalwartError):
     """The job's cadence record in the store is not one this version wrote."""
 
 
-def _parse(raw: bytes, key: str) -> tuple[int, int]:
-    """(every, from) of a cadence record, bounds-checked."""
+def parse_every(raw: bytes, key: str, what: str = "snapshot cadence") -> tuple[int, int]:
+    """(every, from) of a ``{"every": k, "from": F}`` record (the snapshot cadence's,
+    and a sharded job's ``--persist-every auto`` choice), bounds-checked."""
     try:
         doc = json.loads(raw.decode("ascii"))
         every, start = doc["every"], doc["from"]
     except (UnicodeDecodeError, ValueError, TypeError, KeyError) as err:
         raise CadenceRecordError(
-            f"the snapshot cadence record at {key} is malformed ({err}): another program "
+            f"the {what} record at {key} is malformed ({err}): another program "
             "wrote it; use a fresh --rdzv-id"
         ) from None
     ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (every, start))
     if not ok or not (1 <= every <= _MAX_EVERY and 0 <= start <= _MAX_STEP):
         raise CadenceRecordError(
-            f"the snapshot cadence record at {key} has every={every!r} from={start!r}, "
+            f"the {what} record at {key} has every={every!r} from={start!r}, "
             f"outside [1, {_MAX_EVERY}] x [0, 2^62]: use a fresh --rdzv-id"
         )
     return every, start
@@ -109,7 +110,7 @@ class SnapshotCadence:
             found = store.get(self.key)  # the record that won is the job's, ours or not
         if found is None:
             return None  # not published yet: this step is snapshotted, look again next
-        self.every, self.start = _parse(found.value, self.key)
+        self.every, self.start = parse_every(found.value, self.key)
         late = [s for s in self._fallback if s >= self.start and s % self.every]
         if late:
             _log.warning(

@@ -245,7 +245,7 @@ class ElasticRejoin:
             holders = sorted(infos.items())
             nbytes, tier = tracked.restore_peer(target, holders, f"member {self.member}"), "peer"
         else:
-            nbytes = tracked.checkpoints.restore(tracked.state, step=target).bytes_read
+            nbytes = tracked.restore_disk(target)
         received = self.admission.received
         if received is not None and received.get("step") == target:
             tier = "transfer"  # a joiner: the state came from a survivor's memory

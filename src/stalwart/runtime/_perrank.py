@@ -35,7 +35,14 @@ if TYPE_CHECKING:
     from stalwart.runtime._formation import Position
     from stalwart.runtime.env import WorkerEnv
 
-__all__ = ["PerRankPart", "check_values", "derive_rng", "open_part", "per_rank_names"]
+__all__ = [
+    "PerRankPart",
+    "check_values",
+    "derive_rng",
+    "note_derived",
+    "open_part",
+    "per_rank_names",
+]
 
 _log = get_logger(__name__)
 
@@ -163,16 +170,31 @@ class PerRankPart:
         self._note(step, tier, why)
 
     def _note(self, step: int, tier: str, why: str) -> None:
-        message = (
-            f"rank {self.member}: restored step {step} from the {tier} tier, but {why}: "
-            "its RNG is derived from rank 0's (per rank, not the fault-free stream) and its "
-            "other per-rank values are rank 0's"
-        )
-        if self.events is not None:
-            self.events.emit("note", message=message)
-        if not self._warned:
-            self._warned = True
-            _log.warning("%s", message)
+        note_derived(self.events, self.member, step, tier, why, warn=not self._warned)
+        self._warned = True
+
+
+def note_derived(
+    events: EventLog | None,
+    rank: int,
+    step: int,
+    tier: str,
+    why: str,
+    *,
+    source: int = 0,
+    warn: bool = True,
+) -> None:
+    """The note event (and, with ``warn``, the stderr line) of a rank whose RNG was
+    derived (:func:`derive_rng`) from rank ``source``'s restored one."""
+    message = (
+        f"rank {rank}: restored step {step} from the {tier} tier, but {why}: its RNG is "
+        f"derived from rank {source}'s (per rank, not the fault-free stream) and its "
+        f"other per-rank values are rank {source}'s"
+    )
+    if events is not None:
+        events.emit("note", message=message)
+    if warn:
+        _log.warning("%s", message)
 
 
 def open_part(

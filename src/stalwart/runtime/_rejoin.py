@@ -234,7 +234,7 @@ def restore_agreed(
             # the agreed step is on disk for everyone, and in our own memory too (the
             # snapshot it was persisted from): the same bytes, faster
             return restore_memory_step(snap, tracked.state, a.target), "memory", False
-        nbytes = tracked.checkpoints.restore(tracked.state, step=a.target).bytes_read
+        nbytes = tracked.restore_disk(a.target)
         if tracked.part is not None:  # rank 0's copy: then this rank's own part over it
             tracked.part.restore(a.target, "disk")
         return nbytes, "disk", False

@@ -29,6 +29,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from stalwart.coordinator import Compare, Delete, Put
+from stalwart.runtime._cadence import parse_every
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Store
@@ -81,34 +82,45 @@ class ShardedCommit:
 
 class AutoPersist:
     """``--persist-every auto`` for a sharded job: every rank must persist at the same
-    steps (a step is committed only when every rank wrote it), so the time-based
-    interval is turned into a step count once per generation by rank 0 and published;
-    the others read it without waiting (until it is there they do not persist)."""
+    steps (a step is committed only when every rank wrote it).
+
+    Rank 0 turns Daly's interval into a step count once and publishes one record for the
+    job, ``{"every": k, "from": F}`` at ``/stalwart/<job>/persist-auto``, created only if
+    absent (a restarted rank 0 adopts the job's record, it does not choose again), with
+    ``F`` two steps after the step it publishes at: the snapshot cadence's scheme
+    (runtime/_cadence.py says why every member then knows the record before ``F``). No
+    rank persists before it knows the record, and every rank persists the steps
+    ``s >= F`` with ``s % k == 0``, so a rank reading it a step late still persists the
+    same steps. (The previous scheme published a choice per generation that applied at
+    once: a rank that read it late missed persist steps, which then never committed.)"""
 
     def __init__(self, store: Store | None, job: str, rank: int) -> None:
         self.store, self.rank = store, rank
-        self.prefix = f"/stalwart/{job}/persist-auto/"
+        self.key = f"/stalwart/{job}/persist-auto"
         self.every: int | None = None
-        self.generation = -1
+        self.start = 0  # the first step at which ``every`` applies
 
-    def due(self, step: int, generation: int, interval_s: float, step_s: list[float]) -> bool:
+    def due(self, step: int, interval_s: float, step_s: list[float]) -> bool:
         """Whether ``step`` is a persist point; ``interval_s``: Daly's interval now,
         ``step_s``: recent step durations (rank 0 turns one into steps with the other)."""
-        if generation != self.generation:
-            self.every, self.generation = None, generation
         if self.every is None:
-            self.every = self._read(generation, interval_s, step_s)
-        return self.every is not None and step % self.every == 0
+            self._learn(step, interval_s, step_s)
+        return self.every is not None and step >= self.start and step % self.every == 0
 
-    def _read(self, generation: int, interval_s: float, step_s: list[float]) -> int | None:
-        key = f"{self.prefix}{generation:012d}"
-        if self.rank == 0 and step_s:
-            every = max(1, math.ceil(interval_s / max(statistics.median(step_s), 1e-6)))
-            if self.store is None:
-                return every
-            self.store.put(key, str(every).encode())
-            return every
-        if self.store is None:
-            return None
-        kv = self.store.get(key)
-        return None if kv is None else max(1, int(kv.value))
+    def _learn(self, step: int, interval_s: float, step_s: list[float]) -> None:
+        store = self.store
+        if store is None:  # alone: nobody to agree with
+            if step_s:
+                self.every = _choose(interval_s, step_s)
+            return
+        found = store.get(self.key)
+        if found is None and self.rank == 0 and step_s:
+            doc = json.dumps({"every": _choose(interval_s, step_s), "from": step + 2})
+            store.txn([Compare(self.key, "mod_revision", "==", 0)], [Put(self.key, doc.encode())])
+            found = store.get(self.key)  # the record that won is the job's, ours or not
+        if found is not None:
+            self.every, self.start = parse_every(found.value, self.key, "--persist-every auto")
+
+
+def _choose(interval_s: float, step_s: list[float]) -> int:
+    return max(1, math.ceil(interval_s / max(statistics.median(step_s), 1e-6)))

@@ -46,6 +46,7 @@ class TrackedState:
         # HSDP: ranks of the same key hold the same shards (runtime/_mesh.py copy_key)
         self.copy_key: int | None = None
         self._ckpt: CheckpointManager | None = None
+        self._events: EventLog | None = None
 
     def record(self, state: Mapping[str, Any], group: GenerationGroup) -> dict[str, Any]:
         """``Session.track``: hook DDP models and guard optimizers on ``group``; the
@@ -89,6 +90,7 @@ class TrackedState:
         from stalwart.runtime._perrank import open_part
 
         env = self.env
+        self._events = events
         run_dir = env.run_dir or os.path.abspath("stalwart-local")
         rank, world_size = position.rank, position.world_size
         # replicated (DDP) state: rank 0 persists the one copy; sharded (FSDP2) state:
@@ -124,6 +126,25 @@ class TrackedState:
 
         steps = committed_steps(self.checkpoints.storage)
         return steps[-1] if steps else None
+
+    def restore_disk(self, step: int) -> int:
+        """Load ``step`` from this rank's checkpoint on disk; returns the bytes read.
+
+        A sharded checkpoint written by fewer ranks (a relaunch at a larger world size)
+        has no index of this rank: its unsharded values, the process RNGs among them,
+        come from rank ``rank % saved world``'s index, so two ranks would draw the same
+        stream. Then this rank's RNG is derived from it, its rank and the step, as a DDP
+        rank without its per-rank part gets (runtime/_perrank.py), with the same note."""
+        from stalwart.runtime._perrank import derive_rng, note_derived
+
+        ckpt = self.checkpoints
+        result = ckpt.restore(self.state, step=step)
+        rank = ckpt.config.rank
+        if self.sharded and result.source_rank != rank:
+            derive_rng(rank, result.step)
+            why = f"the checkpoint was written by fewer ranks and holds no index of rank {rank}"
+            note_derived(self._events, rank, result.step, "disk", why, source=result.source_rank)
+        return result.bytes_read
 
     def restore_peer(
         self, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]], who: str
