@@ -196,6 +196,7 @@ def test_the_detector_reports_a_typed_incident_with_its_domain_and_events(
     assert s.ratio == pytest.approx(4.0) and s.latency_s == pytest.approx(12.0, abs=0.1)
     assert events.kinds() == ["fault_detected", "straggler"]
     assert events.of("fault_detected")[0]["fault"] == "straggler"
+    assert "in 3 of its last 5 windows" in events.of("fault_detected")[0]["how"]
     rec = events.of("straggler")[0]
     assert rec["domain"] == {"rank": 1, "node": 0} and rec["action"] == "report"
     log = EventLog(str(tmp_path / "events.jsonl"))  # the records pass the schema

@@ -49,6 +49,7 @@ class StragglerDetector:
         self._ledger, self._events, self._say = ledger, events, say
         self.windows = StragglerWindows(config)
         self._evict = config.action is StragglerAction.EVICT
+        self._of_last = config.of_last
 
     def check(self, now: float) -> list[Straggler]:
         declared = self.windows.observe(self._workers.judged(), now, self._peers)
@@ -60,7 +61,8 @@ class StragglerDetector:
         latency = now - (fired if fired is not None else d.t_first)
         how = (
             f"computes {sc.compute_s * 1000:.1f} ms per step, {sc.ratio:.2f}x the other ranks' "
-            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) for {d.windows} windows"
+            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) in {d.windows} of its "
+            f"last {self._of_last} windows"
         )
         self._events.emit(
             "fault_detected", fault="straggler", domain=domain, latency_s=latency, how=how

@@ -91,7 +91,7 @@ class StragglerConfig:
     window_s: float = 3.0
     """Seconds per scored window: long enough to hold several steps of most jobs and to
     average a loaded machine's scheduling noise, short enough that 3 windows find a 3x
-    slowdown within 20 s (9-12 s, 15 s with one noisy window between)."""
+    slowdown within 20 s (9-12 s, 12-18 s with noisy windows between)."""
     windows: int = 3
     """Flagged windows, among the last ``of_last``, before a rank is declared: one noisy
     window (another process on the core, a page-cache flush) never declares anyone."""
