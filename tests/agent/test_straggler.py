@@ -60,7 +60,7 @@ def test_bad_settings_are_refused_with_the_flag_named() -> None:
     with pytest.raises(ConfigError, match="window"):
         StragglerConfig(window_s=0.0)
     with pytest.raises(ConfigError, match="of_last"):
-        StragglerConfig(windows=6, of_last=5)
+        StragglerConfig(sustained=9, of_last=8)
 
 
 class Board:
@@ -105,31 +105,35 @@ def test_a_straggler_is_declared_after_it_persists_n_windows_once() -> None:
     assert declared[0][0] == pytest.approx(8.0 + 3 * 4.0 + 0.01)  # the 3rd flagged window
 
 
+_PACE = {"S": 0.15, "m": 0.065, "w": 0.06, ".": 0.05}
+
+
 def _pattern(windows: StragglerWindows, board: Board, slow: str) -> list[tuple[float, int]]:
-    """One 4 s window per letter: rank 1 slowed 3x in an ``S`` window, at its peers'
-    pace in a ``.`` (a noisy window that does not flag it)."""
+    """One 4 s window per letter, rank 1's pace in it against its peer's 0.05 s: ``S``
+    3x (flagged), ``m`` 1.3x (under the flag's 1.35x, over the sustained 1.25x), ``.``
+    1x (a window where noise hid the slowdown), ``w`` 1.2x (a wobble worth no event)."""
     board.run(5)
     windows.observe(board.slots(), 0.0)
     t, found = 0.0, []
     for letter in slow:
-        board.per_step[1] = 0.15 if letter == "S" else 0.05
+        board.per_step[1] = _PACE[letter]
         found += _run(windows, board, t, 1)
         t += 4.0
     return found
 
 
-def test_a_noisy_window_between_slow_ones_does_not_restart_the_count() -> None:
-    # 3 flagged of the last 5: the 1.5x straggler seen through noise (a run-length count,
-    # reset by every unflagged window, never declared this one)
-    found = _pattern(StragglerWindows(CFG), Board(2), "SS.S.SS.S")
-    assert found == [(pytest.approx(4 * 4.0 + 0.01), 1)]  # the 3rd flagged window
+def test_a_moderate_straggler_seen_through_noise_is_declared_by_its_sustained_excess() -> None:
+    # a 1.5x rank seen at 1.3-3x, never 3 flagged windows in a row (the in-a-row count,
+    # reset by each unflagged window, never declared it): 6 of its last 8 windows do
+    found = _pattern(StragglerWindows(CFG), Board(2), "SmS.mSmSSm")
+    assert found == [(pytest.approx(7 * 4.0 + 0.01), 1)]  # its 6th window at >= 1.25x
 
 
-def test_scattered_flagged_windows_of_a_fault_free_rank_never_add_up() -> None:
-    assert _pattern(StragglerWindows(CFG), Board(2), "S..S..S..S..S") == []
-    assert _pattern(StragglerWindows(CFG), Board(2), "S.S...S.S...") == []
-    cfg = StragglerConfig(window_s=4.0, windows=3, of_last=3)  # n in a row, if wanted
-    assert _pattern(StragglerWindows(cfg), Board(2), "SS.SS.SS") == []
+def test_bursts_of_a_fault_free_rank_never_add_up() -> None:
+    # bursts a window or two apart (3 flagged of 5, as a loaded machine shows them)
+    assert _pattern(StragglerWindows(CFG), Board(2), "S.S.S.S.S.S.") == []
+    assert _pattern(StragglerWindows(CFG), Board(2), "SS..SS..SS..SS") == []
+    assert _pattern(StragglerWindows(CFG), Board(2), "wwwwwwwwww") == []  # a steady 1.2x
 
 
 def test_a_recovery_restarts_the_windows_and_a_new_process_is_judged_afresh() -> None:
@@ -196,7 +200,7 @@ def test_the_detector_reports_a_typed_incident_with_its_domain_and_events(
     assert s.ratio == pytest.approx(4.0) and s.latency_s == pytest.approx(12.0, abs=0.1)
     assert events.kinds() == ["fault_detected", "straggler"]
     assert events.of("fault_detected")[0]["fault"] == "straggler"
-    assert "in 3 of its last 5 windows" in events.of("fault_detected")[0]["how"]
+    assert "for 3 windows in a row" in events.of("fault_detected")[0]["how"]
     rec = events.of("straggler")[0]
     assert rec["domain"] == {"rank": 1, "node": 0} and rec["action"] == "report"
     log = EventLog(str(tmp_path / "events.jsonl"))  # the records pass the schema

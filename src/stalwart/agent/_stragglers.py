@@ -49,7 +49,6 @@ class StragglerDetector:
         self._ledger, self._events, self._say = ledger, events, say
         self.windows = StragglerWindows(config)
         self._evict = config.action is StragglerAction.EVICT
-        self._of_last = config.of_last
 
     def check(self, now: float) -> list[Straggler]:
         declared = self.windows.observe(self._workers.judged(), now, self._peers)
@@ -59,10 +58,14 @@ class StragglerDetector:
         sc, domain = d.score, {"rank": d.score.rank, "node": self._node}
         fired = self._ledger.fired_at(pid=d.pid)
         latency = now - (fired if fired is not None else d.t_first)
+        seen = (
+            f"{d.windows} windows in a row"
+            if d.windows == d.of
+            else (f"{d.windows} of its last {d.of} windows")
+        )
         how = (
             f"computes {sc.compute_s * 1000:.1f} ms per step, {sc.ratio:.2f}x the other ranks' "
-            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) in {d.windows} of its "
-            f"last {self._of_last} windows"
+            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) for {seen}"
         )
         self._events.emit(
             "fault_detected", fault="straggler", domain=domain, latency_s=latency, how=how
