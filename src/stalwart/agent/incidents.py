@@ -96,7 +96,7 @@ class Straggler:
     median_s: float  # the other ranks' median
     ratio: float  # compute_s / median_s
     score: float  # robust z-score against the others
-    windows: int  # flagged windows among the last ``of_last`` scored (StragglerConfig)
+    windows: int  # the windows that declared it (in a row, or of the last ``of_last``)
     latency_s: float  # from the injected slowdown, else from the first flagged window
     evict: bool  # the policy: replace it (True) or only report it
 

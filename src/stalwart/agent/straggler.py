@@ -22,9 +22,9 @@ The decision is NVRx's and Falcon's shape, made robust for small jobs on noisy m
   excess: ``sustained`` of the last ``of_last`` windows at ``x / median >=
   sustained_ratio``. Measured on a loaded 2-core machine: a fault-free rank is sometimes
   seen at 1.8-2.3x for a window (another process on its core), in bursts a window or two
-  apart, so 3 flagged of the last 5 declared 2 fault-free ranks in 500 s, and no
+  apart, so 3 flagged of the last 5 declared 2 fault-free ranks in 10 minutes, and no
   per-window threshold tells those from a 3x rank (seen at 1.8x); a rank slowed 1.5x is
-  seen at ~1.4-1.5x, under the flag in about every other window, and 3 in a row took
+  seen at ~1.4-1.5x, under the flag in some of its windows, and 3 in a row took
   70 s. The in-a-row rule finds the strong, steady slowdown fast; the sustained rule the
   moderate one, which is elevated in nearly every window, where bursts are not.
 
@@ -106,8 +106,7 @@ class StragglerConfig:
     pass; bursts of a fault-free rank (a window here and there) never gather 6."""
     sustained_ratio: float = 1.25
     """The ratio to the others' median a window must reach for the sustained rule: under
-    the flag's 1.35x, which a 1.5x rank seen through noise misses about every other
-    window."""
+    the flag's 1.35x, which a 1.5x rank seen through noise misses in some windows."""
     z: float = 3.5
     """Robust z-score a rank's compute time must reach against the others' median."""
     min_ratio: float = 1.2
