@@ -84,9 +84,10 @@ def test_fifty_random_flips_are_all_caught_and_the_run_ends_bit_identical(
 def test_a_nan_is_rolled_back_and_its_batch_skipped(tmp_path: Path) -> None:
     """The final state equals a fault-free run that skipped step 12's batch: the steps
     before it are redone with their own batches (bit for bit, as any rollback)."""
-    chaos = ["--on-nan", "rollback", "--chaos", "nan rank=1 at=step:12"]
+    checks = ["--sdc-every", "100"]  # the replica checks on (off by default)
+    chaos = [*checks, "--on-nan", "rollback", "--chaos", "nan rank=1 at=step:12"]
     rolled = _train(tmp_path / "nan", 24, chaos)
-    skipped = _train(tmp_path / "skip", 24, [], ("--skip-steps", "12"))
+    skipped = _train(tmp_path / "skip", 24, checks, ("--skip-steps", "12"))
     for name, tensor in skipped.items():
         assert torch.equal(tensor, rolled[name]), name
     events = events_of(tmp_path / "nan")
