@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stalwart.cli.run import EXIT_NOT_ADMITTED
+
 from ._launch import events_of
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
@@ -69,7 +71,8 @@ def test_a_refused_agent_leaves_the_adopted_ranks_alone(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
             p.communicate()
-    assert again.returncode != 0 and "blocklisted" in again.stderr, again.stderr[-2000:]
+    assert again.returncode == EXIT_NOT_ADMITTED, again.stderr[-2000:]
+    assert "blocklisted" in again.stderr and "goes on without this node" in again.stderr
     assert procs[0].returncode == 0, err0[-3000:]
     events = events_of(run_dir)
     faults = [f["fault"] for k, f in events if k == "fault_detected"]

@@ -170,7 +170,13 @@ def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None] 
     from stalwart.metrics.follow import start_live as follow
 
     labels = {"job": cfg.job}
-    live = follow(run_dir, metrics_port=cfg.metrics_port, console=cfg.progress, labels=labels)
+    live = follow(
+        run_dir,
+        metrics_port=cfg.metrics_port,
+        metrics_host=cfg.metrics_host,
+        console=cfg.progress,
+        labels=labels,
+    )
     for sink in live.sinks:
         if hasattr(sink, "url"):
             say(f"metrics at {sink.url}")

@@ -1,19 +1,18 @@
 """The node agent behind `stalwart run`: it wires the parts and runs the loop.
 
 One agent per node. It hosts the job's coordinator store (node 0, like torchrun's c10d
-store), starts a zygote that forks every worker (first start, replacement, spare), reads
-the progress board for hangs, fires the chaos plan's agent-side faults, and writes the
-run's events. Workers get torchrun's environment, so a plain script runs unchanged;
-workers that call ``stalwart.init()`` also get stalwart's part of their contract
-(runtime/env.py) and recover by the job's strategy, while plain scripts get torchrun's
-restart-everything route.
+store), starts a zygote that forks every worker, reads the progress board for hangs,
+fires the chaos plan's agent-side faults and writes the run's events. Workers get
+torchrun's environment (a plain script runs unchanged, restarted torchrun's way); those
+that call ``stalwart.init()`` also get stalwart's contract (runtime/env.py) and recover
+by the job's strategy.
 
 The parts, each the owner of its state: :class:`~stalwart.agent._workers.LocalWorkers`
 (processes, spares, zygote, board), :class:`~stalwart.agent._generation.JobGeneration`
 (generation, restarts, port), the detectors (agent/_detectors.py: typed incidents), the
 :class:`~stalwart.agent.policy.RecoveryPolicy` of ``--strategy``, the cluster
-(membership, leases, fencing). Teardown is one ``ExitStack``: each part's end is
-registered when the part is set up (agent/_lifecycle.py says why the order matters).
+(membership, leases, fencing), the node's health endpoint (agent/healthz.py). Teardown
+is one ``ExitStack``: each part's end is registered when the part is set up.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.healthz import NodeStatus, serve_health
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
@@ -63,12 +63,8 @@ from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = ["Agent", "run_agent"]
 
-
 _log = get_logger(__name__)
-
-
-# a diagnostic ("stalwart: agent: ..."); the job's end is printed (_outcome.py)
-_say: Callable[[str], None] = _log.info
+_say: Callable[[str], None] = _log.info  # "stalwart: agent: ..."; the end: _outcome.py
 
 
 class Agent:
@@ -91,12 +87,14 @@ class Agent:
         self.gen = JobGeneration(self.cluster, self.cluster, self.events, config.world_size)
         self.ctx = NodeContext(config, self.run_dir, self.events, self.ledger, _say)
         self.hangs = HangWatch(config.hang)  # CPU trackers, the job's step-time history
+        self.node_status = NodeStatus(config.node_rank)  # /healthz, /readyz
         self.status, self._end_reason, self._goodbye = "failed", "", True
         self._ranks: Callable[[], list[int]] = lambda: config.local_ranks  # slots to remove
 
     # ---------------------------------------------------------------- setup
     def _start(self) -> None:
         cfg, ctx, stack, cluster = self.cfg, self.ctx, self._stack, self.cluster
+        stack.callback(serve_health(cfg.health, self.node_status, _say))
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
         up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
@@ -199,6 +197,7 @@ class Agent:
     def _loop(self) -> None:
         workers, last_poll = self.workers, 0.0
         while True:
+            self.node_status.tick()
             wake = self.cluster.wake_fd()  # a watched peer died: poll the store now
             for exit_ in workers.poll(self.cfg.monitor_interval_s, wake):
                 self._recover(self.detect.crashes.examine(exit_))
@@ -236,6 +235,7 @@ class Agent:
             self.events.emit("run_end", status=self.status, last_step=last, reason=self._end_reason)
 
     def close(self) -> None:
+        self.node_status.ending()
         self._stack.close()
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
+from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
 from stalwart.agent.straggler import StragglerConfig
 from stalwart.errors import ConfigError
@@ -102,6 +103,9 @@ class LaunchConfig:
     """How stragglers are judged and what is done with one (``--on-straggler``)."""
     runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
+    metrics_host: str = "127.0.0.1"  # its bind address (0.0.0.0 in a pod, for scrapes)
+    health: HealthEndpointConfig = field(default_factory=HealthEndpointConfig)
+    """This node's /healthz and /readyz (--health-port, agent/healthz.py)."""
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 from stalwart.cli._integrity_flags import integrity_flags
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from stalwart.agent import RuntimeKnobs
     from stalwart.agent.probes import ProbeConfig
 
-__all__ = ["register"]
+__all__ = ["EXIT_NOT_ADMITTED", "register"]
 
 _COUNT = re.compile(r"[0-9]{1,9}", re.ASCII)  # str.isdigit() also passes '²', int() does not
 
@@ -187,8 +188,16 @@ def register(sub: Any) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on this port of 127.0.0.1 (node 0; 0 picks one)",
+        help="serve Prometheus metrics on this port of --metrics-host (node 0; 0 picks one)",
     )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve this node's /healthz and /readyz here (every node; 0 picks one)",
+    )
+    p.add_argument("--health-host", default="127.0.0.1", help="0.0.0.0 in a pod (kubelet)")
     p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
     p.add_argument(
         "--snapshot-every",
@@ -261,10 +270,18 @@ def _health_flags(p: Any) -> None:
     )
 
 
+EXIT_NOT_ADMITTED = 4
+"""`stalwart run`'s exit code for a node the job will not take (it was lost or failed too
+often and is blocklisted): distinct from 2 (bad input), so an orchestrator can end the
+node's pod or task as done while the job trains on (docs/launch.md, exit codes)."""
+
+
 def _run(args: argparse.Namespace) -> int:
     from stalwart.agent import HangConfig, LaunchConfig, run_agent
+    from stalwart.agent.healthz import HealthEndpointConfig
     from stalwart.agent.straggler import StragglerAction, StragglerConfig
     from stalwart.chaos import FaultPlan
+    from stalwart.coordinator.errors import BlocklistedError
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
     min_nodes, nnodes = _range(args.nnodes, "--nnodes")
@@ -301,12 +318,18 @@ def _run(args: argparse.Namespace) -> int:
         standby=args.standby,
         replica_host=args.replica_host,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        health=HealthEndpointConfig(port=args.health_port, host=args.health_host),
         progress=args.progress,
         probes=_probes(args),
         preflight=args.preflight,
         **kwargs,
     )
-    return run_agent(cfg)
+    try:
+        return run_agent(cfg)
+    except BlocklistedError as err:  # not the user's error: the job just runs without us
+        print(f"stalwart: {err}; the job goes on without this node", file=sys.stderr)
+        return EXIT_NOT_ADMITTED
 
 
 def _probes(args: argparse.Namespace) -> ProbeConfig:
