@@ -2,8 +2,9 @@
 
 A 2-layer MLP learns a fixed random teacher network. Each worker reads its own data
 partition: the batch of step ``s`` for partition ``p`` is drawn from a generator seeded
-with ``(s, p)``, where ``p`` is the launch rank (``RANK``; under async each worker is its
-own replica group, so its partition). Synchronous DDP over W workers and async over W
+with ``(s, p)``, where ``p`` is ``sess.rank`` (the launch rank, under async too: each
+worker is its own replica group, so its own partition).
+Synchronous DDP over W workers and async over W
 groups of one therefore see the same samples at every step, and their final losses on
 one held-out batch compare the two routes at the same step count::
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 
 import torch
@@ -53,7 +53,7 @@ def main() -> None:
     args = p.parse_args()
 
     sess = stalwart.init()
-    part = int(os.environ.get("RANK", "0"))  # the launch rank: this worker's partition
+    part = sess.rank  # the launch rank (under async too): this worker's partition
     torch.manual_seed(1234)
     teacher = _mlp()
     torch.manual_seed(0)

@@ -111,19 +111,21 @@ class AsyncRejoin:
     def join(self, min_generation: int, done: int) -> Formation:
         if self.formation is not None:  # a group of one has no collective to fail
             return self.formation
+        # the job's generation (never bumped under async): every group finishes in it
         gen = max(min_generation, self.coord.generation())
-        self.group.build(gen)
         latest = self.rounds.latest()
+        # the group's own: a restarted group never dials its predecessor's addresses
+        self.group.build(gen + (self.rounds.rejoined() if latest is not None else 0))
+        rank, world = self.env.rank, self.env.world_size
         if latest is None:
             self.outer.begin(self.params)
             formed(self.group, self.tracked.state, step=0, fresh=True)
             self.rounds.announce(self.inc, 0)
-            self.formation = Formation(gen, 0, 1, 0, "none")
+            self.formation = Formation(gen, rank, world, 0, "none")
             return self.formation
         step, lost = self._receive(latest)
         formed(self.group, self.tracked.state, step=step, fresh=False)
-        # a rejoin is this group's next generation: its recovery_end is written
-        self.formation = Formation(gen + self.rounds.rejoined(), 0, 1, step, "transfer", lost=lost)
+        self.formation = Formation(gen, rank, world, step, "transfer", lost)
         return self.formation
 
     def _receive(self, round_: int) -> tuple[int, int]:
@@ -207,7 +209,18 @@ class AsyncRejoin:
                 reshard(world_size=self.groups, rank=self.index)
 
     def settle(self, formation: Formation, seconds: float) -> None:
-        pass
+        """A rejoin's recovery_end (the session writes one only past generation 0, which
+        async never leaves: its groups rejoin on their own)."""
+        if formation.tier == "transfer" and self.events is not None:
+            self.events.emit(
+                "recovery_end",
+                strategy=self.env.strategy,
+                generation=formation.generation,
+                restored_step=formation.step,
+                steps_lost=formation.lost,
+                source_tier=formation.tier,
+                ok=True,
+            )
 
     def before_step(self, done: int) -> None:
         pass
