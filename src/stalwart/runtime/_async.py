@@ -13,7 +13,7 @@ A restarted group rejoins at a sync boundary: :meth:`AsyncRejoin.join` loads the
 published global state (parameters and the outer optimizer's state), restoring its own
 memory snapshot of that step first when it has one (optimizer moments, loader position,
 RNG), and announces itself, so it is expected from the next round on. The outer state
-is part of every snapshot too (tracked as ``_outer``), so a checkpoint carries it.
+travels in the store's global record of each round (not yet in the group's snapshots).
 """
 
 from __future__ import annotations
