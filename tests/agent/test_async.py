@@ -43,3 +43,26 @@ def test_a_failed_group_is_dropped_then_rejoins(tmp_path: Path) -> None:
 
     finals = [json.loads(Path(f"{out}.{part}").read_text()) for part in (0, 1)]
     assert finals[0]["params"] == finals[1]["params"]
+
+
+@pytest.mark.timeout(400)
+def test_a_relaunch_resumes_every_group_with_its_outer_state(tmp_path: Path) -> None:
+    """--persist-every under async: each group persists its own directory (the outer
+    state in it); the same command on the same --run-dir with more steps resumes every
+    group from the newest step all of them hold (a boundary: its round is done again)
+    and ends bit-identical to a run that was never stopped."""
+    flags = ["--nproc-per-node", "2", "--strategy", "async", "--sync-every", "5"]
+    flags += ["--persist-every", "10", str(EXAMPLE)]
+
+    def run(run_dir: Path, steps: int, out: Path) -> list[str]:
+        args = [*flags, "--steps", str(steps), "--out", str(out)]
+        proc = stalwart_run(run_dir, args, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(Path(f"{out}.{p}").read_text())["params"] for p in (0, 1)]
+
+    run(tmp_path / "run", 20, tmp_path / "first")
+    assert sorted(p.name for p in (tmp_path / "run" / "ckpt").iterdir()) == ["group0", "group1"]
+    resumed = run(tmp_path / "run", 30, tmp_path / "resumed")
+    rounds = [f["round"] for k, f in events_of(tmp_path / "run") if k == "replica_sync"]
+    assert rounds == [4, 5, 6]  # resumed after step 20, whose round is done again
+    assert resumed == run(tmp_path / "ref", 30, tmp_path / "ref")

@@ -24,7 +24,7 @@ def script(tmp_path: Path) -> Path:
     [
         (["--nproc-per-node", "4", "--replica-groups", "3"], "does not divide the 4 workers"),
         (["--nproc-per-node", "4", "--replica-groups", "2"], "groups of 2 workers"),
-        (["--nproc-per-node", "2", "--persist-every", "10"], "--persist-every under --strategy"),
+        (["--nproc-per-node", "2", "--persist-every", "auto"], "give a number of steps"),
         (["--outer", "localsgd", "--outer-lr", "0.5"], "drop --outer-lr"),
         (["--outer-momentum", "1.0"], "--outer-momentum in [0, 1)"),
         (["--sync-every", "0"], "--sync-every >= 1"),

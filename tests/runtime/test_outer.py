@@ -4,6 +4,7 @@ Nesterov step, the outer state a rejoining group receives, and the parameter-set
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +109,38 @@ def test_malformed_parameter_sets_are_refused() -> None:
         decode(struct.pack(">I", len(head)) + head + bytes(9))
     with pytest.raises(ParamSetError, match="float tensors"):
         encode({"i": torch.zeros(2, dtype=torch.int64)})
+
+
+def test_the_outer_state_survives_a_checkpoint(tmp_path: Path, shm_namespace: str) -> None:
+    """Tracked as ``_outer`` (runtime/_async.py), the round's start parameters and the
+    momentum are saved and restored with the rest: a group resumed from its checkpoint
+    computes the next round as the group that wrote it."""
+    from stalwart.checkpoint import CheckpointConfig, CheckpointManager
+
+    a = OuterOptimizer(OuterConfig())
+    a.begin(_params(0))
+    a.step([_params(1), _params(2)])
+    mgr = CheckpointManager(CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace))
+    try:
+        mgr.save({"_outer": a}, 10)
+        b = OuterOptimizer(OuterConfig())
+        b.begin(_params(7))  # the script's initial parameters: overwritten by the restore
+        mgr.restore({"_outer": b}, step=10)
+    finally:
+        mgr.close()
+    assert b.round == 1
+    nxt = [_params(3), _params(4)]
+    want, got = a.step(nxt), b.step(nxt)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert all(torch.equal(a.momentum[k], b.momentum[k]) for k in a.momentum)
+
+
+def test_diloco_momentum_exists_from_the_start() -> None:
+    """Zeros before the first round: the snapshot's layout is the same in every round
+    (LocalSGD has none)."""
+    d = OuterOptimizer(OuterConfig())
+    d.begin(_params(0))
+    assert set(d.momentum) == {"w", "b"} and all(not v.any() for v in d.momentum.values())
+    s = OuterOptimizer(OuterConfig(lr=1.0, momentum=0.0))
+    s.begin(_params(0))
+    assert s.momentum == {}

@@ -97,3 +97,23 @@ def test_old_rounds_are_pruned_and_a_missing_one_is_an_error() -> None:
 def test_rejoins_are_counted() -> None:
     (a,) = _groups(MemoryStore(), 1)
     assert [a.rejoined(), a.rejoined()] == [1, 2]
+
+
+@pytest.mark.timeout(30)
+def test_a_relaunch_resumes_from_the_newest_step_every_group_holds() -> None:
+    store = MemoryStore()
+    a, b = _groups(store, 2)
+    got: list[list[int]] = []
+    t = threading.Thread(target=lambda: got.append(a.persisted([10, 20, 30])))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # waits for every group's list
+    assert b.persisted([20, 10]) == [10, 20]  # group 1 never persisted step 30
+    t.join()
+    assert got == [[10, 20]]
+
+
+def test_a_group_that_never_says_is_an_error() -> None:
+    (a, _) = _groups(MemoryStore(), 2, wait_s=0.1)
+    with pytest.raises(RoundError, match="missing groups' logs"):
+        a.persisted([10])

@@ -204,11 +204,11 @@ class LaunchConfig:
 
     def _check_async(self) -> None:
         replica_group_size(self.world_size, self.runtime.replica_groups)
-        if self.runtime.persist_every != 0:
+        if self.runtime.persist_every < 0:
             raise ConfigError(
-                "--persist-every under --strategy async: the groups' checkpoints are not "
-                "written apart yet (each would write the same directory); drop the flag: "
-                "a failed group rejoins from the others' global state"
+                "--persist-every auto under --strategy async: the groups must persist the "
+                "same steps (a relaunch resumes from the newest step all of them hold): "
+                "give a number of steps"
             )
 
     @property

@@ -31,7 +31,6 @@ from stalwart.runtime._formation import Formation, Position, formed
 from stalwart.runtime._memory import memory_steps, restore_memory_step
 from stalwart.runtime._outer import OuterConfig, OuterOptimizer, decode, encode
 from stalwart.runtime._rounds import Rounds
-from stalwart.runtime.env import replica_group_size
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Coordinator, Store
@@ -47,18 +46,17 @@ _log = get_logger(__name__)
 
 
 def group_of(env: WorkerEnv) -> tuple[int, int, int]:
-    """(replica group, rank in it, its size) of this worker; groups are consecutive
-    launch ranks (their size is checked by runtime/env.py replica_group_size)."""
-    size = replica_group_size(env.world_size, env.replica_groups)
-    return env.rank // size, env.rank % size, size
+    """(replica group, rank in it, its size) of this worker (runtime/env.py)."""
+    assert env.replica_group is not None, "only under --strategy async"
+    return env.replica_group
 
 
 def group_position(env: WorkerEnv) -> tuple[int, int, str]:
     """(rank, world size, namespace) of this worker's DDP group: the job's, or under
     ``--strategy async`` its replica group's (named apart: each forms on its own)."""
-    if not (env.managed and env.strategy.syncs_replica_groups):
+    if env.replica_group is None:
         return env.rank, env.world_size, env.job
-    index, rank, size = group_of(env)
+    index, rank, size = env.replica_group
     return rank, size, f"{env.job}.g{index}"
 
 
@@ -100,6 +98,9 @@ class AsyncRejoin:
                 "--strategy async synchronises the tracked models' parameters and none is "
                 "tracked: pass the model to sess.track(model=...)"
             )
+        # the outer state is checkpointed with the group's own: snapshots, persists and
+        # their restores carry the round's start parameters and the momentum
+        self.tracked.add("_outer", self.outer)
 
     def use_batch(self, config: BatchConfig, position: Position) -> None:
         raise ConfigError(
@@ -117,16 +118,35 @@ class AsyncRejoin:
         # the group's own: a restarted group never dials its predecessor's addresses
         self.group.build(gen + (self.rounds.rejoined() if latest is not None else 0))
         rank, world = self.env.rank, self.env.world_size
-        if latest is None:
-            self.outer.begin(self.params)
-            formed(self.group, self.tracked.state, step=0, fresh=True)
-            self.rounds.announce(self.inc, 0)
-            self.formation = Formation(gen, rank, world, 0, "none")
+        if latest is not None:
+            step, lost = self._receive(latest)
+            formed(self.group, self.tracked.state, step=step, fresh=False)
+            self.formation = Formation(gen, rank, world, step, "transfer", lost)
             return self.formation
-        step, lost = self._receive(latest)
-        formed(self.group, self.tracked.state, step=step, fresh=False)
-        self.formation = Formation(gen, rank, world, step, "transfer", lost)
+        self.outer.begin(self.params)
+        self.rounds.announce(self.inc, 0)
+        step = self._resume()
+        formed(self.group, self.tracked.state, step=step, fresh=step == 0)
+        self.formation = Formation(gen, rank, world, step, "disk" if step else "none")
         return self.formation
+
+    def _resume(self) -> int:
+        """A launch with persisted checkpoints (a reused ``--run-dir``): the newest step
+        every group holds on disk, restored (the outer state with it), its round done
+        again when it is a boundary (a boundary's snapshot precedes its round); 0: none."""
+        if self.env.persist_every == 0:
+            return 0
+        from stalwart.checkpoint.catalog import committed_steps
+
+        common = self.rounds.persisted(committed_steps(self.tracked.checkpoints.storage))
+        if not common:
+            return 0
+        step = common[-1]
+        self.tracked.restore_disk(step)
+        if step % self.every == 0 and step // self.every > self.outer.round:
+            self._sync(step // self.every, step)
+        _log.info("replica group %d resumed from its checkpoint of step %d", self.index, step)
+        return step
 
     def _receive(self, round_: int) -> tuple[int, int]:
         """Load the global state after ``round_`` (own snapshot of its step first)."""

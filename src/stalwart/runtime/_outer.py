@@ -87,6 +87,11 @@ class OuterOptimizer:
         """The global parameters at ``round_`` (a fresh start: the script's own)."""
         self.round = round_
         self.start = {k: v.detach().clone() for k, v in params.items()}
+        # zeros, not absent: the first step's buffer is the pseudo-gradient all the same
+        # (0 * m + g), and the snapshot's layout does not change after the first round
+        self.momentum = (
+            {} if self.config.averages else {k: torch.zeros_like(v) for k, v in self.start.items()}
+        )
 
     def step(self, contributions: Sequence[Mapping[str, torch.Tensor]]) -> Params:
         """The next global parameters from ``contributions`` (in roster order)."""

@@ -16,6 +16,7 @@ Keys, under ``/stalwart/<job>/async/``::
     m/c/<r>/<g>          {"chunks": n}                 its contribution to round r is whole
     m/roster/<r>         [g, ...]                      the round's members (create-if-absent)
     m/global/<r>         {"writer": g, "chunks": n}    the global state after round r
+    m/disk/<g>           [step, ...]                   the steps group g holds on disk
     d/c/<r>/<g>/<i>      contribution bytes, in chunks under the store's value limit
     d/global/<r>/<g>/<i> global state bytes (runtime/_outer.py's format)
 
@@ -66,6 +67,26 @@ class Rounds:
         n = 1 + (int(kv.value) if kv is not None else 0)
         self.store.put(f"{self._m}rejoins/{self.group}", str(n).encode())
         return n
+
+    def persisted(self, steps: list[int]) -> list[int]:
+        """The steps that every group holds in its persisted checkpoint: this group's
+        ``steps`` published, the others' waited for (at most ``wait_s``). A relaunch
+        resumes from the newest of them (runtime/_async.py); all groups compute it alike."""
+        self._put(f"disk/{self.group}", sorted(steps))
+        prefix = f"{self._m}disk/"
+        snap = wait_for(self.store, prefix, lambda s: len(s.kvs) >= self.groups, self.wait_s)
+        if snap is None:
+            raise RoundError(
+                f"not every one of the {self.groups} replica groups said which checkpoints "
+                f"it holds within {self.wait_s:.0f} s: see the missing groups' logs"
+            )
+        common: set[int] | None = None
+        for kv in snap.kvs:
+            held = json.loads(kv.value)
+            if not (isinstance(held, list) and all(type(x) is int and x > 0 for x in held)):
+                raise RoundError(f"{kv.key}: {held!r} is not a list of steps > 0")
+            common = set(held) if common is None else common & set(held)
+        return sorted(common or ())
 
     # ------------------------------------------------------------ one round
     def contribute(self, round_: int, blob: bytes) -> None:

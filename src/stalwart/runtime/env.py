@@ -222,6 +222,15 @@ class WorkerEnv:
         return self.store is not None or bool(self.rdzv)
 
     @property
+    def replica_group(self) -> tuple[int, int, int] | None:
+        """``--strategy async`` under `stalwart run`: (replica group, rank in it, its
+        size), groups being consecutive launch ranks; None when the job is one group."""
+        if not (self.managed and self.strategy.syncs_replica_groups):
+            return None
+        size = replica_group_size(self.world_size, self.replica_groups)
+        return self.rank // size, self.rank % size, size
+
+    @property
     def c10d(self) -> tuple[str, int] | None:
         """The TCPStore the generation groups form over: the agent's, else torchrun's
         MASTER_ADDR:MASTER_PORT, else None (one process)."""
