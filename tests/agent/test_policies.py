@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from stalwart.agent import RuntimeKnobs
+from stalwart.agent._async import ReplicaGroups
 from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._inplace import InPlace
@@ -24,7 +26,7 @@ from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
-from stalwart.coordinator.elastic_keys import Keys
+from stalwart.coordinator.elastic_keys import Keys, replica_root
 from stalwart.runtime.env import Strategy
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
@@ -34,7 +36,7 @@ _ZYGOTES: dict[int, FakeZygote] = {}  # id(LocalWorkers) -> the fake it forks th
 
 def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> RecoveryParts:
     job = f"t-{uuid.uuid4().hex[:8]}"
-    fields = {"max_restarts": 3, "min_world": 2, "world_size": 4, **cfg}
+    fields = {"max_restarts": 3, "min_world": 2, "world_size": 4, "runtime": RuntimeKnobs(), **cfg}
     config = SimpleNamespace(job=job, node_rank=node, nproc_per_node=nproc, **fields)
     coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
     board = ProgressBoard(str(tmp_path / f"board-{job}"), 8, create=True)
@@ -223,6 +225,30 @@ def test_elastic_lets_a_member_that_fails_too_often_go_and_ends_below_min(
         policy.on_incident(_failed(parts, 1))
     assert parts.workers[1].state is WorkerState.GONE
     assert "rank1" in parts.coord.blocklisted()
+
+
+def test_async_drops_the_failed_group_from_the_rounds_and_restarts_it(tmp_path: Path) -> None:
+    """No generation for the others to re-form; the group's alive key is gone at once,
+    so the other groups stop waiting for it (runtime/_rounds.py)."""
+    parts = _parts(tmp_path)
+    store, root = parts.coord.store, replica_root(parts.cfg.job)
+    for g in (0, 1):
+        store.put(f"{root}m/alive/{g}", b'{"inc": "x", "round": 0}')
+    before = len(_sent(parts))
+    ReplicaGroups(parts).on_incident(_failed(parts, 1))
+    assert store.get(f"{root}m/alive/1") is None and store.get(f"{root}m/alive/0") is not None
+    assert parts.events.of("replica_drop") == [{"group": 1, "rank": 1, "cause": "crash"}]  # type: ignore[attr-defined]
+    assert parts.generation.current == 0
+    assert [m["id"] for m in _sent(parts)[before:]] == ["rank-1"]
+
+
+def test_async_ends_the_job_when_a_group_fails_too_often(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    policy = ReplicaGroups(parts)
+    policy.on_incident(_failed(parts, 0))
+    policy.on_incident(_failed(parts, 0))
+    with pytest.raises(RunFailed, match=r"replica group 0 \(rank 0\) failed 3 times"):
+        policy.on_incident(_failed(parts, 0))
 
 
 def test_the_factory_is_the_one_place_a_strategy_name_is_read(tmp_path: Path) -> None:

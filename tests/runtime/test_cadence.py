@@ -8,7 +8,9 @@ from stalwart.runtime._accounting import StepAccounting
 
 
 def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
-    env: Any = SimpleNamespace(persist_every=persist_every, snapshot_budget=0.02, job="j")
+    env: Any = SimpleNamespace(
+        persist_every=persist_every, snapshot_budget=0.02, job="j", replica_group=None
+    )
     position: Any = SimpleNamespace(rank=rank, generation=generation, world_size=2)
     tracked: Any = SimpleNamespace(part=None, replicated=True, sharded=False)
     return StepAccounting(env, position, tracked, None, None, None)
@@ -19,6 +21,15 @@ def test_fixed_persist_cadence_on_rank0_only() -> None:
     assert [s for s in range(1, 16) if acct._persist_due(s)] == [5, 10, 15]
     assert not any(_acct(5, rank=1)._persist_due(s) for s in range(1, 16))
     assert not any(_acct(0)._persist_due(s) for s in range(1, 16))
+
+
+def test_every_async_replica_group_leader_persists_its_own() -> None:
+    """Under --strategy async launch rank 1 leads replica group 1: its directory, its
+    shard record."""
+    acct = _acct(5, rank=1)
+    acct.env.replica_group = (1, 0, 1)
+    assert [s for s in range(1, 16) if acct._persist_due(s)] == [5, 10, 15]
+    assert acct._writer() == (0, 1, "group1.rank0")
 
 
 def test_ranks_with_their_own_state_persist_it_each() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stalwart.agent._async import ReplicaGroups
 from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._inplace import InPlace
 from stalwart.agent._restart import RestartAll
@@ -17,4 +18,6 @@ def choose_policy(strategy: Strategy, parts: RecoveryParts, joins: Joins) -> Rec
         return RestartAll(parts)
     if strategy is Strategy.ELASTIC:
         return ElasticPolicy(parts, joins)
+    if strategy is Strategy.ASYNC:
+        return ReplicaGroups(parts)
     return InPlace(parts, name=strategy.value, assigns_spares=strategy.uses_spares)

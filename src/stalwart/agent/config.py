@@ -13,7 +13,7 @@ from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
 from stalwart.agent.straggler import StragglerConfig
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy
+from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy, replica_group_size
 
 __all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
 
@@ -51,6 +51,17 @@ class RuntimeKnobs:
     spike_window: int = DEFAULTS.spike_window
     """Finite losses per rank the spike's mean and std are over."""
 
+    replica_groups: int = DEFAULTS.replica_groups
+    """``--strategy async``: replica groups (0: one per worker); each trains apart."""
+    sync_every: int = DEFAULTS.sync_every
+    """``--strategy async``: steps between synchronisations (H): fewer rounds cost less
+    communication and let the groups drift further apart."""
+    outer_lr: float = DEFAULTS.outer_lr
+    """``--strategy async``: the outer step's learning rate (1.0 with momentum 0 is
+    LocalSGD's plain average)."""
+    outer_momentum: float = DEFAULTS.outer_momentum
+    """``--strategy async``: the outer step's Nesterov momentum (DiLoCo's 0.9)."""
+
     def __post_init__(self) -> None:
         if self.keep_last < 1:
             raise ConfigError(f"--keep-last {self.keep_last}: keep at least 1 checkpoint")
@@ -64,6 +75,10 @@ class RuntimeKnobs:
             raise ConfigError(
                 "--sdc-every must be >= 0, --spike-window >= 2 and --spike-z a number >= 0"
             )
+        if self.replica_groups < 0 or self.sync_every < 1:
+            raise ConfigError("--replica-groups must be >= 0 and --sync-every >= 1 step")
+        if not (0 < self.outer_lr < float("inf") and 0 <= self.outer_momentum < 1):
+            raise ConfigError("--outer-lr must be > 0 and --outer-momentum in [0, 1)")
         if not 0 <= self.snapshot_budget < float("inf"):
             raise ConfigError(
                 f"--snapshot-budget {self.snapshot_budget}: use a fraction of step time >= 0"
@@ -134,17 +149,7 @@ class LaunchConfig:
         given = str.__str__(self.strategy)
         strategy = Strategy.parse(given, lambda fix: ConfigError(f"--strategy {given!r}: {fix}"))
         object.__setattr__(self, "strategy", strategy)
-        if strategy.uses_spares and self.spares < 1:
-            raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
-        if self.replica_rate_mb_s < 0:
-            raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
-        if self.standby and not strategy.replaces_in_place:
-            raise ConfigError(
-                f"--standby needs --strategy flash or spare (got {given!r}): "
-                "only they replace a lost node's ranks in place"
-            )
-        if self.standby and self.nnodes < 2:
-            raise ConfigError("--standby needs --nnodes >= 2 (it stands by for another node)")
+        self._check_strategy(strategy, given)
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
         if self.crash_loop_limit < 1:
@@ -184,6 +189,31 @@ class LaunchConfig:
 
             plan = FaultPlan.parse(self.chaos)  # one line quoting the bad token
             plan.check_targets(world_size=self.world_size, nnodes=self.nnodes)
+
+    def _check_strategy(self, strategy: Strategy, given: str) -> None:
+        """The flags that only some strategies take."""
+        if strategy.uses_spares and self.spares < 1:
+            raise ConfigError("--strategy spare needs --spares N (N >= 1 standby workers)")
+        if self.replica_rate_mb_s < 0:
+            raise ConfigError("--replica-rate must be >= 0 MB/s (0: no replicas)")
+        if self.standby and not strategy.replaces_in_place:
+            raise ConfigError(
+                f"--standby needs --strategy flash or spare (got {given!r}): "
+                "only they replace a lost node's ranks in place"
+            )
+        if self.standby and self.nnodes < 2:
+            raise ConfigError("--standby needs --nnodes >= 2 (it stands by for another node)")
+        if strategy.syncs_replica_groups:
+            self._check_async()
+
+    def _check_async(self) -> None:
+        replica_group_size(self.world_size, self.runtime.replica_groups)
+        if self.runtime.persist_every < 0:
+            raise ConfigError(
+                "--persist-every auto under --strategy async: the groups must persist the "
+                "same steps (a relaunch resumes from the newest step all of them hold): "
+                "give a number of steps"
+            )
 
     @property
     def world_size(self) -> int:

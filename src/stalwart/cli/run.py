@@ -7,6 +7,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from stalwart.cli._async_flags import async_flags, outer_settings
 from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import Strategy
@@ -48,6 +49,8 @@ def register(sub: Any) -> None:
             "Scripts that call stalwart.init() recover in place (--strategy flash/spare); "
             "plain scripts are restarted as torchrun would (--max-restarts)."
         ),
+        # the script's own flags follow it: never read `--out` as an abbreviation of ours
+        allow_abbrev=False,
     )
     p.add_argument(
         "--nproc-per-node",
@@ -101,7 +104,8 @@ def register(sub: Any) -> None:
         help="run directory: events.jsonl, token, logs, ckpt (default runs/JOB); reused, it "
         "resumes from ckpt/ and the previous run's records move to RUN_DIR/prev/N",
     )
-    p.add_argument("--strategy", default="flash", help="restart | flash | spare | elastic")
+    p.add_argument("--strategy", default="flash", help="restart | flash | spare | elastic | async")
+    async_flags(p)
     p.add_argument(
         "--elastic-wait",
         type=float,
@@ -346,6 +350,7 @@ def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:
     """The worker-runtime flags, as the agent hands them to its workers."""
     from stalwart.agent import RuntimeKnobs
 
+    outer_lr, outer_momentum = outer_settings(args)
     return RuntimeKnobs(
         persist_every=_persist_every(args.persist_every, strategy),
         snapshot_budget=args.snapshot_budget,
@@ -358,6 +363,10 @@ def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:
         on_nan=args.on_nan,
         spike_z=args.spike_z,
         spike_window=args.spike_window,
+        replica_groups=args.replica_groups,
+        sync_every=args.sync_every,
+        outer_lr=outer_lr,
+        outer_momentum=outer_momentum,
     )
 
 

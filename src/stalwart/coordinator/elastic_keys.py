@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stalwart.coordinator.store import Store
 
-__all__ = ["Keys", "alive_members"]
+__all__ = ["Keys", "alive_members", "replica_root"]
 
 
 class Keys:
@@ -31,3 +31,9 @@ class Keys:
 def alive_members(store: Store, keys: Keys) -> dict[int, str]:
     """member -> incarnation of every live member (maintained by the agents)."""
     return {int(kv.key.rsplit("/", 1)[1]): kv.value.decode() for kv in store.range(keys.alive).kvs}
+
+
+def replica_root(job: str) -> str:
+    """Where ``--strategy async`` keeps its rounds (runtime/_rounds.py): the agent
+    deletes ``<root>m/alive/<group>`` when a group's worker exits."""
+    return f"/stalwart/{job}/async/"

@@ -184,6 +184,22 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "value": _NUM,
         "z": _NUM,
     },
+    "replica_drop": {"group": _INT, "rank": _INT, "cause": _STR},
+    "replica_rejoin": {
+        "group": _INT,
+        "round": _INT,
+        "step": _INT,
+        "own_snapshot": _BOOL,
+        "bytes": _INT,
+        "seconds": _NUM,
+    },
+    "replica_sync": {
+        "round": _INT,
+        "step": _INT,
+        "members": (list,),
+        "dropped": (list,),
+        "seconds": _NUM,
+    },
 }
 _REQUIRED: dict[str, set[str]] = {
     "run_start": {"job", "world_size"},
@@ -213,6 +229,9 @@ _REQUIRED: dict[str, set[str]] = {
     "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
     "sdc_detected": {"step", "detected_step", "ranks", "action"},
     "numeric_fault": {"step", "reason", "ranks", "action"},
+    "replica_drop": {"group", "cause"},
+    "replica_rejoin": {"group", "round", "step"},
+    "replica_sync": {"round", "step", "members", "dropped"},
 }
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 

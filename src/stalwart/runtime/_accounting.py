@@ -188,7 +188,7 @@ class StepAccounting:
         # per-rank part at the same steps (runtime/_perrank.py); own shards: each rank
         part = self.tracked.part
         if every == 0 or (
-            self.position.rank != 0 and self.tracked.replicated and (part is None or every < 0)
+            self._writer()[0] != 0 and self.tracked.replicated and (part is None or every < 0)
         ):
             return False
         if final:  # the trained state: on disk even when total is not a multiple of N
@@ -269,7 +269,7 @@ class StepAccounting:
         tracked = self.tracked
         if tracked.part is not None and self.env.persist_every > 0:
             tracked.part.persist(step)  # small, never skipped: queued before rank 0's copy
-        if self.position.rank != 0 and tracked.replicated:
+        if self._writer()[0] != 0 and tracked.replicated:
             return
         if self._persist is not None and not self._persist.done():
             if not wait:
@@ -346,14 +346,24 @@ class StepAccounting:
             done = self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
             self._sharded.prune(generation, step)
             return done
+        _, world, shard = self._writer()  # async: the replica group's directory
         own = not self.tracked.replicated and world > 1
         fenced = FencedCommit(
             coord,
-            shard=f"rank{rank}",
+            shard=shard,
             peers=tuple(f"rank{r}" for r in range(world)) if own else (),
-            job_record=rank == 0,  # the job's record (every rank committed its own)
+            job_record=self.position.rank == 0,  # the job's record (each committed its own)
         )
         return self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
+
+    def _writer(self) -> tuple[int, int, str]:
+        """(rank, world size, shard name) among the writers of this rank's checkpoint:
+        the session's, or under --strategy async its replica group's (each group its
+        own directory, runtime/_tracking.py)."""
+        group = self.env.replica_group
+        if group is None:
+            return self.position.rank, self.position.world_size, f"rank{self.position.rank}"
+        return group[1], group[2], f"group{group[0]}.rank{group[1]}"
 
     def wait_persist(self) -> None:
         """The loop's end: the last snapshot complete (and logged), its persist done."""

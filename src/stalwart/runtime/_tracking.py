@@ -70,6 +70,14 @@ class TrackedState:
         self.sharded = not self.replicated and is_sharded(state)
         return self.state
 
+    def add(self, name: str, obj: Any) -> None:
+        """A runtime part's own state, snapshotted, persisted and restored with the
+        script's (``--strategy async``'s outer optimizer as ``_outer``): a name with a
+        leading underscore, which a script's ``sess.track`` keywords do not use."""
+        if not name.startswith("_") or name in self.state:
+            raise ValueError(f"{name!r}: a runtime part's state needs a new '_' name")
+        self.state[name] = obj
+
     @property
     def opened(self) -> bool:
         return self._ckpt is not None
@@ -92,17 +100,20 @@ class TrackedState:
         env = self.env
         self._events = events
         run_dir = env.run_dir or os.path.abspath("stalwart-local")
-        rank, world_size = position.rank, position.world_size
+        rank, world_size, sub = position.rank, position.world_size, []
+        if env.replica_group is not None:  # async: each replica group its own checkpoint
+            group, rank, world_size = env.replica_group
+            sub = [f"group{group}"]
         # replicated (DDP) state: rank 0 persists the one copy; sharded (FSDP2) state:
         # every rank its shard into one multi-rank checkpoint (runtime/_sharded.py);
         # else (state of its own per rank) every rank its own one-rank checkpoint
         multi = self.sharded and world_size > 1
         own = not self.replicated and not multi and world_size > 1
-        root = os.path.join(run_dir, "ckpt", *([f"rank{rank}"] if own else []))
+        root = os.path.join(run_dir, "ckpt", *sub, *([f"rank{rank}"] if own else []))
         self._ckpt = ckpt = CheckpointManager(
             CheckpointConfig(
                 root=root,
-                namespace=self.names.rank(rank),
+                namespace=self.names.rank(position.rank),  # /dev/shm: the launch rank's
                 # a verified snapshot stays pinned for the digest checks (runtime/_integrity.py)
                 slots=3 if env.sdc_every > 0 and self.replicated else 2,
                 rank=rank if multi else 0,

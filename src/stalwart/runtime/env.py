@@ -24,15 +24,15 @@ only describes the job: ``stalwart.init()`` takes no argument it could override.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
 from stalwart.errors import ContractError
 from stalwart.runtime._field_check import check_field
+from stalwart.runtime.strategy import STRATEGIES, Strategy, replica_group_size
 
 __all__ = [
     "CONTRACT_VAR",
@@ -44,6 +44,7 @@ __all__ = [
     "Strategy",
     "WorkerEnv",
     "WorkerFields",
+    "replica_group_size",
 ]
 
 CONTRACT_VAR = "STALWART_CONTRACT"
@@ -53,62 +54,6 @@ CONTRACT_VERSION = 2
 workers always run the same installation, so a mismatch is a broken install."""
 
 
-class Strategy(str, enum.Enum):
-    """A recovery strategy (``stalwart run --strategy``), parsed once from its name.
-
-    Why a type and not the name: what a strategy implies (memory restores, spares, a
-    resizing group) is asked of it here, in one place, instead of comparing its name
-    wherever it matters. A ``str`` so that events and the contract's JSON carry the
-    plain name, as before."""
-
-    RESTART = "restart"
-    FLASH = "flash"
-    SPARE = "spare"
-    ELASTIC = "elastic"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-    def __hash__(self) -> int:  # the name's (Enum hashes its member name): a key of "flash"
-        return str.__hash__(self)
-
-    @classmethod
-    def parse(cls, name: str, error: Callable[[str], Exception]) -> Strategy:
-        """The strategy called ``name``; else ``error(message)`` raised, its message
-        naming the strategies there are."""
-        try:
-            return cls(name)
-        except ValueError:
-            raise error(f"use one of {', '.join(STRATEGIES)}") from None
-
-    @property
-    def restores_from_memory(self) -> bool:
-        """A failure is recovered from the survivors' memory snapshots (restart: from
-        the persisted checkpoint only, as torchrun's jobs do)."""
-        return self is not Strategy.RESTART
-
-    @property
-    def resizes(self) -> bool:
-        """The job goes on with fewer members instead of replacing the lost ones."""
-        return self is Strategy.ELASTIC
-
-    @property
-    def replaces_in_place(self) -> bool:
-        """A lost rank is replaced by a new worker while the others keep their state
-        (so a parked standby can stand in for a lost node's ranks)."""
-        return self in (Strategy.FLASH, Strategy.SPARE)
-
-    @property
-    def uses_spares(self) -> bool:
-        """A lost rank is taken over by a pre-started spare worker (``--spares N``)."""
-        return self is Strategy.SPARE
-
-
-STRATEGIES = tuple(s.value for s in Strategy)
-"""The recovery strategies' names (``stalwart run --strategy``)."""
 SDC_POLICIES = ("rollback", "evict", "report")
 """What a replica digest mismatch does (``--on-sdc``; runtime/_integrity.py)."""
 NAN_POLICIES = ("report", "rollback")
@@ -213,6 +158,14 @@ class WorkerEnv:
     """Elastic: the fewest members the job trains with."""
     elastic_wait_s: float = _c(600.0, low=0, gt=True, flag="--elastic-wait")
     """Elastic: how long the members wait below ``min_world`` before the job fails."""
+    replica_groups: int = _c(0, low=0, flag="--replica-groups")
+    """Async: replica groups of consecutive ranks (0: one per worker)."""
+    sync_every: int = _c(50, low=1, flag="--sync-every")
+    """Async: steps between two synchronisations of the replica groups (H)."""
+    outer_lr: float = _c(0.7, low=0, gt=True, flag="--outer-lr")
+    """Async: the outer step's learning rate (1.0 with momentum 0: LocalSGD's mean)."""
+    outer_momentum: float = _c(0.9, low=0, flag="--outer-momentum")
+    """Async: the outer step's Nesterov momentum (DiLoCo's 0.9; 0 for LocalSGD)."""
     incarnation: str = _c("")
     """Elastic: this process's life of its member slot (registered by the agent)."""
     step_p99_s: float = _c(0.0, low=0)
@@ -267,6 +220,15 @@ class WorkerEnv:
     def managed(self) -> bool:
         """Launched by `stalwart run` (else: plain python or torchrun)."""
         return self.store is not None or bool(self.rdzv)
+
+    @property
+    def replica_group(self) -> tuple[int, int, int] | None:
+        """``--strategy async`` under `stalwart run`: (replica group, rank in it, its
+        size), groups being consecutive launch ranks; None when the job is one group."""
+        if not (self.managed and self.strategy.syncs_replica_groups):
+            return None
+        size = replica_group_size(self.world_size, self.replica_groups)
+        return self.rank // size, self.rank % size, size
 
     @property
     def c10d(self) -> tuple[str, int] | None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
+from stalwart.runtime._async import AsyncRejoin, group_position
 from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store
 from stalwart.runtime._faults import WorkerFaults
 from stalwart.runtime._formation import Formation, Rejoin
@@ -105,14 +106,15 @@ class Session:
             self._genwatch = GenerationWatch(self.coord)
 
     def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
+        rank, world, job = group_position(env)  # async: the DDP group is a replica group
         group = GenerationGroup(
             env.c10d,
-            env.rank,
-            env.world_size,
+            rank,
+            world,
             env.collective_timeout_s,
             # the restart in the name: workers of an earlier launch that reached this
             # generation before they were killed left addresses that must not be used
-            f"{env.job}.r{env.restart_count}",
+            f"{job}.r{env.restart_count}",
             # under plain torchrun, rank 0 hosts the store unless torchrun's agent does
             is_master=not env.managed and env.rank == 0 and not env.agent_store,
             store=c10d_store(env, self.store),
@@ -127,17 +129,16 @@ class Session:
         return group
 
     def _open_rejoin(self, env: WorkerEnv) -> Rejoin:
-        if env.managed and env.strategy.resizes:
+        parts = (env, self.group, self.tracked)
+        if env.managed and (env.strategy.syncs_replica_groups or env.strategy.resizes):
             from stalwart.runtime._elastic import ElasticRejoin
 
             assert self.coord is not None and self.store is not None
-            return ElasticRejoin(
-                env, self.group, self.tracked, self.coord, self.store, self.events, self.close
-            )
+            if env.strategy.syncs_replica_groups:
+                return AsyncRejoin(*parts, self.coord, self.store, self.events)
+            return ElasticRejoin(*parts, self.coord, self.store, self.events, self.close)
         mem = env.strategy.restores_from_memory
-        return FixedRejoin(
-            env, self.group, self.tracked, self, self.coord, self.store, self.events, use_memory=mem
-        )
+        return FixedRejoin(*parts, self, self.coord, self.store, self.events, use_memory=mem)
 
     # ------------------------------------------------------------ where it stands
     @property
@@ -251,9 +252,8 @@ class Session:
         curve and ``--reference``; rank 0 writes them as events, sampled (tensors are
         read with .item() only when written; runtime/_metric_log.py)."""
         # detached: a loss kept here must not keep its step's autograd graph alive
-        self.metrics.update(
-            {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
-        )
+        detached = {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
+        self.metrics.update(detached)
         self.integrity.observe(metrics)  # NaN/inf and loss spikes (runtime/_spikes.py)
         if self.rank == 0:
             self.acct.metrics.log(metrics)

@@ -1,0 +1,73 @@
+"""``--strategy async``: a failed replica group is dropped, restarted, and rejoins.
+
+The groups synchronise among themselves in the store (runtime/_async.py,
+runtime/_rounds.py); the agent is the authority on liveness, as under elastic. The
+moment a group's worker exits, its ``alive`` key is deleted, so the other groups stop
+waiting for it at the current round (they never wait for its restart: no global
+barrier on a failure); then the worker is started again, and it rejoins at the next
+sync boundary with the global parameters and outer state. The job's generation is not
+bumped: no other group re-forms for it. A group that fails as often as the
+coordinator's failure threshold allows, or crash-loops, ends the job with a verdict
+(its next incarnation would fail again).
+"""
+
+from __future__ import annotations
+
+from stalwart.agent._outcome import end_with_verdict
+from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.policy import RecoveryParts
+from stalwart.coordinator.elastic_keys import replica_root
+from stalwart.runtime.env import WorkerFields, replica_group_size
+
+__all__ = ["ReplicaGroups"]
+
+
+class ReplicaGroups:
+    name = "async"
+    judges_generation = False  # each group forms its own groups, apart from the job's
+    assigns_spares = False
+
+    def __init__(self, parts: RecoveryParts) -> None:
+        self._p = parts
+        self._size = replica_group_size(parts.cfg.world_size, parts.cfg.runtime.replica_groups)
+
+    def worker_env(self, worker: object) -> WorkerFields:
+        return {}
+
+    def keeps_running(self) -> bool:
+        return False
+
+    def on_incident(self, incident: Incident) -> None:
+        if isinstance(incident, NodeLost):
+            for rank in incident.ranks:
+                self._drop(rank, "node_loss")
+            self._p.begin(self.name, "node_loss")
+            for rank in incident.ranks:
+                self._p.spawn(self._p.workers[rank])
+            return
+        self._worker_exited(incident)
+
+    def _drop(self, rank: int, cause: str) -> None:
+        """The group of ``rank`` leaves the rounds now: nobody waits for it."""
+        p, group = self._p, rank // self._size
+        p.coord.store.delete(f"{replica_root(p.cfg.job)}m/alive/{group}")
+        p.events.emit("replica_drop", group=group, rank=rank, cause=cause)
+
+    def _worker_exited(self, ex: WorkerExited) -> None:
+        p = self._p
+        self._drop(ex.rank, ex.cause)
+        if ex.verdict is not None:  # it would fail the same way again
+            end_with_verdict(p.launch, ex.verdict)
+        member = f"rank{ex.rank}"
+        if not ex.collateral and p.coord.record_failure(member, ex.cause):
+            p.events.emit("isolation", member=member, reason=ex.cause, blocklisted=True)
+            at = f" at {ex.failure.where}: {ex.failure.error}"
+            end_with_verdict(
+                p.launch,
+                f"replica group {ex.rank // self._size} (rank {ex.rank}) failed "
+                f"{p.coord.config.failure_threshold} times in 10 min ({ex.cause}{at}); the job "
+                f"ends: fix what makes rank {ex.rank} fail (see its log) and run it again",
+            )
+        p.begin(self.name, ex.cause)
+        p.say(f"replica group {ex.rank // self._size} left the rounds; starting it again")
+        p.spawn(p.workers[ex.rank])

@@ -1,0 +1,255 @@
+"""``--strategy async`` in the worker: replica groups that train apart and meet every H steps.
+
+Each replica group (``--replica-groups G``; this part runs groups of one worker, so
+group = launch rank) trains on its own data partition with its own optimizer and never
+waits for another group inside a step. Every ``--sync-every H`` steps the groups
+synchronise (runtime/_rounds.py): each contributes its parameters, the groups that made
+it form the round's roster, and every group applies the same outer step
+(runtime/_outer.py: DiLoCo's Nesterov step on the pseudo-gradient, or LocalSGD's mean)
+to the agreed contributions. A group that failed is not waited for: its agent deleted
+its ``alive`` key when its worker exited, so the others decide the round without it.
+
+A restarted group rejoins at a sync boundary: :meth:`AsyncRejoin.join` loads the newest
+published global state (parameters and the outer optimizer's state), restoring its own
+memory snapshot of that step first when it has one (optimizer moments, loader position,
+RNG), and announces itself, so it is expected from the next round on. The outer state
+travels in the store's global record of each round (not yet in the group's snapshots).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stalwart.errors import ConfigError
+from stalwart.logs import get_logger
+from stalwart.runtime._formation import Formation, Position, formed
+from stalwart.runtime._memory import memory_steps, restore_memory_step
+from stalwart.runtime._outer import OuterConfig, OuterOptimizer, decode, encode
+from stalwart.runtime._rounds import Rounds
+
+if TYPE_CHECKING:
+    from stalwart.coordinator import Coordinator, Store
+    from stalwart.data import BatchConfig
+    from stalwart.metrics.events import EventLog
+    from stalwart.runtime._tracking import TrackedState
+    from stalwart.runtime.env import WorkerEnv
+    from stalwart.runtime.group import GenerationGroup
+
+__all__ = ["AsyncRejoin", "group_of", "group_position"]
+
+_log = get_logger(__name__)
+
+
+def group_of(env: WorkerEnv) -> tuple[int, int, int]:
+    """(replica group, rank in it, its size) of this worker (runtime/env.py)."""
+    assert env.replica_group is not None, "only under --strategy async"
+    return env.replica_group
+
+
+def group_position(env: WorkerEnv) -> tuple[int, int, str]:
+    """(rank, world size, namespace) of this worker's DDP group: the job's, or under
+    ``--strategy async`` its replica group's (named apart: each forms on its own)."""
+    if env.replica_group is None:
+        return env.rank, env.world_size, env.job
+    index, rank, size = env.replica_group
+    return rank, size, f"{env.job}.g{index}"
+
+
+class AsyncRejoin:
+    """:class:`~stalwart.runtime._formation.Rejoin` of one replica group."""
+
+    resizes = False
+
+    def __init__(
+        self,
+        env: WorkerEnv,
+        group: GenerationGroup,
+        tracked: TrackedState,
+        coord: Coordinator,
+        store: Store,
+        events: EventLog | None,
+    ) -> None:
+        self.env, self.group, self.tracked = env, group, tracked
+        self.outer = OuterOptimizer(OuterConfig(lr=env.outer_lr, momentum=env.outer_momentum))
+        self.coord, self.events = coord, events
+        self.index, _, _ = group_of(env)
+        self.groups = env.replica_groups or env.world_size
+        self.every = env.sync_every
+        self.inc = env.incarnation or uuid.uuid4().hex[:8]
+        self.rounds = Rounds(store, env.job, self.index, self.groups, env.hang_ceiling_s)
+        self.params: dict[str, torch.Tensor] = {}
+        self.formation: Formation | None = None
+
+    def on_track(self, state: Mapping[str, Any]) -> None:
+        """The parameters that synchronise: every tracked module's, by tracked name."""
+        self.params = {
+            f"{key}.{name}": p
+            for key, obj in state.items()
+            if isinstance(obj, torch.nn.Module)
+            for name, p in obj.named_parameters()
+        }
+        if not self.params:
+            raise ConfigError(
+                "--strategy async synchronises the tracked models' parameters and none is "
+                "tracked: pass the model to sess.track(model=...)"
+            )
+        # the outer state is checkpointed with the group's own: snapshots, persists and
+        # their restores carry the round's start parameters and the momentum
+        self.tracked.add("_outer", self.outer)
+
+    def use_batch(self, config: BatchConfig, position: Position) -> None:
+        raise ConfigError(
+            "sess.use_batch under --strategy async: each replica group keeps its own batch; "
+            "drop the call (or use --strategy elastic)"
+        )
+
+    # ------------------------------------------------------------ joining
+    def join(self, min_generation: int, done: int) -> Formation:
+        if self.formation is not None:  # a group of one has no collective to fail
+            return self.formation
+        # the job's generation (never bumped under async): every group finishes in it
+        gen = max(min_generation, self.coord.generation())
+        latest = self.rounds.latest()
+        # the group's own: a restarted group never dials its predecessor's addresses
+        self.group.build(gen + (self.rounds.rejoined() if latest is not None else 0))
+        rank, world = self.env.rank, self.env.world_size
+        if latest is not None:
+            step, lost = self._receive(latest)
+            formed(self.group, self.tracked.state, step=step, fresh=False)
+            self.formation = Formation(gen, rank, world, step, "transfer", lost)
+            return self.formation
+        self.outer.begin(self.params)
+        self.rounds.announce(self.inc, 0)
+        step = self._resume()
+        formed(self.group, self.tracked.state, step=step, fresh=step == 0)
+        self.formation = Formation(gen, rank, world, step, "disk" if step else "none")
+        return self.formation
+
+    def _resume(self) -> int:
+        """A launch with persisted checkpoints (a reused ``--run-dir``): the newest step
+        every group holds on disk, restored (the outer state with it), its round done
+        again when it is a boundary (a boundary's snapshot precedes its round); 0: none."""
+        if self.env.persist_every == 0:
+            return 0
+        from stalwart.checkpoint.catalog import committed_steps
+
+        common = self.rounds.persisted(committed_steps(self.tracked.checkpoints.storage))
+        if not common:
+            return 0
+        step = common[-1]
+        self.tracked.restore_disk(step)
+        if step % self.every == 0 and step // self.every > self.outer.round:
+            self._sync(step // self.every, step)
+        _log.info("replica group %d resumed from its checkpoint of step %d", self.index, step)
+        return step
+
+    def _receive(self, round_: int) -> tuple[int, int]:
+        """Load the global state after ``round_`` (own snapshot of its step first)."""
+        t0 = time.perf_counter()
+        step = round_ * self.every
+        snap = self.tracked.snapshots
+        held = memory_steps(snap)
+        own = max((s for s in held if s <= step), default=None)
+        if own is not None:  # its optimizer moments and RNG, then the global parameters
+            restore_memory_step(snap, self.tracked.state, own)
+        blob = self.rounds.global_state(round_)
+        self._load(round_, blob)
+        self.rounds.announce(self.inc, round_)
+        if self.events is not None:
+            self.events.emit(
+                "replica_rejoin",
+                group=self.index,
+                round=round_,
+                step=step,
+                own_snapshot=own is not None,
+                bytes=len(blob),
+                seconds=time.perf_counter() - t0,
+            )
+        _log.info("replica group %d rejoined at round %d (step %d)", self.index, round_, step)
+        return step, max(0, max(held, default=step) - step)
+
+    def _load(self, round_: int, blob: bytes) -> None:
+        state = decode(blob)
+        params = {k[2:]: v for k, v in state.items() if k.startswith("p/")}
+        momentum = {k[2:]: v for k, v in state.items() if k.startswith("m/")}
+        self.outer.load_state_dict({"round": round_, "start": params, "momentum": momentum})
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(params[name])
+
+    def _global(self) -> bytes:
+        state = {f"p/{k}": v for k, v in self.outer.start.items()}
+        state.update({f"m/{k}": v for k, v in self.outer.momentum.items()})
+        return encode(state)
+
+    # ------------------------------------------------------------ the step loop
+    def after_step(self, step: int) -> bool:
+        if step % self.every == 0 and step // self.every > self.outer.round:
+            self._sync(step // self.every, step)
+        return False
+
+    def _sync(self, round_: int, step: int) -> None:
+        """Round ``round_``: contribute, agree, apply the outer step (or, late, adopt)."""
+        t0 = time.perf_counter()
+        rounds = self.rounds
+        roster = rounds.agreed(round_)
+        if roster is None:
+            rounds.contribute(round_, encode(self.params))
+            roster = rounds.agree(round_)
+        if self.index not in roster:  # decided without this group: adopt its result
+            self._load(round_, rounds.global_state(round_, self.env.hang_ceiling_s))
+            return
+        new = self.outer.step([decode(rounds.contribution(round_, g)) for g in roster])
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(new[name])
+        if rounds.publish(round_, self._global()):
+            rounds.prune(round_)
+        if self.index == roster[0] and self.events is not None:
+            self.events.emit(
+                "replica_sync",
+                round=round_,
+                step=step,
+                members=roster,
+                dropped=[g for g in range(self.groups) if g not in roster],
+                seconds=time.perf_counter() - t0,
+            )
+
+    # ------------------------------------------------------------ the rest of Rejoin
+    def adopt(self, formation: Formation) -> None:
+        """Each group reads its own partition: tracked loaders sharded by group."""
+        for obj in self.tracked.state.values():
+            reshard = getattr(obj, "reshard", None)
+            if callable(reshard):
+                reshard(world_size=self.groups, rank=self.index)
+
+    def settle(self, formation: Formation, seconds: float) -> None:
+        """A rejoin's recovery_end (the session writes one only past generation 0, which
+        async never leaves: its groups rejoin on their own)."""
+        if formation.tier == "transfer" and self.events is not None:
+            self.events.emit(
+                "recovery_end",
+                strategy=self.env.strategy,
+                generation=formation.generation,
+                restored_step=formation.step,
+                steps_lost=formation.lost,
+                source_tier=formation.tier,
+                ok=True,
+            )
+
+    def before_step(self, done: int) -> None:
+        pass
+
+    def admit(self, step: int, position: Position) -> int:
+        return position.generation
+
+    def finished(self, rank: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
