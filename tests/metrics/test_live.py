@@ -171,7 +171,7 @@ def test_prometheus_endpoint_serves_live_figures() -> None:
         assert "stalwart_last_rto_seconds" not in "".join(final)  # no incident: no sample
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(exporter.url.replace("/metrics", "/other"), timeout=10)
-    assert exporter._thread is None  # stopped and joined
+    assert not exporter.serving  # stopped and joined
 
 
 def test_every_metric_documented() -> None:
@@ -277,7 +277,7 @@ def test_start_live_serves_and_prints_then_stops(tmp_path: Path, capsys: Any) ->
         assert _scrape(exporter.url)["stalwart_last_rto_seconds"] == 4
     finally:
         feed.close()
-    assert exporter._thread is None and feed._thread is None
+    assert not exporter.serving and feed._thread is None
     assert "run ended: ok" in capsys.readouterr().err
 
 

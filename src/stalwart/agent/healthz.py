@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from stalwart.errors import ConfigError
+from stalwart.metrics.serve import PathServer
 
 __all__ = [
     "HEALTH_FORMAT_VERSION",
@@ -109,12 +109,12 @@ class NodeStatus:
 
 
 class HealthEndpoint:
-    """A small threaded HTTP server over a :class:`NodeStatus`."""
+    """``/healthz`` and ``/readyz`` over a :class:`NodeStatus` (metrics/serve.py's
+    server: bounded connections, no access log)."""
 
     def __init__(self, status: NodeStatus, cfg: HealthEndpointConfig) -> None:
         self.status, self.cfg = status, cfg
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: PathServer | None = None
         self.port = cfg.port or 0
 
     @property
@@ -139,50 +139,22 @@ class HealthEndpoint:
         }
         return (200 if ok else 503), body
 
+    def _http(self, path: str) -> tuple[int, str, bytes]:
+        code, body = self.answer(path)
+        return code, "application/json", json.dumps(body).encode()
+
     def start(self) -> HealthEndpoint:
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = 5.0
-
-            def do_GET(self) -> None:
-                code, body = endpoint.answer(self.path)
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # a probe every few seconds would flood the launcher's output
-
-        try:
-            self._server = ThreadingHTTPServer((self.cfg.host, self.port), Handler)
-        except OSError as err:
-            raise ConfigError(
-                f"cannot serve health on {self.cfg.host}:{self.port}: {err.strerror}; "
-                "pass a free --health-port (0 picks one)"
-            ) from err
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="stalwart-health",
-            daemon=True,
+        server = PathServer(
+            self._http, self.cfg.host, self.port, what="health", flag="--health-port"
         )
-        self._thread.start()
+        self._server = server.start()
+        self.port = server.port
         return self
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
 
 
 def serve_health(

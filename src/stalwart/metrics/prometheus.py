@@ -11,16 +11,12 @@ Names follow Prometheus conventions: ``stalwart_`` prefix, base units (seconds, 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import socket
 import threading
-from collections import OrderedDict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from stalwart.errors import ConfigError
 from stalwart.metrics.live import LiveFigures, LiveSnapshot
+from stalwart.metrics.serve import PathServer
 
 __all__ = ["CONTENT_TYPE", "METRICS", "MetricsExporter", "render_metrics"]
 
@@ -123,40 +119,6 @@ def render_metrics(s: LiveSnapshot, labels: dict[str, str] | None = None) -> str
     return "\n".join(out) + "\n"
 
 
-_MAX_ACTIVE = 16  # connections served at once; a new one evicts the oldest
-_REQUEST_TIMEOUT_S = 10.0  # a client silent this long loses its connection
-
-
-class _BoundedHTTPServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer that holds at most ``_MAX_ACTIVE`` connections: a new one
-    evicts the oldest, so clients that open connections and dribble (or send nothing)
-    cannot keep a scraper out, nor pile up threads."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
-        self._active: OrderedDict[Any, None] = OrderedDict()
-        self._active_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._active_lock:
-            if len(self._active) >= _MAX_ACTIVE:
-                oldest, _ = self._active.popitem(last=False)
-                with contextlib.suppress(OSError):
-                    oldest.shutdown(socket.SHUT_RDWR)
-            self._active[request] = None
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._active_lock:
-            self._active.pop(request, None)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that went away (or a thread that could not start): nothing to do
-
-
 class MetricsExporter:
     """Serves ``GET /metrics`` from a background thread; :meth:`update` swaps in new
     figures (the agent calls it as events arrive). Use as a context manager or call
@@ -170,8 +132,7 @@ class MetricsExporter:
         self._lock = threading.Lock()
         self.live = LiveFigures()  # fed by emit(); rendered at the next scrape
         self._fed = False
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: PathServer | None = None
 
     @property
     def url(self) -> str:
@@ -200,50 +161,26 @@ class MetricsExporter:
             return self._body
 
     def start(self) -> MetricsExporter:
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = _REQUEST_TIMEOUT_S  # StreamRequestHandler sets it on the socket
-
-            def do_GET(self) -> None:
-                if self.path.split("?", 1)[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                body = exporter._current()
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes every few seconds would flood the launcher's output
-
-        try:
-            self._server = _BoundedHTTPServer((self.host, self.port), Handler)
-        except OSError as err:
-            raise ConfigError(
-                f"cannot serve metrics on {self.host}:{self.port}: {err.strerror}; "
-                "pass a free --metrics-port (0 picks one)"
-            ) from err
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="stalwart-metrics",
-            daemon=True,
-        )
-        self._thread.start()
+        self._server = PathServer(
+            self._answer, self.host, self.port, what="metrics", flag="--metrics-port"
+        ).start()
+        self.port = self._server.port
         return self
+
+    def _answer(self, path: str) -> tuple[int, str, bytes]:
+        if path.split("?", 1)[0] != "/metrics":
+            return 404, "text/plain; charset=utf-8", b"only /metrics is served here\n"
+        return 200, CONTENT_TYPE, self._current()
+
+    @property
+    def serving(self) -> bool:
+        """Whether scrapes are answered now (False once closed)."""
+        return self._server is not None and self._server.serving
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def __enter__(self) -> MetricsExporter:
         return self.start()
