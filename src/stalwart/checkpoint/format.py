@@ -1,4 +1,4 @@
-"""The on-storage checkpoint format (version 1), documented in docs/checkpoint-format.md.
+"""The on-storage checkpoint format (version 2), documented in docs/checkpoint-format.md.
 
 This module imports no torch: the background persister and ``stalwart ckpt`` read and
 write the format with the standard library and xxhash only.
@@ -31,6 +31,7 @@ __all__ = [
     "PENDING_PREFIX",
     "QUARANTINE_DIR",
     "QUARANTINE_NAME",
+    "READ_VERSIONS",
     "ChunkRef",
     "IndexRef",
     "Manifest",
@@ -45,7 +46,13 @@ __all__ = [
     "step_dir",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 2 added ``TensorEntry.copy_of`` (HSDP persist dedupe): an entry without bytes.
+# A reader of version 1 takes such an entry for a damaged one ("its chunks do not add
+# up"), so files that may hold one say 2, and an old reader asks to be upgraded instead.
+# Version 1 files are still read: they are version 2 files without copies (builds that
+# wrote copies before the bump labelled them 1; those copies are read too).
+READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "MANIFEST.json"
 QUARANTINE_NAME = "QUARANTINED.json"  # replaces the manifest of a step found damaged
 QUARANTINE_DIR = "quarantine"  # damaged steps are moved here, inside the root
@@ -250,7 +257,7 @@ class RankIndex:
             tree=tree,
             tensors=entries,
             new_bytes=v.want_int(d.get("new_bytes", 0), where, "new_bytes", 0, v.MAX_FILE_BYTES),
-            version=FORMAT_VERSION,
+            version=d["version"],
         )
 
 
@@ -319,7 +326,7 @@ class Manifest:
                 new_bytes=v.want_int(d["new_bytes"], where, "new_bytes", 0, 1 << 60),
                 created_unix=v.want_float(d["created_unix"], where, "created_unix", 0, v.MAX_UNIX),
                 meta=v.want_dict(d["meta"], where, "meta"),
-                version=FORMAT_VERSION,
+                version=d["version"],
             )
             stored = v.want_hash(d["checksum"], where, "checksum")
         except KeyError as err:
@@ -373,10 +380,10 @@ def _load_json(data: bytes, where: str, fmt: str) -> dict[str, Any]:
     if not isinstance(d, dict) or d.get("format") != fmt:
         raise CheckpointFormatError(f"{where}: not a {fmt} file (wrong 'format' field)")
     version = d.get("version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version not in READ_VERSIONS:
         raise CheckpointFormatError(
             f"{where}: format version {version!r} is not supported by this stalwart "
-            f"(reads version {FORMAT_VERSION}); upgrade stalwart to read it"
+            f"(reads versions {', '.join(map(str, READ_VERSIONS))}); upgrade stalwart to read it"
         )
     return d
 
