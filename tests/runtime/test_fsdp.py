@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +12,18 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from stalwart.coordinator.elastic_keys import Keys
+from stalwart.coordinator.memory import MemoryStore
 from stalwart.errors import ConfigError
-from stalwart.runtime._fsdp import SwapProcessGroup, generation_mesh, is_sharded
+from stalwart.runtime._fsdp import (
+    SwapProcessGroup,
+    generation_mesh,
+    is_sharded,
+    refuse_elastic_mesh,
+    resize_by_restarts,
+)
 from stalwart.runtime._world import install, uninstall
+from stalwart.runtime.env import Strategy, WorkerEnv
 from stalwart.runtime.group import GenerationGroup
 
 
@@ -144,9 +154,56 @@ def test_grad_clipping_reduces_through_the_generation(gen: GenerationGroup, mesh
     assert stub.calls[-1] == "allreduce" and gen.error is None
 
 
-def test_the_mesh_is_refused_under_elastic(gen: GenerationGroup) -> None:
-    with pytest.raises(ConfigError, match="relaunch with --nproc-per-node"):
-        generation_mesh(gen, "fsdp-test", elastic=True)
+class _Gen:
+    """What resize_by_restarts reads and sets of a generation group."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation, self.signal_slot = generation, True
+
+
+class _Rejoin:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _env(**kw: Any) -> WorkerEnv:
+    base: dict[str, Any] = {"job": "shr", "strategy": Strategy.ELASTIC, "persist_every": 5}
+    return WorkerEnv(**(base | kw))
+
+
+def test_under_elastic_the_mesh_tells_the_agent_it_resizes_by_restarts() -> None:
+    """The job's store says so (the agent restarts every worker at the new size) and the
+    group carries no stop vote (a join is a restart, not a step boundary)."""
+    store, group = MemoryStore(), _Gen(-1)
+    elastic = _Rejoin()
+    resize_by_restarts(_env(), group, store, elastic)  # type: ignore[arg-type]
+    assert store.get(Keys("shr").sharded) is not None and not group.signal_slot
+    assert elastic.closed
+
+
+@pytest.mark.parametrize(
+    ("env", "generation", "fix"),
+    [
+        (_env(persist_every=0), -1, "pass --persist-every N"),
+        (_env(nnodes=2), -1, "or --nnodes 1"),
+        (_env(), 0, "before the first `for step in sess.steps"),
+    ],
+)
+def test_what_resize_by_restarts_cannot_do_is_refused_with_the_fix(
+    env: WorkerEnv, generation: int, fix: str
+) -> None:
+    store = MemoryStore()
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        resize_by_restarts(env, _Gen(generation), store, _Rejoin())  # type: ignore[arg-type]
+    assert store.get(Keys("shr").sharded) is None
+
+
+def test_a_2d_mesh_is_refused_under_elastic() -> None:
+    with pytest.raises(ConfigError, match="its mesh_shape fits one world size"):
+        refuse_elastic_mesh(True)
+    refuse_elastic_mesh(False)
 
 
 def test_a_sharded_state_is_told_from_a_replicated_one(mesh: Any) -> None:

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from stalwart.agent._elastic_sharded import ShardedResize
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
@@ -40,13 +41,27 @@ class ElasticPolicy:
         self._joins = joins
         self._keys = Keys(parts.cfg.job)
         self._incarnations: dict[int, str] = {}  # rank -> its current process's life
+        self._sharded = ShardedResize(parts, self._keys)  # FSDP2: resized by restarts
+        joins.route(self._start_joiners)
 
     def worker_env(self, worker: Worker) -> WorkerFields:
         """A new incarnation for ``worker``, registered alive before its process exists."""
         inc = uuid.uuid4().hex[:8]
         self._incarnations[worker.rank] = inc
         self._p.coord.store.put(self._keys.member(self._keys.alive, worker.rank), inc.encode())
-        return {"incarnation": inc}
+        return {"incarnation": inc, **self._sharded.fields(worker)}
+
+    def _start_joiners(self, joiners: list[Worker]) -> None:
+        """A ``join``: each joiner is admitted at a step boundary; a sharded job's
+        workers all start again at the larger size instead."""
+        if self._sharded.active():
+            ranks = [w.rank for w in joiners]
+            grown = self._sharded.members() + [w for w in joiners if w.state is WorkerState.GONE]
+            self._p.begin(self.name, "join")
+            self._sharded.restart(grown, f"member(s) {ranks} join")
+            return
+        for w in joiners:
+            self._p.spawn(w)
 
     def keeps_running(self) -> bool:
         return self._joins.pending()
@@ -85,10 +100,16 @@ class ElasticPolicy:
         limit = p.coord.config.failure_threshold
         often = not ex.collateral and p.coord.record_failure(f"rank{ex.rank}", ex.cause)
         if not (p.ledger.permanent(pid=ex.pid) or often or ex.verdict is not None):
+            if self._sharded.active():  # the same size, every worker new
+                self._sharded.restart(self._sharded.members(), f"member {ex.rank} left")
+                return
             p.say(f"member {ex.rank} left; starting it again, it rejoins at a step boundary")
             p.spawn(w)
             return
         p.workers.retire(w)
+        if self._sharded.active():  # the rest start again at the smaller size
+            self._sharded.restart(self._sharded.members(), f"member {ex.rank} left for good")
+            return
         if ex.verdict is not None:
             why = "it crash-loops"
         else:
@@ -142,6 +163,16 @@ class Joins:
     def __init__(self, parts: RecoveryParts) -> None:
         self._p = parts
         self._plan: Callable[[], list[Fault]] = list
+        self._start: Callable[[list[Worker]], None] = self._spawn_each
+
+    def route(self, start: Callable[[list[Worker]], None]) -> None:
+        """``start(joiners)`` starts a join's members (the policy's: a sharded job
+        restarts all of its workers at the larger size)."""
+        self._start = start
+
+    def _spawn_each(self, joiners: list[Worker]) -> None:
+        for w in joiners:
+            self._p.spawn(w)
 
     def follow(self, pending: Callable[[], list[Fault]]) -> None:
         """``pending``: this node's chaos faults still to fire (agent/_chaos_exec.py)."""
@@ -180,10 +211,13 @@ class Joins:
             spec=fault.text,
         )
         p.say(f"chaos: {fault.text}")
+        joiners = []
         for rank in ranks:
             w = p.workers.get(rank)
             if w is None:
                 w = p.workers.adopt(rank, rank % nproc, len(p.workers))
             if w.state in (WorkerState.GONE, WorkerState.DEAD):
-                p.spawn(w)
+                joiners.append(w)
+        if joiners:
+            self._start(joiners)
         return True

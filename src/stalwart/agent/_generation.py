@@ -106,9 +106,12 @@ class JobGeneration:
         )
         return self._generation
 
-    def restart(self, what: str) -> int:
+    def restart(self, what: str, *, world_size: int | None = None) -> int:
         """A whole-job restart this node starts: a fresh port, a bump every node can
-        recognise (its reason starts with "restart"), the port published under it."""
+        recognise (its reason starts with "restart"), the port published under it;
+        ``world_size``: the restarted job's (a sharded elastic resize), else as before."""
+        if world_size is not None:
+            self._world_size = world_size
         self._master_port = free_port()
         self.bump(f"restart after {what}", must_win=True)
         self._launch.publish(f"master-{self._generation}", {"port": self._master_port})

@@ -19,6 +19,7 @@ class Keys:
         self.admit = self.root + "admit/"  # <gen> -> [{member, inc, step, digest}, ...]
         self.failed = self.root + "failed"  # why the job cannot go on (the agent ends it)
         self.finished = self.root + "finished"  # the group trained to the end
+        self.sharded = self.root + "sharded"  # FSDP2: resized by restarts (runtime/_fsdp.py)
         self.info = f"/stalwart/{job}/rt/"  # <gen>/<member> -> a member's join info
 
     def member(self, prefix: str, member: int) -> str:

@@ -43,6 +43,9 @@ from stalwart.errors import ConfigError, GroupNotFormedError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from stalwart.coordinator import Store
+    from stalwart.runtime._formation import Rejoin
+    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "is_sharded",
     "refuse_elastic_mesh",
     "register_group",
+    "resize_by_restarts",
 ]
 
 
@@ -249,13 +253,12 @@ def register_group(pg: Any, store: Any, ranks: dict[int, int], backend: str) -> 
     _register_process_group(pg.group_name, pg)
 
 
-def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> DeviceMesh:
+def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:
     """A 1-D CPU ``DeviceMesh`` over the job's ranks (``mesh_dim_names=("dp",)``) whose
     group follows the generations of ``gen``; alone, the local default group's mesh.
-    Refused under elastic: its size and the shards would stay the launch world's."""
+    Under elastic the session first makes the world fixed per launch
+    (:func:`resize_by_restarts`): the mesh's size and shards are that launch's."""
     from torch.distributed.device_mesh import DeviceMesh
-
-    refuse_elastic_mesh(elastic)
 
     if gen.world_size == 1:
         return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("dp",))  # type: ignore[arg-type]
@@ -265,19 +268,55 @@ def generation_mesh(gen: GenerationGroup, job: str, elastic: bool = False) -> De
     return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
 
 
-def refuse_elastic_mesh(elastic: bool) -> None:
-    """A mesh's size and shards would stay the launch world's under elastic: refuse.
+def resize_by_restarts(
+    env: WorkerEnv, gen: GenerationGroup, store: Store | None, elastic: Rejoin
+) -> None:
+    """``sess.mesh`` under ``--strategy elastic``: this job's world changes by restarts.
 
-    Survivors keep their processes under elastic, and FSDP2 fixes a module's shards (and
-    the optimizer's DTensor moments) to the mesh it was built on; resharding them in place
-    onto a smaller mesh needs FSDP2's parameters rebuilt, which torch has no API for. What
-    does change world size is a relaunch restoring the newest persisted sharded step."""
+    FSDP2 fixes a module's shards, its all-gather buffers and the optimizer's DTensor
+    moments to the mesh it was built on, and torch has no API to rebuild them on a
+    smaller one in a live process; elastic's in-place shrink keeps the survivors'
+    processes. So a sharded job tells its agent (``el/sharded``), which then starts every
+    worker again at the new size on a member's loss or join (agent/_elastic_sharded.py),
+    each with its dense rank and the new ``WORLD_SIZE``; the workers restore the newest
+    persisted step resharded onto that world (the checkpoint engine re-cuts the DTensor
+    pieces) and the loader re-partitions the epoch under the batch policy. Within one
+    launch the world is fixed, so the session uses the fixed rejoin, from disk only:
+    a snapshot in memory holds the shards of another world size. ``elastic``, the
+    elastic rejoin the session opened at start, is closed (the session replaces it)."""
+    if gen.generation >= 0:
+        raise ConfigError(
+            "sess.mesh was first used after the job's group formed under --strategy "
+            "elastic; build the FSDP2 model (fully_shard(..., mesh=sess.mesh)) before the "
+            "first `for step in sess.steps(...)` iteration"
+        )
+    if env.nnodes > 1:
+        raise ConfigError(
+            "FSDP2 (sess.mesh) under --strategy elastic runs on one node for now (its "
+            f"workers restart at the new size; this job has {env.nnodes} nodes); use "
+            "--strategy flash or spare across nodes, or --nnodes 1"
+        )
+    if env.persist_every == 0:
+        raise ConfigError(
+            "FSDP2 (sess.mesh) under --strategy elastic restarts its workers at the new "
+            "size from the newest persisted step; pass --persist-every N (or auto)"
+        )
+    if store is not None:
+        from stalwart.coordinator.elastic_keys import Keys
+
+        store.put(Keys(env.job).sharded, b"1")
+    gen.signal_slot = False  # no stop vote: a join is a restart, not a step boundary
+    elastic.close()
+
+
+def refuse_elastic_mesh(elastic: bool) -> None:
+    """A 2-D mesh (HSDP, tensor parallel) under elastic: its shape is the user's
+    ``mesh_shape`` for the launch world, which a resize would not fit: refuse."""
     if elastic:
         raise ConfigError(
-            "sess.mesh (FSDP2) is not supported under --strategy elastic: its shards are "
-            "fixed to the launch world; use --strategy restart --persist-every N (to go on "
-            "at another size, relaunch with --nproc-per-node W' on the same --run-dir: the "
-            "checkpoint is resharded), or flash/spare, or DDP under elastic"
+            "sess.init_device_mesh (HSDP, tensor parallel) is not supported under "
+            "--strategy elastic: its mesh_shape fits one world size; use sess.mesh (FSDP2 "
+            "over all ranks: elastic restarts it at the new size), or --strategy flash/spare"
         )
 
 

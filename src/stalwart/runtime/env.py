@@ -284,8 +284,12 @@ class WorkerEnv:
 
 class WorkerFields(TypedDict, total=False):
     """Contract fields (:class:`~stalwart.runtime.env.WorkerEnv`) a caller sets for one
-    worker, on top of what the job and the node give every worker."""
+    worker, on top of what the job and the node give every worker (``rank`` and
+    ``world_size`` replace the launch's: a sharded elastic job restarted at a new size,
+    agent/_elastic_sharded.py)."""
 
+    rank: int
+    world_size: int
     incarnation: str
     standby: str
     step_p99_s: float

@@ -11,8 +11,7 @@ A step is a transaction: if its allreduce fails (a peer died or was killed for a
 the optimizer step is skipped, and before the next step the session joins the next
 generation, rolls the tracked state back to the newest step every member holds, rebuilds
 the process group and resumes from there. The DDP, optimizer and scheduler objects are
-kept: only their tensors are rewritten.
-"""
+kept: only their tensors are rewritten."""
 
 from __future__ import annotations
 
@@ -128,16 +127,17 @@ class Session:
         install(group, env.job, caller)
         return group
 
-    def _open_rejoin(self, env: WorkerEnv) -> Rejoin:
+    def _open_rejoin(self, env: WorkerEnv, *, sharded: bool = False) -> Rejoin:
         parts = (env, self.group, self.tracked)
-        if env.managed and (env.strategy.syncs_replica_groups or env.strategy.resizes):
+        resizes = env.strategy.resizes and not sharded  # sharded: resized by restarts
+        if env.managed and (env.strategy.syncs_replica_groups or resizes):
             from stalwart.runtime._elastic import ElasticRejoin
 
             assert self.coord is not None and self.store is not None
             if env.strategy.syncs_replica_groups:
                 return AsyncRejoin(*parts, self.coord, self.store, self.events)
             return ElasticRejoin(*parts, self.coord, self.store, self.events, self.close)
-        mem = env.strategy.restores_from_memory
+        mem = env.strategy.restores_from_memory and not sharded
         return FixedRejoin(*parts, self, self.coord, self.store, self.events, use_memory=mem)
 
     # ------------------------------------------------------------ where it stands
@@ -194,13 +194,15 @@ class Session:
 
     @property
     def mesh(self) -> DeviceMesh:
-        """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) whose process
-        group runs every collective over the current generation's group (runtime/_fsdp.py);
-        after :meth:`init_device_mesh`, that mesh."""
+        """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) over the current
+        generation's group (runtime/_fsdp.py); after :meth:`init_device_mesh`, that mesh."""
         if self._mesh is None:
-            from stalwart.runtime._fsdp import generation_mesh
+            from stalwart.runtime._fsdp import generation_mesh, resize_by_restarts
 
-            self._mesh = generation_mesh(self.group, self.env.job, self._rejoin.resizes)
+            if self._rejoin.resizes:  # elastic: sharded state resizes by restarts (_fsdp.py)
+                resize_by_restarts(self.env, self.group, self.store, self._rejoin)
+                self._rejoin = self._open_rejoin(self.env, sharded=True)
+            self._mesh = generation_mesh(self.group, self.env.job)
         return self._mesh
 
     def init_device_mesh(
@@ -237,9 +239,8 @@ class Session:
         self._rejoin.on_track(self.tracked.state)
 
     def use_batch(self, config: BatchConfig) -> None:
-        """The global batch policy (a :class:`stalwart.data.BatchConfig`): after every
-        resize the tracked loaders get the plan's per-rank batch and micro-batches and
-        the optimizers its LR scale (docs/data.md). Call after :meth:`track`."""
+        """The global batch policy (:class:`stalwart.data.BatchConfig`; after :meth:`track`):
+        after every resize the loaders get the plan's batches, the optimizers its LR scale."""
         self._rejoin.use_batch(config, self)
 
     @property
@@ -367,9 +368,8 @@ class Session:
         if self.coord is None:
             raise RuntimeError(f"a step failed and there is no agent to recover with: {reason}")
         if self.coord.advance_generation(self.generation, reason).won and self.events:
-            self.events.emit(
-                "note", message=f"rank {self.rank} ended generation {self.generation}: {reason}"
-            )
+            msg = f"rank {self.rank} ended generation {self.generation}: {reason}"
+            self.events.emit("note", message=msg)
         self._join(min_generation=self.generation + 1)
 
     def _finish(self, total: int) -> bool:
