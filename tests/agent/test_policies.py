@@ -24,7 +24,7 @@ from stalwart.agent.incidents import NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
 from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
-from stalwart.chaos import FaultLedger
+from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.elastic_keys import Keys, replica_root
 from stalwart.runtime.env import Strategy
@@ -258,3 +258,76 @@ def test_the_factory_is_the_one_place_a_strategy_name_is_read(tmp_path: Path) ->
     assert {s: p.name for s, p in chosen.items()} == {s: s for s in chosen}
     assert [s for s, p in chosen.items() if p.assigns_spares] == ["spare"]
     assert isinstance(chosen["elastic"], ElasticPolicy)
+
+
+def _sharded(tmp_path: Path) -> tuple[RecoveryParts, ElasticPolicy, Joins]:
+    """A 4-worker FSDP2 job under elastic whose workers said it is sharded."""
+    parts = _parts(tmp_path, nproc=4, min_world=3)
+    joins = Joins(parts)
+    policy = ElasticPolicy(parts, joins)
+    parts.workers.wire(lambda w, extra: policy.worker_env(w), parts.joined, assign_spares=False)
+    parts.coord.store.put(Keys(parts.cfg.job).sharded, b"1")
+    for w in parts.workers:
+        policy.worker_env(w)  # alive, as their first start made them
+    return parts, policy, joins
+
+
+def _left_for_good(parts: RecoveryParts, rank: int) -> WorkerExited:
+    """A ``permanent`` kill of ``rank`` (its process is the one _failed ends)."""
+    rec = {"kind": "kill", "rank": rank, "pid": 1000 + rank, "permanent": True}
+    parts.ledger.claim_id(f"kill-{rank}", rec)
+    return _failed(parts, rank)
+
+
+def _spawned(parts: RecoveryParts, before: int) -> dict[str, tuple[int, int]]:
+    """rank-N -> (rank, world size) of the processes started since ``before``."""
+    return {
+        m["id"]: (m["spec"].get("rank"), m["spec"].get("world_size"))
+        for m in _sent(parts)[before:]
+        if m["op"] == "spawn"
+    }
+
+
+def test_a_sharded_job_shrinks_by_restarting_every_member_at_the_smaller_size(
+    tmp_path: Path,
+) -> None:
+    """FSDP2 cannot go on at another size in place: the survivors start again, renumbered
+    densely in launch-rank order, with the new world size (agent/_elastic_sharded.py)."""
+    parts, policy, _ = _sharded(tmp_path)
+    before = len(_sent(parts))
+    policy.on_incident(_left_for_good(parts, 1))
+    assert parts.workers[1].state is WorkerState.GONE
+    assert _spawned(parts, before) == {"rank-0": (0, 3), "rank-2": (1, 3), "rank-3": (2, 3)}
+    assert parts.generation.current == 1 and parts.generation.restarts == 1
+    assert str(parts.coord.generation_meta()["reason"]).startswith("restart after member 1")
+    resize = parts.events.of("resize")  # type: ignore[attr-defined]
+    assert [(r["from_world_size"], r["world_size"], r["reason"]) for r in resize] == [
+        (4, 3, "shrink")
+    ]
+    assert parts.events.of("generation")[-1]["world_size"] == 3  # type: ignore[attr-defined]
+
+
+def test_a_sharded_job_grows_back_when_the_member_joins(tmp_path: Path) -> None:
+    parts, policy, joins = _sharded(tmp_path)
+    policy.on_incident(_left_for_good(parts, 3))
+    before = len(_sent(parts))
+    (join,) = FaultPlan.parse("join rank=3 at=step:20").faults
+    assert joins.fire(join)
+    assert _spawned(parts, before) == {f"rank-{r}": (r, 4) for r in range(4)}
+    resize = parts.events.of("resize")  # type: ignore[attr-defined]
+    assert [(r["from_world_size"], r["world_size"]) for r in resize] == [(4, 3), (3, 4)]
+
+
+def test_a_sharded_member_started_again_restarts_all_at_the_same_size(tmp_path: Path) -> None:
+    parts, policy, _ = _sharded(tmp_path)
+    before = len(_sent(parts))
+    policy.on_incident(_failed(parts, 2))  # not permanent: it comes back at once
+    assert _spawned(parts, before) == {f"rank-{r}": (r, 4) for r in range(4)}
+    assert parts.events.of("resize") == []  # type: ignore[attr-defined]
+
+
+def test_a_sharded_job_below_min_ends_with_one_line(tmp_path: Path) -> None:
+    parts, policy, _ = _sharded(tmp_path)
+    policy.on_incident(_left_for_good(parts, 3))
+    with pytest.raises(RunFailed, match=r"2 members, fewer than its minimum 3; lower MIN"):
+        policy.on_incident(_left_for_good(parts, 2))

@@ -107,9 +107,6 @@ class ElasticPolicy:
             p.spawn(w)
             return
         p.workers.retire(w)
-        if self._sharded.active():  # the rest start again at the smaller size
-            self._sharded.restart(self._sharded.members(), f"member {ex.rank} left for good")
-            return
         if ex.verdict is not None:
             why = "it crash-loops"
         else:
@@ -128,6 +125,9 @@ class ElasticPolicy:
             )
             p.coord.store.put(self._keys.failed, line.encode())
             end_with_verdict(p.launch, line)
+        if self._sharded.active():  # the rest start again at the smaller size
+            self._sharded.restart(self._sharded.members(), f"member {ex.rank} left for good")
+            return
         p.say(f"member {ex.rank} left for good ({why}); the job goes on without it")
         if p.workers.all_gone() and p.cfg.node_rank == 0:
             raise RunFailed(f"every member of node 0 left for good (last: member {ex.rank})")
