@@ -11,6 +11,10 @@ Then the checkpoint figures of a 4-rank FSDP2 state of ``--ckpt-mb`` (bench/_fsd
 one run): ``persist_s`` vs ``dcp_save_s`` of the same sharded state, and
 ``restore_reshard_s`` (4 -> 2 ranks) vs ``dcp_load_reshard_s``, with their ratios.
 ``--ckpt-only`` measures those alone.
+
+Then FSDP2 under ``--strategy elastic`` (bench/_fsdp_elastic.py, one run): 4 -> 3 -> 4
+workers, ``elastic_shrink_s``/``elastic_grow_s`` beside the same job's ``restart_rto_s``
+and the loss gap to a fixed 4-worker run. ``--elastic-only`` measures those alone.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _fsdp_ckpt import measure as measure_ckpt
+from _fsdp_elastic import measure as measure_elastic
 from _hsdp_node_loss import measure as measure_hsdp_node_loss
 from recovery import VENV_BIN, _env, _median, _run, recovery_figures, steady_step_s
 
@@ -58,7 +63,13 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=240.0)
     p.add_argument("--ckpt-mb", type=int, default=512, help="FSDP2 state saved and resharded")
     p.add_argument("--ckpt-only", action="store_true", help="only the checkpoint figures")
+    p.add_argument("--elastic-only", action="store_true", help="only the elastic figures")
     args = p.parse_args()
+    if args.elastic_only:
+        with tempfile.TemporaryDirectory(prefix="bench-fsdp-el-") as tmp:
+            result = measure_elastic(Path(tmp), timeout=args.timeout)
+        print(json.dumps(result | {"load_average": os.getloadavg()[0]}))
+        return 0
     if args.ckpt_only:
         with tempfile.TemporaryDirectory(prefix="bench-fsdp-ckpt-") as tmp:
             print(json.dumps(measure_ckpt(Path(tmp), args.ckpt_mb)))
@@ -94,6 +105,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-ckpt-") as tmp:
         result.update(measure_ckpt(Path(tmp), args.ckpt_mb))
     result.update(measure_hsdp_node_loss())  # HSDP 2x2 on 2 nodes: memory vs disk
+    with tempfile.TemporaryDirectory(prefix="bench-fsdp-el-") as tmp:
+        result.update(measure_elastic(Path(tmp), timeout=args.timeout))
     rows = [
         ("plain FSDP2 step (torchrun)", p_med, "s"),
         ("FSDP2 step under stalwart", o_med, "s"),
@@ -108,6 +121,9 @@ def main() -> int:
         ("dcp.load resharded 4 -> 2", result["dcp_load_reshard_s"], "s"),
         ("HSDP node loss RTO, memory", result.get("node_loss_rto_memory_s"), "s"),
         ("HSDP node loss RTO, disk", result.get("node_loss_rto_disk_s"), "s"),
+        ("elastic shrink 4 -> 3", result.get("elastic_shrink_s"), "s"),
+        ("elastic grow 3 -> 4", result.get("elastic_grow_s"), "s"),
+        ("restart RTO (same job)", result.get("restart_rto_s"), "s"),
     ]
     for name, value, unit in rows:
         shown = "-" if value is None else f"{value:.3f}{unit}"
