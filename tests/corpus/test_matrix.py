@@ -115,6 +115,9 @@ CELLS = [
          slow=True),
     Cell("titan", "restart", "kill", "identical",
          "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:8'"),
+    Cell("titan", "elastic", "kill then join", "resized",
+         "--nproc-per-node 1:2 --persist-every 3 "
+         "--chaos 'kill rank=1 at=step:6 permanent; join rank=1 at=step:10'", slow=True),
     # (4) a deterministic bug: the rank launched as 1 raises at step 6 in every incarnation
     Cell("buggy", "flash", "crash loop", "verdict", slow=True, timeout=60),
     Cell("buggy", "spare", "crash loop", "verdict", SPARE, slow=True,
@@ -259,6 +262,27 @@ def _same_loss(cell: Cell, out: Outcome, refs: References) -> None:
         assert sorted(order[e * n : (e + 1) * n]) == list(range(n)), f"epoch {e}"
 
 
+def _resized(cell: Cell, out: Outcome, refs: References) -> None:
+    """FSDP2 under elastic resizes by restarts (docs/elastic.md, "Sharded state"): 2 -> 1
+    -> 2, every step trained by the whole world it ran at, and the steps whose last
+    attempt is the launch's are the fixed run's (its batches are per (step, rank), so the
+    curve moves at 1 worker; which steps are redone depends on what was committed)."""
+    _finished(out)
+    ref = refs[cell.ref]
+    assert sorted(out.trace) == sorted(ref.trace)
+    resizes = [(f["from_world_size"], f["world_size"]) for f in out.kinds("resize")]
+    assert resizes == [(2, 1), (1, 2)], resizes
+    worlds = [int(str(recs[0]["world"])) for recs in out.trace.values()]
+    assert worlds[-1] == 2 and 1 in worlds, f"did not shrink and grow: {worlds}"
+    fixed = ref.losses()
+    for step, recs in out.trace.items():
+        assert len(recs) == int(str(recs[0]["world"])), f"step {step}: a rank missing"
+        for r in recs:
+            if r["attempt"] == [0, 0]:  # trained before the first resize
+                key = (step, int(str(r["member"])))
+                assert float(str(r["loss"])) == fixed[key], f"(step, member) {key}"
+
+
 def _verdict(cell: Cell, out: Outcome, refs: References) -> None:
     assert out.rc != 0, "the job with a deterministic bug did not fail"
     lines = out.stderr.splitlines()
@@ -278,6 +302,7 @@ JUDGES = {
     "agree": _agree,
     "eval avg": _eval_avg,
     "same loss": _same_loss,
+    "resized": _resized,
     "verdict": _verdict,
 }
 
