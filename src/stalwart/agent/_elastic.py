@@ -8,7 +8,9 @@ agent saw it die. A dead worker is started again (as a *joiner*, admitted at a s
 boundary) unless the fault that killed it was ``permanent``, or it failed as often as
 the coordinator's failure threshold allows (its ``record_failure``), or it crash-loops;
 a lost node's members are adopted as joiners, or, for ``kill node=N ... permanent``,
-only by a later ``join node=N`` (:class:`Joins`).
+only by a later ``join node=N`` (:class:`Joins`). A sharded (FSDP2) job cannot change
+size in place: its members are all started again at the new size instead
+(agent/_elastic_sharded.py).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def worker_contract(
     ``TORCHELASTIC_ERROR_FILE`` is set per process by the zygote (:func:`error_dir`)."""
     host, sep, port = node.store.rpartition(":")
     store = None if cfg.etcd or not (sep and port.isdigit()) else (host, int(port))
-    fields = {"rank": spec.rank, "world_size": cfg.world_size, **fields}  # a policy's win
+    # the launch's rank and size unless the policy sets them (a sharded elastic resize)
+    fields = {"rank": spec.rank, "world_size": cfg.world_size, **fields}
     return WorkerEnv(
         local_rank=spec.local,
         local_world_size=cfg.nproc_per_node,
