@@ -71,9 +71,10 @@ class ShardedResize:
             )
         p.workers.stop_all("resize")
         p.generation.restarted()
-        p.say(
-            f"{what}: restarting the FSDP2 job's workers at {size} (was {before}); they "
-            "restore the newest persisted step resharded"
-        )
+        if size == before:
+            how = f"at the same size ({size}): a sharded job cannot re-form in place"
+        else:
+            how = f"at {size} (was {before}), the newest persisted step resharded"
+        p.say(f"{what}: restarting the FSDP2 job's workers {how}")
         for w in sorted(members, key=lambda w: w.rank):
             p.spawn(w)
