@@ -210,6 +210,23 @@ def test_the_agent_writes_its_config_into_the_contract(tmp_path: Path) -> None:
     assert (got.incarnation, got.step_p99_s, got.master_addr) == ("i1", 0.5, "fqdn")
 
 
+def test_a_policy_may_set_the_rank_and_world_size(tmp_path: Path) -> None:
+    """A sharded elastic job restarted at 3 of its 4 launch ranks: launch rank 3 runs as
+    rank 2 of 3 (agent/_elastic_sharded.py); the RANK/WORLD_SIZE variables say so."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    cfg = LaunchConfig(script=str(script), nproc_per_node=4, job="jr", strategy="elastic")
+    node = NodeFacts(str(tmp_path), "127.0.0.1:4000", "/t", "127.0.0.1:4001", "/b", "/p")
+    spec = WorkerSpec(rank=3, local=3, slot=3)
+    env = worker_contract(
+        cfg, spec, node, restarts=1, master_port=1, fields={"rank": 2, "world_size": 3}
+    )
+    environ = worker_environ(env)
+    assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("2", "3", "3")
+    plain = worker_contract(cfg, spec, node, restarts=0, master_port=1, fields={})
+    assert (plain.rank, plain.world_size) == (3, 4)
+
+
 def test_the_agent_config_takes_its_defaults_from_the_contract() -> None:
     """Every knob is the contract field of its name (the agent hands them on by name:
     RuntimeKnobs.contract_fields), with the contract's default."""
