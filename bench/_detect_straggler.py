@@ -34,8 +34,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+
+from _straggler_trace import WindowTrace
 
 HERE = Path(__file__).resolve().parent
 _JOB = HERE / "_straggler_job.py"
@@ -81,10 +84,13 @@ class _Run:
 
     def __init__(self, work: Path, name: str, flags: list[str]) -> None:
         self.dir = work / name
+        job = f"bench-{name}-{uuid.uuid4().hex[:8]}"
         cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--nproc-per-node", "2",
-               "--run-dir", str(self.dir), *flags, str(_JOB)]  # fmt: skip
+               "--run-dir", str(self.dir), "--rdzv-id", job, *flags, str(_JOB)]  # fmt: skip
         self.log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # every scored window (its ratios), beside the agent's declarations
+        self.trace = WindowTrace(job, 2, work / f"{name}.windows.jsonl")
 
     def first_step(self, timeout: float = 300.0) -> float | None:
         """Wall-clock start of the first step (the origin of ``at=time:``)."""
@@ -105,6 +111,7 @@ class _Run:
         return None
 
     def stop(self) -> list[dict[str, Any]]:
+        self.trace.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
