@@ -175,6 +175,45 @@ def _rate_ratios(three: dict[str, Any], peer: list[dict[str, Any]]) -> dict[str,
     return out
 
 
+def _noise(three: dict[str, Any], peer: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the same after/before ratio is in the fault-free peer: every pair of spans
+    as long and as far apart as the eviction run's, every 5 s of the peer's run (its
+    10th and 90th percentiles): a ratio inside them is this machine's noise."""
+    gap = three["t_recovered"] + 3.0 - three["t_slow"]
+    steps = [e["t"] for e in peer if e["kind"] == "steps"]
+    if not steps:
+        return {}
+    ratios, a = [], min(steps) + _SPAN_S + 5.0
+    while a + gap + _SPAN_S <= max(steps):
+        before, after = _rate(peer, a - _SPAN_S, a), _rate(peer, a + gap, a + gap + _SPAN_S)
+        if before and after:
+            ratios.append(after / before)
+        a += 5.0
+    if len(ratios) < 10:
+        return {}
+    ratios.sort()
+    p10, p90 = (round(ratios[int(q * (len(ratios) - 1))], 3) for q in (0.1, 0.9))
+    return {"straggler_fault_free_rate_ratio_p10_p90": [p10, p90]}
+
+
+def _replacement(work: Path, t_recovered: float) -> dict[str, Any]:
+    """The replaced rank's compute time per step over its peer's, window by window
+    after the eviction (the agent's own scoring, traced): the median of those windows.
+    About 1: the replacement is as fast as the rank it runs beside."""
+    path = work / "slow3x.windows.jsonl"
+    if not path.exists():
+        return {}
+    ratios = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["t"] > t_recovered + 6.0 and "1" in rec["ranks"]:
+            ratios.append(rec["ranks"]["1"][0])
+    if len(ratios) < 3:
+        return {}
+    ratios.sort()
+    return {"straggler_evict_compute_ratio": ratios[len(ratios) // 2]}
+
+
 def _declared_rank0(events: list[dict[str, Any]]) -> int:
     return sum(1 for e in events if e["kind"] == "straggler" and e["domain"]["rank"] == 0)
 
@@ -186,8 +225,6 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     evict = ["--strategy", "spare", "--spares", "1", "--on-straggler", "evict"]
     three = _slowed(work, "slow3x", 3.0, evict, args.straggler_timeout)
     res["straggler_detect_s_3x"] = three["detect_s"]
-    if three.get("t_recovered") is not None:
-        res.update(_rate_ratios(three, _events(peer.dir)))
     one5 = _slowed(work, "slow1p5x", 1.5, ["--on-straggler", "report"], args.straggler_timeout)
     res["straggler_detect_s_1p5x"] = one5["detect_s"]
     res["straggler_false_positives_slowed"] = sum(
@@ -196,6 +233,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if t_first is not None:
         time.sleep(max(0.0, t_first + args.straggler_fp_s - time.time()))
     ev = peer.stop()
+    if three.get("t_recovered") is not None:
+        res.update(_rate_ratios(three, ev))
+        res.update(_noise(three, ev))
+        res.update(_replacement(work, three["t_recovered"]))
     if t_first is None:
         res["straggler_false_positives"] = None
         res["straggler_note"] = "fault_free: the job never stepped (see its log)"
