@@ -105,3 +105,17 @@ def test_a_node_that_cordoned_itself_is_adopted_without_a_new_report(tmp_path: P
                                 events=events, say=lambda line: None)  # fmt: skip
     (lost,) = detector.check()
     assert lost.cordoned and lost.ranks == (2, 3) and events.records == [] and not nodes.blocks
+
+
+def test_a_node_lost_after_a_rank_finished_the_job_is_not_adopted(tmp_path: Path) -> None:
+    # the probe/finish race: node 1, isolated by a failing probe once rank 0 had passed
+    # the finish barrier, used to be adopted: its ranks started again and waited for
+    # peers that had exited, and the job ended failed instead of ok
+    for blocked in ({"node1"}, set()):  # cordoned itself (a probe), or its lease expired
+        nodes, events, said = _Nodes([1], blocked), FakeEvents(), []
+        detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
+                                    events=events, say=said.append, finished=lambda: 0)  # fmt: skip
+        assert detector.check() == []
+        (note,) = events.of("note")
+        assert "ranks [2, 3] are not adopted" in note["message"]
+        assert not any("adopting" in line for line in said)

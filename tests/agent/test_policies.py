@@ -182,6 +182,32 @@ def test_in_place_starts_a_lost_nodes_ranks_here(tmp_path: Path) -> None:
     assert [m["id"] for m in _sent(parts)[-2:]] == ["rank-2", "rank-3"]
 
 
+def test_a_node_lost_after_a_rank_finished_the_job_is_not_adopted(tmp_path: Path) -> None:
+    # the probe/finish race: node 1 left (isolated by a failing probe) after the finish
+    # barrier; adopting its ranks would start processes that wait for exited peers
+    from stalwart.agent._finished import finished_rank, skip_adoption
+
+    parts = _parts(tmp_path)
+    lost = NodeLost(1, (2, 3), "cordoned", 0.0, True)
+    nothing = finished_rank(parts.workers, parts.launch, 4)
+    assert nothing is None and not skip_adoption(lost, nothing, parts.events, parts.say)
+    assert parts.events.of("note") == []  # type: ignore[attr-defined]
+    # rank 0's board says done (its process not reaped yet): the barrier passed
+    parts.workers.on_message({"op": "spawned", "id": "rank-0", "pid": 1000})
+    parts.workers.board.write(0, pid=1000, step=6, phase="done", generation=0,
+                              t_progress=0.0, t_alive=0.0, p99_s=0.1)  # fmt: skip
+    done = finished_rank(parts.workers, parts.launch, 4)
+    assert done == 0 and skip_adoption(lost, done, parts.events, parts.say)
+    (note,) = parts.events.of("note")  # type: ignore[attr-defined]
+    assert "ranks [2, 3] are not adopted" in note["message"]
+    # another node's rank finished (its launch record): the same
+    other = _parts(tmp_path, node=1)
+    other.launch.publish("finished", {"rank": 0, "node": 0})
+    assert finished_rank(other.workers, other.launch, 4) == 0
+    other.launch.publish("finished", {"rank": 9, "node": 0})  # out of the world: ignored
+    assert finished_rank(other.workers, other.launch, 4) is None
+
+
 def test_restart_all_restarts_every_worker_on_a_fresh_port(tmp_path: Path) -> None:
     parts = _parts(tmp_path)
     policy = RestartAll(parts)

@@ -115,7 +115,7 @@ def test_the_zygote_starts_again_without_imports_that_start_threads(tmp_path: Pa
     env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     zygote = ZygoteClient([], env, script=str(script))
     try:
-        ready = zygote.wait_for("ready", 120)
+        ready = zygote.wait_ready(cpu_s=300.0, stall_s=120.0)
         assert ready["preload"]["imported"] == []
         assert "ux_thread_pkg" in ready["preload"]["note"]
         assert "threads" in ready["preload"]["note"]

@@ -284,6 +284,23 @@ def test_a_node_that_cannot_or_must_not_leave_reports(
     assert note.kind == "note" and why in note["message"]
 
 
+def test_a_probe_failing_after_the_nodes_ranks_finished_does_not_isolate_it(
+    tmp_path: Path,
+) -> None:
+    # the race: the probe fails once rank 2 passed the finish barrier; isolated, the node
+    # would be adopted and its ranks started again, waiting for peers that had exited
+    from stalwart.agent._probe_watch import isolate_node
+
+    log = EventLog(str(tmp_path / "events.jsonl"), node=1)
+    cluster = _Cluster()
+    cfg = _cfg(tmp_path, nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:1")
+    isolate_node(cfg, cluster, log, lambda _: None, "probe disk failed", finished=2)
+    log.close()
+    assert cluster.blocked == []  # not blocklisted, no Cordoned: it ends with its ranks
+    (note,) = read_events(str(tmp_path / "events.jsonl")).events
+    assert note.kind == "note" and "rank 2 finished the job" in note["message"]
+
+
 def test_probe_limits_parse_over_the_defaults() -> None:
     from stalwart.agent.probes import parse_probe_limits
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
-from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs
+from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs, ZygoteStart
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 from stalwart.agent.progress import ProgressBoard, Slot
 
@@ -18,6 +18,7 @@ __all__ = [
     "ProgressBoard",
     "RuntimeKnobs",
     "Slot",
+    "ZygoteStart",
     "find_hang",
     "run_agent",
 ]

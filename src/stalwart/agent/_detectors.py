@@ -16,10 +16,12 @@ recovering is the policy's (agent/policy.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._env import error_message
+from stalwart.agent._finished import finished_rank, skip_adoption
 from stalwart.agent._proc import read_cpu
 from stalwart.agent._stragglers import StragglerDetector
 from stalwart.agent._types import EventSink, NodeContext, Say
@@ -240,6 +242,7 @@ class Nodes(Protocol):
     def block(self, member: str, reason: str) -> None: ...
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def read(self, key: str, timeout: float) -> dict[str, Any]: ...
+    def published(self, key: str) -> dict[str, Any] | None: ...
 
 
 class NodeLossDetector:
@@ -247,19 +250,31 @@ class NodeLossDetector:
     adopter), once; the node is blocklisted (isolated) here."""
 
     def __init__(
-        self, *, nodes: Nodes, lease_s: float, ledger: FaultLedger, events: EventSink, say: Say
+        self,
+        *,
+        nodes: Nodes,
+        lease_s: float,
+        ledger: FaultLedger,
+        events: EventSink,
+        say: Say,
+        finished: Callable[[], int | None] = lambda: None,
     ) -> None:
-        self._nodes, self._lease_s = nodes, lease_s
+        """``finished``: a rank that finished the job, if one did (agent/_finished.py):
+        a node lost after that is isolated but its ranks are not adopted."""
+        self._nodes, self._lease_s, self._finished = nodes, lease_s, finished
         self._ledger, self._events, self._say = ledger, events, say
 
     def check(self) -> list[NodeLost]:
-        return [self._lost(node) for node in self._nodes.lost_nodes()]
+        gone = self._nodes.lost_nodes()
+        done = self._finished() if gone else None
+        lost = [self._lost(node, adopted=done is None) for node in gone]
+        return [n for n in lost if not skip_adoption(n, done, self._events, self._say)]
 
-    def _lost(self, node: int) -> NodeLost:
+    def _lost(self, node: int, *, adopted: bool = True) -> NodeLost:
         now = time.time()
         if f"node{node}" in self._nodes.blocklisted():
-            # it cordoned itself (repeated failures) and said so: just take its ranks
-            self._say(f"node {node} cordoned itself; adopting its ranks")
+            # it cordoned itself (repeated failures, a probe) and said so: take its ranks
+            self._say(f"node {node} cordoned itself" + ("; adopting its ranks" if adopted else ""))
             return NodeLost(node, tuple(self._nodes.ranks_of(node)), "cordoned", 0.0, True)
         fired = [float(str(r["t"])) for r in self._ledger.fired().values() if r.get("node") == node]
         latency = now - fired[0] if fired else self._lease_s
@@ -320,7 +335,12 @@ class Detectors:
             say=say,
         )
         lost = NodeLossDetector(
-            nodes=nodes, lease_s=cfg.node_lease_s, ledger=ledger, events=events, say=say
+            nodes=nodes,
+            lease_s=cfg.node_lease_s,
+            ledger=ledger,
+            events=events,
+            say=say,
+            finished=lambda: finished_rank(workers, nodes, cfg.world_size),
         )
         peers = None
         if cfg.nnodes > 1:  # the job's ranks, not only this node's (one write per window)

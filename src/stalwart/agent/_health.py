@@ -9,12 +9,13 @@ through the cluster's store (agent/_preflight.py)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from stalwart.agent._cluster import Cluster
+from stalwart.agent._finished import finished_rank
 from stalwart.agent._preflight import PreflightConfig, report, run_check, run_preflight
 from stalwart.agent._probe_watch import ProbeWatch, build_probes, isolate_node
 from stalwart.agent._types import NodeContext
+from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.incidents import ProbeFailed
 from stalwart.agent.probes import slot_growth
 
@@ -25,10 +26,10 @@ class NodeHealth:
     """Owns the node's :class:`ProbeWatch` thread; ``check()`` isolates the node on a
     probe failure, ``preflight()`` before the first generation."""
 
-    def __init__(self, ctx: NodeContext, cluster: Cluster, ranks: Callable[[], list[int]]):
-        self.ctx, self.cluster = ctx, cluster
+    def __init__(self, ctx: NodeContext, cluster: Cluster, workers: LocalWorkers):
+        self.ctx, self.cluster, self._workers = ctx, cluster, workers
         cfg, names = ctx.cfg, cluster.names
-        pending = lambda: slot_growth(names.rank_dir(r) for r in ranks())  # noqa: E731
+        pending = lambda: slot_growth(names.rank_dir(r) for r in workers.ranks())  # noqa: E731
         ckpt = os.path.join(ctx.run_dir, "ckpt")
         probes = build_probes(cfg.probes, ckpt_dir=ckpt, shm_pending=pending)
         self.watch = ProbeWatch(
@@ -52,7 +53,9 @@ class NodeHealth:
         what = f"GPU {failed.device} " if failed.device is not None else ""
         why = f"probe {failed.probe} failed: {what}{failed.detail}"
         ctx = self.ctx
-        isolate_node(ctx.cfg, self.cluster, ctx.events, ctx.say, why)
+        # a rank that finished the job (agent/_finished.py): nothing is left to move
+        done = finished_rank(self._workers, self.cluster, ctx.cfg.world_size)
+        isolate_node(ctx.cfg, self.cluster, ctx.events, ctx.say, why, finished=done)
 
     def preflight(self) -> None:
         """Check this node against the others before the first generation: a slow or

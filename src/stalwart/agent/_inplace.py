@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 
+from stalwart.agent._finished import FINISHED, finished_rank
 from stalwart.agent._outcome import Cordoned, end_with_verdict
 from stalwart.agent._workers import Worker
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
@@ -94,24 +95,14 @@ class InPlace:
     def _finished(self, w: Worker) -> None:
         """``w`` finished the job: say so to the other nodes (the first of this node's)."""
         p = self._p
-        if p.launch.published(_FINISHED) is None:
+        if p.launch.published(FINISHED) is None:
             with contextlib.suppress(Exception):  # the store host may be leaving already
-                p.launch.publish(_FINISHED, {"rank": w.rank, "node": p.cfg.node_rank})
+                p.launch.publish(FINISHED, {"rank": w.rank, "node": p.cfg.node_rank})
 
     def _peer_finished(self, rank: int) -> int | None:
         """A rank other than ``rank`` that finished the job, here or on another node."""
         p = self._p
-        local = p.workers.finished_peer(rank)
-        if local is not None:
-            return local
-        with contextlib.suppress(Exception):  # no store: no other node to ask
-            done = (p.launch.published(_FINISHED) or {}).get("rank")
-            if isinstance(done, int) and 0 <= done < p.cfg.world_size and done != rank:
-                return done
-        return None
-
-
-_FINISHED = "finished"  # the launch record of the first rank that finished the job
+        return finished_rank(p.workers, p.launch, p.cfg.world_size, besides=rank)
 
 
 def _after_finish(ex: WorkerExited, done: int) -> str:

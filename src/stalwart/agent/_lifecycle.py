@@ -156,7 +156,7 @@ def launch(
     env.setdefault("OMP_NUM_THREADS", "1")
     zygote = ZygoteClient(["stalwart.runtime.session"], env, script=cfg.script)
     stack.callback(zygote.close)
-    ready = zygote.wait_for("ready", cfg.start_timeout_s)
+    ready = zygote.wait_ready(cfg.zygote.cpu_s, cfg.zygote.stall_s)
     preload_note(cfg, ready, ctx.say)
     c10d = exchange_c10d(cfg, cluster, zygote, free_port())
     return Launched(board, zygote, c10d, ready, (board_path, plan_path))

@@ -163,15 +163,25 @@ class Blocklist(Protocol):
 
 
 def isolate_node(
-    cfg: LaunchConfig, cluster: Blocklist, events: EventSink, say: Say, why: str
+    cfg: LaunchConfig,
+    cluster: Blocklist,
+    events: EventSink,
+    say: Say,
+    why: str,
+    *,
+    finished: int | None = None,
 ) -> None:
     """Take this node out of the job for ``why`` (a failing probe, a preflight verdict):
     blocklisted, it leaves like a lost node (:class:`Cordoned`, exit code 3) and the
     leader adopts its ranks, which recover by the job's strategy. A node that cannot
     leave (the only node; node 0 when it hosts the embedded store) says why it stays,
-    and so does ``--on-probe report``."""
+    and so does ``--on-probe report``, and a node once rank ``finished`` finished the
+    job (agent/_finished.py: its ranks trained to the end, there is nothing to move, and
+    adopted elsewhere they would wait for peers that have exited)."""
     node = cfg.node_rank
-    if cfg.probes.on_failure == "report":
+    if finished is not None:
+        stays = f"rank {finished} finished the job: nothing to move, the node ends with it"
+    elif cfg.probes.on_failure == "report":
         stays = "--on-probe report: the node stays in the job"
     elif cfg.nnodes == 1:
         stays = "the only node: nowhere to move its ranks, it stays"

@@ -136,7 +136,7 @@ class Agent:
         self.replicas = NodeReplicas.for_node(ctx, self.cluster, workers.ranks)
         if self.replicas is not None:
             stack.callback(self.replicas.close)
-        self.health = NodeHealth(ctx, self.cluster, workers.ranks)
+        self.health = NodeHealth(ctx, self.cluster, workers)
         stack.callback(self.health.close)
         self.trash = Trash()  # a lost node's /dev/shm, freed once we recovered
         stack.callback(self.trash.close)

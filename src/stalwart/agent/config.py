@@ -15,7 +15,33 @@ from stalwart.agent.straggler import StragglerConfig
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy, replica_group_size
 
-__all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs"]
+__all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs", "ZygoteStart"]
+
+
+@dataclass(frozen=True)
+class ZygoteStart:
+    """How long the node's zygote may take to answer ``ready`` (it imports torch,
+    stalwart and the script's preloaded modules first). Judged by the zygote's own CPU
+    time, not the clock: on a loaded machine the same imports take many times longer by
+    the clock but no more CPU (a fixed 120 s wall deadline failed to start a 2-worker
+    job at load 17 on 2 cores), while a stuck import uses no CPU at all."""
+
+    cpu_s: float = 300.0
+    """CPU seconds the zygote may use before ``ready`` (``--zygote-ready-cpu``). Torch
+    alone costs about 2 s and a large preload (transformers, a model zoo) tens of
+    seconds; past 300 s an import is looping, whatever the load."""
+    stall_s: float = 120.0
+    """Wall seconds the zygote may go without using any CPU before ``ready``
+    (``--zygote-stall``): an import waiting on a hung file system or a lock. A
+    runnable process gets CPU within a second even at a load of 10 per core, so 120 s
+    of none is a stall, not a busy machine."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.cpu_s <= 86400 and 1 <= self.stall_s <= 86400):
+            raise ConfigError(
+                f"--zygote-ready-cpu {self.cpu_s:g} / --zygote-stall {self.stall_s:g}: use "
+                "0 < CPU seconds <= 86400 and 1 <= stall seconds <= 86400"
+            )
 
 
 @dataclass(frozen=True)
@@ -128,6 +154,10 @@ class LaunchConfig:
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
     replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
     start_timeout_s: float = 120.0
+    """Seconds a node waits for the job's launch records at start (node 0's c10d
+    record, the cluster's first agreement); the zygote's own start: ``zygote``."""
+    zygote: ZygoteStart = field(default_factory=ZygoteStart)
+    """When a starting zygote counts as failed (its CPU time, not the clock)."""
     # elastic (--nnodes/--nproc-per-node MIN:MAX): the job trains with at least
     # min_nnodes x min_nproc_per_node workers; below that it waits up to elastic_wait_s
     min_nnodes: int | None = None

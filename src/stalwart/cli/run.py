@@ -171,6 +171,21 @@ def register(sub: Any) -> None:
         help="seconds without a heartbeat before a node counts as lost (default 3)",
     )
     p.add_argument(
+        "--zygote-ready-cpu",
+        type=float,
+        default=300.0,
+        help="CPU seconds the node's zygote may spend importing torch and the script's "
+        "imports before it is ready (default 300; its CPU, not the clock: a loaded "
+        "machine does not make it fail)",
+    )
+    p.add_argument(
+        "--zygote-stall",
+        type=float,
+        default=120.0,
+        help="seconds the starting zygote may use no CPU at all before it counts as "
+        "stuck (default 120)",
+    )
+    p.add_argument(
         "--persist-every",
         default=None,
         help="steps between persisted checkpoints, 0 (off) or 'auto' (Young/Daly from the "
@@ -281,7 +296,7 @@ node's pod or task as done while the job trains on (docs/launch.md, exit codes).
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stalwart.agent import HangConfig, LaunchConfig, run_agent
+    from stalwart.agent import HangConfig, LaunchConfig, ZygoteStart, run_agent
     from stalwart.agent.healthz import HealthEndpointConfig
     from stalwart.agent.straggler import StragglerAction, StragglerConfig
     from stalwart.chaos import FaultPlan
@@ -318,6 +333,7 @@ def _run(args: argparse.Namespace) -> int:
         straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
         runtime=knobs,
         node_lease_s=args.node_lease,
+        zygote=ZygoteStart(cpu_s=args.zygote_ready_cpu, stall_s=args.zygote_stall),
         replica_rate_mb_s=args.replica_rate,
         standby=args.standby,
         replica_host=args.replica_host,
