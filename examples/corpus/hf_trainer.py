@@ -10,7 +10,8 @@ sampler, the DataLoader, DDP (through Accelerate), the optimizer and the schedul
 The two stalwart lines are marked ``# stalwart``; ``--plain`` runs the same script without
 them (under torchrun). ``RecordCallback`` and the collator's index list only write what
 tests/corpus/test_matrix.py judges a run by (examples/corpus/_record.py): they are not part
-of the style. ``--eval_pause S`` makes every eval at least S seconds longer (CPU-busy).
+of the style. ``--eval_pause S`` makes every eval batch at least S seconds longer
+(CPU-busy); ``--bug_step N`` makes the rank launched as ``--bug_rank`` raise at step N.
 """
 
 from __future__ import annotations
@@ -98,6 +99,19 @@ class RecordCallback(TrainerCallback):
             x = torch.tanh(x @ x)
 
 
+class Bug(TrainerCallback):
+    """A deterministic bug (``--bug_step``): the rank launched as ``--bug_rank`` raises
+    at that step in every incarnation, as a bad shard of data would make it."""
+
+    def __init__(self, member: int, rank: int, step: int) -> None:
+        self.armed = member == rank and step > 0
+        self.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.armed and state.global_step + 1 == self.step:
+            raise ValueError("corpus-bug: label 7 out of range in shard file 3")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--plain", action="store_true", help="a plain torchrun script: no stalwart")
@@ -110,6 +124,8 @@ def main() -> None:
     p.add_argument("--eval_steps", type=int, default=6)
     p.add_argument("--eval_pause", type=float, default=0.0)
     p.add_argument("--learning_rate", type=float, default=2e-3)
+    p.add_argument("--bug_step", type=int, default=0, help="raise at this step (0: never)")
+    p.add_argument("--bug_rank", type=int, default=1)
     a = p.parse_args()
 
     stalwart_cb = None
@@ -160,6 +176,7 @@ def main() -> None:
     callbacks: list[TrainerCallback] = [RecordCallback(rec, collate, stalwart_cb, a.eval_pause)]
     if stalwart_cb is not None:
         callbacks.append(stalwart_cb)
+    callbacks.append(Bug(member, a.bug_rank, a.bug_step))  # inside the step stalwart began
     trainer = Trainer(
         model=model,
         args=args,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+pytest.importorskip("accelerate", reason="the [hf] extra is not installed (Trainer needs it)")
 
 from stalwart.integrations.transformers import (  # noqa: E402
     StalwartCallback,
