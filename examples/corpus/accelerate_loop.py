@@ -139,7 +139,11 @@ def main() -> None:
                 samples=batch["index"].tolist(),
                 **extra,
             )
-    rec.final(accelerator.unwrap_model(model).state_dict(), step=a.max_steps, world=1)
+    rec.final(
+        accelerator.unwrap_model(model).state_dict(),
+        step=a.max_steps,
+        world=accelerator.num_processes,
+    )
     if sess is not None:
         sess.close()  # stalwart
 
