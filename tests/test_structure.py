@@ -61,6 +61,9 @@ DEPENDENCY_INTERNALS = frozenset(
         "runtime/_tracking.py: step._wrapped_by_lr_sched",
         # the only way to move a built DDP model onto the local world-size-1 group
         "runtime/_world.py: ddp._update_process_group",
+        # transformers.Trainer runs its loop in _inner_training_loop; train() refuses a
+        # resume folder without model weights, and stalwart restored the weights in place
+        "integrations/_hf_trainer.py: trainer._inner_training_loop",
     }
 )
 

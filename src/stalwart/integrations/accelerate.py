@@ -1,0 +1,108 @@
+"""stalwart for a hand-written loop over ``accelerate.Accelerator.prepare``::
+
+    sess = stalwart.init()                                      # before Accelerator()
+    config = DataLoaderConfiguration(use_seedable_sampler=True)
+    accelerator = Accelerator(dataloader_config=config)
+    model, optimizer, train_dl, sched = accelerator.prepare(model, optimizer, train_dl, sched)
+    stalwart_accelerate.track(sess, model=model, optimizer=optimizer, lr_scheduler=sched)
+    batch_for = stalwart_accelerate.StepBatches(train_dl)
+    for step in sess.steps(total):
+        batch = batch_for(step)
+        ...                                                     # the loop body, unchanged
+
+Accelerate builds DDP over the job's process group (``stalwart.init()`` first, so that
+``Accelerator()`` finds it), its sampler shards the data over the job's ranks, and its
+gathers (``gather_for_metrics``) run on the default group. Two things need stalwart's
+side: its wrappers (``AcceleratedOptimizer``, ``AcceleratedScheduler``) forward
+``step``/``state_dict`` to the torch objects but are not complete ones, so :func:`track`
+tracks what they wrap; and a loop driven by ``sess.steps()`` asks for a step's batch, not
+the next one (:class:`StepBatches`). docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stalwart.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stalwart.runtime import Session
+
+__all__ = ["StepBatches", "track"]
+
+
+def _unwrapped(obj: Any) -> Any:
+    """The torch optimizer / LR scheduler inside Accelerate's wrapper, else ``obj``."""
+    for attr in ("optimizer", "scheduler"):
+        inner = getattr(obj, attr, None)
+        if type(obj).__module__.startswith("accelerate.") and inner is not None:
+            return inner
+    return obj
+
+
+def track(session: Session, **state: Any) -> dict[str, Any]:
+    """``session.track(**state)`` with Accelerate's optimizer and scheduler wrappers
+    replaced by the torch objects they wrap (the wrappers keep forwarding to them, so the
+    loop's ``optimizer.step()`` is still skipped in a failed step)."""
+    return session.track(**{name: _unwrapped(obj) for name, obj in state.items()})
+
+
+class StepBatches:
+    """The batch of step ``n`` of a prepared DataLoader: epoch ``(n - 1) // len`` and the
+    batch at ``(n - 1) % len`` in it, as a resumed loop skips the batches already seen.
+
+    The iterator is kept from one step to the next and reopened (``set_epoch``, then
+    Accelerate's ``skip_first_batches``) only when the step is not the one after the
+    previous call: after a resume or a rollback. Opening it draws no random number from
+    the global RNGs (``torch.random.fork_rng``), so a rollback that reopens it mid-epoch
+    leaves the dropout masks of the redone steps as they were.
+
+    Refuses a sampler whose order depends on how many epochs this process has iterated
+    (Accelerate's default ``RandomSampler`` with a generator it advances): a rolled-back
+    or replaced rank would read other samples. ``use_seedable_sampler=True`` seeds each
+    epoch from the seed and the epoch."""
+
+    def __init__(self, dataloader: Any) -> None:
+        _check_sampler(dataloader)
+        self.dataloader = dataloader
+        self._at: tuple[int, int] | None = None
+        self._it: Iterator[Any] | None = None
+
+    def __call__(self, step: int) -> Any:
+        epoch, i = divmod(step - 1, len(self.dataloader))
+        if self._at != (epoch, i) or self._it is None:
+            self._it = self._open(epoch, i)
+        self._at = (epoch, i + 1)
+        return next(self._it)
+
+    def _open(self, epoch: int, skip: int) -> Iterator[Any]:
+        # the first next() runs the iterator's set-up (a seed drawn from the global RNG,
+        # Accelerate's generator broadcast): inside the fork too
+        with torch.random.fork_rng(devices=[]):
+            if hasattr(self.dataloader, "set_epoch"):
+                self.dataloader.set_epoch(epoch)
+            it = itertools.islice(iter(self.dataloader), skip, None)
+            first = next(it)
+        return itertools.chain([first], it)
+
+
+def _check_sampler(dataloader: Any) -> None:
+    from torch.utils.data import RandomSampler
+
+    seen: list[Any] = []
+    obj = getattr(dataloader, "batch_sampler", None)
+    while obj is not None and len(seen) < 4:
+        seen.append(obj)
+        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
+    for s in [*seen, getattr(dataloader, "sampler", None)]:
+        if isinstance(s, RandomSampler) and type(s).__name__ != "SeedableRandomSampler":
+            raise ConfigError(
+                "the prepared DataLoader shuffles with a RandomSampler whose order depends "
+                "on the epochs this process iterated, so a recovered rank would read other "
+                "samples: build the Accelerator with dataloader_config="
+                "DataLoaderConfiguration(use_seedable_sampler=True)"
+            )
