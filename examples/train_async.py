@@ -50,13 +50,16 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
     p.add_argument("--out", default=None, help="rank 0 writes the final losses here (JSON)")
+    p.add_argument(
+        "--seed-by-rank", action="store_true", help="seed the model by rank (nanoGPT-style)"
+    )
     args = p.parse_args()
 
     sess = stalwart.init()
     part = sess.rank  # the launch rank (under async too): this worker's partition
     torch.manual_seed(1234)
     teacher = _mlp()
-    torch.manual_seed(0)
+    torch.manual_seed(1337 + sess.rank if args.seed_by_rank else 0)
     model = DDP(_mlp())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sess.track(model=model, optimizer=opt)

@@ -4,6 +4,8 @@ worker's failure and a lost node, and when it ends the job instead."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -266,6 +268,29 @@ def test_async_drops_the_failed_group_from_the_rounds_and_restarts_it(tmp_path: 
     assert parts.events.of("replica_drop") == [{"group": 1, "rank": 1, "cause": "crash"}]  # type: ignore[attr-defined]
     assert parts.generation.current == 0
     assert [m["id"] for m in _sent(parts)[before:]] == ["rank-1"]
+
+
+def test_async_restarts_a_group_of_two_as_one(tmp_path: Path) -> None:
+    """--replica-groups 2 of 4 workers: rank 1 dies, so its group peer rank 0 (waiting
+    in its failed step) is killed, both start again one life later (the incarnation
+    their process groups are named by); group 1 is untouched."""
+    parts = _parts(tmp_path, runtime=RuntimeKnobs(replica_groups=2))
+    policy = ReplicaGroups(parts)
+    peer = subprocess.Popen(["sleep", "60"])
+    try:
+        parts.workers.on_message({"op": "spawned", "id": "rank-0", "pid": peer.pid})
+        assert policy.worker_env(parts.workers[0]) == {"incarnation": "0"}
+        before = len(_sent(parts))
+        policy.on_incident(_failed(parts, 1))
+        assert peer.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        peer.kill()
+    assert parts.events.of("replica_drop") == [{"group": 0, "rank": 1, "cause": "crash"}]  # type: ignore[attr-defined]
+    assert sorted(m["id"] for m in _sent(parts)[before:]) == ["rank-0", "rank-1"]
+    assert policy.worker_env(parts.workers[0]) == {"incarnation": "1"}
+    # the killed peer's exit is no failure: its rank runs again already
+    parts.workers.on_message({"op": "exit", "pid": peer.pid, "rc": -9, "t": 0.0})
+    assert parts.workers[0].state is WorkerState.STARTING
 
 
 def test_async_ends_the_job_when_a_group_fails_too_often(tmp_path: Path) -> None:

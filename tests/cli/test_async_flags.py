@@ -23,7 +23,10 @@ def script(tmp_path: Path) -> Path:
     ("flags", "needle"),
     [
         (["--nproc-per-node", "4", "--replica-groups", "3"], "does not divide the 4 workers"),
-        (["--nproc-per-node", "4", "--replica-groups", "2"], "groups of 2 workers"),
+        (
+            ["--nnodes", "2", "--nproc-per-node", "2", "--replica-groups", "1"],
+            "groups that fit in a node",
+        ),
         (["--nproc-per-node", "2", "--persist-every", "auto"], "give a number of steps"),
         (["--outer", "localsgd", "--outer-lr", "0.5"], "drop --outer-lr"),
         (["--outer-momentum", "1.0"], "--outer-momentum in [0, 1)"),

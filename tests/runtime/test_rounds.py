@@ -94,11 +94,6 @@ def test_old_rounds_are_pruned_and_a_missing_one_is_an_error() -> None:
         a.contribution(1, 0)
 
 
-def test_rejoins_are_counted() -> None:
-    (a,) = _groups(MemoryStore(), 1)
-    assert [a.rejoined(), a.rejoined()] == [1, 2]
-
-
 @pytest.mark.timeout(30)
 def test_a_relaunch_resumes_from_the_newest_step_every_group_holds() -> None:
     store = MemoryStore()
@@ -117,3 +112,29 @@ def test_a_group_that_never_says_is_an_error() -> None:
     (a, _) = _groups(MemoryStore(), 2, wait_s=0.1)
     with pytest.raises(RoundError, match="missing groups' logs"):
         a.persisted([10])
+
+
+def test_the_members_of_a_restarted_group_rejoin_at_one_round() -> None:
+    """The first member's view of the newest round holds for the others (they may read
+    the store after another round was published) and for nothing else: a later life
+    decides anew."""
+    store = MemoryStore()
+    first, second = Rounds(store, JOB, 0, 2, 1.0), Rounds(store, JOB, 0, 2, 1.0)
+    assert first.rejoin_round("1", 3) == 3
+    assert second.rejoin_round("1", 4) == 3
+    assert second.rejoin_round("2", None) is None
+    assert first.rejoin_round("2", 5) is None
+
+
+@pytest.mark.timeout(30)
+def test_the_members_restore_a_snapshot_all_of_them_hold() -> None:
+    store = MemoryStore()
+    a, b = Rounds(store, JOB, 0, 2, 30.0), Rounds(store, JOB, 0, 2, 30.0)
+    got: list[list[int]] = []
+    t = threading.Thread(target=lambda: got.append(a.held_by_all("1", 0, 2, [12, 13])))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # waits for its peer
+    assert b.held_by_all("1", 1, 2, [11, 12]) == [12]
+    t.join()
+    assert got == [[12]]

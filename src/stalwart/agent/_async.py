@@ -14,6 +14,7 @@ coordinator's failure threshold allows, or crash-loops, ends the job with a verd
 from __future__ import annotations
 
 from stalwart.agent._outcome import end_with_verdict
+from stalwart.agent._workers import Worker
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
 from stalwart.coordinator.elastic_keys import replica_root
@@ -30,32 +31,48 @@ class ReplicaGroups:
     def __init__(self, parts: RecoveryParts) -> None:
         self._p = parts
         self._size = replica_group_size(parts.cfg.world_size, parts.cfg.runtime.replica_groups)
+        self._lives: dict[int, int] = {}  # group -> how many times it was started again
 
-    def worker_env(self, worker: object) -> WorkerFields:
-        return {}
+    def worker_env(self, worker: Worker) -> WorkerFields:
+        """The group's life: its members name their process groups by it (a restarted
+        group never dials the addresses of the one it replaces)."""
+        return {"incarnation": str(self._lives.get(worker.rank // self._size, 0))}
 
     def keeps_running(self) -> bool:
         return False
 
     def on_incident(self, incident: Incident) -> None:
         if isinstance(incident, NodeLost):
-            for rank in incident.ranks:
-                self._drop(rank, "node_loss")
+            groups = sorted({rank // self._size for rank in incident.ranks})
+            for group in groups:
+                self._drop(group, group * self._size, "node_loss")
             self._p.begin(self.name, "node_loss")
-            for rank in incident.ranks:
-                self._p.spawn(self._p.workers[rank])
+            for group in groups:
+                self._restart(group)
             return
         self._worker_exited(incident)
 
-    def _drop(self, rank: int, cause: str) -> None:
-        """The group of ``rank`` leaves the rounds now: nobody waits for it."""
-        p, group = self._p, rank // self._size
+    def _drop(self, group: int, rank: int, cause: str) -> None:
+        """``group`` leaves the rounds now: nobody waits for it."""
+        p = self._p
         p.coord.store.delete(f"{replica_root(p.cfg.job)}m/alive/{group}")
         p.events.emit("replica_drop", group=group, rank=rank, cause=cause)
 
-    def _worker_exited(self, ex: WorkerExited) -> None:
+    def _restart(self, group: int) -> None:
+        """Kill the group's other members (they wait for it in their failed step: their
+        exits are no failures) and start every member again, one life later."""
         p = self._p
-        self._drop(ex.rank, ex.cause)
+        members = [p.workers[r] for r in range(group * self._size, (group + 1) * self._size)]
+        for w in members:
+            if w.state.live and w.pid:
+                p.workers.kill(w, "restart")
+        self._lives[group] = self._lives.get(group, 0) + 1
+        for w in members:
+            p.spawn(w)
+
+    def _worker_exited(self, ex: WorkerExited) -> None:
+        p, group = self._p, ex.rank // self._size
+        self._drop(group, ex.rank, ex.cause)
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)
         member = f"rank{ex.rank}"
@@ -64,10 +81,10 @@ class ReplicaGroups:
             at = f" at {ex.failure.where}: {ex.failure.error}"
             end_with_verdict(
                 p.launch,
-                f"replica group {ex.rank // self._size} (rank {ex.rank}) failed "
+                f"replica group {group} (rank {ex.rank}) failed "
                 f"{p.coord.config.failure_threshold} times in 10 min ({ex.cause}{at}); the job "
                 f"ends: fix what makes rank {ex.rank} fail (see its log) and run it again",
             )
         p.begin(self.name, ex.cause)
-        p.say(f"replica group {ex.rank // self._size} left the rounds; starting it again")
-        p.spawn(p.workers[ex.rank])
+        p.say(f"replica group {group} left the rounds; starting it again")
+        self._restart(group)

@@ -237,7 +237,14 @@ class LaunchConfig:
             self._check_async()
 
     def _check_async(self) -> None:
-        replica_group_size(self.world_size, self.runtime.replica_groups)
+        size = replica_group_size(self.world_size, self.runtime.replica_groups)
+        if self.nproc_per_node % size:
+            raise ConfigError(
+                f"--replica-groups {self.runtime.replica_groups} makes groups of {size} "
+                f"workers across nodes of {self.nproc_per_node}: a replica group restarts "
+                "as one on its node, so use groups that fit in a node (size dividing "
+                "--nproc-per-node)"
+            )
         if self.runtime.persist_every < 0:
             raise ConfigError(
                 "--persist-every auto under --strategy async: the groups must persist the "

@@ -18,6 +18,7 @@ travels in the store's global record of each round (not yet in the group's snaps
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from stalwart.logs import get_logger
 from stalwart.runtime._formation import Formation, Position, formed
 from stalwart.runtime._memory import memory_steps, restore_memory_step
 from stalwart.runtime._outer import OuterConfig, OuterOptimizer, decode, encode
-from stalwart.runtime._rounds import Rounds
+from stalwart.runtime._rounds import RoundError, Rounds
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Coordinator, Store
@@ -77,9 +78,13 @@ class AsyncRejoin:
         self.env, self.group, self.tracked = env, group, tracked
         self.outer = OuterOptimizer(OuterConfig(lr=env.outer_lr, momentum=env.outer_momentum))
         self.coord, self.events = coord, events
-        self.index, _, _ = group_of(env)
+        self.index, self.member, self.size = group_of(env)
+        self.lead = self.member == 0  # the group's voice in the rounds (its replicas agree)
         self.groups = env.replica_groups or env.world_size
         self.every = env.sync_every
+        # the group's life, counted by its agent (agent/_async.py): its members name their
+        # process groups by it, so a restarted group never dials its predecessor's
+        self.lives = int(env.incarnation) if env.incarnation.isdigit() else 0
         self.inc = env.incarnation or uuid.uuid4().hex[:8]
         self.rounds = Rounds(store, env.job, self.index, self.groups, env.hang_ceiling_s)
         self.params: dict[str, torch.Tensor] = {}
@@ -110,25 +115,41 @@ class AsyncRejoin:
 
     # ------------------------------------------------------------ joining
     def join(self, min_generation: int, done: int) -> Formation:
-        if self.formation is not None:  # a group of one has no collective to fail
+        if self.formation is not None:  # only a first join: a failed step waits in failed()
             return self.formation
         # the job's generation (never bumped under async): every group finishes in it
         gen = max(min_generation, self.coord.generation())
-        latest = self.rounds.latest()
-        # the group's own: a restarted group never dials its predecessor's addresses
-        self.group.build(gen + (self.rounds.rejoined() if latest is not None else 0))
+        # a restarted group (a later life) rejoins at a round its members agree on
+        latest = self.rounds.rejoin_round(self.inc, self.rounds.latest()) if self.lives else None
+        self.group.build(gen + self.lives)
         rank, world = self.env.rank, self.env.world_size
         if latest is not None:
             step, lost = self._receive(latest)
             formed(self.group, self.tracked.state, step=step, fresh=False)
             self.formation = Formation(gen, rank, world, step, "transfer", lost)
             return self.formation
-        self.outer.begin(self.params)
-        self.rounds.announce(self.inc, 0)
+        self._initial()
+        if self.lead:
+            self.rounds.announce(self.inc, 0)
         step = self._resume()
         formed(self.group, self.tracked.state, step=step, fresh=step == 0)
         self.formation = Formation(gen, rank, world, step, "disk" if step else "none")
         return self.formation
+
+    def _initial(self) -> None:
+        """Every group starts from group 0's parameters, published as round 0 with the
+        outer state (as DDP's constructor broadcasts rank 0's): a script that seeds its
+        model by rank (nanoGPT's ``1337 + rank``) would otherwise start each group
+        elsewhere, and the outer step, computed by every group from its own start,
+        would differ."""
+        if self.index != 0:
+            params = decode(self.rounds.global_state(0, self.env.hang_ceiling_s))
+            with torch.no_grad():
+                for name, p in self.params.items():
+                    p.copy_(params[f"p/{name}"])
+        self.outer.begin(self.params)
+        if self.index == 0 and self.lead:
+            self.rounds.publish(0, self._global())
 
     def _resume(self) -> int:
         """A launch with persisted checkpoints (a reused ``--run-dir``): the newest step
@@ -138,7 +159,8 @@ class AsyncRejoin:
             return 0
         from stalwart.checkpoint.catalog import committed_steps
 
-        common = self.rounds.persisted(committed_steps(self.tracked.checkpoints.storage))
+        held = committed_steps(self.tracked.checkpoints.storage)
+        common = self.rounds.persisted(held if self.lead else None)
         if not common:
             return 0
         step = common[-1]
@@ -154,13 +176,15 @@ class AsyncRejoin:
         step = round_ * self.every
         snap = self.tracked.snapshots
         held = memory_steps(snap)
-        own = max((s for s in held if s <= step), default=None)
+        common = self.rounds.held_by_all(self.inc, self.member, self.size, held)
+        own = max((s for s in common if s <= step), default=None)
         if own is not None:  # its optimizer moments and RNG, then the global parameters
             restore_memory_step(snap, self.tracked.state, own)
         blob = self.rounds.global_state(round_)
         self._load(round_, blob)
-        self.rounds.announce(self.inc, round_)
-        if self.events is not None:
+        if self.lead:
+            self.rounds.announce(self.inc, round_)
+        if self.lead and self.events is not None:
             self.events.emit(
                 "replica_rejoin",
                 group=self.index,
@@ -199,7 +223,8 @@ class AsyncRejoin:
         rounds = self.rounds
         roster = rounds.agreed(round_)
         if roster is None:
-            rounds.contribute(round_, encode(self.params))
+            if self.lead:
+                rounds.contribute(round_, encode(self.params))
             roster = rounds.agree(round_)
         if self.index not in roster:  # decided without this group: adopt its result
             self._load(round_, rounds.global_state(round_, self.env.hang_ceiling_s))
@@ -208,9 +233,10 @@ class AsyncRejoin:
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(new[name])
-        if rounds.publish(round_, self._global()):
+        # by the leader: the group's members would write the same chunks under one prefix
+        if self.lead and rounds.publish(round_, self._global()):
             rounds.prune(round_)
-        if self.index == roster[0] and self.events is not None:
+        if self.lead and self.index == roster[0] and self.events is not None:
             self.events.emit(
                 "replica_sync",
                 round=round_,
@@ -222,16 +248,17 @@ class AsyncRejoin:
 
     # ------------------------------------------------------------ the rest of Rejoin
     def adopt(self, formation: Formation) -> None:
-        """Each group reads its own partition: tracked loaders sharded by group."""
+        """Each worker reads its launch rank's slice (a group's partition is its
+        members' slices): tracked loaders sharded by the launch, not the DDP group."""
         for obj in self.tracked.state.values():
             reshard = getattr(obj, "reshard", None)
             if callable(reshard):
-                reshard(world_size=self.groups, rank=self.index)
+                reshard(world_size=self.env.world_size, rank=self.env.rank)
 
     def settle(self, formation: Formation, seconds: float) -> None:
         """A rejoin's recovery_end (the session writes one only past generation 0, which
         async never leaves: its groups rejoin on their own)."""
-        if formation.tier == "transfer" and self.events is not None:
+        if formation.tier == "transfer" and self.lead and self.events is not None:
             self.events.emit(
                 "recovery_end",
                 strategy=self.env.strategy,
@@ -241,6 +268,17 @@ class AsyncRejoin:
                 source_tier=formation.tier,
                 ok=True,
             )
+
+    def failed(self, position: Position, reason: str) -> None:
+        """A member of this replica group died or hung: its agent drops the group and
+        kills and starts all of its members again (agent/_async.py); the job's
+        generation is not ended, no other group re-forms. Wait for that kill."""
+        _log.info("replica group %d failed (%s): waiting for its agent", self.index, reason)
+        threading.Event().wait(self.env.hang_ceiling_s)
+        raise RoundError(
+            f"replica group {self.index}'s step failed ({reason}) and its agent did not "
+            f"restart it within {self.env.hang_ceiling_s:.0f} s: see the agent's log"
+        )
 
     def before_step(self, done: int) -> None:
         pass

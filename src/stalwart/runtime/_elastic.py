@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.logs import get_logger
 from stalwart.runtime._admission import Admission
-from stalwart.runtime._formation import Formation, Position, form_group
+from stalwart.runtime._formation import Formation, Position, end_generation, form_group
 from stalwart.runtime._joiners import Keys
 from stalwart.runtime._live import LiveRollback
 from stalwart.runtime._membership import ElasticWaitError, Roster
@@ -159,6 +159,10 @@ class ElasticRejoin:
         self.batch = config
 
     # ------------------------------------------------------------ the step loop
+    def failed(self, position: Position, reason: str) -> None:
+        assert self.coord is not None
+        end_generation(self.coord, self.events, position, reason)
+
     def before_step(self, done: int) -> None:
         if self.live is not None:
             self.live.capture(done)

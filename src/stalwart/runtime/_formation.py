@@ -26,9 +26,10 @@ from stalwart.runtime._world import follow
 if TYPE_CHECKING:
     from stalwart.coordinator import Coordinator
     from stalwart.data import BatchConfig
+    from stalwart.metrics.events import EventLog
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["Formation", "Position", "Rejoin", "form_group", "formed"]
+__all__ = ["Formation", "Position", "Rejoin", "end_generation", "form_group", "formed"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ class Rejoin(Protocol):
     def settle(self, formation: Formation, seconds: float) -> None:
         """After the recovery's events (``seconds``: how long the join took)."""
 
+    def failed(self, position: Position, reason: str) -> None:
+        """A step failed (a peer died or was killed): end the job's generation so that
+        every member re-forms (:func:`end_generation`); under ``--strategy async`` only
+        the replica group restarts, by its agent, and this waits for that."""
+
     def before_step(self, done: int) -> None:
         """A step after ``done`` is about to run."""
 
@@ -117,6 +123,15 @@ class Rejoin(Protocol):
         """Every member trained to the end."""
 
     def close(self) -> None: ...
+
+
+def end_generation(
+    coord: Coordinator, events: EventLog | None, position: Position, reason: str
+) -> None:
+    """End ``position``'s generation (once: the first member to ask writes the note)."""
+    gen = position.generation
+    if coord.advance_generation(gen, reason).won and events is not None:
+        events.emit("note", message=f"rank {position.rank} ended generation {gen}: {reason}")
 
 
 def form_group(

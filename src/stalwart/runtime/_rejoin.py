@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from stalwart.runtime._coord import fence_compares
-from stalwart.runtime._formation import Formation, Position, form_group, formed
+from stalwart.runtime._formation import Formation, Position, end_generation, form_group, formed
 from stalwart.runtime._memory import (
     committed_disk_steps,
     holds_replica,
@@ -158,6 +158,10 @@ class FixedRejoin:
         if self.batch is not None and formation.tier != "none":
             plan = plan_batch(self.batch, formation.world_size)
             apply_plan(self.tracked.state, plan, formation.rank)
+
+    def failed(self, position: Position, reason: str) -> None:
+        assert self.coord is not None
+        end_generation(self.coord, self.events, position, reason)
 
     def before_step(self, done: int) -> None:
         pass

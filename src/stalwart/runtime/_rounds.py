@@ -17,6 +17,8 @@ Keys, under ``/stalwart/<job>/async/``::
     m/roster/<r>         [g, ...]                      the round's members (create-if-absent)
     m/global/<r>         {"writer": g, "chunks": n}    the global state after round r
     m/disk/<g>           [step, ...]                   the steps group g holds on disk
+    m/join/<g>/<life>    r                             the round that life of g rejoins at
+    m/held/<g>/<life>/<m> [step, ...]                  member m's memory snapshots then
     d/c/<r>/<g>/<i>      contribution bytes, in chunks under the store's value limit
     d/global/<r>/<g>/<i> global state bytes (runtime/_outer.py's format)
 
@@ -60,19 +62,43 @@ class Rounds:
         """This group holds round ``round_``'s global state: expect it from the next."""
         self._put(f"alive/{self.group}", {"inc": inc, "round": round_})
 
-    def rejoined(self) -> int:
-        """Count one more rejoin of this group; returns the count (one process of a
-        group runs at a time, so a read and a put suffice)."""
-        kv = self.store.get(f"{self._m}rejoins/{self.group}")
-        n = 1 + (int(kv.value) if kv is not None else 0)
-        self.store.put(f"{self._m}rejoins/{self.group}", str(n).encode())
-        return n
+    def rejoin_round(self, life: str, latest: int | None) -> int | None:
+        """The round the members of this group's ``life`` rejoin at: the newest one the
+        first of them saw (create-if-absent), so that all of them restore the same one."""
+        key = f"{self._m}join/{self.group}/{life}"
+        value = json.dumps(-1 if latest is None else latest).encode()
+        self.store.txn([Compare(key, "create_revision", "==", 0)], [Put(key, value)])
+        kv = self.store.get(key)
+        assert kv is not None
+        round_ = json.loads(kv.value)
+        if type(round_) is not int or round_ < -1:
+            raise RoundError(f"{key}: {round_!r} is not a round")
+        return None if round_ < 0 else round_
 
-    def persisted(self, steps: list[int]) -> list[int]:
+    def held_by_all(self, life: str, member: int, size: int, held: list[int]) -> list[int]:
+        """The memory snapshot steps that every member of this group's ``life`` holds
+        (``held`` this member's, the others' waited for at most ``wait_s``): its DDP
+        replicas restore the same one, or their optimizer moments would differ."""
+        prefix = f"{self._m}held/{self.group}/{life}/"
+        self.store.put(f"{prefix}{member}", json.dumps(sorted(held)).encode())
+        snap = wait_for(self.store, prefix, lambda s: len(s.kvs) >= size, self.wait_s)
+        if snap is None:
+            raise RoundError(f"replica group {self.group}'s members did not all restart")
+        common: set[int] = set(held)
+        for kv in snap.kvs:
+            steps = json.loads(kv.value)
+            if not (isinstance(steps, list) and all(type(x) is int for x in steps)):
+                raise RoundError(f"{kv.key}: {steps!r} is not a list of steps")
+            common &= set(steps)
+        return sorted(common)
+
+    def persisted(self, steps: list[int] | None) -> list[int]:
         """The steps that every group holds in its persisted checkpoint: this group's
-        ``steps`` published, the others' waited for (at most ``wait_s``). A relaunch
-        resumes from the newest of them (runtime/_async.py); all groups compute it alike."""
-        self._put(f"disk/{self.group}", sorted(steps))
+        ``steps`` published (None: a member that is not the group's leader), every
+        group's waited for (at most ``wait_s``). A relaunch resumes from the newest of
+        them (runtime/_async.py); all groups compute it alike."""
+        if steps is not None:
+            self._put(f"disk/{self.group}", sorted(steps))
         prefix = f"{self._m}disk/"
         snap = wait_for(self.store, prefix, lambda s: len(s.kvs) >= self.groups, self.wait_s)
         if snap is None:
@@ -150,7 +176,7 @@ class Rounds:
     def prune(self, round_: int) -> None:
         """Delete the rounds older than ``round_ - 1`` (the writer of ``round_`` does)."""
         old = round_ - 2
-        if old < 1:
+        if old < 0:  # round 0: the initial parameters (runtime/_async.py)
             return
         for prefix in (self._d, self._m):
             self.store.delete(f"{prefix}c/{old}/", prefix=True)

@@ -367,9 +367,7 @@ class Session:
         self.acct.flush()
         if self.coord is None:
             raise RuntimeError(f"a step failed and there is no agent to recover with: {reason}")
-        if self.coord.advance_generation(self.generation, reason).won and self.events:
-            msg = f"rank {self.rank} ended generation {self.generation}: {reason}"
-            self.events.emit("note", message=msg)
+        self._rejoin.failed(self, reason)  # the generation ends (async: the group restarts)
         self._join(min_generation=self.generation + 1)
 
     def _finish(self, total: int) -> bool:

@@ -74,7 +74,7 @@ class Strategy(str, enum.Enum):
 
 def replica_group_size(world_size: int, groups: int) -> int:
     """Workers per replica group of ``--strategy async`` (``groups`` 0: one per worker);
-    :class:`~stalwart.errors.ConfigError` when the groups cannot be formed (yet)."""
+    :class:`~stalwart.errors.ConfigError` when ``groups`` does not divide the workers."""
     from stalwart.errors import ConfigError
 
     groups = groups or world_size
@@ -83,13 +83,7 @@ def replica_group_size(world_size: int, groups: int) -> int:
             f"--replica-groups {groups} does not divide the {world_size} workers: "
             "use a divisor of --nnodes x --nproc-per-node"
         )
-    size = world_size // groups
-    if size != 1:
-        raise ConfigError(
-            f"--replica-groups {groups} makes groups of {size} workers; --strategy async runs "
-            f"groups of one worker so far: use --replica-groups {world_size}"
-        )
-    return size
+    return world_size // groups
 
 
 STRATEGIES = tuple(s.value for s in Strategy)
