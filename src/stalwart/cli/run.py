@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.cli._async_flags import async_flags, outer_settings
 from stalwart.cli._integrity_flags import integrity_flags
+from stalwart.cli._node_flags import node_flags, node_options
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import Strategy
 
 if TYPE_CHECKING:
     from stalwart.agent import RuntimeKnobs
-    from stalwart.agent.probes import ProbeConfig
 
 __all__ = ["EXIT_NOT_ADMITTED", "register"]
 
@@ -204,21 +204,6 @@ def register(sub: Any) -> None:
         help="also keep every step divisible by this as a milestone (default 0: none)",
     )
     p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus metrics on this port of --metrics-host (node 0; 0 picks one)",
-    )
-    p.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod")
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="serve this node's /healthz and /readyz here (every node; 0 picks one)",
-    )
-    p.add_argument("--health-host", default="127.0.0.1", help="0.0.0.0 in a pod (kubelet)")
-    p.add_argument("--progress", action="store_true", help="a live progress line on stderr")
-    p.add_argument(
         "--snapshot-every",
         type=int,
         default=0,
@@ -246,47 +231,10 @@ def register(sub: Any) -> None:
         help="address this node's replica receiver binds and advertises to its buddy "
         "(default 127.0.0.1: every node on one host)",
     )
-    _health_flags(p)
+    node_flags(p)
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)
-
-
-def _health_flags(p: Any) -> None:
-    """The health-probe and preflight flags (docs/detection.md)."""
-    p.add_argument(
-        "--preflight",
-        action="store_true",
-        help="before the first generation, every node runs a small matmul and an allreduce "
-        "with a partner; a node far slower than the others is paired again with a fast "
-        "one (slow node or slow link?) and a slow or failing node leaves the job, its "
-        "ranks moved to a healthy node (see also `stalwart check`)",
-    )
-    p.add_argument(
-        "--probes",
-        default="all",
-        help="node health probes: all (default), none, or some of host,shm,disk,nvml "
-        "(nvml needs pynvml and a GPU, else it is skipped with a note)",
-    )
-    p.add_argument(
-        "--probe-interval",
-        type=float,
-        default=10.0,
-        help="seconds between probe rounds (default 10)",
-    )
-    p.add_argument(
-        "--probe-limits",
-        default=None,
-        help="bounds, K=V comma-separated: host_min_available (fraction, 0.05), "
-        "shm_reserve_mb (64), disk_min_free_mb (1024), disk_min_mb_s (2), "
-        "write_every_s (300), gpu_max_temp_c (90)",
-    )
-    p.add_argument(
-        "--on-probe",
-        default="isolate",
-        help="a failing probe: isolate (default: blocklist the node, its ranks move to a "
-        "healthy node) or report (events only)",
-    )
 
 
 EXIT_NOT_ADMITTED = 4
@@ -297,7 +245,6 @@ node's pod or task as done while the job trains on (docs/launch.md, exit codes).
 
 def _run(args: argparse.Namespace) -> int:
     from stalwart.agent import HangConfig, LaunchConfig, ZygoteStart, run_agent
-    from stalwart.agent.healthz import HealthEndpointConfig
     from stalwart.agent.straggler import StragglerAction, StragglerConfig
     from stalwart.chaos import FaultPlan
     from stalwart.coordinator.errors import BlocklistedError
@@ -337,12 +284,7 @@ def _run(args: argparse.Namespace) -> int:
         replica_rate_mb_s=args.replica_rate,
         standby=args.standby,
         replica_host=args.replica_host,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        health=HealthEndpointConfig(port=args.health_port, host=args.health_host),
-        progress=args.progress,
-        probes=_probes(args),
-        preflight=args.preflight,
+        **node_options(args),
         **kwargs,
     )
     try:
@@ -350,16 +292,6 @@ def _run(args: argparse.Namespace) -> int:
     except BlocklistedError as err:  # not the user's error: the job just runs without us
         print(f"stalwart: {err}; the job goes on without this node", file=sys.stderr)
         return EXIT_NOT_ADMITTED
-
-
-def _probes(args: argparse.Namespace) -> ProbeConfig:
-    """--probes, --probe-interval, --probe-limits and --on-probe as one ProbeConfig."""
-    from stalwart.agent.probes import parse_probe_limits, parse_probe_names
-
-    names = parse_probe_names(args.probes)
-    return parse_probe_limits(
-        args.probe_limits, names=names, interval_s=args.probe_interval, on_failure=args.on_probe
-    )
 
 
 def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:

@@ -24,7 +24,7 @@ prefetch with compute buys little, and an error must be caught before FSDP2 wait
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch._C._distributed_c10d as _c10d
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from stalwart.coordinator import Store
-    from stalwart.runtime._formation import Rejoin
     from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
@@ -268,8 +267,15 @@ def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:
     return DeviceMesh.from_group(pg, "cpu", mesh_dim_names=("dp",))
 
 
+class _Closable(Protocol):
+    """The session's elastic rejoin, as far as this module needs it (a Protocol, not
+    runtime/_formation's ``Rejoin``: _formation imports this module's parts)."""
+
+    def close(self) -> None: ...
+
+
 def resize_by_restarts(
-    env: WorkerEnv, gen: GenerationGroup, store: Store | None, elastic: Rejoin
+    env: WorkerEnv, gen: GenerationGroup, store: Store | None, elastic: _Closable
 ) -> None:
     """``sess.mesh`` under ``--strategy elastic``: this job's world changes by restarts.
 
