@@ -6,7 +6,8 @@ run writes the same two kinds of file under ``OUT`` (a folder in the run directo
 - ``trace-m<MEMBER>.jsonl``: one line per committed attempt of a step on that member
   (the rank it was launched with): ``step``, ``attempt`` (the torchrun restart count and
   the stalwart generation: a later attempt of the step supersedes an earlier one),
-  ``rank``, ``world``, ``loss`` (this rank's), ``samples`` (what it read), and any extras.
+  ``rank``, ``world``, ``loss`` (this rank's), ``samples`` (what it read), ``t`` (the
+  wall clock when the step was recorded: ``stalwart compare`` measures by it), any extras.
   A replacement process appends to the same file, so the file survives the process.
 - ``final-m<MEMBER>.json``: written once at the end: the sha256 of the final parameters
   as this rank holds them (``digest``), the last step and the world size.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +43,7 @@ class Recorder:
 
     def step(self, step: int, *, generation: int, rank: int, world: int, **fields: Any) -> None:
         rec = {"step": step, "attempt": [self.restart, generation], "rank": rank}
+        rec["t"] = time.time()  # wall clock: `stalwart compare` times recoveries by it
         rec |= {"world": world, "member": self.member, "pid": os.getpid(), **fields}
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()

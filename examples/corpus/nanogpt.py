@@ -8,7 +8,11 @@ batches drawn with ``torch.randint`` from the global RNG, gradient accumulation 
 every iteration (warmup, cosine decay), an evaluation on rank 0 only every
 ``eval_interval`` iterations (``estimate_loss()``: ``eval_iters`` forward passes on each
 split, the other ranks wait in their next allreduce), and its own ``torch.save`` of a
-checkpoint on rank 0 when the val loss improves.
+checkpoint on rank 0 when the val loss improves (every eval with
+``--always_save_checkpoint``), and nanoGPT's ``--init_from resume``: a (re)started plain
+run loads ``ckpt.pt`` (model, optimizer, ``iter_num``) and goes on from there, which is the
+classic route ``stalwart compare`` runs under ``torchrun --max-restarts`` (the RNG is not
+saved, as in nanoGPT: the resumed run draws other batches).
 
 The five stalwart lines are marked ``# stalwart``; ``--plain`` skips them and runs the
 same script as a plain torchrun DDP script (``torchrun --nproc-per-node 2 nanogpt.py
@@ -164,6 +168,8 @@ def main() -> None:
     p.add_argument("--data", choices=["randint", "epoch"], default="randint")
     p.add_argument("--epoch_windows", type=int, default=96, help="--data epoch: samples per epoch")
     p.add_argument("--schedule", choices=["manual", "cosine"], default="manual")
+    p.add_argument("--init_from", choices=["scratch", "resume"], default="scratch")
+    p.add_argument("--always_save_checkpoint", action="store_true")
     a = p.parse_args()
     if a.plain and a.data == "epoch":
         p.error("--data epoch uses stalwart.data.loader; it needs stalwart (drop --plain)")
@@ -242,8 +248,17 @@ def main() -> None:
 
     rec = Recorder(a.out, member)
     best_val_loss = 1e9
+    iter_start = 1
+    ckpt_path = os.path.join(a.out, "ckpt.pt")
+    if a.plain and a.init_from == "resume" and os.path.exists(ckpt_path):
+        checkpoint = torch.load(ckpt_path, map_location="cpu")
+        raw_model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        iter_start, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        print(f"resuming from iter {iter_start}", flush=True)
     t0 = time.time()
-    iters = sess.steps(a.max_iters) if sess is not None else range(1, a.max_iters + 1)  # stalwart
+    plain_iters = range(iter_start, a.max_iters + 1)
+    iters = sess.steps(a.max_iters) if sess is not None else plain_iters  # stalwart
     for iter_num in iters:
         if a.schedule == "manual":
             lr = get_lr(iter_num)
@@ -254,8 +269,8 @@ def main() -> None:
             print(
                 f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
             )
-            if losses["val"] < best_val_loss:
-                best_val_loss = losses["val"]
+            if losses["val"] < best_val_loss or a.always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses["val"])
                 checkpoint = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -263,7 +278,8 @@ def main() -> None:
                     "best_val_loss": best_val_loss,
                     "config": vars(a),
                 }
-                torch.save(checkpoint, os.path.join(a.out, "ckpt.pt"))
+                torch.save(checkpoint, ckpt_path + ".tmp")  # a kill mid-save keeps the old one
+                os.replace(ckpt_path + ".tmp", ckpt_path)
         if loader is not None:
             micro = [(x, y, idx.tolist()) for idx, x, y in loader.step_batches()]
         else:

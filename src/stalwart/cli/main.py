@@ -28,6 +28,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "stalwart.cli.chaos",
     "stalwart.cli.report",
     "stalwart.cli.check",
+    "stalwart.cli.compare",
 )
 
 

@@ -1,0 +1,238 @@
+"""Running one route of ``stalwart compare``: the command, the faults, the observation.
+
+A route is a launcher command (torchrun, or ``stalwart run --strategy S``) over the same
+corpus script; the fault trace reaches it as ``--chaos`` clauses at the trace's instants
+under stalwart, and as signals sent by :class:`_Injector` under torchrun (which has no
+chaos): the same instants, measured from the job's first step in both cases, on the
+process that holds the trace's rank at that moment (read from the script's own step
+records, ``pid``). Only processes below the launcher compare started are ever signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stalwart.chaos.trace import FaultTrace, TraceFault
+from stalwart.metrics.routes import RouteRun, read_step_records, recoveries
+
+__all__ = ["Route", "RunSettings", "run_route"]
+
+_SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One column of the table: how the job is launched and recovered."""
+
+    name: str
+    torchrun: bool  # the classic route: torchrun --max-restarts + the script's torch.save
+    strategy: str = ""  # stalwart's --strategy (empty for torchrun)
+    spares: int = 0
+    nproc: str = ""  # --nproc-per-node when not the worker count (elastic's MIN:MAX)
+    extra_args: tuple[str, ...] = ()  # script arguments this route needs (elastic's data)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every route of one comparison shares."""
+
+    script: Path
+    script_args: tuple[str, ...]
+    workers: int
+    target: int
+    work: Path
+    timeout_s: float
+    persist_every: int  # restart's --persist-every, and the torchrun script's save cadence
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _command(route: Route, st: RunSettings, out: Path, job: str, chaos: str) -> list[str]:
+    script = [str(st.script), *st.script_args, *route.extra_args, "--out", str(out / "corpus")]
+    if route.torchrun:
+        launcher = [str(Path(sys.executable).parent / "torchrun"), "--standalone"]
+        launcher += ["--nproc-per-node", str(st.workers), "--max-restarts", "1000"]
+        return [*launcher, *script, "--plain", "--init_from", "resume", "--always_save_checkpoint"]
+    cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--redirect", "--rdzv-id", job]
+    cmd += ["--nproc-per-node", route.nproc or str(st.workers), "--run-dir", str(out / "run")]
+    cmd += ["--strategy", route.strategy, "--max-restarts", "1000"]
+    cmd += ["--persist-every", str(st.persist_every)] if route.strategy == "restart" else []
+    cmd += ["--spares", str(route.spares)] if route.spares else []
+    cmd += ["--chaos", chaos] if chaos else []
+    return [*cmd, *script]
+
+
+def _last_pid(path: Path) -> int | None:
+    if not path.exists():
+        return None
+    for line in reversed(path.read_text().splitlines()):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(line)["pid"])
+    return None
+
+
+class _Injector(threading.Thread):
+    """Sends the trace's signals to a torchrun job at the trace's instants (from its first
+    step); a fault whose rank is between processes waits for the next one to step."""
+
+    def __init__(self, corpus: Path, launcher: int, faults: tuple[TraceFault, ...]) -> None:
+        super().__init__(daemon=True)
+        self.corpus, self.launcher, self.faults = corpus, launcher, faults
+        self.fired: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        t0 = None
+        while t0 is None and not self.stop.wait(0.2):
+            recs = read_step_records(self.corpus / "trace-m0.jsonl")
+            t0 = recs[0].t if recs else None
+        for fault in self.faults:
+            while t0 is not None and time.time() < t0 + fault.t_s:
+                if self.stop.wait(min(0.2, t0 + fault.t_s - time.time())):
+                    return
+            while not self.stop.is_set() and not self._signal(fault):
+                self.stop.wait(0.1)
+
+    def _signal(self, fault: TraceFault) -> bool:
+        pid = _last_pid(self.corpus / f"trace-m{fault.rank}.jsonl")
+        if pid is None or pid not in _descendants(self.launcher):
+            return False  # between incarnations: strike the next one
+        try:
+            os.kill(pid, _SIGNALS[fault.kind])
+        except ProcessLookupError:
+            return False
+        self.fired.append(time.time())
+        return True
+
+
+def _injected_at(run_dir: Path) -> tuple[float, ...]:
+    """The instants stalwart's chaos fired its faults (``fault_injected`` events)."""
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return ()
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            e = json.loads(line)
+            if e["kind"] == "fault_injected":
+                out.append(float(e["t"]))
+    return tuple(sorted(out))
+
+
+class _Watcher(threading.Thread):
+    """Prints a line per fault of a route as it is recovered (progress while it runs)."""
+
+    def __init__(self, label: str, corpus: Path, faults: Callable[[], tuple[float, ...]]):
+        super().__init__(daemon=True)
+        self.label, self.corpus, self.faults = label, corpus, faults
+        self.stop = threading.Event()
+        self.said = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.report()
+
+    def report(self) -> None:
+        recs = read_step_records(self.corpus / "trace-m0.jsonl")
+        done = recoveries(recs, self.faults())
+        t0 = recs[0].t if recs else 0.0
+        while self.said < len(done) and done[self.said].rto_s is not None:
+            r = done[self.said]
+            self.said += 1
+            print(
+                f"  {self.label}: fault {self.said} at {r.t_fault - t0:.1f}s: resumed after "
+                f"{r.rto_s:.2f}s, {r.steps_lost} steps lost",
+                flush=True,
+            )
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = _descendants(proc.pid)  # before the launcher dies and they are reparented
+        for pid in [proc.pid, *tree]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        return -9
+
+
+def run_route(route: Route, st: RunSettings, trace: FaultTrace | None, label: str) -> RouteRun:
+    """Run ``route`` once (faulted when ``trace`` is given) and return what was observed."""
+    out = st.work / label.replace("/", "-")
+    out.mkdir(parents=True, exist_ok=True)
+    job = f"cmp-{uuid.uuid4().hex[:8]}"
+    faults = trace.faults if trace is not None else ()
+    chaos = "" if route.torchrun or trace is None else trace.chaos_spec()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    launched = time.time()
+    with open(out / "launcher.log", "wb") as log:
+        proc = subprocess.Popen(
+            _command(route, st, out, job, chaos),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    injector = _Injector(out / "corpus", proc.pid, faults) if route.torchrun else None
+    fired: Callable[[], tuple[float, ...]] = (
+        (lambda: tuple(injector.fired)) if injector else (lambda: _injected_at(out / "run"))
+    )
+    watcher = _Watcher(label, out / "corpus", fired)
+    for thread in (injector, watcher):
+        if thread is not None:
+            thread.start()
+    rc = _reap(proc, st.timeout_s)
+    exited = time.time()
+    for thread in (injector, watcher):
+        if thread is not None:
+            thread.stop.set()
+            thread.join()
+    watcher.report()
+    for path in glob.glob(f"/dev/shm/stalwart-{job}-*"):  # a killed job's leftovers
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return RouteRun(
+        route=route.name,
+        workers=st.workers,
+        spares=route.spares,
+        target=st.target,
+        launched=launched,
+        exited=exited,
+        rc=rc,
+        records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
+        faults_at=fired(),
+    )

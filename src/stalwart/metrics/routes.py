@@ -1,0 +1,239 @@
+"""The figures of ``stalwart compare``: one job, one fault trace, several recovery routes.
+
+Every route (torchrun with a torch.save resume, stalwart's strategies) is judged by the
+same yardstick, read from what the corpus scripts record on member 0 (rank 0 at launch:
+``trace-m0.jsonl``, one line per committed attempt of a step with its wall clock ``t``)
+and from the launcher's own start and exit, so that no route's own accounting grades it
+(torchrun has none). Definitions (docs/routes.md):
+
+- training span: first step record to last (member 0); startup counted only in the time
+  to the target.
+- ETTR: the route's fault-free span over its faulted span (the productive share of the
+  faulted run's training time, productive meaning what the same steps cost without faults).
+- utilisation: productive worker-seconds over held worker-seconds, ``W x fault-free span /
+  ((W + spares) x faulted span)``: a standby held for the job is a worker paid for.
+- RTO of a fault: its instant to the first step record of a new attempt (a rollback, a
+  restart or a new generation) on member 0; steps lost: the newest step committed before
+  that attempt (steps in flight at the fault included) less the one it resumed from.
+- final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
+  attempt of each step); the loss gap is the faulted run's final loss less the fault-free
+  run's of the same route.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ROUTES_VERSION",
+    "Recovery",
+    "RouteFigures",
+    "RouteRun",
+    "StepRecord",
+    "compare_document",
+    "kept_losses",
+    "read_step_records",
+    "recoveries",
+    "route_figures",
+]
+
+ROUTES_VERSION = 1
+"""Version of the JSON document ``stalwart compare`` writes (docs/routes.md)."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One committed attempt of a step on member 0 (``attempt``: restart count, generation)."""
+
+    step: int
+    attempt: tuple[int, int]
+    t: float
+    loss: float | None
+
+
+@dataclass(frozen=True)
+class RouteRun:
+    """One run of one route as ``stalwart compare`` observed it."""
+
+    route: str
+    workers: int
+    spares: int
+    target: int
+    launched: float  # wall clock at launch
+    exited: float  # wall clock at the launcher's exit
+    rc: int
+    records: tuple[StepRecord, ...]
+    faults_at: tuple[float, ...] = ()  # wall clock of each fault that fired
+    sim: dict[str, Any] = field(default_factory=dict)  # the simulator's replay, if any
+
+    @property
+    def span_s(self) -> float | None:
+        if len(self.records) < 2:
+            return None
+        return self.records[-1].t - self.records[0].t
+
+    @property
+    def reached(self) -> bool:
+        """Finished the target: exit 0 with the target step kept."""
+        return self.rc == 0 and any(r.step >= self.target for r in self.records)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    t_fault: float
+    rto_s: float | None  # None: the route never resumed
+    steps_lost: int | None
+
+
+def read_step_records(path: str | Path) -> tuple[StepRecord, ...]:
+    """Member 0's step records from a corpus script's ``trace-m0.jsonl`` (torn last line
+    skipped: a killed process may leave one)."""
+    p = Path(path)
+    if not p.exists():
+        return ()
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            att = rec["attempt"]
+            loss = rec.get("loss")
+            out.append(
+                StepRecord(
+                    int(rec["step"]),
+                    (int(att[0]), int(att[1])),
+                    float(rec["t"]),
+                    float(loss) if isinstance(loss, (int, float)) else None,
+                )
+            )
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+    return tuple(out)
+
+
+def kept_losses(records: tuple[StepRecord, ...]) -> list[tuple[int, float]]:
+    """(step, loss) of the last attempt of each step, by step."""
+    last: dict[int, float] = {}
+    for r in records:
+        if r.loss is not None and math.isfinite(r.loss):
+            last[r.step] = r.loss
+    return sorted(last.items())
+
+
+def _final_loss(records: tuple[StepRecord, ...]) -> float | None:
+    kept = kept_losses(records)
+    if not kept:
+        return None
+    tail = kept[-max(5, len(kept) // 10) :]
+    return math.fsum(v for _, v in tail) / len(tail)
+
+
+def recoveries(records: tuple[StepRecord, ...], faults_at: tuple[float, ...]) -> list[Recovery]:
+    """Each fault's RTO and steps lost, from member 0's records (definitions above)."""
+    out = []
+    for t_f in faults_at:
+        before = [r for r in records if r.t <= t_f]
+        if not before:
+            out.append(Recovery(t_f, None, None))
+            continue
+        attempt = before[-1].attempt
+        nxt = next((r for r in records if r.t > t_f and r.attempt != attempt), None)
+        if nxt is None:
+            out.append(Recovery(t_f, None, None))
+            continue
+        # Steps still committed after the fault (in flight) are redone too.
+        newest = max(r.step for r in records if r.t < nxt.t)
+        out.append(Recovery(t_f, nxt.t - t_f, max(newest - (nxt.step - 1), 0)))
+    return out
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return float(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1])
+
+
+@dataclass(frozen=True)
+class RouteFigures:
+    """A route's row of the table (None: not measured, with the reason in ``note``)."""
+
+    route: str
+    reached: bool
+    time_to_target_s: float | None
+    fault_free_s: float | None
+    ettr: float | None
+    utilisation: float | None
+    rto_p50_s: float | None
+    rto_p95_s: float | None
+    faults: int
+    recovered: int
+    steps_lost: int
+    final_loss: float | None
+    fault_free_loss: float | None
+    loss_gap: float | None
+    sim_predicted_ettr: float | None = None
+    sim_measured_ettr: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
+    """The table row of ``run`` (faulted) against ``fault_free`` (the same route, no faults)."""
+    recs = recoveries(run.records, run.faults_at)
+    rtos = sorted(r.rto_s for r in recs if r.rto_s is not None)
+    span, ff_span = run.span_s, fault_free.span_s
+    ok = run.reached and span is not None and ff_span is not None and span > 0
+    ettr = ff_span / span if ok and ff_span is not None and span is not None else None
+    held = run.workers + run.spares
+    final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
+    notes = []
+    if not run.reached:
+        notes.append(f"did not reach step {run.target} (exit {run.rc})")
+    if not fault_free.reached:
+        notes.append(f"its fault-free run did not finish (exit {fault_free.rc})")
+    return RouteFigures(
+        route=run.route,
+        reached=run.reached,
+        time_to_target_s=run.exited - run.launched if run.reached else None,
+        fault_free_s=fault_free.exited - fault_free.launched if fault_free.reached else None,
+        ettr=ettr,
+        utilisation=None if ettr is None else ettr * run.workers / held,
+        rto_p50_s=_pct(rtos, 50),
+        rto_p95_s=_pct(rtos, 95),
+        faults=len(recs),
+        recovered=len(rtos),
+        steps_lost=sum(r.steps_lost or 0 for r in recs),
+        final_loss=final,
+        fault_free_loss=ff_final,
+        loss_gap=None if final is None or ff_final is None else final - ff_final,
+        sim_predicted_ettr=run.sim.get("predicted_ettr"),
+        sim_measured_ettr=run.sim.get("measured_ettr"),
+        note="; ".join(notes + ([str(run.sim["note"])] if run.sim.get("note") else [])),
+    )
+
+
+def compare_document(
+    job: dict[str, Any],
+    trace: dict[str, Any],
+    rows: list[RouteFigures],
+    curves: dict[str, list[tuple[int, float]]],
+    absent: dict[str, str],
+) -> dict[str, Any]:
+    """The JSON document (``version`` 1): the job, the trace, a row per route, the kept loss
+    curves (faulted and ``<route>/fault-free``), and the routes not run with why."""
+    return {
+        "version": ROUTES_VERSION,
+        "job": job,
+        "trace": trace,
+        "routes": {r.route: r.to_dict() for r in rows},
+        "absent": absent,
+        "curves": {k: [[s, v] for s, v in pts] for k, pts in curves.items()},
+    }

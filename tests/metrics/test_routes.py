@@ -1,0 +1,94 @@
+"""`stalwart compare`'s figures and rendering, from fake step records (no runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stalwart.metrics.routes import (
+    RouteRun,
+    StepRecord,
+    compare_document,
+    kept_losses,
+    read_step_records,
+    recoveries,
+    route_figures,
+)
+from stalwart.metrics.routes_render import routes_html, routes_markdown
+
+
+def _steps(
+    pairs: list[tuple[int, float]], attempt: tuple[int, int] = (0, 0), loss: float = 1.0
+) -> list[StepRecord]:
+    return [StepRecord(s, attempt, t, loss) for s, t in pairs]
+
+
+def _run(
+    records: list[StepRecord], *, faults: tuple[float, ...] = (), rc: int = 0, **kw
+) -> RouteRun:
+    base = dict(route="flash", workers=4, spares=0, target=10, launched=0.0, exited=20.0)
+    return RouteRun(**(base | kw), rc=rc, records=tuple(records), faults_at=faults)
+
+
+def test_rto_is_fault_to_the_first_step_of_a_new_attempt_and_counts_redone_steps() -> None:
+    before = _steps([(s, float(s)) for s in range(1, 7)])  # steps 1..6 at t=1..6
+    after = _steps([(4, 9.0), (5, 9.5), (6, 10.0), (7, 10.5)], attempt=(0, 1))
+    late = _steps([(7, 6.6)])  # a step in flight after the fault, same attempt: not it
+    (rec,) = recoveries(tuple(before + late + after), (6.5,))
+    assert rec.rto_s == pytest.approx(2.5)
+    assert rec.steps_lost == 4  # 4..7 redone (7 was in flight at the fault)
+    never = recoveries(tuple(before), (6.5,))
+    assert never[0].rto_s is None and never[0].steps_lost is None
+
+
+def test_figures_against_the_fault_free_run_of_the_same_route() -> None:
+    free = _run(_steps([(s, 10.0 + s) for s in range(1, 11)], loss=2.0), exited=25.0)
+    hit_records = _steps([(s, 10.0 + s) for s in range(1, 6)], loss=2.0) + _steps(
+        [(s, 14.0 + s) for s in range(4, 11)], attempt=(0, 1), loss=2.5
+    )
+    hit = _run(hit_records, faults=(15.5,), exited=30.0, spares=1)
+    row = route_figures(hit, free)
+    assert row.reached and row.time_to_target_s == 30.0 and row.fault_free_s == 25.0
+    assert row.ettr == pytest.approx(9.0 / 13.0)  # fault-free span 9 s, faulted 13 s
+    assert row.utilisation == pytest.approx(9.0 / 13.0 * 4 / 5)  # the spare is held
+    assert row.rto_p50_s == pytest.approx(2.5) and row.steps_lost == 2
+    assert row.loss_gap == pytest.approx(0.5) and row.faults == row.recovered == 1
+
+
+def test_a_route_that_misses_the_target_has_no_time_and_says_why() -> None:
+    free = _run(_steps([(s, float(s)) for s in range(1, 11)]))
+    hit = _run(_steps([(s, float(s)) for s in range(1, 6)]), faults=(5.5,), rc=-9)
+    row = route_figures(hit, free)
+    assert not row.reached and row.time_to_target_s is None and row.ettr is None
+    assert "did not reach step 10 (exit -9)" in row.note and row.recovered == 0
+
+
+def test_kept_losses_take_the_last_attempt_and_torn_lines_are_skipped(tmp_path: Path) -> None:
+    lines = [
+        {"step": 1, "attempt": [0, 0], "t": 1.0, "loss": 3.0},
+        {"step": 2, "attempt": [0, 0], "t": 2.0, "loss": 2.9},
+        {"step": 2, "attempt": [1, 0], "t": 5.0, "loss": 2.8},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines) + '\n{"step": 3, "att'
+    (tmp_path / "trace-m0.jsonl").write_text(text)
+    recs = read_step_records(tmp_path / "trace-m0.jsonl")
+    assert len(recs) == 3 and recs[2].attempt == (1, 0)
+    assert kept_losses(recs) == [(1, 3.0), (2, 2.8)]
+    assert read_step_records(tmp_path / "absent.jsonl") == ()
+
+
+def test_markdown_and_html_show_every_route_and_the_absent_ones() -> None:
+    free = _run(_steps([(s, float(s)) for s in range(1, 11)]))
+    row = route_figures(free, free)
+    job = {"script": "nanogpt.py", "workers": 4, "target": 10, "load": "3.0 2.0 1.0"}
+    trace = {"spec": "kill every=20s", "seed": 0, "horizon_s": 60.0, "faults": []}
+    curves = {"flash": kept_losses(free.records), "flash/fault-free": kept_losses(free.records)}
+    doc = compare_document(job, trace, [row], curves, {"async": "not built on this main"})
+    md = routes_markdown(doc)
+    assert "| flash | 0/0 | 20.0 | 20.0 | 1.000 | 1.000 | - |" in md
+    assert "| async | not built on this main |" in md and "load average 3.0" in md
+    page = routes_html(doc)
+    assert "data:image/svg+xml;base64," in page and "not built on this main" in page
+    assert json.loads(json.dumps(doc))["routes"]["flash"]["ettr"] == 1.0
