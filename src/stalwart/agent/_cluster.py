@@ -121,6 +121,7 @@ class Cluster:
                 job_id=cfg.job,
                 lease_ttl=cfg.node_lease_s,
                 heartbeat_interval=cfg.node_lease_s / 4,
+                failure_threshold=cfg.blocklist_after,
             ),
         )
         self._names = self._agree_names()

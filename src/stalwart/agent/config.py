@@ -133,6 +133,10 @@ class LaunchConfig:
     crash_loop_limit: int = 3
     """A rank failing this many times in a row at the same step (or at start-up) ends the
     job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
+    blocklist_after: int = 3
+    """Failures of one member within 10 minutes that blocklist it (the coordinator's
+    failure threshold): a rank that keeps failing is on sick hardware. ``stalwart
+    compare`` raises it, its faults being injected on healthy ranks on purpose."""
     strategy: Strategy = DEFAULTS.strategy
     """The recovery strategy; a name (``"flash"``) is parsed into its :class:`Strategy`."""
     spares: int = 0
@@ -182,6 +186,11 @@ class LaunchConfig:
         self._check_strategy(strategy, given)
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
+        if not 1 <= self.blocklist_after <= 1_000_000:
+            raise ConfigError(
+                f"--blocklist-after {self.blocklist_after}: use 1..1000000 (failures of one "
+                "member within 10 minutes before it is blocklisted)"
+            )
         if self.crash_loop_limit < 1:
             raise ConfigError(
                 f"--crash-loop-limit {self.crash_loop_limit}: use >= 1 (failures in a row "

@@ -84,7 +84,7 @@ def _command(route: Route, st: RunSettings, out: Path, job: str, chaos: str) -> 
         return [*launcher, *script, "--plain", "--init_from", "resume", "--always_save_checkpoint"]
     cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--redirect", "--rdzv-id", job]
     cmd += ["--nproc-per-node", route.nproc or str(st.workers), "--run-dir", str(out / "run")]
-    cmd += ["--strategy", route.strategy, "--max-restarts", "1000"]
+    cmd += ["--strategy", route.strategy, "--max-restarts", "1000", "--blocklist-after", "1000"]
     cmd += ["--persist-every", str(st.persist_every)] if route.strategy == "restart" else []
     cmd += ["--spares", str(route.spares)] if route.spares else []
     cmd += ["--chaos", chaos] if chaos else []

@@ -4,18 +4,27 @@ Each stalwart route's faulted run is calibrated from its own event log
 (:func:`stalwart.sim.calibrate.calibrate`: step time, snapshot stall, detection and
 recovery per fault kind) and replayed with its own faults at their instants
 (:func:`stalwart.sim.replay.replay`), the fidelity check of ``stalwart calibrate``; the
-predicted ETTR is shown beside the ETTR the run's report measured. A route the simulator
-cannot replay gets a note saying why instead of a number.
+predicted ETTR is shown beside the ETTR the run's report measured.
+
+torchrun writes no event log, so its calibration is built from what compare measured of
+it: the simulator's ``restart`` strategy (everyone restarted, rolled back to the last
+checkpoint) with the median RTO as the restart cost (detection, relaunch and the script's
+torch.load together), the fault-free step time, a checkpoint every ``save_every`` steps,
+and the faults at the instants they fired; it is compared with the same wall-clock ETTR
+(productive time, the fault-free span, over the faulted run's launch-to-exit). A route the
+simulator cannot replay gets a note saying why instead of a number.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics.routes import RouteRun, recoveries
 
-__all__ = ["simulate_route"]
+__all__ = ["simulate_route", "simulate_torchrun"]
 
 
 def simulate_route(out: Path) -> dict[str, Any]:
@@ -25,6 +34,43 @@ def simulate_route(out: Path) -> dict[str, Any]:
 
     try:
         result = replay(calibrate(str(out / "run")).calibration)
+    except StalwartError as err:
+        return {"note": f"no simulator replay: {err}"}
+    return {"predicted_ettr": result.predicted_ettr, "measured_ettr": result.measured_ettr}
+
+
+def simulate_torchrun(run: RouteRun, free: RouteRun, save_every: int) -> dict[str, Any]:
+    """The replay of a torchrun run from compare's own measurements (see above)."""
+    from stalwart.sim.calibration import Calibration, MeasuredRun, Replay, ReplayFault
+    from stalwart.sim.replay import replay
+
+    rtos = [r.rto_s for r in recoveries(run.records, run.faults_at) if r.rto_s is not None]
+    span, ff_span = run.span_s, free.span_s
+    if not run.reached or span is None or ff_span is None or not run.records:
+        return {"note": "no simulator replay: the run did not reach its target"}
+    step_s = ff_span / max(len({r.step for r in free.records}) - 1, 1)
+    t0, wall = run.records[0].t, run.exited - run.launched
+    faults = tuple(ReplayFault(t - t0, "crash", False) for t in run.faults_at if t >= t0)
+    replay_cfg = Replay(
+        strategy="restart",
+        startup_s=t0 - run.launched,
+        train_s=span,
+        tail_s=max(run.exited - run.records[-1].t, 0.0),
+        step_s=step_s,
+        efficiency=1.0,
+        snapshot_every=save_every,
+        interval_s=save_every * step_s,
+        persist_every=save_every,
+        faults=faults,
+    )
+    costs = {"detect_crash_s": 0.0, "restart_s": statistics.median(rtos) if rtos else 0.0}
+    costs |= {"restore_disk_s": 0.0, "restore_remote_s": 0.0, "snapshot_stall_s": 0.0}
+    measured = MeasuredRun(ettr=min(ff_span / wall, 1.0), wall_s=wall, failures=len(faults),
+                           gpus=run.workers, nodes=1)  # fmt: skip
+    cal = Calibration(costs=costs, source={"run_dir": "torchrun"}, measured=measured,
+                      replay=replay_cfg)  # fmt: skip
+    try:
+        result = replay(cal)
     except StalwartError as err:
         return {"note": f"no simulator replay: {err}"}
     return {"predicted_ettr": result.predicted_ettr, "measured_ettr": result.measured_ettr}

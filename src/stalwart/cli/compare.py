@@ -20,7 +20,7 @@ from typing import Any
 
 from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace
 from stalwart.cli._compare_run import Route, RunSettings, run_route
-from stalwart.cli._compare_sim import simulate_route
+from stalwart.cli._compare_sim import simulate_route, simulate_torchrun
 from stalwart.errors import ConfigError
 from stalwart.metrics.routes import (
     RouteFigures,
@@ -63,7 +63,8 @@ def register(subparsers: Any) -> None:
         "--persist-every",
         type=int,
         default=25,
-        help="restart's --persist-every (torchrun's save cadence is the script's own)",
+        help="restart's --persist-every, and torchrun's save cadence for the simulator "
+        "(match the script's own: nanogpt.py saves every --eval_interval)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="longest one run may take (s)")
     p.add_argument("--out", default="runs/compare", help="folder for the runs and the table")
@@ -123,8 +124,11 @@ def _run_pair(route: Route, st: RunSettings, trace: FaultTrace) -> tuple[RouteRu
     print(f"{route.name}: fault-free {free.exited - free.launched:.1f}s exit {free.rc}", flush=True)
     print(f"{route.name}: faulted run ({trace.spec})", flush=True)
     hit = run_route(route, st, trace, f"{route.name}/faulted")
-    if not route.torchrun:
-        hit = RouteRun(**{**hit.__dict__, "sim": simulate_route(st.work / f"{route.name}-faulted")})
+    if route.torchrun:
+        sim = simulate_torchrun(hit, free, st.persist_every)
+    else:
+        sim = simulate_route(st.work / f"{route.name}-faulted")
+    hit = RouteRun(**{**hit.__dict__, "sim": sim})
     print(
         f"{route.name}: faulted {hit.exited - hit.launched:.1f}s exit {hit.rc}, "
         f"{len(hit.faults_at)} faults",

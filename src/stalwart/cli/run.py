@@ -96,6 +96,13 @@ def register(sub: Any) -> None:
         "ends the job with a one-line verdict instead of being restarted again (default 3)",
     )
     p.add_argument(
+        "--blocklist-after",
+        type=int,
+        default=3,
+        help="failures of one rank within 10 minutes that blocklist it and end the job "
+        "(default 3: a rank that keeps failing sits on sick hardware)",
+    )
+    p.add_argument(
         "--run-dir",
         "--log-dir",
         "--log_dir",
@@ -276,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
         redirect=args.redirect,
         token_file=args.token_file,
         crash_loop_limit=args.crash_loop_limit,
+        blocklist_after=args.blocklist_after,
         hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
         straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
         runtime=knobs,
