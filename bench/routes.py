@@ -9,7 +9,7 @@ the ETTR its report measured), and a final JSON line ``{"routes": {"torchrun": {
 ...}}`` with per route ``ettr``, ``time_to_target_s``, ``fault_free_s``, ``rto_p50_s``,
 ``utilisation``, ``loss_gap`` (definitions: docs/routes.md).
 
-Default: 800 steps (about 60-90 s of training per run on a loaded 2-core machine);
+Default: 600 steps (about 60-90 s per run, startup included, on a loaded 2-core machine);
 ``--minutes M`` sizes the job for about M minutes per route at this machine's step rate.
 """
 
@@ -32,7 +32,7 @@ KEYS = ("ettr", "time_to_target_s", "fault_free_s", "rto_p50_s", "utilisation", 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--minutes", type=float, default=None, help="size the job for M min/route")
     p.add_argument("--trace", default="kill every=20s")
     p.add_argument("--routes", default="torchrun,restart,flash,spare,elastic,async,torchft")
@@ -51,9 +51,13 @@ def main() -> int:
     ]
     cmd += [str(SCRIPT), "--max_iters", str(steps), "--eval_interval", "25"]
     load_before = os.getloadavg()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-    lines = proc.stdout.splitlines()
-    print("\n".join(lines[:-1]), flush=True)
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # compare's progress, shown as it comes
+            if lines:
+                print(lines[-1], flush=True)
+            lines.append(line.rstrip("\n"))
     if proc.returncode != 0 or not lines:
         print(json.dumps({"error": f"stalwart compare exited {proc.returncode}"}))
         return 1

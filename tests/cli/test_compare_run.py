@@ -38,5 +38,5 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "| torchrun | 1/1 |" in (out / "routes.md").read_text()
     assert "data:image/svg+xml" in (out / "routes.html").read_text()
     said = capsys.readouterr().out
-    assert "flash: fault 1 at" in said and "torchrun: fault 1 at" in said
+    assert "flash/faulted: fault 1 at" in said and "torchrun/faulted: fault 1 at" in said
     assert not glob.glob("/dev/shm/stalwart-cmp-*")

@@ -50,6 +50,7 @@ def _refused(
         (["--nproc-per-node", "²"], "use N or MIN:MAX"),
         (["--nnodes", "1:²"], "use N or MIN:MAX"),
         (["--persist-every", "²"], "number of steps"),
+        (["--blocklist-after", "0"], "--blocklist-after 0: use 1..1000000"),
         (["--chaos", "kill rank=² at=step:3"], "'rank=²'"),
         (["--chaos", "kill rank=1 at=step:²"], "'at=step:²'"),
         (["--chaos", "kill rank=5 at=step:3", "--nproc-per-node", "2"], "outside the job"),

@@ -62,7 +62,7 @@ def test_a_route_that_misses_the_target_has_no_time_and_says_why() -> None:
     hit = _run(_steps([(s, float(s)) for s in range(1, 6)]), faults=(5.5,), rc=-9)
     row = route_figures(hit, free)
     assert not row.reached and row.time_to_target_s is None and row.ettr is None
-    assert "did not reach step 10 (exit -9)" in row.note and row.recovered == 0
+    assert "did not reach step 10 (stopped at the cap)" in row.note and row.recovered == 0
 
 
 def test_kept_losses_take_the_last_attempt_and_torn_lines_are_skipped(tmp_path: Path) -> None:

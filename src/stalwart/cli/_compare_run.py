@@ -56,6 +56,7 @@ class RunSettings:
     work: Path
     timeout_s: float
     persist_every: int  # restart's --persist-every, and the torchrun script's save cadence
+    cap: float = 3.0  # a faulted run is stopped at cap x its fault-free time: not reached
 
 
 def _descendants(pid: int) -> list[int]:
@@ -187,7 +188,9 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
         return -9
 
 
-def run_route(route: Route, st: RunSettings, trace: FaultTrace | None, label: str) -> RouteRun:
+def run_route(
+    route: Route, st: RunSettings, trace: FaultTrace | None, label: str, timeout_s: float
+) -> RouteRun:
     """Run ``route`` once (faulted when ``trace`` is given) and return what was observed."""
     out = st.work / label.replace("/", "-")
     out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +215,7 @@ def run_route(route: Route, st: RunSettings, trace: FaultTrace | None, label: st
     for thread in (injector, watcher):
         if thread is not None:
             thread.start()
-    rc = _reap(proc, st.timeout_s)
+    rc = _reap(proc, timeout_s)
     exited = time.time()
     for thread in (injector, watcher):
         if thread is not None:

@@ -66,7 +66,13 @@ def register(subparsers: Any) -> None:
         help="restart's --persist-every, and torchrun's save cadence for the simulator "
         "(match the script's own: nanogpt.py saves every --eval_interval)",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="longest one run may take (s)")
+    p.add_argument("--timeout", type=float, default=900.0, help="longest one run may take (s)")
+    p.add_argument(
+        "--cap",
+        type=float,
+        default=3.0,
+        help="a faulted run is stopped at this many times its fault-free time (not reached)",
+    )
     p.add_argument("--out", default="runs/compare", help="folder for the runs and the table")
     p.add_argument(
         "--torchrun-args",
@@ -120,10 +126,11 @@ def _trace(args: argparse.Namespace) -> FaultTrace:
 
 def _run_pair(route: Route, st: RunSettings, trace: FaultTrace) -> tuple[RouteRun, RouteRun]:
     print(f"{route.name}: fault-free run", flush=True)
-    free = run_route(route, st, None, f"{route.name}/fault-free")
+    free = run_route(route, st, None, f"{route.name}/fault-free", st.timeout_s)
     print(f"{route.name}: fault-free {free.exited - free.launched:.1f}s exit {free.rc}", flush=True)
     print(f"{route.name}: faulted run ({trace.spec})", flush=True)
-    hit = run_route(route, st, trace, f"{route.name}/faulted")
+    cap = min(st.timeout_s, st.cap * (free.exited - free.launched))
+    hit = run_route(route, st, trace, f"{route.name}/faulted", cap)
     if route.torchrun:
         sim = simulate_torchrun(hit, free, st.persist_every)
     else:
@@ -143,6 +150,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"script {args.script!r} not found; give a path to a training script")
     if args.target < 1 or args.nproc_per_node < 1:
         raise ConfigError("--target and --nproc-per-node take positive integers")
+    if not (args.cap >= 1.0 and args.timeout > 0):
+        raise ConfigError("--cap takes a factor >= 1 and --timeout a positive number of seconds")
     routes, absent = _routes(args)
     trace = _trace(args)
     work = Path(args.out).resolve()
@@ -151,7 +160,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     extra = [a for a in args.script_args if a != "--"]
     st = RunSettings(
         script.resolve(), tuple(extra), args.nproc_per_node, args.target, work,
-        args.timeout, args.persist_every,
+        args.timeout, args.persist_every, args.cap,
     )  # fmt: skip
     print(f"compare: {len(routes)} routes, trace recorded in {work / 'trace.json'}", flush=True)
     rows: list[RouteFigures] = []

@@ -196,7 +196,8 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
     final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
     notes = []
     if not run.reached:
-        notes.append(f"did not reach step {run.target} (exit {run.rc})")
+        why = "stopped at the cap" if run.rc == -9 else f"exit {run.rc}"
+        notes.append(f"did not reach step {run.target} ({why})")
     if not fault_free.reached:
         notes.append(f"its fault-free run did not finish (exit {fault_free.rc})")
     return RouteFigures(
