@@ -82,7 +82,8 @@ def _loss_svg(curves: dict[str, list[list[float]]]) -> str:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, linewidth=1, label=name)
     ax.set_xlabel("step (kept attempt of each)")
     ax.set_ylabel("loss (member 0)")
-    ax.legend(fontsize=7, ncol=2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2)
     FigureCanvasSVG(fig)
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})

@@ -1,0 +1,95 @@
+"""`stalwart compare` in-process: routes, launcher commands, torchrun's injected signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from stalwart.chaos.trace import TraceFault, compile_trace
+from stalwart.cli._compare_run import Route, RunSettings, _command, _Injector
+from stalwart.cli.main import main
+
+
+def _settings(tmp_path: Path) -> RunSettings:
+    return RunSettings(tmp_path / "train.py", ("--max_iters", "50"), 4, 50, tmp_path, 60.0, 10)
+
+
+def test_every_route_is_a_column_or_one_line_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main(["compare", "--target", "5", "--routes", "flash,bogus", str(script)]) == 2
+    assert "unknown bogus" in capsys.readouterr().err
+    assert main(["compare", "--target", "5", str(tmp_path / "absent.py")]) == 2
+    assert "not found" in capsys.readouterr().err
+    argv = ["compare", "--target", "5", "--routes", "async,torchft", "--out", str(tmp_path)]
+    assert main([*argv, str(script)]) == 0
+    doc = json.loads((tmp_path / "routes.json").read_text())
+    assert doc["routes"] == {}
+    assert "not built on this main" in doc["absent"]["async"]
+    assert "torchft" in doc["absent"]["torchft"]
+    assert "| async | not built on this main" in (tmp_path / "routes.md").read_text()
+
+
+def test_commands_carry_the_trace_the_same_way_to_every_stalwart_route(tmp_path: Path) -> None:
+    st = _settings(tmp_path)
+    trace = compile_trace("kill every=10s jitter=0 rank=1", seed=0, ranks=4, horizon_s=25)
+    spec = trace.chaos_spec()
+    assert spec == "kill rank=1 at=time:10.000s; kill rank=1 at=time:20.000s"
+    restart = _command(Route("restart", False, "restart"), st, tmp_path, "j", spec)
+    assert restart[restart.index("--chaos") + 1] == spec
+    assert restart[restart.index("--persist-every") + 1] == "10"
+    assert restart[restart.index("--blocklist-after") + 1] == "1000"
+    spare = _command(Route("spare", False, "spare", spares=1), st, tmp_path, "j", "")
+    assert "--chaos" not in spare and spare[spare.index("--spares") + 1] == "1"
+    tr = _command(Route("torchrun", True, extra_args=("--plain",)), st, tmp_path, "j", spec)
+    assert tr[0].endswith("torchrun") and "--chaos" not in tr and "--plain" in tr
+    assert tr[tr.index("--max-restarts") + 1] == "1000"
+
+
+def _record(path: Path, pid: int, t: float) -> None:
+    rec = {"step": 1, "attempt": [0, 0], "t": t, "pid": pid, "loss": 1.0}
+    path.write_text(json.dumps(rec) + "\n")
+
+
+@pytest.mark.timeout(60)
+def test_torchruns_signal_strikes_the_ranks_process_at_the_instant(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    assert launcher.stdout is not None
+    worker = int(launcher.stdout.readline())
+    try:
+        t0 = time.time()
+        _record(tmp_path / "trace-m0.jsonl", os.getpid(), t0)  # not below the launcher
+        _record(tmp_path / "trace-m1.jsonl", worker, t0)
+        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.3, "kill", 1),))
+        inj.start()
+        inj.join(timeout=30)
+        assert not inj.is_alive() and len(inj.fired) == 1 and inj.fired[0] >= t0 + 0.3
+        assert launcher.wait(timeout=30) is not None  # its child was killed: `wait` returned
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_process_compare_did_not_start_is_never_signalled(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(["sleep", "60"])
+    try:
+        _record(tmp_path / "trace-m0.jsonl", os.getpid(), time.time())
+        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.1, "kill", 0),))
+        inj.start()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not inj.fired:
+            time.sleep(0.05)
+        inj.stop.set()
+        inj.join(timeout=10)
+        assert inj.fired == []  # it waited for a process of the job's: pytest was never one
+    finally:
+        launcher.kill()
+        launcher.wait()
