@@ -8,10 +8,13 @@ and from the launcher's own start and exit, so that no route's own accounting gr
 
 - training span: first step record to last (member 0); startup counted only in the time
   to the target.
-- ETTR: the route's fault-free span over its faulted span (the productive share of the
-  faulted run's training time, productive meaning what the same steps cost without faults).
-- utilisation: productive worker-seconds over held worker-seconds, ``W x fault-free span /
-  ((W + spares) x faulted span)``: a standby held for the job is a worker paid for.
+- ETTR: productive time over the training span of the same run, productive being the
+  durations of the kept steps (the last attempt of each step, from the record before it
+  in the same attempt; a step right after a resume counts the run's median step). Both
+  come from the one run, so the machine's load drifting between a route's fault-free and
+  faulted runs does not move it: a fault-free run is at ~1.0.
+- utilisation: productive worker-seconds over held worker-seconds, ``ETTR x W / (W +
+  spares)``: a standby held for the job is a worker paid for.
 - RTO of a fault: its instant to the first step record of a new attempt (a rollback, a
   restart or a new generation) on member 0; steps lost: the newest step committed before
   that attempt (steps in flight at the fault included) less the one it resumed from.
@@ -37,6 +40,7 @@ __all__ = [
     "StepRecord",
     "compare_document",
     "kept_losses",
+    "productive_s",
     "read_step_records",
     "recoveries",
     "route_figures",
@@ -151,6 +155,30 @@ def recoveries(records: tuple[StepRecord, ...], faults_at: tuple[float, ...]) ->
     return out
 
 
+def productive_s(records: tuple[StepRecord, ...]) -> float:
+    """Seconds of the kept steps (see the module's ETTR)."""
+    kept = {r.step: i for i, r in enumerate(records)}
+    durations, unpaired = [], 0
+    for step, i in kept.items():
+        r, j = records[i], i - 1
+        while j >= 0 and records[j].attempt != r.attempt:
+            j -= 1
+        if j >= 0 and records[j].step == step - 1 and r.t >= records[j].t:
+            durations.append(r.t - records[j].t)
+        else:
+            unpaired += 1
+    median = statistics.median(durations) if durations else 0.0
+    return math.fsum(durations) + unpaired * median
+
+
+def _ettr(records: tuple[StepRecord, ...]) -> float | None:
+    if len(records) < 2:
+        return None
+    productive = productive_s(records)
+    first_step = productive / max(len({r.step for r in records}), 1)
+    return productive / (records[-1].t - records[0].t + first_step)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -189,9 +217,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
     """The table row of ``run`` (faulted) against ``fault_free`` (the same route, no faults)."""
     recs = recoveries(run.records, run.faults_at)
     rtos = sorted(r.rto_s for r in recs if r.rto_s is not None)
-    span, ff_span = run.span_s, fault_free.span_s
-    ok = run.reached and span is not None and ff_span is not None and span > 0
-    ettr = ff_span / span if ok and ff_span is not None and span is not None else None
+    ettr = _ettr(run.records) if run.reached else None
     held = run.workers + run.spares
     final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
     notes = []
