@@ -228,6 +228,8 @@ def run_route(
         else:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+    observed = {"launched": launched, "exited": exited, "rc": rc, "faults_at": fired()}
+    (out / "observed.json").write_text(json.dumps(observed) + "\n")  # to re-read the run
     return RouteRun(
         route=route.name,
         workers=st.workers,
