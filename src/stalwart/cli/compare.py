@@ -81,8 +81,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--elastic-args",
-        default="--data epoch --schedule cosine",
-        help="script arguments of the elastic route (its resharding data and schedule)",
+        default="--data epoch --schedule cosine --batch_size 2 --gradient_accumulation_steps 3",
+        help="script arguments of the elastic route: its resharding data and schedule, and "
+        "a global batch (2 x 3 x 4 = 24) that every size of W-1:W divides",
     )
     p.add_argument("--json", action="store_true", help="print the document as one JSON line")
     p.set_defaults(func=_cmd_compare)

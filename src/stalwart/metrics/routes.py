@@ -19,8 +19,9 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   restart or a new generation) on member 0; steps lost: the newest step committed before
   that attempt (steps in flight at the fault included) less the one it resumed from.
 - final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
-  attempt of each step); the loss gap is the faulted run's final loss less the fault-free
-  run's of the same route.
+  attempt of each step); the loss gap: the faulted run's loss less the fault-free run's
+  (same route) at the same steps, averaged over those last kept steps (for a run stopped
+  before its target, at the steps it reached).
 """
 
 from __future__ import annotations
@@ -136,6 +137,16 @@ def _final_loss(records: tuple[StepRecord, ...]) -> float | None:
     return math.fsum(v for _, v in tail) / len(tail)
 
 
+def _loss_gap(run: tuple[StepRecord, ...], ref: tuple[StepRecord, ...]) -> float | None:
+    """Mean of run minus ref over the last tenth (at least 5) of run's kept steps that ref
+    has too: the same step counts, also for a run stopped before its target."""
+    kept, other = kept_losses(run), dict(kept_losses(ref))
+    tail = [(s, v) for s, v in kept[-max(5, len(kept) // 10) :] if s in other]
+    if not tail:
+        return None
+    return math.fsum(v - other[s] for s, v in tail) / len(tail)
+
+
 def recoveries(records: tuple[StepRecord, ...], faults_at: tuple[float, ...]) -> list[Recovery]:
     """Each fault's RTO and steps lost, from member 0's records (definitions above)."""
     out = []
@@ -240,7 +251,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
         steps_lost=sum(r.steps_lost or 0 for r in recs),
         final_loss=final,
         fault_free_loss=ff_final,
-        loss_gap=None if final is None or ff_final is None else final - ff_final,
+        loss_gap=_loss_gap(run.records, fault_free.records),
         sim_predicted_ettr=run.sim.get("predicted_ettr"),
         sim_measured_ettr=run.sim.get("measured_ettr"),
         note="; ".join(notes + ([str(run.sim["note"])] if run.sim.get("note") else [])),
