@@ -186,16 +186,7 @@ class LaunchConfig:
         self._check_strategy(strategy, given)
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
-        if not 1 <= self.blocklist_after <= 1_000_000:
-            raise ConfigError(
-                f"--blocklist-after {self.blocklist_after}: use 1..1000000 (failures of one "
-                "member within 10 minutes before it is blocklisted)"
-            )
-        if self.crash_loop_limit < 1:
-            raise ConfigError(
-                f"--crash-loop-limit {self.crash_loop_limit}: use >= 1 (failures in a row "
-                "at the same step before the job ends with a verdict)"
-            )
+        _check_failure_limits(self.crash_loop_limit, self.blocklist_after)
         if self.rdzv is not None:
             from stalwart.coordinator import parse_etcd_url
 
@@ -288,3 +279,16 @@ class LaunchConfig:
         if not self.rdzv_endpoint:
             return "127.0.0.1", 0
         return parse_endpoint(self.rdzv_endpoint)
+
+
+def _check_failure_limits(crash_loop_limit: int, n: int) -> None:
+    if crash_loop_limit < 1:
+        raise ConfigError(
+            f"--crash-loop-limit {crash_loop_limit}: use >= 1 (failures in a row "
+            "at the same step before the job ends with a verdict)"
+        )
+    if not 1 <= n <= 1_000_000:
+        raise ConfigError(
+            f"--blocklist-after {n}: use 1..1000000 (failures of one member within 10 "
+            "minutes before it is blocklisted)"
+        )
