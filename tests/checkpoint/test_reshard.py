@@ -72,6 +72,7 @@ def _worker(rank: int, world: int, store: str, root: str, mode: str, placement: 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 5 spawned interpreters importing torch: over 120 s at load 18
 @pytest.mark.parametrize(("save_world", "load_world", "placement"), [(2, 3, "row"), (3, 2, "col")])
 def test_dtensor_reshard(tmp_path: Path, save_world: int, load_world: int, placement: str) -> None:
     root = str(tmp_path / "ck")
