@@ -12,7 +12,8 @@ import pytest
 
 from stalwart.chaos.trace import TraceFault, compile_trace
 from stalwart.cli._compare_run import Route, RunSettings, _command, _Injector
-from stalwart.cli.main import main
+from stalwart.cli.compare import _routes
+from stalwart.cli.main import build_parser, main
 
 
 def _settings(tmp_path: Path) -> RunSettings:
@@ -28,13 +29,19 @@ def test_every_route_is_a_column_or_one_line_saying_why(
     assert "unknown bogus" in capsys.readouterr().err
     assert main(["compare", "--target", "5", str(tmp_path / "absent.py")]) == 2
     assert "not found" in capsys.readouterr().err
-    argv = ["compare", "--target", "5", "--routes", "async,torchft", "--out", str(tmp_path)]
+    argv = ["compare", "--target", "5", "--routes", "torchft", "--out", str(tmp_path)]
     assert main([*argv, str(script)]) == 0
     doc = json.loads((tmp_path / "routes.json").read_text())
-    assert doc["routes"] == {}
-    assert "not built on this main" in doc["absent"]["async"]
-    assert "torchft" in doc["absent"]["torchft"]
-    assert "| async | not built on this main" in (tmp_path / "routes.md").read_text()
+    assert doc["routes"] == {} and "torchft" in doc["absent"]["torchft"]
+    assert "| torchft | torchft is not installed" in (tmp_path / "routes.md").read_text()
+
+
+def test_async_is_a_column_with_its_groups_now_that_the_strategy_exists() -> None:
+    args = build_parser().parse_args(["compare", "--target", "5", "x.py"])
+    routes, absent = _routes(args)
+    (route,) = [r for r in routes if r.name == "async"]
+    assert route.launcher_args == ("--replica-groups", "2", "--sync-every", "20")
+    assert "async" not in absent
 
 
 def test_commands_carry_the_trace_the_same_way_to_every_stalwart_route(tmp_path: Path) -> None:

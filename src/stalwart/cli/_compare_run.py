@@ -43,6 +43,7 @@ class Route:
     spares: int = 0
     nproc: str = ""  # --nproc-per-node when not the worker count (elastic's MIN:MAX)
     extra_args: tuple[str, ...] = ()  # script arguments this route needs (elastic's data)
+    launcher_args: tuple[str, ...] = ()  # `stalwart run` flags it needs (async's groups)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def _command(route: Route, st: RunSettings, out: Path, job: str, chaos: str) -> 
     cmd += ["--persist-every", str(st.persist_every)] if route.strategy == "restart" else []
     cmd += ["--spares", str(route.spares)] if route.spares else []
     cmd += ["--chaos", chaos] if chaos else []
+    cmd += list(route.launcher_args)
     return [*cmd, *script]
 
 

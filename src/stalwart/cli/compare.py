@@ -85,6 +85,11 @@ def register(subparsers: Any) -> None:
         help="script arguments of the elastic route: its resharding data and schedule, and "
         "a global batch (2 x 3 x 4 = 24) that every size of W-1:W divides",
     )
+    p.add_argument(
+        "--async-args",
+        default="--replica-groups 2 --sync-every 20",
+        help="`stalwart run` flags of the async route (docs/async.md)",
+    )
     p.add_argument("--json", action="store_true", help="print the document as one JSON line")
     p.set_defaults(func=_cmd_compare)
 
@@ -107,7 +112,8 @@ def _routes(args: argparse.Namespace) -> tuple[list[Route], dict[str, str]]:
     }  # fmt: skip
     absent: dict[str, str] = {}
     try:
-        table["async"] = Route("async", False, str(Strategy("async")))
+        launcher = tuple(shlex.split(args.async_args))
+        table["async"] = Route("async", False, str(Strategy("async")), launcher_args=launcher)
     except ValueError:
         absent["async"] = "not built on this main (--strategy async is not a strategy here)"
     if importlib.util.find_spec("torchft") is None:
