@@ -30,6 +30,7 @@ Replaying the calibrated run in the simulator is :mod:`stalwart.sim.replay`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -319,6 +320,9 @@ def _replay(
     wall_step = (busy + overhead) / nsteps
     train = wins[-1].t1 - wins[0].t0
     startup = wins[0].t0 - g.t_start  # launch to the first step (a first snapshot too)
+    groups, sync_every = _rounds(rep) if run_strategy == "async" else (1, 0)
+    if run_strategy == "async" and sync_every == 0:
+        warnings.append("fewer than two replica synchronisations: the replay cannot price a fault")
     return Replay(
         strategy=run_strategy,
         startup_s=max(startup, 0.0),
@@ -330,4 +334,16 @@ def _replay(
         interval_s=every * wall_step,
         persist_every=persist_every,
         faults=tuple(faults),
+        replica_groups=groups,
+        sync_every=sync_every,
     )
+
+
+def _rounds(rep: RunReport) -> tuple[int, int]:
+    """An async run's replica groups and steps between synchronisations, from its
+    ``replica_sync`` events (members + dropped: every group; the median gap of steps)."""
+    syncs = [e for e in rep.events if e.kind == "replica_sync"]
+    groups = max((len(e["members"]) + len(e["dropped"]) for e in syncs), default=1)
+    steps = sorted({int(e["step"]) for e in syncs})
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps) if b > a)
+    return max(groups, 1), (gaps[len(gaps) // 2] if gaps else 0)

@@ -24,8 +24,10 @@ run's own ETTR and shape, so a simulation of the same configuration can be compa
 ``replay`` is optional: what the simulator needs to replay that run (its length, step time,
 snapshot cadence and the times of its faults; :mod:`stalwart.sim.calibrate`).
 
-Versions: 1 had no ``replay`` and only the five required ``measured`` keys; this reader reads
-both. A newer ``version`` is refused with a message to upgrade stalwart. The writer is
+Versions: 1 had no ``replay`` and only the five required ``measured`` keys; 2 added
+``replay``; 3 added the optional ``replay.replica_groups`` and ``replay.sync_every`` of an
+async run (integers >= 1 and >= 0; absent: 1 and 0). This reader reads all three. A newer
+``version`` is refused with a message to upgrade stalwart. The writer is
 :func:`calibration_to_dict`; ``stalwart calibrate RUN_DIR`` derives a file from a run's event log.
 """
 
@@ -56,7 +58,7 @@ __all__ = [
 ]
 
 CALIBRATION_FORMAT = "stalwart-calibration"
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 _JOB_KEYS = ("snapshot_stall_s", "sync_save_s", "persist_s")
 _RECOVERY_KEYS = tuple(f.name for f in fields(RecoveryCosts))
@@ -114,6 +116,12 @@ class Replay:
     interval_s: float
     persist_every: int = 0
     faults: tuple[ReplayFault, ...] = ()
+    replica_groups: int = 1
+    """``--strategy async``: how many replica groups trained (a fault stops one of them)."""
+    sync_every: int = 0
+    """``--strategy async``: steps between the groups' synchronisations (0: not async, or
+    fewer than two synchronisations logged). A failed group loses the work since its last
+    one and rejoins at the next, so the replay needs both to price a fault."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +177,7 @@ def _measured(where: str, raw: Any) -> MeasuredRun:
     )
 
 
-def _replay(where: str, raw: Any) -> Replay:
+def _replay(where: str, raw: Any, version: int) -> Replay:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: 'replay' must be an object, got {type(raw).__name__}")
     nums = ("startup_s", "train_s", "tail_s", "step_s", "efficiency", "interval_s")
@@ -177,7 +185,8 @@ def _replay(where: str, raw: Any) -> Replay:
     missing = [k for k in need if k not in raw]
     if missing:
         raise ConfigError(f"{where}: 'replay' lacks {', '.join(missing)}; add them or drop it")
-    extra = sorted(set(raw) - set(need))
+    optional = ("replica_groups", "sync_every") if version >= 3 else ()
+    extra = sorted(set(raw) - set(need) - set(optional))
     if extra:
         raise ConfigError(f"{where}: unknown key(s) in 'replay': {', '.join(extra)}")
     if not isinstance(raw["strategy"], str):
@@ -209,6 +218,12 @@ def _replay(where: str, raw: Any) -> Replay:
             raise ConfigError(f"{where}: {at}.step must be null or an integer >= 0, got {step!r}")
         t_s = _number(where, f"{at}.t_s", f["t_s"])
         faults.append(ReplayFault(t_s, f["kind"], f["node"], step))
+    groups, sync = raw.get("replica_groups", 1), raw.get("sync_every", 0)
+    for key, value, low in (("replica_groups", groups, 1), ("sync_every", sync, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
+            raise ConfigError(
+                f"{where}: replay.{key} must be an integer in {low}..1000000, got {value!r}"
+            )
     return Replay(
         raw["strategy"],
         v["startup_s"],
@@ -220,6 +235,8 @@ def _replay(where: str, raw: Any) -> Replay:
         v["interval_s"],
         pe,
         tuple(sorted(faults, key=lambda f: f.t_s)),
+        groups,
+        sync,
     )
 
 
@@ -260,7 +277,7 @@ def parse_calibration(data: Any, where: str = "calibration") -> Calibration:
     measured = _measured(where, data["measured"]) if "measured" in data else None
     if version < 2 and "replay" in data:
         raise ConfigError(f"{where}: 'replay' needs version 2; set \"version\": 2")
-    replay = _replay(where, data["replay"]) if "replay" in data else None
+    replay = _replay(where, data["replay"], version) if "replay" in data else None
     return Calibration(costs=costs, source=dict(source), measured=measured, replay=replay)
 
 
@@ -332,4 +349,6 @@ def calibration_to_dict(calibration: Calibration) -> dict[str, Any]:
                 {"t_s": f.t_s, "kind": f.kind, "node": f.node, "step": f.step} for f in r.faults
             ],
         }
+        if r.replica_groups > 1 or r.sync_every > 0:
+            out["replay"] |= {"replica_groups": r.replica_groups, "sync_every": r.sync_every}
     return out

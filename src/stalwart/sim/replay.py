@@ -138,11 +138,14 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
         # (for the engine) is a persist, and its stall is that of the snapshots between.
         interval = rp.persist_every * rp.step_s
         sync_save = stall * max(rp.persist_every / rp.snapshot_every, 1.0)
+    job = JobConfig(interval_s=interval, snapshot_stall_s=stall, sync_save_s=sync_save)
+    if strategy == "async":
+        nodes, per_node, job = _async_shape(rp, m.gpus if m is not None else 1, job)
     sc = Scenario(
         name="replay",
         cluster=ClusterConfig(nodes=nodes, gpus_per_node=per_node, spare_nodes=len(rp.faults)),
         failures=FailureModel((FailureCause("replayed", 0.0),)),
-        job=JobConfig(interval_s=interval, snapshot_stall_s=stall, sync_save_s=sync_save),
+        job=job,
         costs=zero,
         horizon_s=rp.train_s,
         source=f"replay of {cal.source.get('run_dir', '?')}",
@@ -161,6 +164,17 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
             job=replace(sc.job, sync_save_s=sync_save),
         )
     return sc, _replay_trace(sc, rp, strategy, interval), strategy, interval
+
+
+def _async_shape(rp: Replay, gpus: int, job: JobConfig) -> tuple[int, int, JobConfig]:
+    """An async run as the engine models it: each replica group one simulated node (a
+    fault stops one group: 1/G of the job), the sync interval the run's H steps, and no
+    convergence penalty: the replay prices time, as the run's report measures ETTR; what
+    async costs in quality is the loss gap, measured beside it (docs/routes.md)."""
+    groups = max(rp.replica_groups, 1)
+    sync_s = rp.sync_every * rp.step_s if rp.sync_every > 0 else job.async_sync_interval_s
+    job = replace(job, async_group_nodes=1, async_sync_interval_s=sync_s, async_penalty=0.0)
+    return groups, max(gpus // groups, 1), job
 
 
 def replay(cal: Calibration) -> ReplayResult:
