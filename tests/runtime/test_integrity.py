@@ -181,3 +181,37 @@ def test_a_numeric_flag_from_any_rank_rolls_back_and_skips_that_step() -> None:
     assert integ.begin(7)
     with pytest.raises(NumericalFaultError, match="3 times within"):  # ... a third: verdict
         integ.after_step(7)
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.seen.append((kind, fields))
+
+
+def test_a_passed_check_is_written_with_its_digest_and_a_mismatch_is_not() -> None:
+    """``sdc_check`` for each check every replica passed (what the report counts and what
+    proves a flip harmless); a mismatch writes ``sdc_detected`` instead."""
+    exchange = [7, 7, 0, 0]  # both ranks' digests of the check step, no numeric flags
+    integ, _state, snaps = _integrity(exchange, sdc_every=2)
+    events = _Events()
+    integ.log.events = events  # type: ignore[assignment]
+    for step in (1, 2, 3):
+        assert integ.begin(step)
+        assert integ.after_step(step) is None
+        snaps.take(step)
+        integ.snapshotted(step)
+    assert [(k, f["step"], f["digest"]) for k, f in events.seen] == [("sdc_check", 2, f"{7:016x}")]
+    assert events.seen[0][1]["replicas"] == 2
+    exchange[1] = 8  # rank 1's replica differs at check step 4
+    assert integ.begin(4)
+    integ.after_step(4)
+    snaps.take(4)
+    integ.snapshotted(4)
+    back = integ.after_step(5)
+    assert back is not None and back.step == 2  # the verified snapshot
+    kinds = [k for k, _ in events.seen]
+    assert kinds[1:] == ["sdc_detected", "fault_detected", "restore", "note"]
+    assert "sdc_check" not in kinds[1:]

@@ -1,7 +1,8 @@
 """Silent data corruption end to end: 50 random bit flips in the replicated state of a
-2-worker DDP job under `stalwart run`, each caught by the replica digests, rolled back,
-and the job ends with parameters bit-identical to a fault-free run's; a NaN rolled back
-with its batch skipped."""
+2-worker DDP job under `stalwart run`, each caught by the replica digests and rolled back
+or proved harmless (the next check's digest equals the fault-free run's), and the job
+ends with parameters bit-identical to a fault-free run's; a NaN rolled back with its
+batch skipped."""
 
 from __future__ import annotations
 
@@ -61,22 +62,31 @@ def test_fifty_random_flips_are_all_caught_and_the_run_ends_bit_identical(
     events = events_of(tmp_path / "sdc")
     injected = [f for k, f in events if k == "fault_injected" and f["fault"] == "corrupt"]
     assert len(injected) == FLIPS
-    # the sign of a 0.0 (an unused row's moment) is undone by the next update on every
-    # replica before any check: harmless, and no digest can see it
-    real = [f for f in injected if "no change" not in str(f["spec"])]
     found = [int(str(f["detected_step"])) for k, f in events if k == "sdc_detected"]
     found += [
         int(str(f["step"])) for k, f in events if k == "numeric_fault" and f["action"] == "retry"
     ]
-    # a low mantissa bit of an Adam moment can be absorbed by the rounding of the next
-    # update (0.9 * m + ...): the replicas are bit-identical again before the next check,
-    # nothing is left to find, and the final state above proves it left no trace
-    missed = []
-    for f in real:
+    # every flip is caught within K + 1 steps (the digests, or the NaN check's replay of
+    # a flip that made one replica NaN), or provably harmless: the first check after it
+    # passed with the digest the fault-free run has at that step, so the state was
+    # bit-identical to the fault-free one there (a low mantissa bit of an Adam moment
+    # absorbed by the rounding of the next update, 0.9 * m + ...; the sign of a 0.0)
+    clean = {f["step"]: f["digest"] for k, f in events_of(tmp_path / "ref") if k == "sdc_check"}
+    caught, harmless, unexplained = 0, 0, []
+    for i, (kind, f) in enumerate(events):
+        if kind != "fault_injected" or f["fault"] != "corrupt":
+            continue
         at = int(str(f["spec"]).split("step:")[1].split()[0])
-        if not any(0 <= when - at <= K + 1 for when in found):  # found within K + 1 steps
-            missed.append(f["spec"])
-    assert len(missed) <= 2, missed
+        if any(0 <= when - at <= K + 1 for when in found):
+            caught += 1
+            continue
+        after = [g for k, g in events[i + 1 :] if k == "sdc_check" and int(str(g["step"])) >= at]
+        if after and clean.get(after[0]["step"]) == after[0]["digest"]:
+            harmless += 1
+        else:
+            unexplained.append(f["spec"])
+    assert not unexplained, unexplained
+    assert caught + harmless == FLIPS and caught >= FLIPS - 3, (caught, harmless)
     assert not [f for k, f in events if k == "recovery_end"]  # in place: no re-formation
 
 
@@ -84,7 +94,7 @@ def test_fifty_random_flips_are_all_caught_and_the_run_ends_bit_identical(
 def test_a_nan_is_rolled_back_and_its_batch_skipped(tmp_path: Path) -> None:
     """The final state equals a fault-free run that skipped step 12's batch: the steps
     before it are redone with their own batches (bit for bit, as any rollback)."""
-    checks = ["--sdc-every", "100"]  # the replica checks on (off by default)
+    checks = ["--sdc-every", "100"]  # the replica checks on (the default K, said here)
     chaos = [*checks, "--on-nan", "rollback", "--chaos", "nan rank=1 at=step:12"]
     rolled = _train(tmp_path / "nan", 24, chaos)
     skipped = _train(tmp_path / "skip", 24, checks, ("--skip-steps", "12"))

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from stalwart.agent._cluster import Cluster, ring_successor
 from stalwart.agent._types import NodeContext
-from stalwart.checkpoint.slots import latest_complete, write_replica_marker
+from stalwart.checkpoint.slots import latest_complete, slot_count, write_replica_marker
 from stalwart.transfer import (
     ReceiverConfig,
     ReplicaConfig,
@@ -130,7 +130,7 @@ class NodeReplicas:
         for rank in ranks:
             directory = self.names.replica_dir(rank)
             with contextlib.suppress(Exception):
-                latest = latest_complete(directory, 2)
+                latest = latest_complete(directory, slot_count(directory))
                 if latest is not None:
                     found[rank] = latest[1].step
         if len(found) != len(ranks):

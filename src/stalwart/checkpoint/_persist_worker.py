@@ -170,13 +170,29 @@ def _already_committed(storage: Storage, step: int, rank: int, t0: float) -> dic
     }
 
 
+def _send(doc: dict[str, Any]) -> bool:
+    """Write one line to the parent; False when it is gone (its end of the pipe closed:
+    a worker killed, a job torn down). Nobody waits for the reply then, so the persister
+    exits quietly: a BrokenPipeError traceback in the job's log would read as a fault of
+    its own. stdout is pointed at /dev/null first, or the interpreter's final flush of
+    the unwritten line prints "Exception ignored ... BrokenPipeError" on the way out."""
+    try:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
+
+
 def main() -> int:
     nice = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if nice:
         os.nice(nice)
-    out = sys.stdout
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    out.flush()
+    if not _send({"ready": True, "pid": os.getpid()}):
+        return 0
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -188,8 +204,8 @@ def main() -> int:
         except Exception as err:  # every failure is reported, the worker stays up
             reply = {"ok": False, "kind": type(err).__name__, "error": str(err)}
         reply["id"] = req.get("id")
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+        if not _send(reply):
+            return 0  # the parent died: nothing left to answer
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "open_private",
     "pin_slot",
     "pinned_slots",
+    "slot_count",
     "slot_dir",
     "unpin_slot",
 ]
@@ -261,6 +262,21 @@ def latest_complete(
         if best is None or meta.seq > best[1].seq:
             best = (i, meta)
     return best
+
+
+_SLOT_DATA_RE = re.compile(r"^slot(\d+)\.data$")
+
+
+def slot_count(directory: str) -> int:
+    """How many slots ``directory`` has (its highest ``slot<i>.data`` + 1; 0: none).
+
+    Why read it from the files: the number of slots is the writer's choice (two, double
+    buffered; three for a DDP job with replica digest checks, whose verified snapshot
+    stays pinned: runtime/_integrity.py), and a reader of another process's slots (a
+    peer's, a taken-over replica) does not know it. Reading only the first two misses a
+    step held in the third. Raises FileNotFoundError if the directory is missing."""
+    found = [int(m.group(1)) for n in os.listdir(directory) if (m := _SLOT_DATA_RE.match(n))]
+    return max(found) + 1 if found else 0
 
 
 # -- pins held by other processes ------------------------------------------------------

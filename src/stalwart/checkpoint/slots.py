@@ -48,6 +48,7 @@ from stalwart.checkpoint._shm import (
     open_private,
     pin_slot,
     pinned_slots,
+    slot_count,
     slot_dir,
     unpin_slot,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "pin_slot",
     "pinned_slots",
     "read_replica_marker",
+    "slot_count",
     "slot_dir",
     "unpin_slot",
     "write_replica_marker",

@@ -40,7 +40,8 @@ __all__ = [
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 """Versions this reader reads: 2 added ``probe``, ``preflight``, ``straggler``,
-``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log without them)."""
+``sdc_check``, ``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log
+without them)."""
 EVENTS_FILE = "events.jsonl"
 
 _NUM = (int, float)
@@ -165,6 +166,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "action": _STR,
         "latency_s": _NUM,
     },
+    "sdc_check": {"step": _INT, "digest": _STR, "replicas": _INT},
     "sdc_detected": {
         "step": _INT,
         "detected_step": _INT,
@@ -227,6 +229,7 @@ _REQUIRED: dict[str, set[str]] = {
     "probe": {"probe", "ok", "detail"},
     "preflight": {"member", "ok", "verdict"},
     "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
+    "sdc_check": {"step", "digest"},
     "sdc_detected": {"step", "detected_step", "ranks", "action"},
     "numeric_fault": {"step", "reason", "ranks", "action"},
     "replica_drop": {"group", "cause"},

@@ -16,6 +16,7 @@ from typing import Any
 
 from stalwart.metrics import _plots
 from stalwart.metrics._health import health_html
+from stalwart.metrics._integrity import integrity_html
 from stalwart.metrics._stragglers import straggler_html
 from stalwart.metrics.goodput import BUCKETS
 from stalwart.metrics.report import strategy_text
@@ -75,6 +76,7 @@ def render_html(d: dict[str, Any]) -> str:
         _plot(_plots.rto, d, "RTO per incident"),
         straggler_html(d.get("stragglers", [])),
         health_html(d.get("health", {})),
+        integrity_html(d.get("integrity", {})),
         _rto_and_mtbf(d),
         "<h2>Checkpoints</h2>" + _checkpoints(d["checkpoint"]),
         *_loss(d),

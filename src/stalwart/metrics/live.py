@@ -73,6 +73,10 @@ class LiveSnapshot:
     probe_failures: int = 0  # probe readings that started failing (ok false, not skipped)
     preflight_s: float | None = None  # the latest preflight node check's wall time
     preflight: tuple[tuple[str, int], ...] = ()  # (member, 1 fit / 0 unfit) per node checked
+    sdc_checks: int = 0  # replica digest checks every replica passed (runtime/_integrity.py)
+    sdc_detections: int = 0  # replica digest mismatches
+    numeric_faults: int = 0  # NaN/inf/spiking logged losses (one per step and action)
+    sdc_last_check_step: int | None = None  # the newest step every replica agreed on
 
 
 class LiveFigures:
@@ -102,6 +106,9 @@ class LiveFigures:
         self.stragglers = 0
         self.probe_failures = 0
         self.preflight_s: float | None = None
+        self.sdc_checks = self.sdc_detections = 0
+        self.sdc_last_check_step: int | None = None
+        self._numeric: set[tuple[int, str, int]] = set()  # (step, action, restored_step)
         self._probes: dict[tuple[str, str, str], int] = {}
         self._preflight: dict[str, int] = {}
         self._open_faults: list[float] = []  # fault times awaiting resumption
@@ -220,6 +227,17 @@ class LiveFigures:
         if "seconds" in f:
             self.preflight_s = float(f["seconds"])
 
+    def _on_sdc_check(self, t: float, f: dict[str, Any]) -> None:
+        self.sdc_checks += 1
+        self.sdc_last_check_step = int(f["step"])
+
+    def _on_sdc_detected(self, t: float, f: dict[str, Any]) -> None:
+        self.sdc_detections += 1
+
+    def _on_numeric_fault(self, t: float, f: dict[str, Any]) -> None:
+        # under `report` every rank that saw it writes one: counted once
+        self._numeric.add((int(f["step"]), str(f["action"]), int(f.get("restored_step", -1))))
+
     def snapshot(self, now: float | None = None) -> LiveSnapshot:
         """Figures as of ``now`` (default: the latest event's time; pass ``time.time()``
         for a display that keeps ageing while no event arrives)."""
@@ -259,4 +277,8 @@ class LiveFigures:
             self.probe_failures,
             self.preflight_s,
             tuple(sorted(self._preflight.items())),
+            self.sdc_checks,
+            self.sdc_detections,
+            len(self._numeric),
+            self.sdc_last_check_step,
         )

@@ -68,6 +68,15 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Wall time of the latest preflight node check.", "preflight_s"),
     ("stalwart_preflight_ok", "gauge",
      "The preflight node check's verdict per node: 1 fit, 0 unfit (blocklisted).", "preflight"),
+    ("stalwart_sdc_checks_total", "counter",
+     "DDP replica digest checks that every replica passed.", "sdc_checks"),
+    ("stalwart_sdc_last_check_step", "gauge",
+     "The newest step whose replica digests all agreed.", "sdc_last_check_step"),
+    ("stalwart_sdc_detections_total", "counter",
+     "DDP replica digest mismatches (silent data corruption on a minority).",
+     "sdc_detections"),
+    ("stalwart_numeric_faults_total", "counter",
+     "NaN, inf or spiking logged losses (each step and action once).", "numeric_faults"),
 )  # fmt: skip
 
 

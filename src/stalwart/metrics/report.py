@@ -13,6 +13,7 @@ from typing import Any
 
 from stalwart.errors import StalwartError
 from stalwart.metrics._health import health_lines, health_section
+from stalwart.metrics._integrity import integrity_lines, integrity_section
 from stalwart.metrics._stragglers import straggler_lines, straggler_rows
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
@@ -86,6 +87,7 @@ class RunReport:
             "incidents": [_incident(i, t0) for i in g.incidents],
             "stragglers": straggler_rows(self.events, t0),
             "health": health_section(self.events, t0),
+            "integrity": integrity_section(self.events, t0),
             "failures": len(fails),
             "rto_s": asdict(distribution(rtos)),
             "detection_latency_s": asdict(distribution(lat)),
@@ -274,8 +276,13 @@ def strategy_text(d: dict[str, Any]) -> str:
 
 
 def _detector_lines(d: dict[str, Any]) -> list[str]:
-    """The soft detectors' lines (docs/detection.md): stragglers, then node health."""
-    return straggler_lines(d.get("stragglers", [])) + health_lines(d.get("health", {}))
+    """The soft detectors' lines (docs/detection.md): stragglers, node health, then the
+    integrity checks (replica digests, numerical faults)."""
+    return (
+        straggler_lines(d.get("stragglers", []))
+        + health_lines(d.get("health", {}))
+        + integrity_lines(d.get("integrity", {}))
+    )
 
 
 def format_summary(d: dict[str, Any]) -> str:

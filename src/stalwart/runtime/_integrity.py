@@ -44,6 +44,7 @@ import torch
 
 from stalwart.errors import StalwartError
 from stalwart.runtime._digest import majority_split, replicated_tensors, state_digest, tamper
+from stalwart.runtime._integrity_events import IntegrityEvents
 from stalwart.runtime._spikes import Reading, SpikeWatch
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class Integrity:
         events: EventLog | None,
     ) -> None:
         self.env, self.tracked, self.group, self.position = env, tracked, group, position
-        self.events = events
+        self.log = IntegrityEvents(events, position, env.node_rank)
         self.every = env.sdc_every
         self.evicts = env.on_sdc == "evict"
         self.sdc_rolls_back = env.on_sdc != "report"
@@ -216,6 +217,7 @@ class Integrity:
         majority, suspects = majority_split(digests)
         if not suspects:
             self._verify(checked)
+            self.log.passed(checked, digests[0])
             return None
         verified = self._verified[0] if self._verified is not None else -1
         target = None
@@ -225,7 +227,14 @@ class Integrity:
                 return None  # the exchange failed: the next step fails and recovers
             target = common[-1] if common else None
         mine = self.position.rank in suspects
-        self._report_sdc(checked, step, digests, suspects, target, mine)
+        if not self.sdc_rolls_back:
+            action = "report"
+        elif target is None:
+            action = "report: no verified snapshot yet"
+        else:
+            action = "rollback + evict" if self.evicts else "rollback"
+        since = self._injected_t if self._injected_t is not None else self._verified_t
+        self.log.sdc(checked, step, digests, suspects, target, action, since)
         if target is None:
             return None
         self._restore(target, f"sdc: replica digests differ at step {checked}")
@@ -248,54 +257,10 @@ class Integrity:
             self.tracked.snapshots.unpin(self._verified[1])
             self._verified = None
 
-    def _report_sdc(
-        self,
-        checked: int,
-        step: int,
-        digests: list[int],
-        suspects: list[int],
-        target: int | None,
-        mine: bool,
-    ) -> None:
-        events = self.events
-        if events is None:
-            return
-        if not self.sdc_rolls_back:
-            action = "report"
-        elif target is None:
-            action = "report: no verified snapshot yet"
-        else:
-            action = "rollback + evict" if self.evicts else "rollback"
-        if self.position.rank == 0:
-            events.emit(
-                "sdc_detected",
-                step=checked,
-                detected_step=step,
-                ranks=suspects,
-                digests=[f"{d & ((1 << 64) - 1):016x}" for d in digests],
-                verified_step=-1 if target is None else target,
-                action=action,
-            )
-        if mine:
-            since = self._injected_t if self._injected_t is not None else self._verified_t
-            events.emit(
-                "fault_detected",
-                fault="sdc",
-                domain={"rank": self.position.rank, "node": self.env.node_rank},
-                latency_s=max(0.0, time.time() - since),
-                how=f"replica digest of step {checked} differs from the majority's",
-            )
-
     def evict(self) -> None:
         """This rank is the corrupt minority and the policy is ``evict``: leave as a
         crash does, so that the strategy replaces it from the verified step."""
-        if self.events is not None:
-            self.events.emit(
-                "isolation",
-                member=f"rank{self.position.rank}",
-                reason="silent data corruption: its replica digest differed from the majority's",
-                blocklisted=False,
-            )
+        self.log.evicted()
         os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------ numerical faults
@@ -343,16 +308,13 @@ class Integrity:
     def _report_numeric(
         self, step: int, now: _Numeric, ranks: list[int], reading: Reading, action: str, to: int
     ) -> None:
-        if self.events is None or (action != "report" and self.position.rank != 0):
-            return
         value = now.value if now.value is not None and reading == Reading.SPIKE else None
         extra: dict[str, Any] = {} if value is None else {"value": value, "z": self.watch.last_z}
-        self.events.emit(
-            "numeric_fault",
-            step=step,
-            reason=reading.name.lower(),
-            ranks=ranks,
-            action=action,
+        self.log.numeric(
+            step,
+            reading.name.lower(),
+            ranks,
+            action,
             restored_step=to,
             skipped_step=step if action == "rollback" else -1,
             data_position={"step": step, **{k: list(v) for k, v in now.positions.items()}},
@@ -384,11 +346,7 @@ class Integrity:
         snaps.restore(self.tracked.state, step=target)
         snaps.discard_newer(target)
         self._check = None
-        if self.events is not None and self.position.rank == 0:
-            self.events.emit(
-                "restore", step=target, tier="memory", seconds=time.perf_counter() - t0
-            )
-            self.events.emit("note", message=f"integrity rollback to step {target} ({why})")
+        self.log.restored(target, time.perf_counter() - t0, why)
 
     def inject(self, fault: Fault, step: int) -> str:
         """Chaos ``corrupt`` / ``nan`` on this rank's live state, once the snapshot in

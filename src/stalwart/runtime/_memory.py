@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from stalwart.checkpoint.slots import SlotNames, read_replica_marker
-from stalwart.checkpoint.snapshot import Snapshotter
+from stalwart.checkpoint.slots import SlotNames, read_replica_marker, slot_count
+from stalwart.checkpoint.snapshot import SnapshotConfig, Snapshotter
 
 if TYPE_CHECKING:
     from stalwart.checkpoint.storage import Storage
@@ -18,6 +18,7 @@ __all__ = [
     "memory_steps",
     "peer_name",
     "peer_slots",
+    "read_slots",
     "restore_memory_step",
     "taken_from_replica",
 ]
@@ -69,9 +70,19 @@ def peer_name(target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]) -> 
 def peer_slots(
     names: SlotNames, target: int, holders: Iterable[tuple[int, Mapping[str, Any]]]
 ) -> Snapshotter | None:
-    """The slots of :func:`peer_name`'s member, if any."""
-    from stalwart.checkpoint import SnapshotConfig
-
+    """The slots of :func:`peer_name`'s member, if any (as many as it keeps)."""
     name = peer_name(target, holders)
-    # 3: a job with digest checks keeps a third slot (runtime/_integrity.py)
-    return None if name is None else Snapshotter(SnapshotConfig(names.rank(name), slots=3))
+    return None if name is None else read_slots(names, name)
+
+
+def read_slots(names: SlotNames, rank: int) -> Snapshotter:
+    """Another process's slots (``rank``'s, on this host), opened to read them: with as
+    many slots as its directory holds, not a count assumed here. A DDP job with replica
+    digest checks keeps three (the verified snapshot stays pinned, runtime/_integrity.py);
+    a reader of two missed a step held in the third, and a node loss's adopted ranks
+    then found "no complete snapshot of step N" in a survivor's slots."""
+    try:
+        count = slot_count(names.rank_dir(rank))
+    except FileNotFoundError:
+        count = 0
+    return Snapshotter(SnapshotConfig(names.rank(rank), slots=max(2, count), shm_dir=names.shm_dir))

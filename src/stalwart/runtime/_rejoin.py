@@ -22,6 +22,7 @@ from stalwart.runtime._memory import (
     holds_replica,
     memory_steps,
     peer_name,
+    read_slots,
     restore_memory_step,
     taken_from_replica,
 )
@@ -184,14 +185,12 @@ def memory_source(
 ) -> Snapshotter:
     """Our own slots if they hold the agreed step, else the lowest-ranked peer on this
     host that does (the peer tier; across hosts, a buddy's replica or disk)."""
-    from stalwart.checkpoint import SnapshotConfig, Snapshotter
-
     if agreement.target in memory_steps(own):
         return own
     peer = peer_rank(agreement, rank)
     if peer is None:
         raise RuntimeError(f"no snapshot of step {agreement.target} reachable from rank {rank}")
-    return Snapshotter(SnapshotConfig(names.rank(peer)))
+    return read_slots(names, peer)
 
 
 def peer_rank(agreement: Agreement, rank: int) -> int | None:

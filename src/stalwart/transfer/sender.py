@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from stalwart.checkpoint.slots import (
     SlotMeta,
     latest_complete,
     pin_slot,
+    slot_count,
     unpin_slot,
 )
 from stalwart.transfer import _wire
@@ -46,8 +46,6 @@ from stalwart.transfer.errors import (
 )
 
 __all__ = ["SendConfig", "SendResult", "complete_steps", "newest_of", "send_slot"]
-
-_SLOT_RE = re.compile(r"^slot(\d+)\.data$")
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,9 @@ class SendResult:
 
 def _slot_count(directory: str) -> int:
     try:
-        names = os.listdir(directory)
+        return slot_count(directory)
     except FileNotFoundError:
         raise TransferError(f"no snapshot slots in {directory}; nothing to send") from None
-    found = [int(m.group(1)) for n in names if (m := _SLOT_RE.match(n))]
-    return max(found) + 1 if found else 0
 
 
 class _Source:
