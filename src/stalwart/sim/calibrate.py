@@ -45,7 +45,7 @@ from stalwart.metrics.intervals import measure, union
 from stalwart.metrics.report import RunReport, load_run
 from stalwart.sim.calibration import COST_KEYS, Calibration, MeasuredRun, Replay, ReplayFault
 from stalwart.sim.replay import ReplayResult, replay, replay_scenario
-from stalwart.sim.strategies import STRATEGIES
+from stalwart.sim.strategies import STRATEGIES, TRAITS
 
 # the replay API lived here first: ``stalwart.sim.calibrate.replay`` keeps working
 __all__ = [
@@ -320,8 +320,9 @@ def _replay(
     wall_step = (busy + overhead) / nsteps
     train = wins[-1].t1 - wins[0].t0
     startup = wins[0].t0 - g.t_start  # launch to the first step (a first snapshot too)
-    groups, sync_every = _rounds(rep) if run_strategy == "async" else (1, 0)
-    if run_strategy == "async" and sync_every == 0:
+    grouped = run_strategy in TRAITS and not TRAITS[run_strategy].pauses_job  # async
+    groups, sync_every = _rounds(rep) if grouped else (1, 0)
+    if grouped and sync_every == 0:
         warnings.append("fewer than two replica synchronisations: the replay cannot price a fault")
     return Replay(
         strategy=run_strategy,

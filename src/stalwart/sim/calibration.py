@@ -218,12 +218,7 @@ def _replay(where: str, raw: Any, version: int) -> Replay:
             raise ConfigError(f"{where}: {at}.step must be null or an integer >= 0, got {step!r}")
         t_s = _number(where, f"{at}.t_s", f["t_s"])
         faults.append(ReplayFault(t_s, f["kind"], f["node"], step))
-    groups, sync = raw.get("replica_groups", 1), raw.get("sync_every", 0)
-    for key, value, low in (("replica_groups", groups, 1), ("sync_every", sync, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
-            raise ConfigError(
-                f"{where}: replay.{key} must be an integer in {low}..1000000, got {value!r}"
-            )
+    groups, sync = _async_fields(where, raw)
     return Replay(
         raw["strategy"],
         v["startup_s"],
@@ -238,6 +233,17 @@ def _replay(where: str, raw: Any, version: int) -> Replay:
         groups,
         sync,
     )
+
+
+def _async_fields(where: str, raw: dict[str, Any]) -> tuple[int, int]:
+    """``replay.replica_groups`` and ``replay.sync_every`` (version 3; absent: 1 and 0)."""
+    groups, sync = raw.get("replica_groups", 1), raw.get("sync_every", 0)
+    for key, value, low in (("replica_groups", groups, 1), ("sync_every", sync, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**6:
+            raise ConfigError(
+                f"{where}: replay.{key} must be an integer in {low}..1000000, got {value!r}"
+            )
+    return groups, sync
 
 
 def parse_calibration(data: Any, where: str = "calibration") -> Calibration:

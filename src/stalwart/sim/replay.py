@@ -139,7 +139,7 @@ def replay_scenario(cal: Calibration) -> tuple[Scenario, FailureTrace, Strategy,
         interval = rp.persist_every * rp.step_s
         sync_save = stall * max(rp.persist_every / rp.snapshot_every, 1.0)
     job = JobConfig(interval_s=interval, snapshot_stall_s=stall, sync_save_s=sync_save)
-    if strategy == "async":
+    if not TRAITS[strategy].pauses_job:  # async: replica groups, a fault stops one
         nodes, per_node, job = _async_shape(rp, m.gpus if m is not None else 1, job)
     sc = Scenario(
         name="replay",
