@@ -64,6 +64,9 @@ DEPENDENCY_INTERNALS = frozenset(
         # transformers.Trainer runs its loop in _inner_training_loop; train() refuses a
         # resume folder without model weights, and stalwart restored the weights in place
         "integrations/_hf_trainer.py: trainer._inner_training_loop",
+        # Lightning opens the train iterator only at an epoch's start; a rollback to a
+        # step inside an epoch reopens it (the fit loop's fetcher) at that step
+        "integrations/_pl_loop.py: loop._data_fetcher",
     }
 )
 

@@ -1,0 +1,136 @@
+"""stalwart for a Lightning ``Trainer`` (``lightning.pytorch``): a callback, two added lines::
+
+    from stalwart.integrations.lightning import StalwartCallback
+    trainer = L.Trainer(strategy="ddp", max_steps=..., callbacks=[StalwartCallback()])
+    trainer.fit(model, datamodule=dm)              # recovers in place under `stalwart run`
+
+Building the callback calls ``stalwart.init()``: the job's process group exists before
+``fit`` sets up DDP, and Lightning's DDP strategy reuses it (it finds
+``torch.distributed`` initialised and the torchrun variables `stalwart run` sets).
+
+What it does, hook by hook:
+
+- ``setup``: installs the hooks of integrations/_pl_loop.py on this Trainer (the fit
+  loop re-entered after a rollback, the train DataLoader opened at a step) and adds
+  :class:`StalwartLogger` to the Trainer's loggers.
+- ``on_train_start``: tracks the DDP model, the optimizers, the LR schedulers and the fit
+  loop's counters (the process RNGs are tracked by the session), then joins the job: a
+  replacement worker resumes here from the newest snapshot, with no ``ckpt_path``.
+- ``on_train_batch_start``: the stalwart step boundary (integrations/_steps.py): the
+  previous step commits and snapshots; a failed one is recovered, and the fit loop is
+  re-entered at the restored step. ``global_step`` is stalwart's step count.
+- ``on_validation_start`` / ``on_save_checkpoint``: ``sess.pause("eval")`` /
+  ``("save")`` until the next step begins: a validation of any length is work.
+- :class:`StalwartLogger`: what ``self.log`` logs (``loss``, ``val_loss``, ...) goes to
+  ``sess.log`` at Lightning's ``log_every_n_steps``.
+- ``on_train_end``: the last step's commit and the job's finish barrier.
+
+docs/integrations.md says what is and is not covered.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
+
+from stalwart.errors import ConfigError
+from stalwart.integrations._pl_loop import LoopState, install
+from stalwart.integrations._steps import StepDriver
+
+if TYPE_CHECKING:
+    from stalwart.runtime import Session
+
+__all__ = ["StalwartCallback", "StalwartLogger"]
+
+
+class StalwartLogger(Logger):
+    """A Lightning logger whose metrics go to ``sess.log``: the report's loss curve and
+    the NaN/spike detection see what the module logs with ``self.log``."""
+
+    def __init__(self, driver: StepDriver) -> None:
+        super().__init__()
+        self._driver = driver
+
+    @property
+    def name(self) -> str:
+        return "stalwart"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        values = {
+            k: float(v.item() if isinstance(v, torch.Tensor) else v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float | torch.Tensor) and not isinstance(v, bool)
+        }
+        if values and self._driver.started and not self._driver.finished:
+            self._driver.session.log(**values)
+
+
+class StalwartCallback(Callback):
+    """Flash/spare recovery for a Lightning ``Trainer`` under `stalwart run`."""
+
+    def __init__(self, session: Session | None = None) -> None:
+        if session is None:
+            import stalwart
+
+            session = stalwart.init()
+        self.session = session
+        self._driver = StepDriver(session)
+        self._trainer: Trainer | None = None
+        self._state: LoopState | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._trainer is trainer:
+            return
+        if self._trainer is not None:
+            raise ConfigError(
+                "one StalwartCallback serves one Trainer: build a second Trainer with its "
+                "own callback only after the first one's fit() returned"
+            )
+        if trainer.accumulate_grad_batches != 1:
+            raise ConfigError(
+                "StalwartCallback counts a step per batch: accumulate_grad_batches="
+                f"{trainer.accumulate_grad_batches} is not supported; use a larger batch"
+            )
+        self._trainer = trainer
+        self._state = LoopState(trainer)
+        install(trainer, self._driver, self._state)
+        trainer.loggers = [*trainer.loggers, StalwartLogger(self._driver)]
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._driver.started:
+            state: dict[str, Any] = {"model": trainer.strategy.model, "fit_loop": self._state}
+            for i, opt in enumerate(trainer.optimizers):
+                state["optimizer" if i == 0 else f"optimizer_{i}"] = opt
+            for i, config in enumerate(trainer.lr_scheduler_configs):
+                state["lr_scheduler" if i == 0 else f"lr_scheduler_{i}"] = config.scheduler
+            self.session.track(**state)
+            self._driver.start(int(trainer.estimated_stepping_batches))
+        self._driver.train_begin(trainer.global_step)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._driver.begin(trainer.global_step)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._driver.started and not self._driver.finished:
+            self._driver.pause("eval")
+
+    def on_save_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._driver.started and not self._driver.finished:
+            self._driver.pause("save")
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._driver.finish(trainer.global_step)
