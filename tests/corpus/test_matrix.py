@@ -44,6 +44,7 @@ NANO_EPOCH += ["--dropout", "0"]
 HF = ["--max_steps", "16", "--eval_steps", "6"]
 HFT = ["--max_steps", "16", "--eval_steps", "6"]  # hf_trainer.py: transformers.Trainer
 ACC = ["--max_steps", "16", "--eval_steps", "6"]  # accelerate_loop.py
+PL = ["--max_steps", "16", "--val_every", "6"]  # lightning_trainer.py: a Lightning Trainer
 # a worker of these imports transformers (and Accelerate): about 40 s on this machine
 # quiet, over 100 s under the load of a shared run, before its first step
 SLOW_IMPORT = 300.0
@@ -72,6 +73,8 @@ REFS = {
     "hf_trainer@torchrun": Ref("hf_trainer.py", (*HFT, "--plain"), torchrun=True),
     "accelerate": Ref("accelerate_loop.py", tuple(ACC), timeout=SLOW_IMPORT),
     "accelerate@torchrun": Ref("accelerate_loop.py", (*ACC, "--plain"), torchrun=True),
+    "lightning": Ref("lightning_trainer.py", tuple(PL), timeout=SLOW_IMPORT),
+    "lightning@torchrun": Ref("lightning_trainer.py", (*PL, "--plain"), torchrun=True),
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
@@ -139,6 +142,14 @@ CELLS = [
     Cell("accelerate", "flash", "long eval", "identical, no kill", args="--eval_pause 3",
          slow=True, timeout=SLOW_IMPORT),
     Cell("accelerate", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
+         slow=True, timeout=SLOW_IMPORT),
+    # (2d) a Lightning Trainer with stalwart's callback (integrations/lightning.py)
+    Cell("lightning", "flash", "none", "agree"),
+    Cell("lightning", "flash", "kill", "identical", K1, timeout=SLOW_IMPORT),
+    Cell("lightning", "flash", "hang", "identical", H0, timeout=SLOW_IMPORT),
+    Cell("lightning", "flash", "long eval", "identical, no kill", args="--eval_pause 3",
+         slow=True, timeout=SLOW_IMPORT),
+    Cell("lightning", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
@@ -219,6 +230,7 @@ def _flags(cell: Cell) -> list[str]:
 EXTRAS = {
     "hf_trainer.py": ("accelerate", "pip install -e '.[hf]' (transformers.Trainer)"),
     "accelerate_loop.py": ("accelerate", "pip install -e '.[hf]'"),
+    "lightning_trainer.py": ("lightning", "pip install -e '.[lightning]'"),
 }
 
 
@@ -355,6 +367,7 @@ def test_the_matrix_covers_every_script_strategy_and_fault() -> None:
         "hf_gpt2.py",
         "hf_trainer.py",
         "accelerate_loop.py",
+        "lightning_trainer.py",
         "titan_fsdp.py",
         "buggy.py",
         "plain_ddp.py",

@@ -1,12 +1,17 @@
-"""stalwart for a Lightning ``Trainer`` (``lightning.pytorch``): a callback, two added lines::
+"""stalwart for a Lightning ``Trainer`` (``lightning.pytorch``): a strategy, two added lines::
 
-    from stalwart.integrations.lightning import StalwartCallback
-    trainer = L.Trainer(strategy="ddp", max_steps=..., callbacks=[StalwartCallback()])
+    from stalwart.integrations.lightning import StalwartStrategy
+    trainer = L.Trainer(strategy=StalwartStrategy(), max_steps=..., callbacks=[...])
     trainer.fit(model, datamodule=dm)              # recovers in place under `stalwart run`
 
-Building the callback calls ``stalwart.init()``: the job's process group exists before
-``fit`` sets up DDP, and Lightning's DDP strategy reuses it (it finds
-``torch.distributed`` initialised and the torchrun variables `stalwart run` sets).
+:class:`StalwartStrategy` is Lightning's ``DDPStrategy`` over the job's process group:
+building it calls ``stalwart.init()``, so the group exists before ``fit`` sets up DDP and
+Lightning reuses it (it finds ``torch.distributed`` initialised and the torchrun
+variables `stalwart run` sets). It adds :class:`StalwartCallback` to the Trainer (or
+uses the one in ``callbacks=``). Its one change to DDP: the barriers, broadcasts and
+reductions Lightning runs while it sets up, before the first step, are answered locally
+(as if every rank held this one's value): the job's members connect at the first step
+(a replacement worker is alone before it), and they start equal.
 
 What it does, hook by hook:
 
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import DDPStrategy
 
 from stalwart.errors import ConfigError
 from stalwart.integrations._pl_loop import LoopState, install
@@ -43,7 +49,7 @@ from stalwart.integrations._steps import StepDriver
 if TYPE_CHECKING:
     from stalwart.runtime import Session
 
-__all__ = ["StalwartCallback", "StalwartLogger"]
+__all__ = ["StalwartCallback", "StalwartLogger", "StalwartStrategy"]
 
 
 class StalwartLogger(Logger):
@@ -87,6 +93,11 @@ class StalwartCallback(Callback):
         self._driver = StepDriver(session)
         self._trainer: Trainer | None = None
         self._state: LoopState | None = None
+
+    @property
+    def formed(self) -> bool:
+        """The job's group formed: the first step began (``sess.steps()``)."""
+        return self._driver.started
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self._trainer is trainer:
@@ -134,3 +145,45 @@ class StalwartCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._driver.finish(trainer.global_step)
+
+
+class StalwartStrategy(DDPStrategy):
+    """Lightning's DDP over the job's process group, with :class:`StalwartCallback`."""
+
+    def __init__(self, session: Session | None = None, **ddp_kwargs: Any) -> None:
+        super().__init__(**ddp_kwargs)
+        self._callback = StalwartCallback(session)
+
+    @property
+    def session(self) -> Session:
+        return self._callback.session
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None:
+            return
+        # set by the Trainer's callback connector: public, untyped
+        callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+        mine = [c for c in callbacks if isinstance(c, StalwartCallback)]
+        if not mine:
+            callbacks.append(self._callback)
+        elif mine[0] is not self._callback:
+            self._callback = mine[0]  # the user's, given in callbacks=
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if self._callback.formed:
+            super().barrier(*args, **kwargs)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return super().broadcast(obj, src) if self._callback.formed else obj
+
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        """A mean is a sum divided here: Lightning asks the group's backend whether it
+        averages (gloo does not), and stalwart's group names its own backend, so
+        Lightning would ask it for an average of an integer tensor (a batch size)."""
+        if not self._callback.formed:
+            return tensor
+        if isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg"):
+            return super().reduce(tensor, group, "sum") / self.world_size
+        return super().reduce(tensor, group, reduce_op)
