@@ -22,7 +22,7 @@ import lightning.pytorch as L
 
 from stalwart.errors import ConfigError
 from stalwart.integrations._pl_loop import StepLoader
-from stalwart.integrations.lightning import StalwartCallback
+from stalwart.integrations.lightning import StalwartCallback, StalwartStrategy
 
 from ._fake import FakeSession
 
@@ -166,3 +166,13 @@ def test_a_shuffling_random_sampler_is_refused_with_the_fix() -> None:
     ds = torch.utils.data.TensorDataset(torch.zeros(8, 4))
     with pytest.raises(ConfigError, match="strategy='ddp'"):
         StepLoader(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True))
+
+
+def test_the_strategy_answers_set_up_collectives_locally_before_the_first_step() -> None:
+    """Lightning's set-up barriers, broadcasts and reductions run before the job's group
+    forms (at the first step): answered as if every rank held this one's value."""
+    strategy = StalwartStrategy(session=FakeSession())  # type: ignore[arg-type]
+    strategy.barrier("setup")  # no group: would raise if it reached torch.distributed
+    assert strategy.broadcast({"log_dir": "x"}) == {"log_dir": "x"}
+    t = torch.tensor([3])
+    assert strategy.reduce(t) is t
