@@ -59,11 +59,14 @@ class Net(L.LightningModule):
     def __init__(self, lr: float, max_steps: int, eval_pause: float) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.bug = 0  # the step at which this rank raises (--bug_step on --bug_rank)
         self.net = torch.nn.Sequential(
             torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
         )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.bug == self.global_step + 1:  # a deterministic bug, inside the step
+            raise ValueError("corpus-bug: label 7 out of range in shard file 3")
         x, y, _ = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss)
@@ -86,12 +89,8 @@ class Net(L.LightningModule):
 class Record(L.Callback):
     """The trace of examples/corpus/_record.py: one line per attempt of a step."""
 
-    def __init__(self, rec: Recorder, stalwart: Any, bug: tuple[int, int]) -> None:
-        self.rec, self.stalwart, self.bug = rec, stalwart, bug
-
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, i: int) -> None:
-        if self.bug == (self.rec.member, trainer.global_step + 1):  # a deterministic bug
-            raise ValueError("corpus-bug: label 7 out of range in shard file 3")
+    def __init__(self, rec: Recorder, stalwart: Any) -> None:
+        self.rec, self.stalwart = rec, stalwart
 
     def on_train_batch_end(self, trainer: Any, module: Any, out: Any, batch: Any, i: int) -> None:
         gen, rank, world = 0, trainer.global_rank, trainer.world_size
@@ -133,12 +132,12 @@ def main() -> None:
     if not a.plain:
         member = strategy.session.env.rank
     rec = Recorder(a.out, member)
-    callbacks: list[L.Callback] = [
-        Record(rec, strategy if not a.plain else None, (a.bug_rank, a.bug_step))
-    ]
+    callbacks: list[L.Callback] = [Record(rec, strategy if not a.plain else None)]
 
     L.seed_everything(42, verbose=False)
     model = Net(a.lr, a.max_steps, a.eval_pause)
+    if member == a.bug_rank:
+        model.bug = a.bug_step
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
