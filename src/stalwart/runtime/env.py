@@ -176,10 +176,9 @@ class WorkerEnv:
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
     (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
-    sdc_every: int = _c(100, low=0, flag="--sdc-every")
+    sdc_every: int = _c(0, low=0, flag="--sdc-every")
     """Steps between comparisons of the DDP replicas' state digests (0: off): replicas
-    must be bit-identical, so a mismatch is silent data corruption on a minority. On at
-    100: measured at 1.003 and 0.964 of the step time with it off (docs/detection.md)."""
+    must be bit-identical, so a mismatch is silent data corruption on a minority."""
     on_sdc: str = _c("rollback", flag="--on-sdc", choices=SDC_POLICIES)
     """A digest mismatch: roll back to the newest snapshot every replica agreed on
     (``rollback``), and also evict the minority rank (``evict``), or only report it."""
