@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	# torch is pinned here (not in pyproject): 2.13.0 is the CPU build on this machine's disk;
 	# an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# the integrations' frameworks too (extras of the package, not of its core install):
+	# mypy checks stalwart.integrations against them and their tests run
+	$(PY) -m pip install -q -e '.[test,hf,lightning]'
 	touch $(STAMP)
 
 setup: $(STAMP)
