@@ -207,6 +207,17 @@ def test_idle_counts_from_the_last_step_or_recovery() -> None:
     assert find_hang(slots, NOW, CFG, act, since=NOW - 10) is None
 
 
+def test_a_peer_that_just_left_its_pause_clears_the_rank_that_waited_for_it() -> None:
+    """Seen under load: rank 0 leaves a declared 60 s pause (its slot says ``step`` again,
+    progress now), rank 1 waited through it outside a collective. Rank 1 was not stuck
+    while the job's progress waited on rank 0: it is idle only from the pause's end."""
+    slots = {0: slot("step", NOW - 0.01), 1: slot("step", NOW - 61)}
+    act = {0: idle(NOW - 61), 1: idle(NOW - 61)}
+    assert find_hang(slots, NOW, CFG, act) is None
+    verdict = find_hang(slots, NOW + 61, CFG, act)  # nobody moved since: rank 1 is stuck
+    assert verdict is not None and verdict.ranks == [0, 1]
+
+
 def test_a_stopped_process_before_its_first_step_is_a_hang() -> None:
     # a plain script SIGSTOPped in init_process_group: no step written, still certain
     starting = Slot(7, 0, "starting", 0, NOW - 30, 0.0, 0.0, False, False)

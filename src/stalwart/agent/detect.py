@@ -10,7 +10,8 @@ A hang is *no progress*, not a long step. A worker is one of:
 - **paused**: inside ``with sess.pause(...)`` (declared non-step work). Never blamed
   unless stopped; its peers are not blamed for waiting.
 - **idle**: no CPU progress (sleeping, blocked in I/O, waiting in a collective). Idle
-  workers are blamed only when nobody is busy or paused and they stayed idle for
+  workers are blamed only when nobody is busy or paused and they stayed idle, with no
+  rank's progress either (a step done, a declared pause ended), for
   ``max(idle_s, k x p99)``: first the ones outside a collective; when every worker
   waits and the agent sees the whole job (one node), all of them (a deadlock); when
   the peers they wait for may be on another node, only after the ceiling.
@@ -231,7 +232,10 @@ def _no_progress(
         if s.phase == "paused" or j.now - activity[r].t_busy < config.window_s:
             return None  # someone computes: the others wait for it
     limit = min(max(config.idle_s, config.k * j.p99), max(config.idle_s, config.ceiling_s))
-    idle = {r: j.now - max(j.since, activity[r].t_busy, s.t_progress) for r, s in active.items()}
+    # idle since the job last moved: a peer's progress (a step done, a declared pause
+    # just ended) means whoever waited for it was not stuck until then
+    moved = max(j.since, *(s.t_progress for s in active.values()))
+    idle = {r: j.now - max(moved, activity[r].t_busy) for r in active}
     stuck = sorted(r for r, d in idle.items() if d > limit)
     outside = [r for r in stuck if active[r].attached and active[r].phase == "step"]
     if outside:
