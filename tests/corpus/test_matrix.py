@@ -326,7 +326,10 @@ def _resized(cell: Cell, out: Outcome, refs: References) -> None:
     resizes = [(f["from_world_size"], f["world_size"]) for f in out.kinds("resize")]
     assert resizes == [(2, 1), (1, 2)], resizes
     worlds = [int(str(recs[0]["world"])) for recs in out.trace.values()]
-    assert worlds[-1] == 2 and 1 in worlds, f"did not shrink and grow: {worlds}"
+    # the resize events prove the shrink and the grow; whether a step's LAST attempt ran
+    # at 1 worker depends on what was committed before the grow's restart (under load
+    # every 1-worker step can be redone at 2), so only the end is asserted here
+    assert worlds[-1] == 2, f"did not grow back: {worlds}"
     fixed = ref.losses()
     for step, recs in out.trace.items():
         assert len(recs) == int(str(recs[0]["world"])), f"step {step}: a rank missing"
