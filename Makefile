@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	# the integrations' frameworks too (extras of the package, not of its core install):
 	# mypy checks stalwart.integrations against them and their tests run
-	$(PY) -m pip install -q -e '.[test,hf,lightning]'
+	$(PY) -m pip install -q -e '.[test,hf,lightning,bench]'
 	touch $(STAMP)
 
 setup: $(STAMP)

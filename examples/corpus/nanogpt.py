@@ -19,6 +19,18 @@ same script as a plain torchrun DDP script (``torchrun --nproc-per-node 2 nanogp
 --plain``). ``--data epoch --schedule cosine`` is the variant for ``--strategy elastic``:
 the samples come from ``stalwart.data.loader`` (re-partitioned on a resize, each sample
 once per epoch) with a constant global batch, and the LR from a tracked ``LambdaLR``.
+``--torchft`` is the same script ported to torchft the way its README's train_ddp.py does
+it (one replica group of one worker per ``REPLICA_GROUP_ID``, each under its own
+``torchrun --max-restarts``, a lighthouse at ``TORCHFT_LIGHTHOUSE``): a ``Manager`` whose
+``state_dict``/``load_state_dict`` heal a restarted group from a live one, torchft's
+Optimizer wrapper (``zero_grad`` at the top of the loop starts the quorum, ``step``
+commits only if every participant's allreduce succeeded), the gradients averaged by one
+``manager.allreduce`` of them flattened after the accumulation, and the loop driven by
+``manager.current_step()``; stalwart's ``compare`` runs it as its torchft route. Not
+torchft's DDP wrapper: in torchft 0.2.0 its comm hook fails an assertion (``assert
+fut._fut``) when the manager errored before the allreduce, so every survivor of a peer's
+death crashed, and with no live group left to heal from the job began again at step 1;
+the Manager's own allreduce turns into a no-op after an error, as documented.
 ``--eval_pause S`` keeps rank 0 busy in the eval for at least S more seconds (forward
 passes on a fixed batch: CPU time, no RNG), the long eval of a real run.
 """
@@ -29,6 +41,8 @@ import argparse
 import math
 import os
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -147,6 +161,7 @@ class Windows(torch.utils.data.Dataset[tuple[int, torch.Tensor, torch.Tensor]]):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--plain", action="store_true", help="a plain torchrun script: no stalwart")
+    p.add_argument("--torchft", action="store_true", help="torchft's port: no stalwart")
     p.add_argument("--out", required=True, help="folder for the trace and final digests")
     p.add_argument("--max_iters", type=int, default=20)
     p.add_argument("--eval_interval", type=int, default=8)
@@ -171,11 +186,13 @@ def main() -> None:
     p.add_argument("--init_from", choices=["scratch", "resume"], default="scratch")
     p.add_argument("--always_save_checkpoint", action="store_true")
     a = p.parse_args()
-    if a.plain and a.data == "epoch":
+    if (a.plain or a.torchft) and a.data == "epoch":
         p.error("--data epoch uses stalwart.data.loader; it needs stalwart (drop --plain)")
 
     sess = None
-    if a.plain:
+    if a.torchft:  # a replica group of one worker each: torchft's own world
+        rank, world = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    elif a.plain:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
@@ -196,9 +213,34 @@ def main() -> None:
         return x, y, ix.tolist()
 
     model = GPT(a.vocab_size, a.block_size, a.n_layer, a.n_head, a.n_embd, a.dropout)
-    model = DDP(model)
-    raw_model = model.module
-    optimizer = raw_model.configure_optimizers(a.weight_decay, a.learning_rate)
+    manager = None
+    if a.torchft:
+        from torchft import Manager, ProcessGroupGloo
+        from torchft import Optimizer as FTOptimizer
+
+        raw_model = model
+
+        def load_state_dict(sd: dict[str, object]) -> None:  # a healing group, from a peer
+            raw_model.load_state_dict(sd["model"])  # type: ignore[arg-type]
+            inner.load_state_dict(sd["optim"])  # type: ignore[arg-type]
+
+        def state_dict() -> dict[str, object]:
+            return {"model": raw_model.state_dict(), "optim": inner.state_dict()}
+
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+            min_replica_size=1,
+            load_state_dict=load_state_dict,
+            state_dict=state_dict,
+            replica_id=f"nanogpt_{rank}",
+            timeout=timedelta(seconds=30),
+        )
+        inner = raw_model.configure_optimizers(a.weight_decay, a.learning_rate)
+        optimizer = FTOptimizer(manager, inner)
+    else:
+        model = DDP(model)
+        raw_model = model.module
+        optimizer = raw_model.configure_optimizers(a.weight_decay, a.learning_rate)
 
     def get_lr(it: int) -> float:
         if it < a.warmup_iters:
@@ -257,7 +299,15 @@ def main() -> None:
         iter_start, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
         print(f"resuming from iter {iter_start}", flush=True)
     t0 = time.time()
-    plain_iters = range(iter_start, a.max_iters + 1)
+    plain_iters: Iterator[int] | range = range(iter_start, a.max_iters + 1)
+    if manager is not None:
+
+        def ft_iters() -> Iterator[int]:  # torchft: the step is the manager's (a heal moves it)
+            while manager.current_step() < a.max_iters:
+                optimizer.zero_grad()  # starts the quorum
+                yield manager.current_step() + 1
+
+        plain_iters = ft_iters()
     iters = sess.steps(a.max_iters) if sess is not None else plain_iters  # stalwart
     for iter_num in iters:
         if a.schedule == "manual":
@@ -292,15 +342,25 @@ def main() -> None:
             loss.backward()
             lossf += loss.item()
             seen += ix
+        if manager is not None:  # torchft: average the gradients over the quorum's groups
+            grads = [q.grad for q in raw_model.parameters() if q.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            manager.allreduce(flat).wait()
+            for g, avg in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(avg.view_as(g))
         if a.grad_clip != 0.0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         optimizer.step()
         if "scheduler" in state:
             state["scheduler"].step()  # type: ignore[attr-defined]
-        optimizer.zero_grad(set_to_none=True)
+        if manager is None:
+            optimizer.zero_grad(set_to_none=True)
         if sess is not None:
             sess.log(loss=lossf)  # stalwart
-        if sess is None or sess.step_ok:
+        if manager is not None:  # only a committed step counts (a failed one is retried)
+            committed = manager.current_step() >= iter_num
+            iter_num = manager.current_step()
+        if (sess is None or sess.step_ok) and (manager is None or committed):
             gen = sess.generation if sess is not None else 0
             world = sess.world_size if sess is not None else world
             epoch = loader.epoch if loader is not None else 0
@@ -318,6 +378,8 @@ def main() -> None:
     rec.final(raw_model.state_dict(), step=a.max_iters, world=world)
     if sess is not None:
         sess.close()  # stalwart
+    elif manager is not None:
+        manager.shutdown(wait=False)
     else:
         dist.destroy_process_group()
 

@@ -21,8 +21,9 @@ def _settings(tmp_path: Path) -> RunSettings:
 
 
 def test_every_route_is_a_column_or_one_line_saying_why(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("stalwart.cli.compare.lighthouse_binary", lambda: None)
     script = tmp_path / "train.py"
     script.write_text("")
     assert main(["compare", "--target", "5", "--routes", "flash,bogus", str(script)]) == 2
@@ -44,18 +45,32 @@ def test_async_is_a_column_with_its_groups_now_that_the_strategy_exists() -> Non
     assert "async" not in absent
 
 
+def test_torchft_is_a_column_run_by_its_own_launcher_when_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("stalwart.cli.compare.lighthouse_binary", lambda: "/bin/lighthouse")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    args = build_parser().parse_args(["compare", "--target", "5", "x.py"])
+    routes, absent = _routes(args)
+    (route,) = [r for r in routes if r.name == "torchft"]
+    assert "torchft" not in absent and route.injected and route.extra_args == ("--torchft",)
+    cmd = _command(route, _settings(tmp_path), tmp_path, "j", "kill rank=1 at=time:5s")
+    assert cmd[1:3] == ["-m", "stalwart.cli._torchft_launch"] and "--chaos" not in cmd
+    assert cmd[cmd.index("--workers") + 1] == "4" and cmd[-3:-1] == ["--torchft", "--out"]
+
+
 def test_commands_carry_the_trace_the_same_way_to_every_stalwart_route(tmp_path: Path) -> None:
     st = _settings(tmp_path)
     trace = compile_trace("kill every=10s jitter=0 rank=1", seed=0, ranks=4, horizon_s=25)
     spec = trace.chaos_spec()
     assert spec == "kill rank=1 at=time:10.000s; kill rank=1 at=time:20.000s"
-    restart = _command(Route("restart", False, "restart"), st, tmp_path, "j", spec)
+    restart = _command(Route("restart", "stalwart", "restart"), st, tmp_path, "j", spec)
     assert restart[restart.index("--chaos") + 1] == spec
     assert restart[restart.index("--persist-every") + 1] == "10"
     assert restart[restart.index("--blocklist-after") + 1] == "1000"
-    spare = _command(Route("spare", False, "spare", spares=1), st, tmp_path, "j", "")
+    spare = _command(Route("spare", "stalwart", "spare", spares=1), st, tmp_path, "j", "")
     assert "--chaos" not in spare and spare[spare.index("--spares") + 1] == "1"
-    tr = _command(Route("torchrun", True, extra_args=("--plain",)), st, tmp_path, "j", spec)
+    tr = _command(Route("torchrun", "torchrun", extra_args=("--plain",)), st, tmp_path, "j", spec)
     assert tr[0].endswith("torchrun") and "--chaos" not in tr and "--plain" in tr
     assert tr[tr.index("--max-restarts") + 1] == "1000"
 

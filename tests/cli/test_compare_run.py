@@ -40,3 +40,23 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     said = capsys.readouterr().out
     assert "flash/faulted: fault 1 at" in said and "torchrun/faulted: fault 1 at" in said
     assert not glob.glob("/dev/shm/stalwart-cmp-*")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_torchft_route_heals_the_killed_group_from_a_live_one(tmp_path: Path) -> None:
+    pytest.importorskip("torchft", reason="the torchft route needs pip install '.[bench]'")
+    out = tmp_path / "cmp"
+    argv = ["compare", "--routes", "torchft", "--nproc-per-node", "2", "--target", "300"]
+    argv += ["--trace", "kill every=3s jitter=0 rank=1", "--horizon", "3.5", "--out", str(out)]
+    argv += ["--timeout", "400", str(_SCRIPT), "--max_iters", "300", "--eval_interval", "50"]
+    assert main(argv) == 0
+    row = json.loads((out / "routes.json").read_text())["routes"]["torchft"]
+    assert row["reached"] and (row["faults"], row["recovered"]) == (1, 1), row["note"]
+    corpus = out / "torchft-faulted" / "corpus"
+    member1 = [json.loads(x) for x in (corpus / "trace-m1.jsonl").read_text().splitlines()]
+    assert {tuple(r["attempt"]) for r in member1} == {(0, 0), (1, 0)}  # restarted once
+    restarted = [r["step"] for r in member1 if r["attempt"] == [1, 0]]
+    assert restarted[0] > 1  # healed from the live group, not begun again at step 1
+    finals = [json.loads((corpus / f"final-m{m}.json").read_text()) for m in (0, 1)]
+    assert finals[0]["digest"] == finals[1]["digest"]  # one quorum: the same parameters

@@ -60,6 +60,39 @@ def test_figures_against_the_fault_free_run_of_the_same_route() -> None:
     assert row.loss_gap == pytest.approx(0.5) and row.faults == row.recovered == 1
 
 
+def test_a_survivor_stalled_in_its_attempt_is_not_productive_until_it_steps_normally() -> None:
+    # torchft's survivors: member 0 keeps its attempt; the step after the fault waits 5 s
+    # for the dead peer to be dropped, then steps go on at 1 s again
+    recs = _steps([(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.1), (5, 9.0), (6, 10.0), (7, 11.0)])
+    (rec,) = recoveries(tuple(recs), (4.0,))
+    # 4 ended in flight after the fault (began before it); 5 stalled (9 - 4.1 > 2 x 1 s)
+    assert rec.rto_s == pytest.approx(11.0 - 4.0 - 1.0)  # the end of 6: begun after, normal
+    assert rec.steps_lost == 0
+    free = _run(_steps([(s, float(s)) for s in range(1, 8)]), target=7)
+    row = route_figures(_run(recs, faults=(4.0,), target=7), free)
+    # 1 (unpaired), 4, 5 and 6 (ended inside the recovery, 4.0 .. 10.0) count the median
+    # (1.0), 2, 3 and 7 their own second: 7 s productive over a 10 s span + one step
+    assert row.ettr == pytest.approx(7.0 / 11.0)
+    # async: a group that is not member 0's fails; member 0 never waits
+    async_recs = _steps([(s, float(s)) for s in range(1, 8)])
+    (quick,) = recoveries(tuple(async_recs), (3.5,))
+    assert quick.rto_s == pytest.approx(5.0 - 3.5) and quick.steps_lost == 0
+
+
+def test_utilisation_counts_every_member_so_a_group_down_while_others_go_on_is_idle() -> None:
+    member0 = _steps([(s, float(s)) for s in range(1, 11)])
+    member1 = _steps([(s, float(s)) for s in range(1, 4)]) + _steps(
+        [(s, float(s)) for s in range(8, 11)], attempt=(1, 0)
+    )  # down from 3 s to 8 s: steps 4..7 are not on its record
+    base = dict(route="async", workers=2, spares=0, target=10, launched=0.0, exited=12.0)
+    run = RouteRun(**base, rc=0, records=tuple(member0), faults_at=(3.5,),
+                   member_records=(tuple(member0), tuple(member1)))  # fmt: skip
+    row = route_figures(run, run)
+    assert row.ettr == pytest.approx(1.0)  # member 0 never stopped
+    # member 1: steps 1..3 and 8..10 (8 unpaired, the median): 6 s of 2 x (9 s span + 1)
+    assert row.utilisation == pytest.approx((10.0 + 6.0) / 20.0)
+
+
 def test_a_route_that_misses_the_target_has_no_time_and_says_why() -> None:
     free = _run(_steps([(s, float(s)) for s in range(1, 11)]))
     hit = _run(_steps([(s, float(s)) for s in range(1, 6)]), faults=(5.5,), rc=-9)

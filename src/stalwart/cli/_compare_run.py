@@ -1,9 +1,10 @@
 """Running one route of ``stalwart compare``: the command, the faults, the observation.
 
-A route is a launcher command (torchrun, or ``stalwart run --strategy S``) over the same
-corpus script; the fault trace reaches it as ``--chaos`` clauses at the trace's instants
-under stalwart, and as signals sent by :class:`_Injector` under torchrun (which has no
-chaos): the same instants, measured from the job's first step in both cases, on the
+A route is a launcher command (torchrun, ``stalwart run --strategy S``, or torchft's
+lighthouse and replica groups: :mod:`stalwart.cli._torchft_launch`) over the same corpus
+script; the fault trace reaches it as ``--chaos`` clauses at the trace's instants under
+stalwart, and as signals sent by :class:`_Injector` under torchrun and torchft (which
+have no chaos): the same instants, measured from the job's first step in both cases, on the
 process that holds the trace's rank at that moment (read from the script's own step
 records, ``pid``). Only processes below the launcher compare started are ever signalled.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stalwart.chaos.trace import FaultTrace, TraceFault
-from stalwart.metrics.routes import RouteRun, read_step_records, recoveries
+from stalwart.metrics.routes import RouteRun, StepRecord, read_step_records, recoveries
 
 __all__ = ["Route", "RunSettings", "run_route"]
 
@@ -38,12 +39,17 @@ class Route:
     """One column of the table: how the job is launched and recovered."""
 
     name: str
-    torchrun: bool  # the classic route: torchrun --max-restarts + the script's torch.save
-    strategy: str = ""  # stalwart's --strategy (empty for torchrun)
+    launcher: str  # "stalwart"; "torchrun" (--max-restarts + the script's torch.save); "torchft"
+    strategy: str = ""  # stalwart's --strategy (empty for the others)
     spares: int = 0
     nproc: str = ""  # --nproc-per-node when not the worker count (elastic's MIN:MAX)
     extra_args: tuple[str, ...] = ()  # script arguments this route needs (elastic's data)
     launcher_args: tuple[str, ...] = ()  # `stalwart run` flags it needs (async's groups)
+
+    @property
+    def injected(self) -> bool:
+        """Faults sent as signals by compare (the launcher has no fault injector)."""
+        return self.launcher != "stalwart"
 
 
 @dataclass(frozen=True)
@@ -80,10 +86,13 @@ def _descendants(pid: int) -> list[int]:
 
 def _command(route: Route, st: RunSettings, out: Path, job: str, chaos: str) -> list[str]:
     script = [str(st.script), *st.script_args, *route.extra_args, "--out", str(out / "corpus")]
-    if route.torchrun:
+    if route.launcher == "torchrun":
         launcher = [str(Path(sys.executable).parent / "torchrun"), "--standalone"]
         launcher += ["--nproc-per-node", str(st.workers), "--max-restarts", "1000"]
-        return [*launcher, *script, "--plain", "--init_from", "resume", "--always_save_checkpoint"]
+        return [*launcher, *script]
+    if route.launcher == "torchft":
+        launcher = [sys.executable, "-m", "stalwart.cli._torchft_launch"]
+        return [*launcher, "--workers", str(st.workers), "--", *script]
     cmd = [sys.executable, "-m", "stalwart.cli.main", "run", "--redirect", "--rdzv-id", job]
     cmd += ["--nproc-per-node", route.nproc or str(st.workers), "--run-dir", str(out / "run")]
     cmd += ["--strategy", route.strategy, "--max-restarts", "1000", "--blocklist-after", "1000"]
@@ -104,8 +113,9 @@ def _last_pid(path: Path) -> int | None:
 
 
 class _Injector(threading.Thread):
-    """Sends the trace's signals to a torchrun job at the trace's instants (from its first
-    step); a fault whose rank is between processes waits for the next one to step."""
+    """Sends the trace's signals to a torchrun or torchft job at the trace's instants (from
+    its first step); a fault whose rank is between processes waits for the next one to
+    step."""
 
     def __init__(self, corpus: Path, launcher: int, faults: tuple[TraceFault, ...]) -> None:
         super().__init__(daemon=True)
@@ -126,6 +136,9 @@ class _Injector(threading.Thread):
                 self.stop.wait(0.1)
 
     def _signal(self, fault: TraceFault) -> bool:
+        if (self.corpus / "final-m0.json").exists():
+            self.stop.set()  # member 0 is done: later instants are past the run's end
+            return False
         pid = _last_pid(self.corpus / f"trace-m{fault.rank}.jsonl")
         if pid is None or pid not in _descendants(self.launcher):
             return False  # between incarnations: strike the next one
@@ -198,7 +211,7 @@ def run_route(
     out.mkdir(parents=True, exist_ok=True)
     job = f"cmp-{uuid.uuid4().hex[:8]}"
     faults = trace.faults if trace is not None else ()
-    chaos = "" if route.torchrun or trace is None else trace.chaos_spec()
+    chaos = "" if route.injected or trace is None else trace.chaos_spec()
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     launched = time.time()
     with open(out / "launcher.log", "wb") as log:
@@ -209,7 +222,7 @@ def run_route(
             env=env,
             start_new_session=True,
         )
-    injector = _Injector(out / "corpus", proc.pid, faults) if route.torchrun else None
+    injector = _Injector(out / "corpus", proc.pid, faults) if route.injected else None
     fired: Callable[[], tuple[float, ...]] = (
         (lambda: tuple(injector.fired)) if injector else (lambda: _injected_at(out / "run"))
     )
@@ -242,4 +255,14 @@ def run_route(
         rc=rc,
         records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
         faults_at=fired(),
+        member_records=_member_records(out / "corpus"),
     )
+
+
+def _member_records(corpus: Path) -> tuple[tuple[StepRecord, ...], ...]:
+    """Every member's step records (``trace-m<M>.jsonl``), by member."""
+    paths = []
+    for path in corpus.glob("trace-m*.jsonl"):
+        with contextlib.suppress(ValueError):
+            paths.append((int(path.stem.removeprefix("trace-m")), path))
+    return tuple(read_step_records(path) for _, path in sorted(paths))

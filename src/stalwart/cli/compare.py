@@ -21,6 +21,7 @@ from typing import Any
 from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace
 from stalwart.cli._compare_run import Route, RunSettings, run_route
 from stalwart.cli._compare_sim import simulate_route, simulate_torchrun
+from stalwart.cli._torchft_launch import lighthouse_binary
 from stalwart.errors import ConfigError
 from stalwart.metrics.routes import (
     RouteFigures,
@@ -86,6 +87,12 @@ def register(subparsers: Any) -> None:
         "a global batch (2 x 3 x 4 = 24) that every size of W-1:W divides",
     )
     p.add_argument(
+        "--torchft-args",
+        default="--torchft",
+        help="script arguments of the torchft route (its torchft port: a Manager per "
+        "replica group of one worker, a lighthouse; stalwart.cli._torchft_launch)",
+    )
+    p.add_argument(
         "--async-args",
         default="--replica-groups 2 --sync-every 20",
         help="`stalwart run` flags of the async route (docs/async.md)",
@@ -100,26 +107,28 @@ def _routes(args: argparse.Namespace) -> tuple[list[Route], dict[str, str]]:
     unknown = [n for n in names if n not in ROUTE_NAMES]
     if unknown:
         raise ConfigError(f"--routes: unknown {', '.join(unknown)}; use {', '.join(ROUTE_NAMES)}")
+    plain = tuple(shlex.split(args.torchrun_args))
     table = {
-        "torchrun": Route("torchrun", True, extra_args=tuple(shlex.split(args.torchrun_args))),
-        "restart": Route("restart", False, "restart"),
-        "flash": Route("flash", False, "flash"),
-        "spare": Route("spare", False, "spare", spares=1),
+        "torchrun": Route("torchrun", "torchrun", extra_args=plain),
+        "restart": Route("restart", "stalwart", "restart"),
+        "flash": Route("flash", "stalwart", "flash"),
+        "spare": Route("spare", "stalwart", "spare", spares=1),
         "elastic": Route(
-            "elastic", False, "elastic", nproc=f"{max(w - 1, 1)}:{w}",
+            "elastic", "stalwart", "elastic", nproc=f"{max(w - 1, 1)}:{w}",
             extra_args=tuple(shlex.split(args.elastic_args)),
         ),
     }  # fmt: skip
     absent: dict[str, str] = {}
     try:
         launcher = tuple(shlex.split(args.async_args))
-        table["async"] = Route("async", False, str(Strategy("async")), launcher_args=launcher)
+        table["async"] = Route("async", "stalwart", str(Strategy("async")), launcher_args=launcher)
     except ValueError:
         absent["async"] = "not built on this main (--strategy async is not a strategy here)"
-    if importlib.util.find_spec("torchft") is None:
+    if importlib.util.find_spec("torchft") is None or lighthouse_binary() is None:
         absent["torchft"] = "torchft is not installed (pip install '.[bench]')"
     else:
-        absent["torchft"] = "installed, but compare does not drive torchft yet (bench/elastic.py)"
+        ft_args = tuple(shlex.split(args.torchft_args))
+        table["torchft"] = Route("torchft", "torchft", extra_args=ft_args)
     return [table[n] for n in names if n in table], {n: absent[n] for n in names if n in absent}
 
 
@@ -138,8 +147,10 @@ def _run_pair(route: Route, st: RunSettings, trace: FaultTrace) -> tuple[RouteRu
     print(f"{route.name}: faulted run ({trace.spec})", flush=True)
     cap = min(st.timeout_s, st.cap * (free.exited - free.launched))
     hit = run_route(route, st, trace, f"{route.name}/faulted", cap)
-    if route.torchrun:
+    if route.launcher == "torchrun":
         sim = simulate_torchrun(hit, free, st.persist_every)
+    elif route.launcher == "torchft":
+        sim = {"note": "no simulator model of torchft's quorum (sim/ prices stalwart's routes)"}
     else:
         sim = simulate_route(st.work / f"{route.name}-faulted")
     hit = RouteRun(**{**hit.__dict__, "sim": sim})

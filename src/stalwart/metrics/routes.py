@@ -10,14 +10,23 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   to the target.
 - ETTR: productive time over the training span of the same run, productive being the
   durations of the kept steps (the last attempt of each step, from the record before it
-  in the same attempt; a step right after a resume counts the run's median step). Both
-  come from the one run, so the machine's load drifting between a route's fault-free and
-  faulted runs does not move it: a fault-free run is at ~1.0.
-- utilisation: productive worker-seconds over held worker-seconds, ``ETTR x W / (W +
-  spares)``: a standby held for the job is a worker paid for.
-- RTO of a fault: its instant to the first step record of a new attempt (a rollback, a
-  restart or a new generation) on member 0; steps lost: the newest step committed before
-  that attempt (steps in flight at the fault included) less the one it resumed from.
+  in the same attempt; a step right after a resume, and a step that ends inside a
+  fault's recovery, count the run's median step). Both come from the one run, so the
+  machine's load drifting between a route's fault-free and faulted runs does not move
+  it: a fault-free run is at ~1.0.
+- utilisation: productive worker-seconds over held worker-seconds: the productive time
+  of every member's records (``trace-m<M>.jsonl``: a replica group that is down while the
+  others go on is idle there) over ``(W + spares) x`` the training span; a standby held
+  for the job is a worker paid for. Without the other members' records: ``ETTR x W /
+  (W + spares)``.
+- RTO of a fault: its instant to member 0's first step record after it that shows the
+  job going again: the first of a new attempt (a rollback, a restart or a new
+  generation), or, where member 0 went on in the same attempt (a survivor of torchft or
+  async), the end of the first step begun after the fault that took at most twice the
+  run's median step (a survivor stalled in a collective until the dead peer is dropped
+  is not going again). The fault's recovery is the time from the instant to that record.
+  Steps lost: the newest step committed before that record (steps in flight at the fault
+  included) less the one it resumed from.
 - final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
   attempt of each step); the loss gap: the faulted run's loss less the fault-free run's
   (same route) at the same steps, averaged over those last kept steps (for a run stopped
@@ -74,6 +83,7 @@ class RouteRun:
     rc: int
     records: tuple[StepRecord, ...]
     faults_at: tuple[float, ...] = ()  # wall clock of each fault that fired
+    member_records: tuple[tuple[StepRecord, ...], ...] = ()  # every member's, for utilisation
     sim: dict[str, Any] = field(default_factory=dict)  # the simulator's replay, if any
 
     @property
@@ -147,47 +157,98 @@ def _loss_gap(run: tuple[StepRecord, ...], ref: tuple[StepRecord, ...]) -> float
     return math.fsum(v - other[s] for s, v in tail) / len(tail)
 
 
+def _paired(records: tuple[StepRecord, ...]) -> list[tuple[int, float]]:
+    """(index, duration) of every record timed from the one before it in the same attempt
+    (the previous step of that attempt)."""
+    out = []
+    last: dict[tuple[int, int], StepRecord] = {}
+    for i, r in enumerate(records):
+        p = last.get(r.attempt)
+        if p is not None and p.step == r.step - 1 and r.t >= p.t:
+            out.append((i, r.t - p.t))
+        last[r.attempt] = r
+    return out
+
+
+def _median_step(records: tuple[StepRecord, ...]) -> float:
+    durations = [d for _, d in _paired(records)]
+    return statistics.median(durations) if durations else 0.0
+
+
+def _resumed_at(records: tuple[StepRecord, ...], t_f: float, median: float) -> int | None:
+    """Index of member 0's record that shows the job going again after a fault at ``t_f``
+    (see the module's RTO), None if none does."""
+    before = [r for r in records if r.t <= t_f]
+    if not before:
+        return None
+    attempt = before[-1].attempt
+    durations = dict(_paired(records))
+    for i, r in enumerate(records):
+        if r.t <= t_f:
+            continue
+        if r.attempt != attempt:
+            return i
+        prev = records[i - 1] if i else None
+        normal = i in durations and durations[i] <= 2 * median
+        if normal and prev is not None and prev.attempt == attempt and prev.t > t_f:
+            return i
+    return None
+
+
 def recoveries(records: tuple[StepRecord, ...], faults_at: tuple[float, ...]) -> list[Recovery]:
     """Each fault's RTO and steps lost, from member 0's records (definitions above)."""
     out = []
+    median = _median_step(records)
     for t_f in faults_at:
-        before = [r for r in records if r.t <= t_f]
-        if not before:
+        i = _resumed_at(records, t_f, median)
+        if i is None:
             out.append(Recovery(t_f, None, None))
             continue
-        attempt = before[-1].attempt
-        nxt = next((r for r in records if r.t > t_f and r.attempt != attempt), None)
-        if nxt is None:
-            out.append(Recovery(t_f, None, None))
-            continue
+        nxt = records[i]
         # Steps still committed after the fault (in flight) are redone too.
         newest = max(r.step for r in records if r.t < nxt.t)
         out.append(Recovery(t_f, nxt.t - t_f, max(newest - (nxt.step - 1), 0)))
     return out
 
 
-def productive_s(records: tuple[StepRecord, ...]) -> float:
-    """Seconds of the kept steps (see the module's ETTR)."""
+def productive_s(records: tuple[StepRecord, ...], faults_at: tuple[float, ...] = ()) -> float:
+    """Seconds of the kept steps (see the module's ETTR); a step that ends inside a fault's
+    recovery (its instant to the record that shows the job going again) counts the median."""
+    median = _median_step(records)
+    windows = []
+    for t_f in faults_at:
+        i = _resumed_at(records, t_f, median)
+        windows.append((t_f, records[i].t if i is not None else math.inf))
+    durations = dict(_paired(records))
     kept = {r.step: i for i, r in enumerate(records)}
-    durations, unpaired = [], 0
-    for step, i in kept.items():
-        r, j = records[i], i - 1
-        while j >= 0 and records[j].attempt != r.attempt:
-            j -= 1
-        if j >= 0 and records[j].step == step - 1 and r.t >= records[j].t:
-            durations.append(r.t - records[j].t)
+    total, unpaired = 0.0, 0
+    for i in kept.values():
+        t = records[i].t
+        if i in durations and not any(a < t <= b for a, b in windows):
+            total += durations[i]
         else:
             unpaired += 1
-    median = statistics.median(durations) if durations else 0.0
-    return math.fsum(durations) + unpaired * median
+    return total + unpaired * median
 
 
-def _ettr(records: tuple[StepRecord, ...]) -> float | None:
+def _ettr(records: tuple[StepRecord, ...], faults_at: tuple[float, ...] = ()) -> float | None:
     if len(records) < 2:
         return None
-    productive = productive_s(records)
+    productive = productive_s(records, faults_at)
     first_step = productive / max(len({r.step for r in records}), 1)
     return productive / (records[-1].t - records[0].t + first_step)
+
+
+def _utilisation(run: RouteRun, ettr: float) -> float:
+    """Productive worker-seconds over held worker-seconds (see the module's utilisation)."""
+    held = run.workers + run.spares
+    if len(run.member_records) < 2 or len(run.records) < 2:
+        return ettr * run.workers / held
+    productive = [productive_s(m, run.faults_at) for m in run.member_records if m]
+    steps = max(len({r.step for r in run.records}), 1)
+    first_step = productive_s(run.records, run.faults_at) / steps
+    span = run.records[-1].t - run.records[0].t + first_step
+    return min(1.0, math.fsum(productive) / (held * span))
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -228,8 +289,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
     """The table row of ``run`` (faulted) against ``fault_free`` (the same route, no faults)."""
     recs = recoveries(run.records, run.faults_at)
     rtos = sorted(r.rto_s for r in recs if r.rto_s is not None)
-    ettr = _ettr(run.records) if run.reached else None
-    held = run.workers + run.spares
+    ettr = _ettr(run.records, run.faults_at) if run.reached else None
     final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
     notes = []
     if not run.reached:
@@ -243,7 +303,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
         time_to_target_s=run.exited - run.launched if run.reached else None,
         fault_free_s=fault_free.exited - fault_free.launched if fault_free.reached else None,
         ettr=ettr,
-        utilisation=None if ettr is None else ettr * run.workers / held,
+        utilisation=None if ettr is None else _utilisation(run, ettr),
         rto_p50_s=_pct(rtos, 50),
         rto_p95_s=_pct(rtos, 95),
         faults=len(recs),

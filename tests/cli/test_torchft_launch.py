@@ -1,0 +1,67 @@
+"""The torchft route's launcher with a stand-in lighthouse: the groups' environment, the
+job ending with group 0, and a group still running after the grace stopped (real
+torchrun processes; torchft itself is not needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stalwart.cli import _torchft_launch
+
+_LIGHTHOUSE = """\
+import socket, sys, time
+port = int(sys.argv[sys.argv.index("--bind") + 1].rsplit(":", 1)[1])
+s = socket.socket(); s.bind(("127.0.0.1", port)); s.listen()
+open(sys.argv[0] + ".args", "w").write(" ".join(sys.argv[1:]))
+time.sleep(600)
+"""
+
+_SCRIPT = """\
+import json, os, sys, time
+g = int(os.environ["REPLICA_GROUP_ID"])
+keys = ("NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+env = {k: os.environ.get(k) for k in keys} | {"pid": os.getpid()}
+open(os.path.join(sys.argv[1], f"g{g}.json"), "w").write(json.dumps(env))
+if g == 1:
+    time.sleep(300)  # still running when group 0 is done: stopped after the grace
+"""
+
+
+@pytest.mark.timeout(180)
+def test_groups_get_their_ids_and_the_lighthouse_and_the_job_ends_with_group_0(
+    tmp_path: Path,
+) -> None:
+    lighthouse = tmp_path / "lighthouse"
+    lighthouse.write_text(f"#!{sys.executable}\n" + _LIGHTHOUSE)
+    lighthouse.chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cmd = [sys.executable, "-m", "stalwart.cli._torchft_launch", "--workers", "3"]
+    cmd += ["--grace", "1", "--lighthouse", str(lighthouse), "--", str(script), str(tmp_path)]
+    env = {"PATH": "/usr/bin:/bin", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 150  # group 1 did not hold the job for its 300 s
+    seen = [json.loads((tmp_path / f"g{g}.json").read_text()) for g in range(3)]
+    address = {s["TORCHFT_LIGHTHOUSE"] for s in seen}
+    (one,) = address
+    assert one.startswith("http://127.0.0.1:") and all(s["NUM_REPLICA_GROUPS"] == "3" for s in seen)
+    assert all(s["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] is None for s in seen)  # torchrun's store
+    args = (tmp_path / "lighthouse.args").read_text()
+    assert "--min_replicas 1" in args and f"--bind 127.0.0.1:{one.rsplit(':', 1)[1]}" in args
+    assert not Path(f"/proc/{seen[1]['pid']}").exists()  # stopped, and reaped by its torchrun
+
+
+def test_without_a_lighthouse_it_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_torchft_launch, "lighthouse_binary", lambda: None)
+    assert _torchft_launch.main(["--workers", "2", "--", "x.py"]) == 2
+    assert "pip install '.[bench]'" in capsys.readouterr().err
