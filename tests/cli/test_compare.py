@@ -115,3 +115,57 @@ def test_a_process_compare_did_not_start_is_never_signalled(tmp_path: Path) -> N
     finally:
         launcher.kill()
         launcher.wait()
+
+
+def _leave_run(folder: Path, steps: list[tuple[int, float]], faults: list[float]) -> None:
+    corpus = folder / "corpus"
+    corpus.mkdir(parents=True)
+    lines = [{"step": s, "attempt": [0, 0], "t": t, "pid": 1, "loss": 1.0} for s, t in steps]
+    (corpus / "trace-m0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    obs = {"launched": steps[0][1] - 5.0, "exited": steps[-1][1] + 1.0, "rc": 0}
+    (folder / "observed.json").write_text(json.dumps(obs | {"faults_at": faults}))
+
+
+def test_reuse_makes_the_table_from_the_runs_in_out_without_running_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    out = tmp_path / "cmp"
+    t = 1_800_000_000.0
+    _leave_run(out / "flash-fault-free", [(s, t + s) for s in range(1, 11)], [])
+    stall = [(s, t + s) for s in range(1, 5)] + [(s, t + s + 3.0) for s in range(5, 11)]
+    _leave_run(out / "flash-faulted", stall, [t + 4.2])
+
+    def never(*_: object) -> None:
+        raise AssertionError("--reuse ran a route whose runs were in OUT")
+
+    monkeypatch.setattr("stalwart.cli.compare.run_route", never)
+    monkeypatch.setattr("stalwart.cli.compare.simulate_route", lambda out: {"note": "-"})
+    argv = ["compare", "--reuse", "--routes", "flash", "--target", "10", "--out", str(out)]
+    assert main([*argv, "--trace", "kill every=30s", str(script)]) == 0
+    row = json.loads((out / "routes.json").read_text())["routes"]["flash"]
+    assert row["reached"] and row["recovered"] == 1 and row["ettr"] < 1.0
+    # the runs are of the trace recorded in OUT: another trace is refused, not mixed in
+    assert main([*argv, "--trace", "kill every=7s", str(script)]) == 2
+
+
+def test_torchft_is_replayed_as_a_pause_per_fault_that_rolls_nothing_back() -> None:
+    from stalwart.cli._compare_sim import simulate_injected
+    from stalwart.metrics.routes import RouteRun, StepRecord
+
+    def run(stall_at: tuple[float, ...]) -> RouteRun:
+        recs, t = [], 100.0
+        for s in range(1, 201):
+            t += 0.1 + (5.0 if any(t < f <= t + 0.1 for f in stall_at) else 0.0)
+            recs.append(StepRecord(s, (0, 0), t, 1.0))
+        base = dict(route="torchft", workers=4, spares=0, target=200, rc=0)
+        return RouteRun(**base, launched=95.0, exited=t + 1.0, records=tuple(recs),
+                        faults_at=stall_at)  # fmt: skip
+
+    hit, free = run((105.0, 112.0)), run(())
+    sim = simulate_injected(hit, free, "torchft", 25)
+    assert "note" not in sim, sim
+    # ~20 s fault-free span + 6 s start and end, 2 stalls of 5 s: measured = predicted
+    assert sim["measured_ettr"] == pytest.approx(19.9 / 36.0, abs=0.01)
+    assert sim["predicted_ettr"] == pytest.approx(sim["measured_ettr"], abs=0.05)

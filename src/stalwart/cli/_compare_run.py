@@ -29,7 +29,7 @@ from pathlib import Path
 from stalwart.chaos.trace import FaultTrace, TraceFault
 from stalwart.metrics.routes import RouteRun, StepRecord, read_step_records, recoveries
 
-__all__ = ["Route", "RunSettings", "run_route"]
+__all__ = ["Route", "RunSettings", "load_route", "run_route"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
 
@@ -266,3 +266,29 @@ def _member_records(corpus: Path) -> tuple[tuple[StepRecord, ...], ...]:
         with contextlib.suppress(ValueError):
             paths.append((int(path.stem.removeprefix("trace-m")), path))
     return tuple(read_step_records(path) for _, path in sorted(paths))
+
+
+def load_route(route: Route, st: RunSettings, label: str) -> RouteRun | None:
+    """The run ``run_route`` left in ``label``'s folder (its ``observed.json`` and step
+    records), or None when there is none or it cannot be read: ``compare --reuse``."""
+    out = st.work / label.replace("/", "-")
+    try:
+        obs = json.loads((out / "observed.json").read_text())
+        launched, exited, rc = float(obs["launched"]), float(obs["exited"]), int(obs["rc"])
+        faults_at = tuple(float(t) for t in obs["faults_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not (0 < launched <= exited):
+        return None
+    return RouteRun(
+        route=route.name,
+        workers=st.workers,
+        spares=route.spares,
+        target=st.target,
+        launched=launched,
+        exited=exited,
+        rc=rc,
+        records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
+        faults_at=faults_at,
+        member_records=_member_records(out / "corpus"),
+    )

@@ -6,13 +6,17 @@ recovery per fault kind) and replayed with its own faults at their instants
 (:func:`stalwart.sim.replay.replay`), the fidelity check of ``stalwart calibrate``; the
 predicted ETTR is shown beside the ETTR the run's report measured.
 
-torchrun writes no event log, so its calibration is built from what compare measured of
-it: the simulator's ``restart`` strategy (everyone restarted, rolled back to the last
-checkpoint) with the median RTO as the restart cost (detection, relaunch and the script's
-torch.load together), the fault-free step time, a checkpoint every ``save_every`` steps,
-and the faults at the instants they fired; it is compared with the same wall-clock ETTR
-(productive time, the fault-free span, over the faulted run's launch-to-exit). A route the
-simulator cannot replay gets a note saying why instead of a number.
+torchrun and torchft write no event log, so their calibration is built from what compare
+measured of them, with the median RTO as the one recovery cost, the fault-free step time,
+and the faults at the instants they fired: torchrun as the simulator's ``restart`` strategy
+(everyone restarted, rolled back to the last checkpoint: the RTO holds detection, relaunch
+and the script's torch.load, a checkpoint every ``save_every`` steps); torchft as a
+recovery in place that rolls nothing back (``elastic`` with the process fault cured in
+place and a snapshot every step: the job pauses for the RTO, the survivors' wait for the
+dead group to be dropped from the quorum, and loses no step, the killed group healing
+from a live one). Each is compared with the same wall-clock ETTR (productive time, the
+fault-free span, over the faulted run's launch-to-exit). A route the simulator cannot
+replay gets a note saying why instead of a number.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from stalwart.errors import StalwartError
 from stalwart.metrics.routes import RouteRun, recoveries
 
-__all__ = ["simulate_route", "simulate_torchrun"]
+__all__ = ["simulate_injected", "simulate_route"]
 
 
 def simulate_route(out: Path) -> dict[str, Any]:
@@ -39,8 +43,10 @@ def simulate_route(out: Path) -> dict[str, Any]:
     return {"predicted_ettr": result.predicted_ettr, "measured_ettr": result.measured_ettr}
 
 
-def simulate_torchrun(run: RouteRun, free: RouteRun, save_every: int) -> dict[str, Any]:
-    """The replay of a torchrun run from compare's own measurements (see above)."""
+def simulate_injected(
+    run: RouteRun, free: RouteRun, launcher: str, save_every: int
+) -> dict[str, Any]:
+    """The replay of a torchrun or torchft run from compare's own measurements (above)."""
     from stalwart.sim.calibration import Calibration, MeasuredRun, Replay, ReplayFault
     from stalwart.sim.replay import replay
 
@@ -51,23 +57,27 @@ def simulate_torchrun(run: RouteRun, free: RouteRun, save_every: int) -> dict[st
     step_s = ff_span / max(len({r.step for r in free.records}) - 1, 1)
     t0, wall = run.records[0].t, run.exited - run.launched
     faults = tuple(ReplayFault(t - t0, "crash", False) for t in run.faults_at if t >= t0)
+    rto = statistics.median(rtos) if rtos else 0.0
+    in_place = launcher == "torchft"  # heals from a live group: nothing rolled back
+    every = 1 if in_place else save_every
     replay_cfg = Replay(
-        strategy="restart",
+        strategy="elastic" if in_place else "restart",
         startup_s=t0 - run.launched,
         train_s=span,
         tail_s=max(run.exited - run.records[-1].t, 0.0),
         step_s=step_s,
         efficiency=1.0,
-        snapshot_every=save_every,
-        interval_s=save_every * step_s,
-        persist_every=save_every,
+        snapshot_every=every,
+        interval_s=every * step_s,
+        persist_every=every,
         faults=faults,
     )
-    costs = {"detect_crash_s": 0.0, "restart_s": statistics.median(rtos) if rtos else 0.0}
+    costs = {"detect_crash_s": 0.0, ("flash_restart_s" if in_place else "restart_s"): rto}
     costs |= {"restore_disk_s": 0.0, "restore_remote_s": 0.0, "snapshot_stall_s": 0.0}
+    costs |= {"restore_memory_s": 0.0, "restore_peer_s": 0.0}
     measured = MeasuredRun(ettr=min(ff_span / wall, 1.0), wall_s=wall, failures=len(faults),
                            gpus=run.workers, nodes=1)  # fmt: skip
-    cal = Calibration(costs=costs, source={"run_dir": "torchrun"}, measured=measured,
+    cal = Calibration(costs=costs, source={"run_dir": launcher}, measured=measured,
                       replay=replay_cfg)  # fmt: skip
     try:
         result = replay(cal)

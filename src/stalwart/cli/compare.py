@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace
-from stalwart.cli._compare_run import Route, RunSettings, run_route
-from stalwart.cli._compare_sim import simulate_route, simulate_torchrun
+from stalwart.cli._compare_run import Route, RunSettings, load_route, run_route
+from stalwart.cli._compare_sim import simulate_injected, simulate_route
 from stalwart.cli._torchft_launch import lighthouse_binary
 from stalwart.errors import ConfigError
 from stalwart.metrics.routes import (
@@ -97,6 +97,12 @@ def register(subparsers: Any) -> None:
         default="--replica-groups 2 --sync-every 20",
         help="`stalwart run` flags of the async route (docs/async.md)",
     )
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a run already in OUT (its observed.json) instead of running it again: an "
+        "interrupted comparison goes on, and a table is made anew from the runs it has",
+    )
     p.add_argument("--json", action="store_true", help="print the document as one JSON line")
     p.set_defaults(func=_cmd_compare)
 
@@ -140,17 +146,21 @@ def _trace(args: argparse.Namespace) -> FaultTrace:
     )
 
 
-def _run_pair(route: Route, st: RunSettings, trace: FaultTrace) -> tuple[RouteRun, RouteRun]:
-    print(f"{route.name}: fault-free run", flush=True)
-    free = run_route(route, st, None, f"{route.name}/fault-free", st.timeout_s)
+def _run_pair(
+    route: Route, st: RunSettings, trace: FaultTrace, reuse: bool
+) -> tuple[RouteRun, RouteRun]:
+    label = f"{route.name}/fault-free"
+    free = load_route(route, st, label) if reuse else None
+    print(f"{route.name}: fault-free run{' (reused)' if free else ''}", flush=True)
+    free = free or run_route(route, st, None, label, st.timeout_s)
     print(f"{route.name}: fault-free {free.exited - free.launched:.1f}s exit {free.rc}", flush=True)
-    print(f"{route.name}: faulted run ({trace.spec})", flush=True)
+    label = f"{route.name}/faulted"
+    hit_or_none = load_route(route, st, label) if reuse else None
+    print(f"{route.name}: faulted run ({trace.spec}){' (reused)' if hit_or_none else ''}")
     cap = min(st.timeout_s, st.cap * (free.exited - free.launched))
-    hit = run_route(route, st, trace, f"{route.name}/faulted", cap)
-    if route.launcher == "torchrun":
-        sim = simulate_torchrun(hit, free, st.persist_every)
-    elif route.launcher == "torchft":
-        sim = {"note": "no simulator model of torchft's quorum (sim/ prices stalwart's routes)"}
+    hit = hit_or_none or run_route(route, st, trace, label, cap)
+    if route.injected:
+        sim = simulate_injected(hit, free, route.launcher, st.persist_every)
     else:
         sim = simulate_route(st.work / f"{route.name}-faulted")
     hit = RouteRun(**{**hit.__dict__, "sim": sim})
@@ -174,7 +184,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     trace = _trace(args)
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    trace.to_file(work / "trace.json")
+    recorded = work / "trace.json"
+    if args.reuse and recorded.is_file():
+        kept = load_trace(recorded)
+        if kept.faults != trace.faults:
+            raise ConfigError(
+                f"--reuse: {recorded} holds another trace ({kept.spec!r}, seed {kept.seed}); "
+                f"give --trace {recorded} to reuse its runs, or a new --out"
+            )
+    trace.to_file(recorded)
     extra = [a for a in args.script_args if a != "--"]
     st = RunSettings(
         script.resolve(), tuple(extra), args.nproc_per_node, args.target, work,
@@ -184,7 +202,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     rows: list[RouteFigures] = []
     curves: dict[str, list[tuple[int, float]]] = {}
     for route in routes:
-        free, hit = _run_pair(route, st, trace)
+        free, hit = _run_pair(route, st, trace, args.reuse)
         rows.append(route_figures(hit, free))
         curves[route.name] = kept_losses(hit.records)
         curves[f"{route.name}/fault-free"] = kept_losses(free.records)
