@@ -1,7 +1,7 @@
 """What a corpus script leaves behind for tests/corpus/test_matrix.py to judge a run by.
 
-Not part of any real script's style: the one helper the five scripts share, so that each
-run writes the same two kinds of file under ``OUT`` (a folder in the run directory):
+Not part of any real script's style: the helper every corpus script records with, so that
+each run writes the same two kinds of file under ``OUT`` (a folder in the run directory):
 
 - ``trace-m<MEMBER>.jsonl``: one line per committed attempt of a step on that member
   (the rank it was launched with): ``step``, ``attempt`` (the torchrun restart count and

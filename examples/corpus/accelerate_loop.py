@@ -21,28 +21,13 @@ import argparse
 import time
 
 import torch
+from _copytask import CopyTask
 from _record import Recorder
 from accelerate import Accelerator, DataLoaderConfiguration
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup, set_seed
 
 from stalwart.integrations import accelerate as stalwart_accelerate
-
-
-class CopyTask(Dataset[dict[str, torch.Tensor]]):
-    """Sequences that repeat their first half: sample i is a function of i."""
-
-    def __init__(self, n: int, seq: int, vocab: int, salt: int) -> None:
-        self.n, self.seq, self.vocab, self.salt = n, seq, vocab, salt
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.salt * 100_003 + i)
-        half = torch.randint(1, self.vocab, (self.seq // 2,), generator=g)
-        ids = torch.cat([half, half])
-        return {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor(i)}
 
 
 def main() -> None:

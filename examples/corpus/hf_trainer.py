@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 import torch
+from _copytask import CopyTask
 from _record import Recorder
-from torch.utils.data import Dataset
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -32,23 +32,6 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-
-
-class CopyTask(Dataset[dict[str, torch.Tensor]]):
-    """Sequences that repeat their first half: sample i is a function of i."""
-
-    def __init__(self, n: int, seq: int, vocab: int, salt: int) -> None:
-        self.n, self.seq, self.vocab, self.salt = n, seq, vocab, salt
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.salt * 100_003 + i)
-        half = torch.randint(1, self.vocab, (self.seq // 2,), generator=g)
-        ids = torch.cat([half, half])
-        index = i if self.salt == 1 else -1 - i  # eval samples negative: not recorded
-        return {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor(index)}
 
 
 class Collate:
