@@ -24,7 +24,7 @@ from stalwart.errors import ConfigError
 from stalwart.integrations._pl_loop import StepLoader
 from stalwart.integrations.lightning import StalwartCallback, StalwartStrategy
 
-from ._fake import FakeSession
+from ._fake import FakeSession, same_params
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -92,14 +92,10 @@ def plain() -> tuple[list[torch.Tensor], Net]:
     return _fit(None)
 
 
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def test_the_callback_changes_nothing_the_trainer_computes(plain: Any) -> None:
     sess = FakeSession()
     params, model = _fit(sess)
-    assert _same(params, plain[0])
+    assert same_params(params, plain[0])
     assert model.losses == plain[1].losses
     assert sess.yielded == list(range(1, 15))
     logged = [m for m in sess.logged if "loss" in m]
@@ -125,7 +121,7 @@ def test_a_rollback_finishes_bit_identical_to_the_plain_trainer(
     sess = FakeSession(fail_at=fail_at)
     params, model = _fit(sess)
     assert sess.generation == len(fail_at), "the rollbacks did not happen"
-    assert _same(params, plain[0]), "final parameters differ from the fault-free Trainer"
+    assert same_params(params, plain[0]), "final parameters differ from the fault-free Trainer"
     assert model.losses == plain[1].losses, "a redone step's loss differs"
     assert model.vals == plain[1].vals
 
@@ -152,7 +148,7 @@ def test_a_restored_worker_resumes_at_the_snapshot_without_ckpt_path(plain: Any,
     _fit(seen)
     params, model = _fit(_Resumed(seen, at))
     assert min(model.losses) == at + 1, "the Trainer redid steps the job had done"
-    assert _same(params, plain[0])
+    assert same_params(params, plain[0])
 
 
 def test_gradient_accumulation_is_refused_with_the_fix() -> None:

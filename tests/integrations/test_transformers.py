@@ -22,7 +22,7 @@ from stalwart.integrations.transformers import (  # noqa: E402
     TrainerNotFoundError,
 )
 
-from ._fake import FakeSession  # noqa: E402
+from ._fake import FakeSession, same_params  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,14 +84,10 @@ def plain() -> tuple[list[torch.Tensor], Losses]:
     return _train(None)
 
 
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def test_the_callback_changes_nothing_the_trainer_computes(plain: Any) -> None:
     sess = FakeSession()
     params, losses = _train(sess)
-    assert _same(params, plain[0])
+    assert same_params(params, plain[0])
     assert losses.by_step == plain[1].by_step
     assert sess.yielded == list(range(1, 15))
     logged = [m for m in sess.logged if "loss" in m]
@@ -115,7 +111,7 @@ def test_a_rollback_finishes_bit_identical_to_the_plain_trainer(
     sess = FakeSession(fail_at=fail_at)
     params, losses = _train(sess)
     assert sess.generation == len(fail_at), "the rollbacks did not happen"
-    assert _same(params, plain[0]), "final parameters differ from the fault-free Trainer"
+    assert same_params(params, plain[0]), "final parameters differ from the fault-free Trainer"
     assert losses.by_step == plain[1].by_step, "a redone step's loss differs"
     assert losses.evals == plain[1].evals
 
@@ -129,7 +125,7 @@ def test_a_restored_worker_resumes_at_the_snapshot_without_resume_from_checkpoin
     _train(seen)  # its step-5 snapshot is what the restored worker finds
     params, losses = _train(_Resumed(seen))
     assert min(losses.by_step) == 6, "the Trainer redid steps the job had done"
-    assert _same(params, plain[0])
+    assert same_params(params, plain[0])
 
 
 class _Resumed(FakeSession):
