@@ -30,6 +30,8 @@ from typing import Any
 
 from _hang_figures import crash_loop_verdicts, false_hang_kills, p99_step_s
 
+from stalwart.chaos.proctree import descendants
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_recovery_job.py"
 HF_JOB = HERE / "_hf_job.py"  # imports transformers (pip install '.[bench]')
@@ -42,26 +44,6 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (torchrun's workers live in sessions of their own, so
-    killing the launcher's process group leaves them behind)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> int:
     with open(cwd / "launcher.log", "w") as out:
         proc = subprocess.Popen(
@@ -70,7 +52,7 @@ def _run(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> int:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            tree = _descendants(proc.pid)  # before the launcher dies and they are reparented
+            tree = descendants(proc.pid)  # before the launcher dies and they are reparented
             os.killpg(proc.pid, signal.SIGKILL)
             for pid in tree:
                 with contextlib.suppress(ProcessLookupError):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stalwart.chaos.proctree import descendants
 from stalwart.chaos.trace import FaultTrace, TraceFault
 from stalwart.metrics.routes import RouteRun, StepRecord, read_step_records, recoveries
 
@@ -64,24 +65,6 @@ class RunSettings:
     timeout_s: float
     persist_every: int  # restart's --persist-every, and the torchrun script's save cadence
     cap: float = 3.0  # a faulted run is stopped at cap x its fault-free time: not reached
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _command(route: Route, st: RunSettings, out: Path, job: str, chaos: str) -> list[str]:
@@ -140,7 +123,7 @@ class _Injector(threading.Thread):
             self.stop.set()  # member 0 is done: later instants are past the run's end
             return False
         pid = _last_pid(self.corpus / f"trace-m{fault.rank}.jsonl")
-        if pid is None or pid not in _descendants(self.launcher):
+        if pid is None or pid not in descendants(self.launcher):
             return False  # between incarnations: strike the next one
         try:
             os.kill(pid, _SIGNALS[fault.kind])
@@ -195,7 +178,7 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        tree = _descendants(proc.pid)  # before the launcher dies and they are reparented
+        tree = descendants(proc.pid)  # before the launcher dies and they are reparented
         for pid in [proc.pid, *tree]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
