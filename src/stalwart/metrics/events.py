@@ -34,6 +34,7 @@ __all__ = [
     "EventLog",
     "EventLogError",
     "ReadResult",
+    "parse_event",
     "read_events",
 ]
 
@@ -333,6 +334,27 @@ class ReadResult:
     problems: list[str]
 
 
+def parse_event(line: str | bytes) -> Event:
+    """One line of an event log, its version and its kind's fields checked; raises
+    ``ValueError``, ``KeyError``, ``TypeError`` or :class:`EventLogError` on a bad line."""
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise TypeError(f"an event is a JSON object, not {type(d).__name__}")
+    if d.get("v") not in READABLE_VERSIONS:
+        raise ValueError(f"schema version {d.get('v')!r}, this reader reads {READABLE_VERSIONS}")
+    fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
+    _validate(str(d["kind"]), fields)
+    return Event(
+        str(d["kind"]),
+        float(d["t"]),
+        str(d.get("host", "")),
+        int(d.get("pid", 0)),
+        d.get("node"),
+        d.get("rank"),
+        fields,
+    )
+
+
 def read_events(path: str) -> ReadResult:
     """Every event in ``path`` sorted by time; bad lines are reported, not fatal."""
     try:
@@ -350,24 +372,7 @@ def read_events(path: str) -> ReadResult:
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-            if d.get("v") not in READABLE_VERSIONS:
-                raise ValueError(
-                    f"schema version {d.get('v')!r}, this reader reads {READABLE_VERSIONS}"
-                )
-            fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
-            _validate(str(d["kind"]), fields)
-            events.append(
-                Event(
-                    str(d["kind"]),
-                    float(d["t"]),
-                    str(d.get("host", "")),
-                    int(d.get("pid", 0)),
-                    d.get("node"),
-                    d.get("rank"),
-                    fields,
-                )
-            )
+            events.append(parse_event(line))
         except (ValueError, KeyError, TypeError, EventLogError) as err:
             problems.append(f"{path}:{n}: {err}")
             if n == len(lines):

@@ -9,17 +9,14 @@ per poll.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from typing import Any
 
-from stalwart.metrics.events import READABLE_VERSIONS, Event, EventLogError, _validate
+from stalwart.metrics.events import Event, EventLogError, parse_event
 from stalwart.metrics.live import EventSink
 
 __all__ = ["EventFollower", "LiveFeed", "start_live"]
-
-_ENVELOPE = ("v", "t", "kind", "host", "pid", "node", "rank")
 
 
 class EventFollower:
@@ -47,22 +44,7 @@ class EventFollower:
             if not line.strip():
                 continue
             try:
-                d: dict[str, Any] = json.loads(line)
-                if d.get("v") not in READABLE_VERSIONS:
-                    raise ValueError(f"schema version {d.get('v')!r}")
-                fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
-                _validate(str(d["kind"]), fields)
-                out.append(
-                    Event(
-                        str(d["kind"]),
-                        float(d["t"]),
-                        str(d.get("host", "")),
-                        int(d.get("pid", 0)),
-                        d.get("node"),
-                        d.get("rank"),
-                        fields,
-                    )
-                )
+                out.append(parse_event(line))
             except (ValueError, KeyError, TypeError, EventLogError) as err:
                 self.problems.append(f"{self.path}: {err}")  # live display: skip, go on
         return out
