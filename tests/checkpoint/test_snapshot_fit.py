@@ -4,8 +4,6 @@ mid-copy by SIGBUS), and the snapshots already there stay intact."""
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +14,8 @@ from stalwart.checkpoint import SnapshotConfig, Snapshotter, _shm
 from stalwart.errors import SnapshotWontFitError
 
 
-@pytest.fixture
-def small_shm(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount an 8 MB tmpfs here ({r.stderr.strip()}); needs root")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=30)
-
-
-def test_second_slot_that_does_not_fit_is_refused_on_a_real_tmpfs(small_shm: Path) -> None:
-    snap = Snapshotter(SnapshotConfig("fit-job-rank0", shm_dir=str(small_shm)))
+def test_second_slot_that_does_not_fit_is_refused_on_a_real_tmpfs(small_tmpfs: Path) -> None:
+    snap = Snapshotter(SnapshotConfig("fit-job-rank0", shm_dir=str(small_tmpfs)))
     state = {"w": torch.ones(1_250_000)}  # 5 MB: one slot fits in 8 MB, two do not
     try:
         snap.snapshot(state, 1)
