@@ -131,16 +131,7 @@ def stalwart_run_nodes(
         )
         for n in range(nnodes)
     ]
-    out = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=timeout)
-            out.append((p.returncode, err))
-    finally:
-        for p in procs:
-            _stop(p)
-    _check_shm(job)
-    return out
+    return reap_agents(procs, job, timeout)
 
 
 def start_etcd_agents(
@@ -173,6 +164,23 @@ def start_etcd_agents(
         )
         for n in range(nnodes)
     ]
+
+
+def reap_agents(
+    procs: list[subprocess.Popen[str]], job: str, timeout: float
+) -> list[tuple[int, str]]:
+    """Wait for every agent (``timeout`` seconds each), stop any still running, check the
+    job left no shared memory; returns each agent's (exit code, stderr)."""
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            _stop(p)
+    _check_shm(job)
+    return out
 
 
 def _cmd_prefix() -> list[str]:

@@ -5,7 +5,6 @@ then finishes; the same global batch every step (docs/elastic.md)."""
 from __future__ import annotations
 
 import os
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 from coordinator.etcd_server import EtcdServer, running_etcd
 
-from ._launch import events_of, start_etcd_agents
+from ._launch import events_of, reap_agents, start_etcd_agents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_elastic.py"
 ARGS = ["--steps", "40", "--dim", "32", "--layers", "1", "--seq", "16"]
@@ -35,17 +34,8 @@ def test_elastic_job_survives_losing_a_node_for_good(etcd: EtcdServer, tmp_path:
     flags = ["--nnodes", "1:2", "--strategy", "elastic"]
     flags += ["--chaos", "kill node=1 at=step:12 permanent"]
     procs = start_etcd_agents(url, run_dir, [*flags, str(EXAMPLE), *ARGS])
-    errs = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=180)
-            errs.append(err)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-                p.communicate(timeout=30)
-    assert [p.returncode for p in procs] == [0, 137], errs[0][-3000:]
+    ended = reap_agents(procs, job, 180)
+    assert [code for code, _ in ended] == [0, 137], ended[0][1][-3000:]
     events = events_of(run_dir)
     resizes = [f for k, f in events if k == "resize"]
     assert [int(str(f["world_size"])) for f in resizes][-1] == 2, resizes

@@ -10,8 +10,6 @@ buddy node's memory, and the lost ranks restore from there (the ``replica`` tier
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from coordinator.etcd_server import EtcdServer, running_etcd
 
 from stalwart.metrics.events import read_events
 
-from ._launch import events_of, start_etcd_agents
+from ._launch import events_of, reap_agents, start_etcd_agents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_hsdp.py"
 ARGS = ["--steps", "100", "--dim", "64", "--layers", "2", "--step-ms", "20"]
@@ -45,18 +43,10 @@ def _run(
     procs = start_etcd_agents(
         url, run_dir, [*extra, str(EXAMPLE), *ARGS, *script, "--out", str(out)]
     )
-    codes = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=280)
-            codes.append(p.returncode)
-            assert p.returncode in (0, 137), err[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-                p.communicate(timeout=30)
-    assert not [p for p in os.listdir("/dev/shm") if job in p], "shared memory left behind"
+    ended = reap_agents(procs, job, 280)
+    for code, err in ended:
+        assert code in (0, 137), err[-3000:]
+    codes = [code for code, _ in ended]
     return codes, [Path(f"{out}.rank{r}").read_text() for r in range(4)]
 
 

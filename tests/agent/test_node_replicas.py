@@ -7,8 +7,6 @@ snapshot can stand in, and the final state must equal a fault-free run's bit for
 
 from __future__ import annotations
 
-import os
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ from coordinator.etcd_server import EtcdServer, running_etcd
 
 from stalwart.metrics.events import read_events
 
-from ._launch import events_of, start_etcd_agents
+from ._launch import events_of, reap_agents, start_etcd_agents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
 ARGS = ["--steps", "160", "--size-mb", "2", "--window-mb", "0.25", "--step-ms", "20"]
@@ -45,18 +43,10 @@ def _run(etcd: EtcdServer, run_dir: Path, extra: list[str]) -> tuple[list[int], 
         run_dir,
         ["--snapshot-every", "15", *extra, str(EXAMPLE), *ARGS, "--out", str(out)],
     )
-    codes = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=150)
-            codes.append(p.returncode)
-            assert p.returncode in (0, 137), err[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-                p.communicate(timeout=30)
-    assert not [p for p in os.listdir("/dev/shm") if job in p], "shared memory left behind"
+    ended = reap_agents(procs, job, 150)
+    for code, err in ended:
+        assert code in (0, 137), err[-3000:]
+    codes = [code for code, _ in ended]
     return codes, [Path(f"{out}.rank{r}").read_text() for r in range(4)]
 
 
