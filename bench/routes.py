@@ -1,9 +1,11 @@
 """Routes benchmark: `stalwart compare` on a 4-worker job with a kill every ~20 s.
 
 One corpus script (examples/corpus/nanogpt.py, a small GPT) runs to the same step count
-under torchrun --max-restarts with nanoGPT's torch.save resume, and under stalwart's
-restart, flash, spare and elastic (async and torchft where this tree has them: otherwise
-one line saying why), each faulted and fault-free, with the same recorded fault instants.
+under torchrun --max-restarts with nanoGPT's torch.save resume, under stalwart's restart,
+flash, spare, elastic and async, and under torchft (its lighthouse and a torchrun per
+replica group over the script's torchft port, when torchft is installed: ``pip install
+'.[bench]'``; otherwise one line saying why), each faulted and fault-free, with the same
+recorded fault instants.
 Prints compare's table, the simulator's replay beside each stalwart route (predicted vs
 the ETTR its report measured), and a final JSON line ``{"routes": {"torchrun": {...},
 ...}}`` with per route ``ettr``, ``time_to_target_s``, ``fault_free_s``, ``rto_p50_s``,
