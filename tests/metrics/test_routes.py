@@ -93,6 +93,22 @@ def test_utilisation_counts_every_member_so_a_group_down_while_others_go_on_is_i
     assert row.utilisation == pytest.approx((10.0 + 6.0) / 20.0)
 
 
+def test_the_struck_rank_back_is_read_on_its_own_member_not_member_0() -> None:
+    member0 = _steps([(s, float(s)) for s in range(1, 11)])  # never stopped (async)
+    member1 = _steps([(s, float(s)) for s in range(1, 4)]) + _steps(
+        [(s, float(s)) for s in range(8, 11)], attempt=(1, 0)
+    )  # killed at 3.5 s, its group trains again at 8 s
+    base = dict(route="async", workers=2, spares=0, target=10, launched=0.0, exited=12.0)
+    run = RouteRun(**base, rc=0, records=tuple(member0), faults_at=(3.5,), fault_ranks=(1,),
+                   member_records=(tuple(member0), tuple(member1)))  # fmt: skip
+    row = route_figures(run, run)
+    assert row.struck_back_p50_s == pytest.approx(8.0 - 3.5)
+    assert row.rto_p50_s == pytest.approx(5.0 - 3.5)  # member 0 went on at once
+    lost = RouteRun(**base, rc=0, records=tuple(member0), faults_at=(3.5,), fault_ranks=(1,),
+                    member_records=(tuple(member0), tuple(member1[:3])))  # fmt: skip
+    assert route_figures(lost, lost).struck_back_p50_s is None  # no new attempt on it
+
+
 def test_a_route_that_misses_the_target_has_no_time_and_says_why() -> None:
     free = _run(_steps([(s, float(s)) for s in range(1, 11)]))
     hit = _run(_steps([(s, float(s)) for s in range(1, 6)]), faults=(5.5,), rc=-9)

@@ -226,7 +226,9 @@ def run_route(
         else:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+    ranks = [f.rank for f in faults[: len(fired())]]
     observed = {"launched": launched, "exited": exited, "rc": rc, "faults_at": fired()}
+    observed["fault_ranks"] = ranks
     (out / "observed.json").write_text(json.dumps(observed) + "\n")  # to re-read the run
     return RouteRun(
         route=route.name,
@@ -239,6 +241,7 @@ def run_route(
         records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
         faults_at=fired(),
         member_records=_member_records(out / "corpus"),
+        fault_ranks=tuple(f.rank for f in faults[: len(fired())]),
     )
 
 
@@ -251,14 +254,19 @@ def _member_records(corpus: Path) -> tuple[tuple[StepRecord, ...], ...]:
     return tuple(read_step_records(path) for _, path in sorted(paths))
 
 
-def load_route(route: Route, st: RunSettings, label: str) -> RouteRun | None:
+def load_route(
+    route: Route, st: RunSettings, trace: FaultTrace | None, label: str
+) -> RouteRun | None:
     """The run ``run_route`` left in ``label``'s folder (its ``observed.json`` and step
-    records), or None when there is none or it cannot be read: ``compare --reuse``."""
+    records; ``trace`` the one it ran under, None for a fault-free run), or None when there
+    is none or it cannot be read: ``compare --reuse``."""
     out = st.work / label.replace("/", "-")
     try:
         obs = json.loads((out / "observed.json").read_text())
         launched, exited, rc = float(obs["launched"]), float(obs["exited"]), int(obs["rc"])
         faults_at = tuple(float(t) for t in obs["faults_at"])
+        struck = [f.rank for f in (trace.faults if trace else ())][: len(faults_at)]
+        ranks = tuple(int(r) for r in obs.get("fault_ranks", struck))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not (0 < launched <= exited):
@@ -274,4 +282,5 @@ def load_route(route: Route, st: RunSettings, label: str) -> RouteRun | None:
         records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
         faults_at=faults_at,
         member_records=_member_records(out / "corpus"),
+        fault_ranks=ranks,
     )

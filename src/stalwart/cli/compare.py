@@ -150,12 +150,12 @@ def _run_pair(
     route: Route, st: RunSettings, trace: FaultTrace, reuse: bool
 ) -> tuple[RouteRun, RouteRun]:
     label = f"{route.name}/fault-free"
-    free = load_route(route, st, label) if reuse else None
+    free = load_route(route, st, None, label) if reuse else None
     print(f"{route.name}: fault-free run{' (reused)' if free else ''}", flush=True)
     free = free or run_route(route, st, None, label, st.timeout_s)
     print(f"{route.name}: fault-free {free.exited - free.launched:.1f}s exit {free.rc}", flush=True)
     label = f"{route.name}/faulted"
-    hit_or_none = load_route(route, st, label) if reuse else None
+    hit_or_none = load_route(route, st, trace, label) if reuse else None
     print(f"{route.name}: faulted run ({trace.spec}){' (reused)' if hit_or_none else ''}")
     cap = min(st.timeout_s, st.cap * (free.exited - free.launched))
     hit = hit_or_none or run_route(route, st, trace, label, cap)

@@ -27,6 +27,11 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   is not going again). The fault's recovery is the time from the instant to that record.
   Steps lost: the newest step committed before that record (steps in flight at the fault
   included) less the one it resumed from.
+- struck rank back: per fault, its instant to the first step record of a new attempt on
+  the struck rank's own member (``trace-m<rank>.jsonl``): when the rank that was killed
+  trains again. Under a synchronous route it is the RTO; under async and torchft, where
+  member 0 need not stop, it is the failed group's own recovery. None where the struck
+  member writes no new attempt (a standby took its rank and records as itself).
 - final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
   attempt of each step); the loss gap: the faulted run's loss less the fault-free run's
   (same route) at the same steps, averaged over those last kept steps (for a run stopped
@@ -84,6 +89,7 @@ class RouteRun:
     records: tuple[StepRecord, ...]
     faults_at: tuple[float, ...] = ()  # wall clock of each fault that fired
     member_records: tuple[tuple[StepRecord, ...], ...] = ()  # every member's, for utilisation
+    fault_ranks: tuple[int, ...] = ()  # the rank each fault of faults_at struck
     sim: dict[str, Any] = field(default_factory=dict)  # the simulator's replay, if any
 
     @property
@@ -251,6 +257,20 @@ def _utilisation(run: RouteRun, ettr: float) -> float:
     return min(1.0, math.fsum(productive) / (held * span))
 
 
+def _struck_back(run: RouteRun) -> list[float]:
+    """Each fault's instant to the struck member's first record of a new attempt."""
+    out = []
+    for t_f, rank in zip(run.faults_at, run.fault_ranks, strict=False):
+        recs = run.member_records[rank] if 0 <= rank < len(run.member_records) else ()
+        before = [r for r in recs if r.t <= t_f]
+        if not before:
+            continue
+        nxt = next((r for r in recs if r.t > t_f and r.attempt != before[-1].attempt), None)
+        if nxt is not None:
+            out.append(nxt.t - t_f)
+    return sorted(out)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -271,6 +291,7 @@ class RouteFigures:
     utilisation: float | None
     rto_p50_s: float | None
     rto_p95_s: float | None
+    struck_back_p50_s: float | None
     faults: int
     recovered: int
     steps_lost: int
@@ -306,6 +327,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
         utilisation=None if ettr is None else _utilisation(run, ettr),
         rto_p50_s=_pct(rtos, 50),
         rto_p95_s=_pct(rtos, 95),
+        struck_back_p50_s=_pct(_struck_back(run), 50),
         faults=len(recs),
         recovered=len(rtos),
         steps_lost=sum(r.steps_lost or 0 for r in recs),

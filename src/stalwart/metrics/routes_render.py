@@ -22,6 +22,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("utilisation", "utilisation", ".3f"),
     ("rto_p50_s", "RTO p50 (s)", ".2f"),
     ("rto_p95_s", "RTO p95 (s)", ".2f"),
+    ("struck_back_p50_s", "struck rank back p50 (s)", ".2f"),
     ("steps_lost", "steps lost", "d"),
     ("loss_gap", "loss gap", "+.4f"),
     ("sim_predicted_ettr", "sim ETTR", ".3f"),
