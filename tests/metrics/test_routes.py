@@ -107,6 +107,11 @@ def test_the_struck_rank_back_is_read_on_its_own_member_not_member_0() -> None:
     lost = RouteRun(**base, rc=0, records=tuple(member0), faults_at=(3.5,), fault_ranks=(1,),
                     member_records=(tuple(member0), tuple(member1[:3])))  # fmt: skip
     assert route_figures(lost, lost).struck_back_p50_s is None  # no new attempt on it
+    # an async group restarted keeps its attempt: its new process tells
+    respawned = member1[:3] + [StepRecord(s, (0, 0), float(s), 1.0, pid=7) for s in (8, 9, 10)]
+    same = RouteRun(**base, rc=0, records=tuple(member0), faults_at=(3.5,), fault_ranks=(1,),
+                    member_records=(tuple(member0), tuple(respawned)))  # fmt: skip
+    assert route_figures(same, same).struck_back_p50_s == pytest.approx(8.0 - 3.5)
 
 
 def test_a_route_that_misses_the_target_has_no_time_and_says_why() -> None:

@@ -27,9 +27,9 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   is not going again). The fault's recovery is the time from the instant to that record.
   Steps lost: the newest step committed before that record (steps in flight at the fault
   included) less the one it resumed from.
-- struck rank back: per fault, its instant to the first step record of a new attempt on
-  the struck rank's own member (``trace-m<rank>.jsonl``): when the rank that was killed
-  trains again. Under a synchronous route it is the RTO; under async and torchft, where
+- struck rank back: per fault, its instant to the first step record of a new attempt, or
+  of a new process, on the struck rank's own member (``trace-m<rank>.jsonl``; an async
+  group restarted keeps its attempt): when the rank that was killed trains again. Under a synchronous route it is the RTO; under async and torchft, where
   member 0 need not stop, it is the failed group's own recovery. None where the struck
   member writes no new attempt (a standby took its rank and records as itself).
 - final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
@@ -73,6 +73,7 @@ class StepRecord:
     attempt: tuple[int, int]
     t: float
     loss: float | None
+    pid: int = 0  # the process that recorded it (a restarted group keeps its attempt)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def read_step_records(path: str | Path) -> tuple[StepRecord, ...]:
                     (int(att[0]), int(att[1])),
                     float(rec["t"]),
                     float(loss) if isinstance(loss, (int, float)) else None,
+                    int(rec.get("pid", 0)),
                 )
             )
         except (ValueError, KeyError, TypeError, IndexError):
@@ -265,7 +267,8 @@ def _struck_back(run: RouteRun) -> list[float]:
         before = [r for r in recs if r.t <= t_f]
         if not before:
             continue
-        nxt = next((r for r in recs if r.t > t_f and r.attempt != before[-1].attempt), None)
+        was = (before[-1].attempt, before[-1].pid)
+        nxt = next((r for r in recs if r.t > t_f and (r.attempt, r.pid) != was), None)
         if nxt is not None:
             out.append(nxt.t - t_f)
     return sorted(out)
