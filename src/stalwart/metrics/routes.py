@@ -29,9 +29,10 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   included) less the one it resumed from.
 - struck rank back: per fault, its instant to the first step record of a new attempt, or
   of a new process, on the struck rank's own member (``trace-m<rank>.jsonl``; an async
-  group restarted keeps its attempt): when the rank that was killed trains again. Under a synchronous route it is the RTO; under async and torchft, where
-  member 0 need not stop, it is the failed group's own recovery. None where the struck
-  member writes no new attempt (a standby took its rank and records as itself).
+  group restarted keeps its attempt): when the rank that was killed trains again. Under
+  a synchronous route it is the RTO; under async and torchft, where member 0 need not
+  stop, it is the failed group's own recovery. None where the struck member writes no
+  new attempt (a standby took its rank and records as itself).
 - final loss: the mean loss of the last tenth (at least 5) of the kept steps (the last
   attempt of each step); the loss gap: the faulted run's loss less the fault-free run's
   (same route) at the same steps, averaged over those last kept steps (for a run stopped
