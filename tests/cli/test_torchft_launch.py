@@ -19,6 +19,7 @@ import socket, sys, time
 port = int(sys.argv[sys.argv.index("--bind") + 1].rsplit(":", 1)[1])
 s = socket.socket(); s.bind(("127.0.0.1", port)); s.listen()
 open(sys.argv[0] + ".args", "w").write(" ".join(sys.argv[1:]))
+open(sys.argv[0] + ".pid", "w").write(str(__import__("os").getpid()))
 time.sleep(600)
 """
 
@@ -57,6 +58,42 @@ def test_groups_get_their_ids_and_the_lighthouse_and_the_job_ends_with_group_0(
     args = (tmp_path / "lighthouse.args").read_text()
     assert "--min_replicas 1" in args and f"--bind 127.0.0.1:{one.rsplit(':', 1)[1]}" in args
     assert not Path(f"/proc/{seen[1]['pid']}").exists()  # stopped, and reaped by its torchrun
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True  # exited; its parent (gone too) no longer reaps it
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(180)
+def test_nothing_it_started_outlives_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+    lighthouse = tmp_path / "lighthouse"
+    lighthouse.write_text(f"#!{sys.executable}\n" + _LIGHTHOUSE)
+    lighthouse.chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cmd = [sys.executable, "-m", "stalwart.cli._torchft_launch", "--workers", "2"]
+    cmd += ["--lighthouse", str(lighthouse), "--", str(script), str(tmp_path)]
+    proc = subprocess.Popen(cmd, env={"PATH": "/usr/bin:/bin"}, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (tmp_path / "g1.json").exists():
+            time.sleep(0.1)
+        group1 = json.loads((tmp_path / "g1.json").read_text())["pid"]  # sleeping 300 s
+        keeper = int((tmp_path / "lighthouse.pid").read_text())
+    finally:
+        proc.kill()  # no handler runs: the children learn it from the kernel
+        proc.wait(timeout=30)
+    assert _gone(keeper, 30), "the lighthouse outlived its launcher"
+    assert _gone(group1, 60), "a replica group's worker outlived the launcher"
 
 
 def test_without_a_lighthouse_it_says_what_to_install(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
@@ -37,6 +39,14 @@ def lighthouse_binary() -> str | None:
     """The ``torchft_lighthouse`` executable beside this Python, or on PATH; None if absent."""
     beside = Path(sys.executable).parent / "torchft_lighthouse"
     return str(beside) if beside.exists() else shutil.which("torchft_lighthouse")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when this launcher dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so no lighthouse or group outlives it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -87,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the groups on the way out
     port = _free_port()
     lighthouse = subprocess.Popen(
-        [binary, "--bind", f"127.0.0.1:{port}", *_LIGHTHOUSE_FLAGS], start_new_session=True
+        [binary, "--bind", f"127.0.0.1:{port}", *_LIGHTHOUSE_FLAGS],
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     groups: list[subprocess.Popen[bytes]] = []
     try:
@@ -98,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # the Manager joins torchrun's
             env["TORCHFT_LIGHTHOUSE"] = f"http://127.0.0.1:{port}"
             launcher = [torchrun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1000"]
-            groups.append(subprocess.Popen([*launcher, *cmd], env=env, start_new_session=True))
+            groups.append(
+                subprocess.Popen(
+                    [*launcher, *cmd], env=env, start_new_session=True, preexec_fn=_die_with_parent
+                )
+            )
         rc = groups[0].wait()
         deadline = time.monotonic() + args.grace
         for proc in groups[1:]:
