@@ -226,23 +226,13 @@ def run_route(
         else:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    ranks = [f.rank for f in faults[: len(fired())]]
     observed = {"launched": launched, "exited": exited, "rc": rc, "faults_at": fired()}
-    observed["fault_ranks"] = ranks
+    observed["fault_ranks"] = [f.rank for f in faults[: len(fired())]]
     (out / "observed.json").write_text(json.dumps(observed) + "\n")  # to re-read the run
-    return RouteRun(
-        route=route.name,
-        workers=st.workers,
-        spares=route.spares,
-        target=st.target,
-        launched=launched,
-        exited=exited,
-        rc=rc,
-        records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
-        faults_at=fired(),
-        member_records=_member_records(out / "corpus"),
-        fault_ranks=tuple(f.rank for f in faults[: len(fired())]),
-    )
+    run = load_route(route, st, trace, label)
+    if run is None:
+        raise RuntimeError(f"compare: cannot read back {out / 'observed.json'} just written")
+    return run
 
 
 def _member_records(corpus: Path) -> tuple[tuple[StepRecord, ...], ...]:
