@@ -9,7 +9,9 @@ recovered its one fault and flash lost no quality against its fault-free run.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,11 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_torchft_route_heals_the_killed_group_from_a_live_one(tmp_path: Path) -> None:
-    pytest.importorskip("torchft", reason="the torchft route needs pip install '.[bench]'")
+    if importlib.util.find_spec("torchft") is None:
+        why = "the torchft route needs torchft: pip install '.[bench]' (make setup does)"
+        if os.environ.get("CI"):
+            pytest.fail(why)  # CI installs it: a missing torchft is a broken set-up there
+        pytest.skip(why)
     out = tmp_path / "cmp"
     argv = ["compare", "--routes", "torchft", "--nproc-per-node", "2", "--target", "300"]
     argv += ["--trace", "kill every=3s jitter=0 rank=1", "--horizon", "3.5", "--out", str(out)]
