@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from stalwart.coordinator._stall import STALL_S
 from stalwart.coordinator.errors import LeaseNotFoundError, StoreClosedError
-from stalwart.coordinator.memory import STALL_S, MemoryStore
+from stalwart.coordinator.memory import MemoryStore
 
 
 def _watcher(store: MemoryStore) -> threading.Thread:
@@ -24,9 +25,9 @@ def _watcher(store: MemoryStore) -> threading.Thread:
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not store._sleepers:  # asleep, wake planned
+    while time.monotonic() < deadline and not store._stall.sleeping:  # asleep, wake planned
         time.sleep(0.01)
-    assert store._sleepers
+    assert store._stall.sleeping
     return t
 
 

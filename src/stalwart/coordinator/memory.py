@@ -9,8 +9,8 @@ delete events of an expired lease on time even when nobody else calls the store.
 A store that could not run is not a client that stopped calling: when the store's
 process was descheduled (a loaded host, a long pause), keepalives sent in time wait
 unread in its sockets while their leases' deadlines pass. So when a call or a waiter
-finds that a sleeping watcher overslept its planned wake by more than ``STALL_S``, every
-lease is renewed to a full ttl from now before anything expires, as etcd renews every
+finds that a sleeping watcher overslept its planned wake by more than 1 s (_stall.py),
+every lease is renewed to a full ttl from now before anything expires, as etcd renews every
 lease when a new leader takes over; a client that really stopped loses its lease one
 ttl later than it would have.
 """
@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 
+from stalwart.coordinator._stall import StallWatch
 from stalwart.coordinator.errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from stalwart.coordinator.store import (
     Compare,
@@ -43,8 +44,6 @@ _DEFAULT_HISTORY = 10_000
 # longest lease granted: leases are failure detectors of seconds; a lease that outlives
 # the job (or never expires: inf) would keep a lost member's keys forever
 MAX_LEASE_TTL = 7 * 86400.0
-STALL_S = 1.0
-"""A sleeping watcher woken this much later than it asked to be means the store stalled."""
 
 
 @dataclass
@@ -110,10 +109,12 @@ class MemoryStore:
         self._history_max = history
         self._first_watchable = 1
         self._closed = False
-        self._sleepers: dict[int, float] = {}  # a waiting watcher's planned wake (clock)
-        self._sleeper_seq = 0
-        self.stalls = 0
+        self._stall = StallWatch(clock)
+
+    @property
+    def stalls(self) -> int:
         """How many times the store found it had not run (every lease renewed then)."""
+        return self._stall.stalls
 
     # -- KV -------------------------------------------------------------
 
@@ -263,37 +264,21 @@ class MemoryStore:
     # -- internals (lock held) ------------------------------------------
 
     def _sleep_locked(self, wait: float | None) -> None:
-        """Wait on the condition, the planned wake on record while asleep (see the module)."""
-        if wait is None:
-            self._cond.wait()
-            return
-        self._sleeper_seq += 1
-        token, planned = self._sleeper_seq, self._clock() + wait
-        self._sleepers[token] = planned
-        try:
-            self._cond.wait(wait)
-        finally:
-            planned = self._sleepers.pop(token, planned)  # moved on if a stall was seen
-        self._check_stall_locked(self._clock(), planned)
+        if self._stall.sleep(self._cond, wait):
+            self._renew_all_locked()
 
-    def _check_stall_locked(self, now: float, planned: float | None = None) -> None:
-        """Renew every lease if a watcher's wake came ``STALL_S`` late (see the module)."""
-        earliest = min(self._sleepers.values(), default=None)
-        if planned is not None:
-            earliest = planned if earliest is None else min(earliest, planned)
-        if earliest is None or now <= earliest + STALL_S:
-            return
-        self.stalls += 1
+    def _renew_all_locked(self) -> None:
+        """After a stall (see the module): every lease a full ttl from now."""
+        now = self._clock()
         for entry in self._leases.values():
             entry.deadline = max(entry.deadline, now + entry.ttl)
-        for key in self._sleepers:
-            self._sleepers[key] = now  # counted once: the wakes it held up are now
 
     def _enter_locked(self) -> None:
         if self._closed:
             raise StoreClosedError("the store is closed; create a new one")
+        if self._stall.stalled():
+            self._renew_all_locked()
         now = self._clock()
-        self._check_stall_locked(now)
         for lease_id in [i for i, e in self._leases.items() if e.deadline <= now]:
             self._drop_lease_locked(lease_id)
 
