@@ -34,15 +34,21 @@ if g == 1:
 """
 
 
-@pytest.mark.timeout(180)
-def test_groups_get_their_ids_and_the_lighthouse_and_the_job_ends_with_group_0(
-    tmp_path: Path,
-) -> None:
+def _stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """The stand-in lighthouse (an executable) and training script, written in tmp_path."""
     lighthouse = tmp_path / "lighthouse"
     lighthouse.write_text(f"#!{sys.executable}\n" + _LIGHTHOUSE)
     lighthouse.chmod(0o755)
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
+    return lighthouse, script
+
+
+@pytest.mark.timeout(180)
+def test_groups_get_their_ids_and_the_lighthouse_and_the_job_ends_with_group_0(
+    tmp_path: Path,
+) -> None:
+    lighthouse, script = _stand_ins(tmp_path)
     cmd = [sys.executable, "-m", "stalwart.cli._torchft_launch", "--workers", "3"]
     cmd += ["--grace", "1", "--lighthouse", str(lighthouse), "--", str(script), str(tmp_path)]
     env = {"PATH": "/usr/bin:/bin", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -75,11 +81,7 @@ def _gone(pid: int, timeout: float) -> bool:
 
 @pytest.mark.timeout(180)
 def test_nothing_it_started_outlives_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
-    lighthouse = tmp_path / "lighthouse"
-    lighthouse.write_text(f"#!{sys.executable}\n" + _LIGHTHOUSE)
-    lighthouse.chmod(0o755)
-    script = tmp_path / "train.py"
-    script.write_text(_SCRIPT)
+    lighthouse, script = _stand_ins(tmp_path)
     cmd = [sys.executable, "-m", "stalwart.cli._torchft_launch", "--workers", "2"]
     cmd += ["--lighthouse", str(lighthouse), "--", str(script), str(tmp_path)]
     proc = subprocess.Popen(cmd, env={"PATH": "/usr/bin:/bin"}, stderr=subprocess.DEVNULL)
