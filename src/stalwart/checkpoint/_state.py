@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stalwart.checkpoint._lazy import loading, looking
 from stalwart.checkpoint._tree import Leaf, flatten
 from stalwart.errors import StateMismatchError
 from stalwart.logs import get_logger
@@ -63,8 +64,10 @@ def _is_stateful(obj: Any) -> bool:
 
 
 def capture(state: Mapping[str, Any]) -> tuple[Any, list[Leaf]]:
-    """Flatten every tracked object's current state."""
-    raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
+    """Flatten every tracked object's current state, creating none (checkpoint/_lazy.py:
+    a snapshot taken before the first step must not initialise an optimizer's state)."""
+    with looking(", ".join(map(str, state))):
+        raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
     return flatten(raw)
 
 
@@ -173,7 +176,8 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
             value = _optimizer_state_as_dtensors(obj, value)
         if _is_stateful(obj):
             try:
-                obj.load_state_dict(value)
+                with loading(value):  # a state without optimizer state restores none
+                    obj.load_state_dict(value)
             except (RuntimeError, KeyError, ValueError) as err:
                 first = str(err).strip().splitlines()[0][:300]
                 raise StateMismatchError(
