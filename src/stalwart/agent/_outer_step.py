@@ -9,6 +9,10 @@ returns; the inner ones it runs are part of it. Two optimizers stepped one after
 (a GAN's generator and discriminator) are two steps, as before: nothing tells them from a
 loop that steps one optimizer twice.
 
+A step DCP takes to create an optimizer's state (``_init_optim_state``: zero gradients,
+lr 0, run by ``get_optimizer_state_dict``/``set_optimizer_state_dict`` on an optimizer
+without state, as a script's own save or resume does) is no training step: not counted.
+
 A ``step()`` that raised never runs its post hook; its entry is dropped when the same
 optimizer steps again (no optimizer steps inside its own ``step()``), so an exception
 leaves no step uncounted after it.
@@ -16,6 +20,7 @@ leaves no step uncounted after it.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,10 +30,16 @@ __all__ = ["OuterSteps"]
 
 class OuterSteps:
     """The global optimizer step hooks of a plain script's worker (agent/observe.py):
-    ``before()`` runs before an outermost ``step()``, ``after()`` once it returned."""
+    ``before()`` runs before an outermost ``step()``, ``after()`` once it returned, and
+    ``each(opt)`` (if given) before every ``step()``, nested ones included."""
 
-    def __init__(self, before: Callable[[], None], after: Callable[[], None]) -> None:
-        self._before, self._after = before, after
+    def __init__(
+        self,
+        before: Callable[[], None],
+        after: Callable[[], None],
+        each: Callable[[Any], None] | None = None,
+    ) -> None:
+        self._before, self._after, self._each = before, after, each
         self._local = threading.local()  # .stack: the optimizers stepping on this thread
 
     def _stack(self) -> list[Any]:
@@ -38,6 +49,8 @@ class OuterSteps:
         return stack
 
     def pre(self, opt: Any, *_: Any) -> None:
+        if _in_lazy_init():
+            return
         stack = self._stack()
         for i, o in enumerate(stack):
             if o is opt:  # its last step() raised: what ran inside it is over too
@@ -45,10 +58,14 @@ class OuterSteps:
                 break
         outermost = not stack
         stack.append(opt)
+        if self._each is not None:
+            self._each(opt)
         if outermost:
             self._before()
 
     def post(self, opt: Any, *_: Any) -> None:
+        if _in_lazy_init():
+            return
         stack = self._stack()
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is opt:
@@ -77,3 +94,19 @@ class OuterSteps:
                 h.remove()
 
         return remove
+
+
+_LAZY_INIT = "_init_optim_state"  # torch.distributed.checkpoint.state_dict's
+_FRAMES = 6  # a hook, torch's step wrapper, maybe an LR scheduler's and a guard's, DCP
+
+
+def _in_lazy_init() -> bool:
+    """Whether this step hook runs inside DCP's lazy optimizer initialisation."""
+    frame = sys._getframe(2)  # the caller of the hook's caller (pre/post)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == _LAZY_INIT and "checkpoint" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False

@@ -37,7 +37,10 @@ class _Observer:
     def __init__(self, board: ProgressBoard, slot: int) -> None:
         self.board = board
         self.slot = slot
-        self.step = 0
+        self.step = 0  # outermost optimizer steps of this process
+        # the step this process resumed after, from its optimizers' state at its first
+        # step (a script that loaded its own checkpoint); None: no step count in it
+        self.resumed: int | None = None
         self.t_last = 0.0
         self.intervals: deque[float] = deque(maxlen=_WINDOW)
         self.stop = threading.Event()
@@ -45,10 +48,18 @@ class _Observer:
         self.chaos: Any = None  # step-keyed chaos faults (agent/_plain_chaos.py), or None
         self.thread = threading.Thread(target=self._beat, name="stalwart-observe", daemon=True)
 
+    def each_step(self, opt: Any) -> None:
+        """Before every optimizer step (nested ones too): until the first step is done,
+        the highest step count held in an optimizer's state (Adam's ``step``)."""
+        if self.step == 0:
+            found = _saved_step(opt)
+            if found is not None and (self.resumed is None or found > self.resumed):
+                self.resumed = found
+
     def before_step(self) -> None:
         if self.chaos is not None:
             last = self.intervals[-1] if self.intervals else 0.0
-            self.chaos.before(self.step + 1, last)
+            self.chaos.before(self.step + 1, last)  # a plan's steps count from 1 per process
 
     def on_step(self) -> None:
         now = time.time()
@@ -61,19 +72,35 @@ class _Observer:
         self.board.write(
             self.slot,
             pid=os.getpid(),
-            step=self.step,
+            step=self.step + (self.resumed or 0),  # the script's own step number if known
             phase="step",
             generation=0,
             t_progress=now,
             t_alive=now,
             p99_s=p99,
             mode=OBSERVED,
+            resumed=0 if self.resumed is None else self.resumed + 1,
         )
 
     def _beat(self) -> None:
         while not self.stop.wait(0.1):
             if self.step:  # the slot is ours once the first step wrote it
                 self.board.touch(self.slot, time.time())
+
+
+def _saved_step(opt: Any) -> int | None:
+    """The highest ``step`` in ``opt``'s per-parameter state (None: none holds one)."""
+    found: int | None = None
+    for st in list(opt.state.values()):
+        value = st.get("step") if isinstance(st, dict) else None
+        if value is None:
+            continue
+        try:
+            n = int(float(value))
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        found = n if found is None else max(found, n)
+    return found
 
 
 _OBSERVER: _Observer | None = None
@@ -87,7 +114,8 @@ def install(board_path: str, slot: int) -> None:
     observer = _Observer(ProgressBoard(board_path, slot + 1), slot)
     observer.chaos = install_plain_chaos()
     # one step per outermost optimizer.step(): a container's and its optimizers' are one
-    observer.remove = OuterSteps(observer.before_step, observer.on_step).install()
+    steps = OuterSteps(observer.before_step, observer.on_step, observer.each_step)
+    observer.remove = steps.install()
     observer.thread.start()
     _OBSERVER = observer
 

@@ -79,6 +79,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "busy_s": _NUM,
         "t_first_start": _NUM,
         "generation": _INT,
+        "resume_unknown": _BOOL,
     },
     "snapshot": {"step": _INT, "bytes": _INT, "stall_s": _NUM, "tier": _STR},
     "persist_begin": {"step": _INT},
@@ -97,9 +98,9 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
     "recovery_end": {
         "strategy": _STR,
         "generation": _INT,
-        "restored_step": _INT,
+        "restored_step": _OPT_INT,  # None: a plain script resumed where stalwart cannot see
         "source_tier": _STR,
-        "steps_lost": _INT,
+        "steps_lost": _OPT_INT,
         "ok": _BOOL,
     },
     "restore": {

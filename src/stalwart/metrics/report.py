@@ -76,9 +76,12 @@ class RunReport:
             "buckets_fraction": {k: (v / wall if wall > 0 else None) for k, v in g.buckets.items()},
             "steps": {
                 "productive": g.productive_steps,
-                "lost": g.lost_steps,
+                # None: a plain script resumed where stalwart cannot see (docs/goodput.md)
+                "lost": None if g.lost_unknown else g.lost_steps,
                 "lost_reported": sum(
-                    int(e["steps_lost"]) for e in self.events if e.kind == "recovery_end"
+                    int(e["steps_lost"])
+                    for e in self.events
+                    if e.kind == "recovery_end" and e["steps_lost"] is not None
                 ),
                 "last": max((w.last_step for w in g.windows), default=None),
                 "productive_per_s": g.productive_steps / wall if wall > 0 else None,
@@ -303,11 +306,18 @@ def format_summary(d: dict[str, Any]) -> str:
         lines.append("PARTIAL REPORT: " + "; ".join(t(p) for p in d["problems"][:3]))
     elif d["problems"]:
         lines.append("warnings: " + "; ".join(t(p) for p in d["problems"][:3]))
-    ettr = d["ettr"]
+    ettr, lost = d["ettr"], d["steps"]["lost"]
+    unknown = lost is None
     lines.append(
-        f"wall {wall:.1f}s  ETTR {_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
-        f"productive steps {d['steps']['productive']}  lost steps {d['steps']['lost']} "
-        f"({d['lost_work_s']:.1f}s)"
+        f"wall {wall:.1f}s  ETTR {'<= ' * unknown}"
+        f"{_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
+        f"productive steps {d['steps']['productive']}{' at most' * unknown}  lost steps "
+        + (
+            "unknown (the script resumed from its own checkpoint at a step stalwart "
+            "cannot see: its optimizer holds no step count)"
+            if unknown
+            else f"{lost} ({d['lost_work_s']:.1f}s)"
+        )
     )
     cap = d["capacity_ettr"]
     if cap is not None and len({w["world_size"] for w in d["world_size"]}) > 1:
