@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 __all__ = ["OuterSteps"]
@@ -102,7 +103,7 @@ _FRAMES = 6  # a hook, torch's step wrapper, maybe an LR scheduler's and a guard
 
 def _in_lazy_init() -> bool:
     """Whether this step hook runs inside DCP's lazy optimizer initialisation."""
-    frame = sys._getframe(2)  # the caller of the hook's caller (pre/post)
+    frame: FrameType | None = sys._getframe(2)  # the caller of the hook's caller (pre/post)
     for _ in range(_FRAMES):
         if frame is None:
             return False
