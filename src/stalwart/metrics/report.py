@@ -288,28 +288,13 @@ def _detector_lines(d: dict[str, Any]) -> list[str]:
     )
 
 
-def format_summary(d: dict[str, Any]) -> str:
-    """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
-    comes from the event log is printed with its control characters escaped (an ESC
-    sequence in events.jsonl must not reach the terminal): metrics.console.terminal_safe."""
-    from stalwart.metrics.console import terminal_safe
-
-    def t(value: Any) -> str:
-        return terminal_safe(str(value))
-
-    wall = d["wall_s"]
-    lines = [
-        f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(strategy_text(d))}  "
-        f"status={t(d['status'] or 'unknown (no run_end)')}",
-    ]
-    if d["partial"]:
-        lines.append("PARTIAL REPORT: " + "; ".join(t(p) for p in d["problems"][:3]))
-    elif d["problems"]:
-        lines.append("warnings: " + "; ".join(t(p) for p in d["problems"][:3]))
+def _headline(d: dict[str, Any]) -> str:
+    """Wall time, ETTR and steps; a plain script's lost work that cannot be known is said
+    so, and the ETTR and productive steps that include it are upper bounds."""
     ettr, lost = d["ettr"], d["steps"]["lost"]
     unknown = lost is None
-    lines.append(
-        f"wall {wall:.1f}s  ETTR {'<= ' * unknown}"
+    return (
+        f"wall {d['wall_s']:.1f}s  ETTR {'<= ' * unknown}"
         f"{_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
         f"productive steps {d['steps']['productive']}{' at most' * unknown}  lost steps "
         + (
@@ -319,6 +304,26 @@ def format_summary(d: dict[str, Any]) -> str:
             else f"{lost} ({d['lost_work_s']:.1f}s)"
         )
     )
+
+
+def format_summary(d: dict[str, Any]) -> str:
+    """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
+    comes from the event log is printed with its control characters escaped (an ESC
+    sequence in events.jsonl must not reach the terminal): metrics.console.terminal_safe."""
+    from stalwart.metrics.console import terminal_safe
+
+    def t(value: Any) -> str:
+        return terminal_safe(str(value))
+
+    lines = [
+        f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(strategy_text(d))}  "
+        f"status={t(d['status'] or 'unknown (no run_end)')}",
+    ]
+    if d["partial"]:
+        lines.append("PARTIAL REPORT: " + "; ".join(t(p) for p in d["problems"][:3]))
+    elif d["problems"]:
+        lines.append("warnings: " + "; ".join(t(p) for p in d["problems"][:3]))
+    lines.append(_headline(d))
     cap = d["capacity_ettr"]
     if cap is not None and len({w["world_size"] for w in d["world_size"]}) > 1:
         lines.append(f"capacity ETTR {100 * cap:.1f}% (productive time x world size / max)")
