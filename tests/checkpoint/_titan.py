@@ -10,6 +10,7 @@ state by a zero-gradient step: what a snapshot before the first step must not do
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,12 +77,18 @@ class SchedulersContainer:
             s.load_state_dict(dict(sd))
 
 
-def make_titan(seed: int = 0, flatten: bool = True) -> dict[str, Any]:
+def make_titan(
+    seed: int = 0, flatten: bool = True, shard: Callable[[torch.nn.Module], Any] | None = None
+) -> dict[str, Any]:
     """Two model parts (distinct parameter names, as pipeline stages have), an AdamW
-    container with weight decay and a warm-up schedule; the batches come from the RNG."""
+    container with weight decay and a warm-up schedule; the batches come from the RNG.
+    ``shard`` (e.g. FSDP2's ``fully_shard``) is applied to every layer before the
+    optimizers are built, as torchtitan parallelises before it builds them."""
     torch.manual_seed(seed)
     first = torch.nn.ModuleDict({"embed": torch.nn.Linear(8, 16)})
     second = torch.nn.ModuleDict({"head": torch.nn.Linear(16, 1)})
+    for layer in (first["embed"], second["head"]) if shard is not None else ():
+        shard(layer)
     opt = OptimizersContainer([first, second], flatten=flatten, lr=1e-2, weight_decay=0.1)
     return {
         "model": torch.nn.ModuleList([first, second]),

@@ -177,3 +177,35 @@ def test_digests_create_no_state() -> None:
     opt = torch.optim.AdamW(state["model"].parameters())
     state_digest(replicated_tensors({"optimizer": opt, "titan": state["optimizer"]}))
     assert not opt.state and inner_states(state) == [{}, {}]
+
+
+def test_a_fresh_fsdp2_container_restores_dtensor_moments(snap: Snapshotter) -> None:
+    """FSDP2 parameters behind a DCP container: a replacement's container (no state) gets
+    its moments back as DTensors of its parameters' mesh, and before the first step none."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from stalwart.runtime.group import ensure_local_default_group
+
+    ensure_local_default_group()
+    import torch.distributed as dist
+
+    def build() -> dict[str, Any]:
+        mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")  # type: ignore[arg-type]
+        return make_titan(shard=lambda layer: fully_shard(layer, mesh=mesh))
+
+    state = build()
+    snap.snapshot(state, 0)
+    losses = [titan_step(state) for _ in range(2)]
+    snap.snapshot(state, 2)
+    losses += [titan_step(state) for _ in range(2)]
+    fresh = build()
+    assert snap.restore(fresh, step=2) == 2
+    moments = [v for st in inner_states(fresh) for s in st.values() for v in s.values()]
+    assert any(isinstance(v, DTensor) for v in moments)
+    assert [titan_step(fresh) for _ in range(2)] == losses[2:]
+    fresh = build()
+    assert snap.restore(fresh, step=0) == 0
+    assert inner_states(fresh) == [{}, {}]
+    assert [titan_step(fresh) for _ in range(4)] == losses

@@ -63,9 +63,18 @@ def _is_stateful(obj: Any) -> bool:
     return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
 
 
-def capture(state: Mapping[str, Any]) -> tuple[Any, list[Leaf]]:
+def capture(state: Mapping[str, Any], *, for_restore: bool = False) -> tuple[Any, list[Leaf]]:
     """Flatten every tracked object's current state, creating none (checkpoint/_lazy.py:
-    a snapshot taken before the first step must not initialise an optimizer's state)."""
+    a snapshot taken before the first step must not initialise an optimizer's state).
+
+    ``for_restore``: the tensors a restore is about to load into. There an optimizer's
+    state may be created as its ``state_dict()`` creates it (DCP's lazy initialisation):
+    the restore replaces that state (or empties it again, for a snapshot without one,
+    checkpoint/_lazy.py ``loading``), and a fresh optimizer of DTensor parameters (FSDP2
+    behind a container) gets moments of its parameters' mesh to load its shards into."""
+    if for_restore:
+        raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
+        return flatten(raw)
     with looking(", ".join(map(str, state))):
         raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
     return flatten(raw)
