@@ -58,6 +58,7 @@ from stalwart.agent.healthz import NodeStatus, serve_health
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.coordinator import StoreUnavailableError
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
@@ -182,7 +183,12 @@ class Agent:
             for w in self.workers:
                 self.parts.spawn(w)
             self._loop()
-        except ENDINGS as err:
+        except (*ENDINGS, StoreUnavailableError) as caught:
+            err = caught
+            if isinstance(err, StoreUnavailableError):  # cut from the coordinator
+                if not self.cluster.joined:
+                    raise  # never reached it: a wrong address, not a fence
+                err = self.cluster.unreachable(err)
             if isinstance(err, NodeFenced):
                 self.workers.fence_out(self.cluster.adopted_here)
                 me = f"node{self.cfg.node_rank}"
