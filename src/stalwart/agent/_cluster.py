@@ -22,7 +22,8 @@ import socket
 import time
 from typing import Any
 
-from stalwart.agent._fencing import NodeFenced, NodeLease, agent_client_config
+from stalwart.agent._fencing import NodeFenced, NodeLease
+from stalwart.agent._link import open_link
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -32,14 +33,10 @@ from stalwart.coordinator import (
     CoordinatorConfig,
     GenerationChange,
     Put,
-    StoreClient,
     StoreServer,
-    StoreServerConfig,
     StoreUnavailableError,
-    create_token_file,
-    read_token_file,
 )
-from stalwart.errors import ConfigError, FencedError, StalwartError
+from stalwart.errors import FencedError, StalwartError
 from stalwart.runtime.env import WorkerFields
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
@@ -77,40 +74,8 @@ class Cluster:
 
     def start(self) -> None:
         cfg = self.cfg
-        host, port = cfg.endpoint()
-        if cfg.etcd:
-            from stalwart.agent.etcd_cluster import open_etcd
-
-            self.store, self.token = open_etcd(cfg)
-            self.address = str(cfg.rdzv)
-        elif self.node == 0:
-            if not os.path.exists(self.token_file):
-                create_token_file(self.token_file)
-            token = read_token_file(self.token_file)
-            self.server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
-            self.store = self.server.store
-            self.address = f"{host}:{self.server.port}"
-            self.token = token
-        else:
-            deadline = time.monotonic() + cfg.start_timeout_s
-            while not os.path.exists(self.token_file):
-                if time.monotonic() > deadline:
-                    raise ConfigError(
-                        f"no job token at {self.token_file}; pass --token-file (node 0 "
-                        "writes RUN_DIR/token)"
-                    )
-                time.sleep(0.05)
-            time.sleep(0.05)  # node 0 writes the file, then its content
-            self.token = read_token_file(self.token_file)
-            self.store = StoreClient(host, port, self.token, agent_client_config(cfg.node_lease_s))
-            while True:  # calls give up after a lease (agent/_fencing.py); a start may wait
-                try:
-                    self.store.ping()
-                    break
-                except StoreUnavailableError:
-                    if time.monotonic() > deadline:
-                        raise
-            self.address = f"{host}:{port}"
+        link = open_link(cfg, self.token_file)  # agent/_link.py
+        self.server, self.store, self.token, self.address = link
         self.coord = Coordinator(
             self.store,
             CoordinatorConfig(
@@ -162,8 +127,14 @@ class Cluster:
             self.lease.lost(err)
             raise self.lease.error() from None
 
-    def unreachable(self, err: BaseException) -> NodeFenced:
-        return self.lease.unreachable(self.address, err)
+    def fenced_if_cut(self, err: BaseException) -> BaseException:
+        """What ends the agent: a joined node that lost the coordinator is fenced (its
+        lease expired there); one that never reached it is misconfigured (``err``)."""
+        if isinstance(err, StoreUnavailableError):
+            if not self.joined:
+                raise err  # the CLI's one line: is the coordinator running, the address right?
+            return self.lease.unreachable(self.address, err)
+        return err
 
     def generation_meta(self) -> dict[str, Any]:
         return self.coord.generation_meta()

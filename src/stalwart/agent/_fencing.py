@@ -8,7 +8,7 @@ against its lease (coordinator/fence.py), and its workers' joins and bumps are c
 against the same member key (the contract's ``fence``, runtime/_coord.py). It learns it
 is fenced from whichever comes first: the heartbeat thread finding the lease gone, a
 probe of its member key before any recovery, a bump refused, or the coordinator not
-answering for longer than the lease (:func:`agent_client_config` bounds every call).
+answering for longer than the lease (agent/_link.py bounds every call).
 Then the agent stops its workers and exits 3 (docs/launch.md). Why not rejoin: the world
 size is fixed and every rank has an owner again (docs/recovery.md).
 """
@@ -17,34 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from stalwart.coordinator import StoreClientConfig
 from stalwart.errors import StalwartError
 
-__all__ = ["FENCE_BOUND_LEASES", "NodeFenced", "NodeLease", "agent_client_config"]
+__all__ = ["NodeFenced", "NodeLease"]
 
 
 class NodeFenced(StalwartError):
     """This node's lease is gone: another node runs its ranks now."""
-
-
-def agent_client_config(lease_s: float) -> StoreClientConfig:
-    """How long an agent's store call may take: a reply within half the lease (a probe
-    before a recovery never sits 30 s in one call), and a coordinator that does not
-    answer for two leases is given up (StoreUnavailableError, then exit 3: our lease
-    expired there long before). Two, not one: a coordinator host descheduled for a
-    moment renews every lease when it runs again (coordinator/_stall.py), and a retried
-    request takes effect once (its request id). So a cut node knows within
-    ``FENCE_BOUND_LEASES`` leases plus one backoff step (< 1 s) of its last answer."""
-    return StoreClientConfig(
-        connect_timeout=max(0.2, lease_s / 2),
-        request_timeout=max(0.2, lease_s / 2),
-        reconnect_timeout=max(0.5, 2 * lease_s),
-    )
-
-
-FENCE_BOUND_LEASES = 2.5
-"""A node cut from the coordinator exits 3 within this many leases (plus < 1 s of
-backoff, plus stopping its workers) of the coordinator's last answer (docs/launch.md)."""
 
 
 class NodeLease:
