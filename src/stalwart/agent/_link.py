@@ -30,9 +30,11 @@ __all__ = ["FENCE_BOUND_LEASES", "Link", "agent_client_config", "open_link"]
 
 _log = get_logger(__name__)
 
-FENCE_BOUND_LEASES = 2.5
+FENCE_BOUND_LEASES = 3.0
 """A node cut from the coordinator gives up within this many leases of its last answer
-(plus < 1 s of backoff), then stops its workers and exits 3 (docs/launch.md)."""
+(plus < 1 s of backoff), then stops its workers and exits 3 (docs/launch.md): a first
+attempt times out after half a lease, retries go on for two more leases, and the last
+one may take half a lease again."""
 
 
 def agent_client_config(lease_s: float) -> StoreClientConfig:
