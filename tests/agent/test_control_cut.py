@@ -17,100 +17,20 @@ the last step's.
 
 from __future__ import annotations
 
-import contextlib
-import select
-import socket
 import subprocess
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from ._forwarder import forwarder
 from ._launch import _cmd, _free_port, events_of, reap_agents
 
 JOB = Path(__file__).with_name("_cut_job.py")
 STEPS = 120
 pytestmark = pytest.mark.timeout(420)
-
-
-class Forwarder:
-    """127.0.0.1:``port`` -> ``target``, both ways, until :meth:`cut`: from then on the
-    bytes are read and dropped (a blackhole: no RST, no FIN), new connections are
-    accepted and never answered."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.cut_at: float | None = None
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._stop = threading.Event()
-        self._socks: list[socket.socket] = [self._listener]
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def cut(self) -> None:
-        self.cut_at = time.time()
-
-    def _accept(self) -> None:
-        self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                self._socks.append(conn)
-            if self.cut_at is not None:
-                continue  # held open, never answered
-            try:
-                up = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                conn.close()
-                continue
-            with self._lock:
-                self._socks.append(up)
-            t = threading.Thread(target=self._pump, args=(conn, up), daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        peer = {a: b, b: a}
-        while not self._stop.is_set():
-            try:
-                ready, _, _ = select.select([a, b], [], [], 0.2)
-                for s in ready:
-                    data = s.recv(65536)
-                    if not data:
-                        return  # one side closed (before the cut)
-                    if self.cut_at is None:
-                        peer[s].sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        with self._lock:
-            for s in self._socks:
-                with contextlib.suppress(OSError):
-                    s.close()
-        for t in self._threads:
-            t.join(5)
-
-
-@contextlib.contextmanager
-def _forwarder(target: tuple[str, int]) -> Iterator[Forwarder]:
-    fwd = Forwarder(target)
-    try:
-        yield fwd
-    finally:
-        fwd.close()
 
 
 def _journal(folder: Path) -> dict[str, list[tuple[int, int, float]]]:
@@ -144,7 +64,7 @@ def _run(tmp: Path, name: str, cut_at_step: int | None) -> tuple[list[tuple[int,
     script += ["--out", str(tmp / f"{name}.pt")]
     flags = ["--nnodes", "2", "--nproc-per-node", "2", "--node-lease", "2"]
     flags += ["--persist-every", "20"]
-    with _forwarder(("127.0.0.1", port)) as fwd:
+    with forwarder(("127.0.0.1", port)) as fwd:
         endpoints = [f"127.0.0.1:{port}", f"127.0.0.1:{fwd.port}"]
         procs = [
             subprocess.Popen(

@@ -128,8 +128,12 @@ class Cluster:
             raise self.lease.error() from None
 
     def fenced_if_cut(self, err: BaseException) -> BaseException:
-        """What ends the agent: a joined node that lost the coordinator is fenced (its
-        lease expired there); one that never reached it is misconfigured (``err``)."""
+        """What ends the agent: a bump refused for our lease (any part's), or a joined
+        node that lost the coordinator (the lease expired there), is fenced; one that
+        never reached it is misconfigured (``err``)."""
+        if isinstance(err, FencedError):
+            self.lease.lost(err)
+            return self.lease.error()
         if isinstance(err, StoreUnavailableError):
             if not self.joined:
                 raise err  # the CLI's one line: is the coordinator running, the address right?
