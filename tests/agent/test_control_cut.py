@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from stalwart.metrics.events import read_events
+
 from ._forwarder import forwarder
 from ._launch import _cmd, _free_port, events_of, reap_agents
 
@@ -91,17 +93,16 @@ def _run(tmp: Path, name: str, cut_at_step: int | None) -> tuple[list[tuple[int,
 def test_a_node_cut_from_the_store_only_is_fenced_and_trains_nothing_in_an_old_generation(
     tmp_path: Path,
 ) -> None:
-    ref, _ = _run(tmp_path, "ref", None)
-    assert [rc for rc, _ in ref] == [0, 0], ref[0][1][-3000:] + ref[1][1][-3000:]
+    clean, _ = _run(tmp_path, "ref", None)
+    assert [rc for rc, _ in clean] == [0, 0], clean[0][1][-3000:] + clean[1][1][-3000:]
     results, journal = _run(tmp_path, "cut", cut_at_step=30)
     (rc0, err0), (rc1, err1) = results
     assert rc0 == 0, err0[-3000:]
     assert rc1 == 3, err1[-3000:]  # fenced, not "bad input" (2)
     assert "node 1 was fenced" in err1, err1[-3000:]
     events = events_of(tmp_path / "cut")
-    bumps = [
-        (int(str(f["generation"])), float(str(f["t"]))) for k, f in events if k == "generation"
-    ]
+    log = read_events(str(tmp_path / "cut" / "events.jsonl")).events
+    bumps = [(int(e["generation"]), e.t) for e in log if e.kind == "generation" and e["generation"]]
     assert bumps, "node 0 never moved the job past node 1"
     first_gen, bumped_at = bumps[0]
     # the step journal: after the bump, a worker of the old generation finishes the step
@@ -120,3 +121,5 @@ def test_a_node_cut_from_the_store_only_is_fenced_and_trains_nothing_in_an_old_g
     assert ref.keys() == cut.keys() and all(torch.equal(ref[k], cut[k]) for k in ref)
     persisted = [int(str(f["step"])) for k, f in events if k == "persist_end" and f["ok"]]
     assert persisted and max(persisted) == STEPS, persisted  # no checkpoint lost silently
+    refused = [f for k, f in events if k == "persist_end" and not f["ok"]]
+    assert not refused or "was refused (generation" in err0 + err1, refused  # said in a line

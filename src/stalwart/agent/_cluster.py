@@ -8,7 +8,8 @@ member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node w
 lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
 as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
 lowest live node under etcd; either way the adoption of a lost node is claimed by a
-compare-and-swap (``adopted/node<k>``), so it happens once.
+compare-and-swap (``adopted/node<k>``) that also checks the adopter's lease, so it
+happens once, and never by a fenced agent.
 
 Fencing (a node whose lease is gone stops and exits 3): agent/_fencing.py.
 """
@@ -329,7 +330,8 @@ class Cluster:
                 continue
             key = f"{self._root}/adopted/node{n}"
             claim = Put(key, json.dumps({"by": self.node}).encode())
-            if self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded:
+            fence = [self.coord.fence.compare()] if self.coord.fence else []  # a live adopter
+            if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
                 out.append(n)
         self._pending = bool(gone - self._lost)
         return out

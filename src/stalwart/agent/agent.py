@@ -183,11 +183,11 @@ class Agent:
             self._loop()
         except ENDINGS as caught:
             err = self.cluster.fenced_if_cut(caught)  # no coordinator: fenced (exit 3)
-            if isinstance(err, NodeFenced):
-                self.workers.fence_out(self.cluster.adopted_here)
+            if isinstance(err, NodeFenced):  # said first: then its workers are stopped
                 me = f"node{self.cfg.node_rank}"
                 self.events.emit("isolation", member=me, reason=str(err), blocklisted=False)
                 _say(str(err))
+                self.workers.fence_out(self.cluster.adopted_here)
             end = ending(err)
             self.status, self._end_reason, self._goodbye = end.status, end.reason, end.goodbye
             return end.code
