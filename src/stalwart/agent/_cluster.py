@@ -65,7 +65,6 @@ class Cluster:
         self._last_live: set[int] = set()
         self._pending = False
         self.lease = NodeLease(self.node)  # fencing: agent/_fencing.py
-        self.fence = 0
         self.token = b""
         self.watch: PeerWatch | None = None  # fast node-loss signal (agent/_peerwatch.py)
         # whether close() should remove what lost nodes left in /dev/shm on this host
@@ -92,7 +91,6 @@ class Cluster:
         self._member.start_heartbeat(on_lost=self.lease.lost, give_up=not cfg.etcd)
         fence = self.coord.fence_of(self._member)
         self.coord = self.coord.as_member(fence)  # every bump checks our lease
-        self.fence = fence.create_revision
         self.lease.joined(fence.key, fence.create_revision)
         self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
@@ -110,6 +108,11 @@ class Cluster:
     @property
     def lost_reason(self) -> str | None:
         return self.lease.lost_reason
+
+    @property
+    def fence(self) -> int:
+        """Our member key's create_revision: our workers' fence (0 before we joined)."""
+        return self.lease.revision
 
     def fenced(self) -> bool:
         """Our lease is gone (we were unresponsive for longer than it): another node
