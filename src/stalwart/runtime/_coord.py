@@ -20,14 +20,21 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from stalwart.coordinator import Compare, Coordinator, Fence, Store, StoreClient
+from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Fence, Store, StoreClient
 from stalwart.runtime.env import WorkerEnv
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Watch
     from stalwart.runtime._c10d_store import CoordStoreC10d
 
-__all__ = ["GenerationWatch", "c10d_store", "fence_compares", "open_store", "worker_fence"]
+__all__ = [
+    "GenerationWatch",
+    "c10d_store",
+    "fence_compares",
+    "open_store",
+    "worker_coordinator",
+    "worker_fence",
+]
 
 
 def open_store(env: WorkerEnv) -> Store:
@@ -55,6 +62,11 @@ def worker_fence(env: WorkerEnv) -> Fence | None:
         return None
     key = f"/stalwart/{env.job}/members/node{node}"
     return Fence(key, int(rev), f"rank {env.rank} of node {node}")
+
+
+def worker_coordinator(env: WorkerEnv, store: Store) -> Coordinator:
+    """The worker's coordinator: every generation bump through it checks the fence."""
+    return Coordinator(store, CoordinatorConfig(job_id=env.job), fence=worker_fence(env))
 
 
 def fence_compares(env: WorkerEnv) -> list[Compare]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._async import AsyncRejoin, group_position
-from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store, worker_fence
+from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store, worker_coordinator
 from stalwart.runtime._faults import WorkerFaults
 from stalwart.runtime._fenced import CommitFence, stop_if_fenced
 from stalwart.runtime._formation import Formation, Rejoin
@@ -64,12 +64,11 @@ def init() -> Session:
 
 
 class Session:
-    """The worker's runtime, composed of parts that each own their state: ``progress``
-    (the agent's progress board, pauses), ``tracked`` (the tracked state and its
-    checkpoints), ``acct`` (step timing, snapshot and persist cadence, step events),
-    the chaos plan, and a rejoin (fixed or elastic) whose :class:`Formation` the
-    session applies in :meth:`_apply`, the one writer of ``generation``, ``rank``,
-    ``world_size`` and, besides the step loop, ``step``."""
+    """The worker's runtime, of parts that each own their state: ``progress`` (the agent's
+    progress board, pauses), ``tracked`` (the tracked state, its checkpoints), ``acct``
+    (step timing, snapshot and persist cadence, step events), the chaos plan, and a rejoin
+    (fixed or elastic) whose :class:`Formation` the session applies in :meth:`_apply`, the
+    one writer of ``generation``, ``rank``, ``world_size`` and, with the loop, ``step``."""
 
     def __init__(self, env: WorkerEnv, caller: dict[str, Any] | None = None) -> None:
         self.env = env
@@ -96,14 +95,12 @@ class Session:
         self._mesh: DeviceMesh | None = None
 
     def _connect(self, env: WorkerEnv) -> None:
-        from stalwart.coordinator import Coordinator, CoordinatorConfig
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
         path = os.path.join(env.run_dir, EVENTS_FILE)
         self.events = EventLog(path, node=env.node_rank, rank=env.rank)
         self.store = open_store(env)
-        cfg, fence = CoordinatorConfig(job_id=env.job), worker_fence(env)  # bumps: fenced
-        self.coord = Coordinator(self.store, cfg, fence=fence)
+        self.coord = worker_coordinator(env, self.store)  # its bumps fenced by our agent's lease
         self._genwatch = GenerationWatch(self.coord)  # every backend: a bump stops us
 
     def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
@@ -362,7 +359,9 @@ class Session:
         """Stop at the boundary after ``step`` for joiners, then re-form."""
         self._publish("recovering")
         self.acct.flush()
-        self._join(self._rejoin.admit(step, self))
+        with stop_if_fenced(lambda: self.rank):  # admitting joiners bumps the generation
+            min_generation = self._rejoin.admit(step, self)
+        self._join(min_generation)
 
     def _recover(self, reason: str) -> None:
         self.acct.flush()
