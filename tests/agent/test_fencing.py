@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._link import FENCE_BOUND_LEASES, agent_client_config
+from stalwart.agent._link import FENCE_BOUND_LEASES, Waiting, agent_client_config
 from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError
@@ -120,3 +120,21 @@ def _answers(cluster: Cluster) -> bool:
     except StoreUnavailableError:
         return False
     return True
+
+
+def test_a_long_wait_says_once_what_it_waits_for_and_until_when(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    waiting = Waiting("node 0's store", deadline=220.0, clock=lambda: now[0])
+    caplog.set_level("INFO", logger="stalwart")
+    waiting.tick()
+    now[0] = 109.0
+    waiting.tick()
+    assert not caplog.records  # under 10 s: nothing to say yet
+    now[0] = 111.0
+    waiting.tick()
+    now[0] = 150.0
+    waiting.tick()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("waiting for node 0's store until "), lines

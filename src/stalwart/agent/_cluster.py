@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from stalwart.agent._fencing import NodeFenced, NodeLease
-from stalwart.agent._link import open_link
+from stalwart.agent._link import Waiting, open_link
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -248,10 +248,12 @@ class Cluster:
 
     def read(self, key: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
+        waiting = Waiting(f"the job's launch record {key!r} (node 0 publishes it)", deadline)
         while True:
             kv = self.store.get(f"{self._root}/launch/{key}")
             if kv is not None:
                 return dict(json.loads(kv.value))
+            waiting.tick()
             if time.monotonic() > deadline:
                 raise StalwartError(f"node 0 did not publish {key!r} within {timeout:.0f}s")
             time.sleep(0.02)

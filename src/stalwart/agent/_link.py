@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stalwart.agent.config import LaunchConfig
@@ -26,7 +27,7 @@ from stalwart.coordinator import (
 from stalwart.errors import ConfigError
 from stalwart.logs import get_logger
 
-__all__ = ["FENCE_BOUND_LEASES", "Link", "agent_client_config", "open_link"]
+__all__ = ["FENCE_BOUND_LEASES", "Link", "Waiting", "agent_client_config", "open_link"]
 
 _log = get_logger(__name__)
 
@@ -58,15 +59,18 @@ class Link(NamedTuple):
     address: str
 
 
-class _Waiting:
-    """A wait at start says, once past 10 s, what it waits for and until when."""
+class Waiting:
+    """A wait says, once past 10 s, what it waits for and until when (one line)."""
 
-    def __init__(self, what: str, deadline: float) -> None:
-        self.what, self.deadline, self.start = what, deadline, time.monotonic()
+    def __init__(
+        self, what: str, deadline: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.what, self.deadline, self.clock = what, deadline, clock
+        self.start = clock()
         self.said = False
 
     def tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not self.said and now - self.start > 10.0:
             self.said = True
             until = time.strftime("%H:%M:%S", time.localtime(time.time() + self.deadline - now))
@@ -87,7 +91,7 @@ def open_link(cfg: LaunchConfig, token_file: str) -> Link:
         server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
         return Link(server, server.store, token, f"{host}:{server.port}")
     deadline = time.monotonic() + cfg.start_timeout_s
-    waiting = _Waiting(f"node 0's store at {host}:{port} and its job token", deadline)
+    waiting = Waiting(f"node 0's store at {host}:{port} and its job token", deadline)
     while not os.path.exists(token_file):
         waiting.tick()
         if time.monotonic() > deadline:

@@ -13,12 +13,11 @@ generation the job has left while the member stays quiet about it.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from stalwart.errors import FencedError
-from stalwart.metrics.console import terminal_safe
+from stalwart.logs import get_logger
 
 __all__ = ["FENCED_EXIT", "CommitFence", "stop_if_fenced"]
 
@@ -26,8 +25,7 @@ FENCED_EXIT = 3
 """A worker's exit code when it stops fenced (the agent's is 3 too: docs/launch.md)."""
 
 
-def _say(line: str) -> None:
-    print(f"stalwart: {terminal_safe(line)}", file=sys.stderr, flush=True)
+_say = get_logger(__name__).error  # "stalwart: runtime: error: ...", one line on stderr
 
 
 @contextlib.contextmanager
