@@ -180,15 +180,11 @@ class Session:
 
     @contextlib.contextmanager
     def pause(self, what: str = "non-step work") -> Iterator[None]:
-        """Declare work that is not a training step (an eval, a save, ``generate()``)::
-
-            if step % eval_every == 0 and sess.rank == 0:
-                with sess.pause("eval"):
-                    val_loss = evaluate(model)
-
-        While inside, the agent never judges this rank by its step time, nor its peers
-        for waiting for it (only a stopped process is a hang); the time does not count
-        as step time. The peers wait in their next collective as usual."""
+        """Declare work that is not a training step (an eval, a save, ``generate()``),
+        as ``with sess.pause("eval"): val_loss = evaluate(model)``. While inside, the
+        agent never judges this rank by its step time, nor its peers for waiting for it
+        (only a stopped process is a hang); the time does not count as step time. The
+        peers wait in their next collective as usual."""
         with self.progress.pause(what):
             yield
 
@@ -233,6 +229,12 @@ class Session:
         if not self.env.standby:  # a parked standby opens them when activated
             self._open_checkpoints()
         return tracked
+
+    def align_steps(self, unit: int) -> None:
+        """Snapshots, and so rollbacks, only at multiples of ``unit`` steps: a loop that
+        steps its optimizer every ``unit`` steps (gradient accumulation) holds untracked
+        partial gradients inside a cycle (integrations/accelerate.py)."""
+        self.acct.align(unit, self.integrity.every if self.integrity.active else 0)
 
     def _open_checkpoints(self) -> None:
         self.tracked.open(self, self.events)
@@ -302,7 +304,7 @@ class Session:
             self.acct.maybe_snapshot(step, final=step >= total, force=self.integrity.due(step))
             self.integrity.snapshotted(step)
             self._publish()
-            if self._rejoin.after_step(step):
+            if step % self.acct.unit == 0 and self._rejoin.after_step(step):
                 self._grow(step)
 
     def _park(self) -> None:
