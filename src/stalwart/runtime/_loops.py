@@ -7,12 +7,15 @@ already saved at that step), and the step's collective times out. Every member t
 recovers in place, restores the same step, redoes the same work and fails again, one
 collective timeout per round, forever, while no process exits for the agent to count.
 
-A member that sees its generation's step fail for the same reason (the reason's first
-clause: "collective failed in step 44") as the previous one, with the same processes in
-the generation (their pids by rank: nobody was replaced, so nothing changed), raises
-:class:`~stalwart.errors.RecoveryLoopError` at the ``limit``-th time in a row. Its one
-line goes to the agent, which ends the job with it. A failure after a replacement (a
-rank that died and came back) is the agent's to count: its pids differ here.
+A member counts its generations' failures for the same reason (the reason's first
+clause: "collective failed in step 44") after which the next generation formed with the
+same processes as the one that failed (their pids by rank): nobody died, nobody was
+replaced, so nothing changed that could make the next attempt differ. At the ``limit``-th
+in a row it raises :class:`~stalwart.errors.RecoveryLoopError`; its one line goes to the
+agent, which ends the job with it. A generation that failed because a member was lost
+(a kill, a hang, a lost node, still dying while the generation formed) forms the next
+one with another pid, and the count starts again: a rank that dies at the same step
+every time is the agent's crash loop, with the rank and its error.
 """
 
 from __future__ import annotations
@@ -23,28 +26,37 @@ __all__ = ["RecoveryLoops"]
 
 
 class RecoveryLoops:
-    """One member's count of its generations' failures in a row that were alike."""
+    """One member's count of the failures in a row that changed nothing."""
 
     def __init__(self, limit: int = 2) -> None:
         self.limit = limit
+        self._pending: tuple[str, tuple[int, ...], str] | None = None  # failed, not re-formed
         self._last: tuple[str, tuple[int, ...]] | None = None
         self._count = 0
 
     def failed(self, reason: str, members: tuple[int, ...]) -> None:
-        """A step of a generation formed by ``members`` (pids by rank; empty: unknown)
-        failed for ``reason``; raises once it is the ``limit``-th alike in a row."""
-        key = (reason.split(":")[0].strip(), members)
-        if not members:
+        """A step of the generation formed by ``members`` (pids by rank; empty: unknown)
+        failed for ``reason``: judged when the next generation forms."""
+        self._pending = (reason.split(":")[0].strip(), members, reason)
+
+    def formed(self, members: tuple[int, ...]) -> None:
+        """The generation after a failure formed with ``members``; raises at the
+        ``limit``-th failure in a row alike after which nothing changed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        what, before, reason = pending
+        if not members or members != before:
             self._last, self._count = None, 0
             return
+        key = (what, members)
         self._count = self._count + 1 if key == self._last else 1
         self._last = key
         if self._count >= self.limit:
             raise RecoveryLoopError(
-                f"{key[0]} again after {self._count - 1} in-place "
-                f"recover{'y' if self._count == 2 else 'ies'} by the same processes "
-                f"(last: {reason[:200]}): the ranks do not run the same collectives when "
-                "the step is redone (work that runs on some ranks only after a rollback: a "
-                "callback's save, an eval); another recovery would fail the same way. "
-                "events.jsonl has every failure"
+                f"{what}, {self._count} times in a row, each time recovered in place by the "
+                f"same processes (last: {reason[:200]}): the ranks do not run the same "
+                "collectives when the step is redone (work that runs on some ranks only "
+                "after a rollback: a callback's save, an eval); another recovery would fail "
+                "the same way. events.jsonl has every failure"
             )

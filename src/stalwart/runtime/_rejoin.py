@@ -95,6 +95,7 @@ class FixedRejoin:
             lost = max(0, a.last_done - restored) if a.generation > 0 else 0
             by_rank = sorted(a.infos, key=lambda i: int(i.get("rank", -1)))
             self._members = tuple(int(i.get("pid", -1)) for i in by_rank)
+            self.loops.formed(self._members)  # raises: a failure that changed nothing
             return Formation(a.generation, rank, world, restored, a.tier, lost)
 
     def _agree(self, coord: Coordinator, store: Store, min_generation: int, done: int) -> Agreement:
@@ -170,7 +171,7 @@ class FixedRejoin:
     def failed(self, position: Position, reason: str) -> None:
         assert self.coord is not None
         end_generation(self.coord, self.events, position, reason)
-        self.loops.failed(reason, self._members)  # raises: the same failure again
+        self.loops.failed(reason, self._members)  # judged when the next one forms
 
     def before_step(self, done: int) -> None:
         pass
