@@ -11,9 +11,15 @@ STEP_44 = "collective failed in step 44: Timed out waiting 60000ms for recv"
 
 
 def _round(
-    loops: RecoveryLoops, reason: str, failed: tuple[int, ...], formed: tuple[int, ...]
+    loops: RecoveryLoops,
+    reason: str,
+    failed: tuple[int, ...],
+    formed: tuple[int, ...],
+    ended_for: str | None = None,
 ) -> None:
-    loops.failed(reason, failed)
+    """A failure (the generation ended by a member for ``ended_for``, by default this
+    same failure) and the next formation."""
+    loops.failed(reason, failed, same_cause=reason if ended_for is None else ended_for)
     loops.formed(formed)
 
 
@@ -46,3 +52,17 @@ def test_a_member_lost_or_replaced_or_another_step_starts_the_count_again() -> N
     _round(loops, STEP_44, (15, 11), (15, 11))
     with pytest.raises(RecoveryLoopError):
         _round(loops, STEP_44, (15, 11), (15, 11))
+
+
+def test_a_generation_the_agent_ended_is_no_loop() -> None:
+    """A lost node or a fenced agent: the coordinator's record says why the job moved
+    on, and this member's step only failed because the generation was left; the same
+    processes forming again is no sign of a loop (the lost ones leave later)."""
+    loops = RecoveryLoops()
+    left = "collective failed in step 116: generation 2 was left while a collective waited"
+    for _ in range(4):
+        _round(loops, left, (20, 21, 22, 23), (20, 21, 22, 23), "node 1 lost")
+    # the member's own failure, recorded by another member for the same step, counts
+    _round(loops, STEP_44, (1, 2), (1, 2), "collective failed in step 44: Connection closed")
+    with pytest.raises(RecoveryLoopError):
+        _round(loops, left.replace("116", "44"), (1, 2), (1, 2), STEP_44)

@@ -34,10 +34,15 @@ class RecoveryLoops:
         self._last: tuple[str, tuple[int, ...]] | None = None
         self._count = 0
 
-    def failed(self, reason: str, members: tuple[int, ...]) -> None:
+    def failed(self, reason: str, members: tuple[int, ...], same_cause: str = "") -> None:
         """A step of the generation formed by ``members`` (pids by rank; empty: unknown)
-        failed for ``reason``: judged when the next generation forms."""
-        self._pending = (reason.split(":")[0].strip(), members, reason)
+        failed for ``reason``: judged when the next generation forms. ``same_cause`` is
+        why the generation ended as the coordinator recorded it: counted only when a
+        member ended it for this failure (same first clause), not the agent for a lost
+        member (then the job moved on, and ``reason`` is that it was left)."""
+        what = reason.split(":")[0].strip()
+        counted = same_cause.split(":")[0].strip() == what
+        self._pending = (what, members, reason) if counted else ("", (), reason)
 
     def formed(self, members: tuple[int, ...]) -> None:
         """The generation after a failure formed with ``members``; raises at the

@@ -171,7 +171,13 @@ class FixedRejoin:
     def failed(self, position: Position, reason: str) -> None:
         assert self.coord is not None
         end_generation(self.coord, self.events, position, reason)
-        self.loops.failed(reason, self._members)  # judged when the next one forms
+        try:  # who ended it and why: a member for this step's failure, or the agent
+            why = str(self.coord.generation_meta().get("reason", ""))
+        except Exception:  # unknown: not counted
+            why = ""
+        # judged when the next generation forms; counted only when a member ended this
+        # one for this failure (a lost node, a fenced agent: the job moved on, no loop)
+        self.loops.failed(reason, self._members, same_cause=why)
 
     def before_step(self, done: int) -> None:
         pass
