@@ -73,8 +73,13 @@ REFS = {
     "hf_trainer@torchrun": Ref("hf_trainer.py", (*HFT, "--plain"), torchrun=True),
     "accelerate": Ref("accelerate_loop.py", tuple(ACC), timeout=SLOW_IMPORT),
     "accelerate@torchrun": Ref("accelerate_loop.py", (*ACC, "--plain"), torchrun=True),
+    "accelerate-accum": Ref(
+        "accelerate_loop.py", (*ACC, "--gradient_accumulation_steps", "2"), timeout=SLOW_IMPORT
+    ),
     "lightning": Ref("lightning_trainer.py", tuple(PL), timeout=SLOW_IMPORT),
     "lightning@torchrun": Ref("lightning_trainer.py", (*PL, "--plain"), torchrun=True),
+    # validation and the two best checkpoints at each epoch's end (8 steps an epoch)
+    "lightning-epoch": Ref("lightning_trainer.py", (*PL, "--epoch_end"), timeout=SLOW_IMPORT),
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
@@ -143,6 +148,10 @@ CELLS = [
          slow=True, timeout=SLOW_IMPORT),
     Cell("accelerate", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # a kill inside an accumulation cycle (steps 11-12): the snapshot due at 9 was taken
+    # at 10, the cycle's end, and the rollback lands there
+    Cell("accelerate-accum", "flash", "kill mid-cycle", "identical",
+         "--snapshot-every 3 --chaos 'kill rank=1 at=step:11'", timeout=SLOW_IMPORT),
     # (2d) a Lightning Trainer with stalwart's callback (integrations/lightning.py)
     Cell("lightning", "flash", "none", "agree"),
     Cell("lightning", "flash", "kill", "identical", K1, timeout=SLOW_IMPORT),
@@ -151,6 +160,10 @@ CELLS = [
          slow=True, timeout=SLOW_IMPORT),
     Cell("lightning", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # rank 0 killed just after an epoch-end validation and ModelCheckpoint save (step 8):
+    # the rollback to 6 redoes the save on the survivor and the replacement alike
+    Cell("lightning-epoch", "flash", "kill after save", "identical",
+         "--snapshot-every 3 --chaos 'kill rank=0 at=step:9'", timeout=SLOW_IMPORT),
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
     Cell("titan", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=0 at=step:8'",

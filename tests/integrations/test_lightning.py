@@ -172,3 +172,53 @@ def test_the_strategy_answers_set_up_collectives_locally_before_the_first_step()
     assert strategy.broadcast({"log_dir": "x"}) == {"log_dir": "x"}
     t = torch.tensor([3])
     assert strategy.reduce(t) is t
+
+
+# ------------------------------------------------------------ epoch-end saves
+class _Saves(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []  # the global step of every checkpoint saved
+
+    def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: Any) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def _fit_saving(sess: FakeSession | None) -> tuple[list[torch.Tensor], _Saves, Any]:
+    """6 steps an epoch, a validation at each epoch's end and the two best checkpoints
+    by ``val_loss`` (ModelCheckpoint: its saves run collectives on every rank)."""
+    L.seed_everything(0, verbose=False)
+    model, saves = Net(), _Saves()
+    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ckpt = L.callbacks.ModelCheckpoint(out, monitor="val_loss", save_top_k=2)
+        callbacks: list[L.Callback] = [ckpt, saves]
+        if sess is not None:
+            callbacks.append(StalwartCallback(session=sess))  # type: ignore[arg-type]
+        trainer = L.Trainer(
+            default_root_dir=out, max_steps=14, accelerator="cpu", devices=1,
+            log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+            logger=False, callbacks=callbacks, num_sanity_val_steps=0,
+        )  # fmt: skip
+        trainer.fit(model, _data(24, 1, shuffle=True), _data(8, 2, shuffle=False))
+    scores = sorted(float(v) for v in ckpt.best_k_models.values())
+    return [p.detach().clone() for p in model.parameters()], saves, scores
+
+
+def test_a_rollback_across_an_epoch_end_redoes_its_checkpoint_save_as_a_replacement_does() -> None:
+    """Step 7 fails just after the epoch-end validation and save of step 6; the rollback
+    to 5 redoes step 6 and its save, on this survivor as on a replacement process (a
+    fresh ModelCheckpoint): were the survivor to skip it (it saved step 6 already), its
+    barriers and broadcasts would be missing on one rank, a collective that never ends."""
+    plain_params, plain_saves, plain_scores = _fit_saving(None)
+    assert plain_saves.steps == [6, 12, 14]
+    sess = FakeSession(fail_at={7: 5})
+    params, saves, scores = _fit_saving(sess)
+    assert sess.generation == 1
+    assert saves.steps == [6, 6, 12, 14], "the survivor skipped the redone save of step 6"
+    assert same_params(params, plain_params) and scores == plain_scores
+    # a replacement that resumes after the save holds the callback's state of that step
+    seen = FakeSession()
+    _fit_saving(seen)
+    params, saves, scores = _fit_saving(_Resumed(seen, 7))
+    assert saves.steps == [12, 14], "the replacement did not know step 6 was saved"
+    assert same_params(params, plain_params) and scores == plain_scores

@@ -53,8 +53,11 @@ class Losses(transformers.TrainerCallback):  # type: ignore[misc]
             self.evals[state.global_step] = logs["eval_loss"]
 
 
-def _train(sess: FakeSession | None, max_steps: int = 14) -> tuple[list[torch.Tensor], Losses]:
-    """6 steps an epoch (24 samples, batch 4), an eval every 4 steps."""
+def _train(
+    sess: FakeSession | None, max_steps: int = 14, accumulation: int = 1
+) -> tuple[list[torch.Tensor], Losses]:
+    """6 batches an epoch (24 samples, batch 4), a step per ``accumulation`` of them, an
+    eval every 4 steps."""
     cb = StalwartCallback(session=sess) if sess is not None else None  # type: ignore[arg-type]
     transformers.set_seed(0)
     cfg = transformers.GPT2Config(
@@ -68,6 +71,7 @@ def _train(sess: FakeSession | None, max_steps: int = 14) -> tuple[list[torch.Te
             per_device_eval_batch_size=4, learning_rate=3e-3, lr_scheduler_type="cosine",
             warmup_steps=2, eval_strategy="steps", eval_steps=4, logging_steps=1,
             save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+            gradient_accumulation_steps=accumulation,
         )  # fmt: skip
         losses = Losses()
         callbacks = [losses] + ([cb] if cb is not None else [])
@@ -147,3 +151,20 @@ def test_a_callback_without_its_trainer_says_how_to_attach_it() -> None:
     state = transformers.TrainerState()
     with pytest.raises(TrainerNotFoundError, match=r"callbacks=\[\.\.\.\]"):
         cb.on_train_begin(None, state, transformers.TrainerControl())
+
+
+@pytest.mark.parametrize("accumulation", [2, 3])
+def test_with_gradient_accumulation_a_step_is_a_cycle_and_rollbacks_are_bit_identical(
+    accumulation: int,
+) -> None:
+    """The Trainer calls ``on_step_begin`` once per optimizer step (at a cycle's first
+    micro-batch): a stalwart step is a whole accumulation cycle, so every snapshot and
+    every rollback is at a cycle's end; its re-entry skips the micro-batches of the steps
+    done (3 or 2 steps an epoch here)."""
+    plain = _train(None, max_steps=8, accumulation=accumulation)
+    for fail_at in ({3: 2}, {4: 1}, {6: 3, 8: 7}):
+        sess = FakeSession(fail_at=fail_at)
+        params, losses = _train(sess, max_steps=8, accumulation=accumulation)
+        assert sess.generation == len(fail_at), "the rollbacks did not happen"
+        assert same_params(params, plain[0]), f"{fail_at}: final parameters differ"
+        assert losses.by_step == plain[1].by_step, f"{fail_at}: a redone step's loss differs"

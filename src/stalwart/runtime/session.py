@@ -179,13 +179,8 @@ class Session:
 
     @contextlib.contextmanager
     def pause(self, what: str = "non-step work") -> Iterator[None]:
-        """Declare work that is not a training step (an eval, a save, ``generate()``)::
-
-            if step % eval_every == 0 and sess.rank == 0:
-                with sess.pause("eval"):
-                    val_loss = evaluate(model)
-
-        Inside, the agent never judges this rank by its step time, nor its peers for
+        """Declare work that is not a training step (``with sess.pause("eval"): ...``):
+        inside, the agent never judges this rank by its step time, nor its peers for
         waiting for it (only a stopped process is a hang); it is no step time."""
         with self.progress.pause(what):
             yield
@@ -231,6 +226,12 @@ class Session:
         if not self.env.standby:  # a parked standby opens them when activated
             self._open_checkpoints()
         return tracked
+
+    def align_steps(self, unit: int) -> None:
+        """Snapshots, and so rollbacks, only at multiples of ``unit`` steps: a loop that
+        steps its optimizer every ``unit`` steps (gradient accumulation) holds untracked
+        partial gradients inside a cycle (integrations/accelerate.py)."""
+        self.acct.align(unit, self.integrity.every if self.integrity.active else 0)
 
     def _open_checkpoints(self) -> None:
         self.tracked.open(self, self.events)
@@ -300,7 +301,7 @@ class Session:
             self.acct.maybe_snapshot(step, final=step >= total, force=self.integrity.due(step))
             self.integrity.snapshotted(step)
             self._publish()
-            if self._rejoin.after_step(step):
+            if step % self.acct.unit == 0 and self._rejoin.after_step(step):
                 self._grow(step)
 
     def _park(self) -> None:
