@@ -164,7 +164,7 @@ def _aligned(unit: int, snapshot_every: int, persist_every: int = 0) -> list[tup
     acct = _acct(persist_every)
     acct.env.snapshot_every = snapshot_every
     acct = StepAccounting(acct.env, acct.position, acct.tracked, None, None, None)
-    acct.align(unit, 0)
+    acct.alignment.align(unit, 0)
     taken: list[tuple[int, bool]] = []
     acct.snapshot_now = lambda step: taken.append((step, False)) is None  # type: ignore[method-assign]
     acct._start_persist = lambda step, wait: taken.__setitem__(-1, (step, True))  # type: ignore[method-assign]
@@ -189,8 +189,8 @@ def test_an_integrity_check_that_falls_inside_a_cycle_is_refused_with_its_fix() 
     from stalwart.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--sdc-every 4"):
-        _acct(0).align(2, 3)
+        _acct(0).alignment.align(2, 3)
     acct = _acct(0)
-    acct.align(2, 4)
+    acct.alignment.align(2, 4)
     with pytest.raises(ConfigError, match="align once"):
-        acct.align(3, 0)
+        acct.alignment.align(3, 0)

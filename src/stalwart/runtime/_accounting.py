@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
-from stalwart.errors import ConfigError, SnapshotWontFitError, StalwartError
+from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
+from stalwart.runtime._align import StepAlignment
 from stalwart.runtime._cadence import CALIBRATE, SnapshotCadence, choose_every
 from stalwart.runtime._metric_log import MetricLog
 from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
@@ -80,10 +81,8 @@ class StepAccounting:
         self._auto: AutoPersist | None = None  # sharded + auto: the steps rank 0 chose
         self._sharded: ShardedCommit | None = None  # sharded: who commits a step
         self._refused = False  # the last snapshot did not fit in /dev/shm
-        # snapshots (the rollback targets) only at multiples of ``unit`` steps (a gradient
-        # accumulation cycle: Session.align_steps); (persist, snapshot) owed until then
-        self.unit = 1
-        self._owed = (False, False)
+        # snapshots (rollback targets) only at a gradient accumulation cycle's end
+        self.alignment = StepAlignment()
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -162,7 +161,7 @@ class StepAccounting:
             self._journal.write(EMPTY, None)
         self.metrics.recovered()
         self._since_start = 0
-        self._owed = (False, False)  # owed by undone steps: a replacement owes nothing
+        self.alignment.forgive()  # owed by undone steps: a replacement owes nothing
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -222,34 +221,15 @@ class StepAccounting:
         mtbf = elapsed / failures if failures else max(3600.0, elapsed)
         return daly_interval(max(self._persist_s, 1e-3), max(mtbf, 1e-3))
 
-    def align(self, unit: int, check_every: int) -> None:
-        """Snapshots only at multiples of ``unit`` (``check_every``: the integrity
-        check's step interval, whose snapshot it compares, 0 when off)."""
-        if unit < 1 or (self.unit > 1 and unit != self.unit):
-            raise ConfigError(
-                f"align_steps({unit}): steps are aligned to {self.unit} already, or the "
-                "unit is < 1: align once, to the gradient accumulation cycle"
-            )
-        if check_every % unit:
-            raise ConfigError(
-                f"--sdc-every {check_every} is not a multiple of the gradient accumulation "
-                f"cycle ({unit} steps), whose end is the only snapshot step: use "
-                f"--sdc-every {unit * max(1, round(check_every / unit))}"
-            )
-        self.unit = unit
-
     def maybe_snapshot(self, step: int, *, final: bool = False, force: bool = False) -> None:
         """After step ``step`` (``final``: the loop's last step; ``force``: an integrity
         check step, whose snapshot the replicas compare). With a ``unit`` > 1 a snapshot
         or persist due at a step inside a unit is owed to the unit's last step: every
         member owes the same ones (the cadence is the job's), so all snapshot alike."""
-        persist = self._persist_due(step, final) or self._owed[0]
-        due = self._snapshot_due(step) or self._owed[1]  # always asked: rank 0 publishes
-        if step % self.unit and not final:
-            self._owed = (persist, due or force)
-            return
-        self._owed = (False, False)
-        if (persist or force or due) and not self.snapshot_now(step):
+        persist = self._persist_due(step, final)
+        due = self._snapshot_due(step) or force  # always asked: rank 0 publishes
+        persist, due = self.alignment.settle(step, final, persist, due)
+        if (persist or due) and not self.snapshot_now(step):
             return  # refused (no room in /dev/shm): nothing new to persist either
         if persist:
             self._start_persist(step, wait=final)

@@ -231,7 +231,7 @@ class Session:
         """Snapshots, and so rollbacks, only at multiples of ``unit`` steps: a loop that
         steps its optimizer every ``unit`` steps (gradient accumulation) holds untracked
         partial gradients inside a cycle (integrations/accelerate.py)."""
-        self.acct.align(unit, self.integrity.every if self.integrity.active else 0)
+        self.acct.alignment.align(unit, self.integrity.every if self.integrity.active else 0)
 
     def _open_checkpoints(self) -> None:
         self.tracked.open(self, self.events)
@@ -301,7 +301,7 @@ class Session:
             self.acct.maybe_snapshot(step, final=step >= total, force=self.integrity.due(step))
             self.integrity.snapshotted(step)
             self._publish()
-            if step % self.acct.unit == 0 and self._rejoin.after_step(step):
+            if step % self.acct.alignment.unit == 0 and self._rejoin.after_step(step):
                 self._grow(step)
 
     def _park(self) -> None:
