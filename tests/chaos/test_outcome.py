@@ -47,7 +47,9 @@ def test_a_run_cut_short_has_no_reason_and_says_that() -> None:
 def test_a_queued_fault_that_never_fired_is_named_too() -> None:
     events = [_start(), *(_fired(t) for t in _SPEC.split("; "))]
     events.append(("fault_unfired", {"spec": "kill rank=0 at=time:0s", "reason": "the job ended"}))
-    assert unmet_faults(events) == ["chaos fault 'kill rank=0 at=time:0s' never fired: the job ended"]
+    assert unmet_faults(events) == [
+        "chaos fault 'kill rank=0 at=time:0s' never fired: the job ended"
+    ]
 
 
 def test_a_run_without_chaos_met_everything() -> None:

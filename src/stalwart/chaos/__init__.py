@@ -11,8 +11,8 @@ before its faults is not taken for a faulted one.
 
 from __future__ import annotations
 
-from stalwart.chaos.plan import Fault, FaultLedger, FaultPlan
 from stalwart.chaos.outcome import unmet_faults
+from stalwart.chaos.plan import Fault, FaultLedger, FaultPlan
 from stalwart.chaos.spec import FAULT_KINDS, ChaosSpecError, parse_spec
 
 __all__ = [
