@@ -11,6 +11,7 @@ from stalwart.metrics.routes import (
     RouteRun,
     StepRecord,
     compare_document,
+    faults_met,
     kept_losses,
     read_step_records,
     recoveries,
@@ -159,7 +160,7 @@ def test_a_run_whose_faults_were_due_after_its_end_is_not_a_faulted_run() -> Non
     outrun = _run(free.records, planned_at=(12.0,))
     row = route_figures(outrun, free)
     assert not row.met_faults and row.planned == 1 and row.faults == 0
-    assert "the fault never fired" in row.note and "the job ended first" in row.note
+    assert "the trace's fault never fired (the job ended first" in row.note
     assert "steps ran 9.0 s" in row.note and "due at 12.0 s" in row.note
     assert row.ettr is None and row.time_to_target_s is None and row.loss_gap is None
     assert row.reached and row.fault_free_s == 20.0  # what is not a fault figure stays
@@ -173,3 +174,6 @@ def test_a_run_whose_faults_were_due_after_its_end_is_not_a_faulted_run() -> Non
     met = route_figures(_run(hit, faults=(15.5,), planned_at=(5.5, 40.0, 80.0)), free)
     assert met.met_faults and met.faults == 1 and met.ettr is not None
     assert "2 of the trace's 3 faults never fired: the job ended first" in met.note
+    none = faults_met((12.0, 30.0), 0, 9.0)
+    assert not none.met and "the trace's 2 faults never fired" in none.note
+    assert "the first was due at 12.0 s" in none.note

@@ -34,10 +34,12 @@ def faults_met(planned_at: tuple[float, ...], fired: int, span_s: float | None) 
         return FaultsMet(len(planned), fired, True, "")
     ran = "its steps never began" if span_s is None else f"its steps ran {span_s:.1f} s"
     if fired == 0:
+        which = "fault" if len(planned) == 1 else f"{len(planned)} faults"
+        first = "the fault" if len(planned) == 1 else "the first"
         note = (
-            f"not a faulted run: the fault never fired, none of the trace's {len(planned)} "
-            f"(the job ended first: {ran}, the first fault was due at {unfired[0]:.1f} s); "
-            "figures not shown: raise --target or start the trace earlier"
+            f"not a faulted run: the trace's {which} never fired (the job ended first: "
+            f"{ran}, {first} was due at {unfired[0]:.1f} s); figures not shown: raise "
+            "--target or start the trace earlier"
         )
         return FaultsMet(len(planned), 0, False, note)
     note = (
