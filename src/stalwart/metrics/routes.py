@@ -335,7 +335,7 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
         notes.append(f"did not reach step {run.target} ({why})")
     if not fault_free.reached:
         notes.append(f"its fault-free run did not finish (exit {fault_free.rc})")
-    shown = met.met or None  # None blanks a fault figure of a run that met no fault
+    shown = met.met  # a run that met no fault shows no fault figure (None)
     return RouteFigures(
         route=run.route,
         reached=run.reached,
