@@ -21,7 +21,9 @@ A cell that fails today because its fix is pending on another branch carries ``p
 ("issue 12 <part>: <what>"): it is xfail(strict) and starts failing the moment the fix
 lands, when the mark comes off. No cell asserts which recovery tier was used or how long
 anything took: a fault lands where the job happens to be, and every outcome judged here
-holds wherever that is.
+holds wherever that is. Every fault is keyed on a step (a job sized in steps outruns a
+fault timed in seconds on a fast machine), and a cell whose fault never fired fails
+saying so before it is judged (``unmet_faults``: the run's ``fault_unfired`` events).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from stalwart.chaos import unmet_faults
 
 from ._outcome import Outcome, interrupt_run, run_script, torchrun
 
@@ -184,7 +188,7 @@ CELLS = [
     # (5) a plain torchrun script (no stalwart import): rank 0's evals are 2 s long
     Cell("plain@torchrun", "restart", "long eval", "identical, no kill"),
     Cell("plain@torchrun", "restart", "kill", "identical",
-         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000",),
+         "--max-restarts 1 --chaos 'kill rank=1 at=step:5'", args="--eval_every 1000",),
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
 ]
 # fmt: on
@@ -265,7 +269,16 @@ def test_cell(cell: Cell, refs: References, tmp_path: Path) -> None:
         out = refs[cell.ref]  # judged on the fault-free run itself
     else:
         out = run_script(run_dir, script, _flags(cell), args, timeout=cell.timeout)
+        _met_its_faults(out)
     JUDGES[cell.expect](cell, out, refs)
+
+
+def _met_its_faults(out: Outcome) -> None:
+    """A cell with chaos judges a faulted run: a fault that never fired (the job ended
+    first) would let a fault-free run pass for a recovery, so the cell fails saying so."""
+    unmet = unmet_faults(out.events)
+    if unmet:
+        pytest.fail("; ".join(unmet) + f"\n{out.stderr[-2000:]}")
 
 
 # ------------------------------------------------------------------ the judges
