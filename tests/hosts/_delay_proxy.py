@@ -10,6 +10,7 @@ not capped (a delayed link, not a slow one). Prints ``ready`` once it listens.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import sys
@@ -29,10 +30,8 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
             if wait > 0:
                 time.sleep(wait)
             if not data:
-                try:
+                with contextlib.suppress(OSError):
                     dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
                 return
             try:
                 dst.sendall(data)
@@ -50,8 +49,9 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
             return
 
 
-def _serve(conn: socket.socket, target: tuple[str, int], delay_s: float, both: bool,
-           mark: int) -> None:
+def _serve(
+    conn: socket.socket, target: tuple[str, int], delay_s: float, both: bool, mark: int
+) -> None:
     out = socket.socket()
     out.setsockopt(socket.SOL_SOCKET, _SO_MARK, mark)
     try:
@@ -60,8 +60,7 @@ def _serve(conn: socket.socket, target: tuple[str, int], delay_s: float, both: b
         conn.close()
         return
     threading.Thread(target=_pipe, args=(conn, out, delay_s), daemon=True).start()
-    threading.Thread(target=_pipe, args=(out, conn, delay_s if both else 0.0),
-                     daemon=True).start()
+    threading.Thread(target=_pipe, args=(out, conn, delay_s if both else 0.0), daemon=True).start()
 
 
 def main(argv: list[str]) -> None:

@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
+_CLI = [sys.executable, "-m", "stalwart.cli.main"]
 STORE_PORT = 29400
 """Node 0's embedded store (``--rdzv-endpoint h0:29400``): the control plane's port."""
 
@@ -185,8 +186,15 @@ def old_generation_steps(job: HostJob) -> list[tuple[int, float, int]]:
 def newest_checkpoint(run_dir: Path, rank: int) -> int | None:
     """The newest committed checkpoint of ``rank`` (``stalwart ckpt ls``), None: none."""
     proc = subprocess.run(
-        [sys.executable, "-m", "stalwart.cli.main", "ckpt", "ls"]
-        + [str(run_dir / "ckpt" / f"rank{rank}"), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "stalwart.cli.main",
+            "ckpt",
+            "ls",
+            str(run_dir / "ckpt" / f"rank{rank}"),
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

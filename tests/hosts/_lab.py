@@ -96,9 +96,7 @@ class Lab:
     def start(self) -> None:
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "link", "set", self.bridge, "up")
-        hosts_file = "127.0.0.1 localhost\n" + "".join(
-            f"{h.addr} {h.name}\n" for h in self.hosts
-        )
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.addr} {h.name}\n" for h in self.hosts)
         for h in self.hosts:
             veth = f"sw{self.tag}{h.index}"
             _sh("ip", "netns", "add", h.netns)
@@ -117,8 +115,8 @@ class Lab:
         _sh("nft", "add", "table", "bridge", self.table)
         _sh(
             "nft",
-            "add chain bridge {} forward {{ type filter hook forward priority 0; "
-            "policy accept; }}".format(self.table),
+            f"add chain bridge {self.table} forward {{ type filter hook forward priority 0; "
+            "policy accept; }",
         )
 
     def _start_holder(self, h: Host) -> None:
@@ -127,8 +125,20 @@ class Lab:
             "&& echo ready && exec sleep 86400"
         )
         h.holder = subprocess.Popen(
-            ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount"]
-            + ["--propagation", "private", "sh", "-c", script],
+            [
+                "ip",
+                "netns",
+                "exec",
+                h.netns,
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
