@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from coordinator.etcd_server import require_etcd
 
+from stalwart.metrics.events import read_events
+
 from ._etcd import etcd_on
 from ._job import STORE_PORT, HostJob, newest_checkpoint, old_generation_steps
 from ._lab import Lab
@@ -97,6 +99,12 @@ def test_healthy_two_hosts_equal_one_host(
     ended = job.wait(300)
     assert [rc for rc, _ in ended] == [0, 0], ended
     _check_outcome(job, ended, reference)
+    # one run in one run dir, not the first host's records moved aside (issue 25, item 6)
+    assert not (job.run_dir / "prev").exists()
+    events = read_events(str(job.run_dir / "events.jsonl"))
+    kinds = [e.kind for e in events.events]
+    assert kinds.count("run_start") == 1, kinds
+    assert [e["status"] for e in events.events if e.kind == "run_end"] == ["ok"]
 
 
 @pytest.mark.hosts_matrix
