@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._lab import Lab
 
@@ -20,6 +21,7 @@ __all__ = [
     "bumps",
     "newest_checkpoint",
     "old_generation_steps",
+    "refused_commits",
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
@@ -158,16 +160,24 @@ def bumps(run_dir: Path) -> dict[int, float]:
     """generation -> when an agent first recorded it (``generation`` events; every events
     file under the run dir, since the test's run dir holds this run only)."""
     first: dict[int, float] = {}
+    for doc in _events(run_dir):
+        if doc.get("kind") == "generation" and isinstance(doc.get("generation"), int):
+            gen, t = doc["generation"], float(doc["t"])
+            first[gen] = min(t, first.get(gen, t))
+    return first
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    docs = []
     for path in sorted(run_dir.rglob("events*.jsonl")):
         for line in path.read_text().splitlines():
             try:
                 doc = json.loads(line)
             except ValueError:
-                continue
-            if doc.get("kind") == "generation" and isinstance(doc.get("generation"), int):
-                gen, t = doc["generation"], float(doc["t"])
-                first[gen] = min(t, first.get(gen, t))
-    return first
+                continue  # a torn last line
+            if isinstance(doc, dict):
+                docs.append(doc)
+    return docs
 
 
 def old_generation_steps(job: HostJob) -> list[tuple[int, float, int]]:
@@ -181,6 +191,17 @@ def old_generation_steps(job: HostJob) -> list[tuple[int, float, int]]:
         if newer and t > min(newer):
             late.append((step, t, gen))
     return late[1:]
+
+
+def refused_commits(run_dir: Path) -> dict[tuple[int, int], list[int]]:
+    """(rank, pid) -> the steps whose commit was refused (``persist_end`` not ok). A
+    fenced member may see one refused commit and must then stop; more from one process
+    is a member training on in a generation the job left."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for doc in _events(run_dir):
+        if doc.get("kind") == "persist_end" and not doc.get("ok"):
+            out.setdefault((int(doc["rank"]), int(doc["pid"])), []).append(int(doc["step"]))
+    return out
 
 
 def newest_checkpoint(run_dir: Path, rank: int) -> int | None:

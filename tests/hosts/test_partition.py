@@ -9,7 +9,8 @@ once rank 0 logged step FAULT_AT, and the cell's expected outcome:
 * no step completes in an old generation after a bump (rank 0's step journal against
   the generation events: a split brain trains on in the old one);
 * the newest committed checkpoint of every rank is the last persist step (the job's
-  last step): no commit was refused in silence;
+  last step), and no process sees more than one of its commits refused (a fenced member
+  stops at the first);
 * the cut node exits 3 (fenced) or, where the fault healed, rejoins and ends 0;
 * nothing is left in any host's /dev/shm, and the lab is removed (the fixtures).
 
@@ -19,7 +20,7 @@ also ``hosts_matrix``, which plain ``make test`` deselects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from coordinator.etcd_server import require_etcd
 from stalwart.metrics.events import read_events
 
 from ._etcd import etcd_on
-from ._job import STORE_PORT, HostJob, newest_checkpoint, old_generation_steps
+from ._job import STORE_PORT, HostJob, newest_checkpoint, old_generation_steps, refused_commits
 from ._lab import Lab
 from .conftest import require_lab
 
@@ -54,7 +55,7 @@ WATCH_XFAIL = pytest.mark.xfail(
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The digests of a fault-free 1-host run with the same world size (4 workers)."""
     require_lab()
     with Lab(1) as lab:
@@ -64,15 +65,18 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             ended = job.wait(300)
         finally:
             job.stop()
-        assert [rc for rc, _ in ended] == [0], ended
-        yield job.digests()
+    assert [rc for rc, _ in ended] == [0], ended
+    return job.digests()
 
 
 def _check_outcome(job: HostJob, ended: list[tuple[int, str]], reference: list[str]) -> None:
     (rc0, err0), (_rc1, err1) = ended
     assert rc0 == 0, f"node 0 (majority) rc {rc0}:\n{err0[-3000:]}\nnode 1:\n{err1[-2000:]}"
     assert job.digests() == reference
-    assert old_generation_steps(job) == []
+    late = old_generation_steps(job)
+    assert late == [], f"{len(late)} steps in an old generation after a bump: {late[:3]}"
+    repeated = {k: v for k, v in refused_commits(job.run_dir).items() if len(v) > 1}
+    assert repeated == {}, f"commits refused in silence, (rank, pid) -> steps: {repeated}"
     for rank in range(WORLD):
         assert newest_checkpoint(job.run_dir, rank) == STEPS, f"rank {rank}"
     assert job.shm_left() == {}
