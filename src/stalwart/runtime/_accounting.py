@@ -13,6 +13,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
@@ -51,6 +52,8 @@ class StepAccounting:
     ) -> None:
         self.env, self.position, self.tracked = env, position, tracked
         self.events, self.coord, self.store = events, coord, store
+        # a commit refused as fenced: the session says so and leaves (runtime/_fenced.py)
+        self.on_refused: Callable[[BaseException, int, int], None] = lambda e, s, g: None
         self.durations: deque[float] = deque(maxlen=100)
         # what the hang threshold is made of: the first steps after a (re)start are left
         # out (DDP's first iteration, a rebuilt group), a replacement starts from its
@@ -303,6 +306,7 @@ class StepAccounting:
                 committed = self._commit(step, generation)
             except Exception as e:  # FencedError, storage errors: reported, never raised
                 err = e
+                self.on_refused(e, step, generation)
         events = self.events
         if err is not None:
             if events is not None:
