@@ -129,7 +129,8 @@ def _one_way(f: NetFault, src: str, dst: str, reverse: bool) -> list[str]:
     match = f"ip saddr {src} ip daddr {dst}"
     if f.port is not None:
         match += f" tcp sport {f.port}" if reverse else f" tcp dport {f.port}"
-    verdict = "drop" if f.kind == "partition" else f"numgen random mod 100 < {f.percent} drop"
+    random = f.kind == "loss" and f.percent < 100  # (nft refuses "< 100": 0-99 only)
+    verdict = f"numgen random mod 100 < {f.percent} drop" if random else "drop"
     return [f"{match} {verdict}"]
 
 

@@ -85,6 +85,8 @@ def test_loss_is_a_random_drop() -> None:
     assert nft_rules(loss, ADDR) == [
         "ip saddr 10.0.0.2 ip daddr 10.0.0.1 numgen random mod 100 < 30 drop"
     ]
+    (total,) = parse_net("loss 1->0 100%")
+    assert nft_rules(total, ADDR) == ["ip saddr 10.0.0.2 ip daddr 10.0.0.1 drop"]
 
 
 def test_delay_has_no_drop_rule_and_unknown_hosts_are_refused() -> None:
