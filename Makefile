@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo demo-elastic test lint typecheck bench clean
+.PHONY: setup demo demo-elastic check test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,14 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# while changing code: lint, type check and the unit tier (every test that runs in one
+# process; tests marked e2e start one: tests/_tiers.py)
+check: lint typecheck
+	$(VENV)/bin/pytest -m "not e2e"
+
+# before landing (CI's command): everything, with the line coverage of src/
 test: lint typecheck
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --cov=stalwart --cov-report=term:skip-covered
 
 bench: setup
 	$(PY) bench/checkpoint.py

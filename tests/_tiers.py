@@ -5,10 +5,16 @@ A test is ``e2e`` when it, a fixture it uses, or a helper either calls (followed
 the tests' own modules: tests/agent/_launch.py, tests/coordinator/etcd_server.py, ...)
 names ``subprocess``, ``multiprocessing``, ``torch.multiprocessing`` or ``os.fork``: that
 rule (``starts_process``) marks the job tests, the etcd and Slurm tests and the
-multi-process worlds without a mark in each file. What it cannot see (a process started
-inside stalwart's own code, e.g. a checkpoint persister) carries ``pytest.mark.e2e`` in
-its module; the guard (``ProcessGuard``) finds any it missed: in a test without the mark
-every process start raises ``ProcessInUnitTestError`` and fails the test.
+multi-process worlds without a mark in each file (``PROCESS_PARAMS``: a parametrized
+fixture that starts a process for some parameters only). What it cannot see, a process
+started inside stalwart's own code, is marked where the test is: ``e2e`` for a job or a
+zygote, or ``process`` for a short-lived helper of the library's own (the checkpoint
+persister, DataLoader workers, a fresh interpreter that checks what an import loads),
+which keeps the test in the unit tier. The guard (``ProcessGuard``) finds any it missed:
+in a test with neither mark every process start raises ``ProcessInUnitTestError`` and
+fails the test.
+
+When tests/ splits into unit/ and e2e/ folders, the ``e2e`` tests are the e2e folder.
 """
 
 from __future__ import annotations
@@ -113,8 +119,8 @@ class ProcessGuard:
     def _refuse(self, what: str) -> ProcessInUnitTestError:
         self.started.append(what)
         return ProcessInUnitTestError(
-            f"{self.test} started a process ({what}) but is not marked e2e: mark it "
-            "(pytestmark = pytest.mark.e2e) or keep it in one process (tests/_tiers.py)"
+            f"{self.test} started a process ({what}) but is marked neither e2e nor process: "
+            "mark it, or keep it in one process (tests/_tiers.py)"
         )
 
     def _patch(self, owner: object, name: str, make: Callable[[Any], Any]) -> None:

@@ -21,6 +21,7 @@ from stalwart.cli.main import main
 _SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "corpus" / "nanogpt.py"
 
 
+@pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,6 +45,7 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not glob.glob("/dev/shm/stalwart-cmp-*")
 
 
+@pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_torchft_route_heals_the_killed_group_from_a_live_one(tmp_path: Path) -> None:
