@@ -29,6 +29,7 @@ def _is_e2e(item: pytest.Function) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         unmarked = isinstance(item, pytest.Function) and not item.get_closest_marker("e2e")
