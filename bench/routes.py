@@ -9,7 +9,11 @@ recorded fault instants.
 Prints compare's table, the simulator's replay beside each stalwart route (predicted vs
 the ETTR its report measured), and a final JSON line ``{"routes": {"torchrun": {...},
 ...}}`` with per route ``ettr``, ``time_to_target_s``, ``fault_free_s``, ``rto_p50_s``,
-``utilisation``, ``loss_gap`` (definitions: docs/routes.md).
+``utilisation``, ``loss_gap`` (definitions: docs/routes.md), ``planned`` and
+``met_faults``: the job is sized in steps at a loaded machine's rate and the trace is in
+seconds, so on a fast machine a route can reach its target before the first fault; its
+row then has ``met_faults`` false, no fault figure, and a line says so (raise
+``--steps`` or use ``--minutes``).
 
 Default: 600 steps (about 60-90 s per run, startup included, on a loaded 2-core machine);
 ``--minutes M`` sizes the job for about M minutes per route at this machine's step rate.
@@ -72,7 +76,11 @@ def main() -> int:
             "steps_lost": row["steps_lost"],
             "sim_predicted_ettr": row["sim_predicted_ettr"],
             "sim_measured_ettr": row["sim_measured_ettr"],
+            "planned": row["planned"],
+            "met_faults": row["met_faults"],
         }
+        if not row["met_faults"]:  # a fault figure counts only from a run that met its faults
+            print(f"{name}: {row['note']}", flush=True)
         if row["sim_predicted_ettr"] is not None and row["sim_measured_ettr"] is not None:
             err = 100 * (row["sim_predicted_ettr"] - row["sim_measured_ettr"])
             print(

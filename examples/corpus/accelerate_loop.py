@@ -11,8 +11,10 @@ and every ``eval_steps`` an eval whose losses are gathered with
 
 The stalwart lines are marked; ``--plain`` runs the same loop as a plain torchrun script
 (with ``StepBatches`` too: the batches by step are what the trace compares).
-``--eval_pause S`` makes every eval at least S seconds longer; ``--bug_step N`` makes the
-rank launched as ``--bug_rank`` raise at step N in every incarnation.
+``--gradient_accumulation_steps K`` steps the optimizer every K steps (a step per
+micro-batch under ``accelerator.accumulate``); ``--eval_pause S`` makes every eval at
+least S seconds longer; ``--bug_step N`` makes the rank launched as ``--bug_rank`` raise
+at step N in every incarnation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     p.add_argument("--eval_pause", type=float, default=0.0)
     p.add_argument("--bug_step", type=int, default=0, help="raise at this step (0: never)")
     p.add_argument("--bug_rank", type=int, default=1)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     a = p.parse_args()
 
     sess = None
@@ -51,7 +54,9 @@ def main() -> None:
 
         sess = stalwart.init()  # stalwart: before Accelerator()
     accelerator = Accelerator(
-        cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
+        cpu=True,
+        gradient_accumulation_steps=a.gradient_accumulation_steps,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     set_seed(42)
     config = GPT2Config(
@@ -74,7 +79,13 @@ def main() -> None:
         model, optimizer, train_dl, eval_dl, lr_scheduler
     )
     if sess is not None:  # stalwart
-        stalwart_accelerate.track(sess, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler)
+        stalwart_accelerate.track(
+            sess,
+            accelerator=accelerator,  # stalwart: rollbacks at an accumulation cycle's end
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+        )
     batch_for = stalwart_accelerate.StepBatches(train_dl)  # stalwart (the batch of a step)
 
     def evaluate() -> float:
@@ -99,12 +110,14 @@ def main() -> None:
         batch = batch_for(step)
         if member == a.bug_rank and step == a.bug_step:
             raise ValueError("corpus-bug: label 7 out of range in shard file 3")
-        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
-        accelerator.backward(out.loss)
-        accelerator.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad()
+        with accelerator.accumulate(model):
+            out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+            accelerator.backward(out.loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
         extra: dict[str, object] = {}
         if step % a.eval_steps == 0:
             if sess is not None:

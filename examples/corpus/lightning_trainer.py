@@ -11,7 +11,9 @@ The two stalwart lines are marked ``# stalwart``; ``--plain`` runs the same scri
 them (under torchrun). ``Record`` only writes what tests/corpus/test_matrix.py judges a
 run by (examples/corpus/_record.py): it is not part of the style. ``--eval_pause S`` makes
 every validation batch at least S seconds longer (CPU-busy); ``--bug_step N`` makes the
-rank launched as ``--bug_rank`` raise at step N.
+rank launched as ``--bug_rank`` raise at step N. ``--epoch_end`` validates at every
+epoch's end (not every ``--val_every`` steps) and keeps the two best checkpoints by
+``val_loss`` (a ``ModelCheckpoint``: its save runs collectives on every rank).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--bug_step", type=int, default=0, help="raise at this step (0: never)")
     p.add_argument("--bug_rank", type=int, default=1)
+    p.add_argument("--epoch_end", action="store_true", help="validate+checkpoint per epoch")
     a = p.parse_args()
 
     strategy: Any = "ddp"
@@ -133,6 +136,9 @@ def main() -> None:
         member = strategy.session.env.rank
     rec = Recorder(a.out, member)
     callbacks: list[L.Callback] = [Record(rec, strategy if not a.plain else None)]
+    if a.epoch_end:
+        ckpt = os.path.join(a.out, "ckpt")
+        callbacks.append(L.callbacks.ModelCheckpoint(ckpt, monitor="val_loss", save_top_k=2))
 
     L.seed_everything(42, verbose=False)
     model = Net(a.lr, a.max_steps, a.eval_pause)
@@ -145,13 +151,13 @@ def main() -> None:
         // int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy=strategy,
         max_steps=a.max_steps,
-        val_check_interval=a.val_every,
-        check_val_every_n_epoch=None,
+        val_check_interval=None if a.epoch_end else a.val_every,
+        check_val_every_n_epoch=1 if a.epoch_end else None,
         log_every_n_steps=1,
         num_sanity_val_steps=0,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=a.epoch_end,
         default_root_dir=os.path.join(a.out, "pl"),
         callbacks=callbacks,
     )

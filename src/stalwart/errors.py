@@ -17,6 +17,7 @@ __all__ = [
     "FencedError",
     "GroupNotFormedError",
     "ProcessGroupInitError",
+    "RecoveryLoopError",
     "ReplicaMismatchError",
     "SnapshotWontFitError",
     "StalwartError",
@@ -103,6 +104,13 @@ class GroupNotFormedError(StalwartError, RuntimeError):
 class ProcessGroupInitError(StalwartError, ValueError):
     """``torch.distributed`` was (or is about to be) initialised a second time beside the
     job's default group that ``stalwart.init()`` installs."""
+
+
+class RecoveryLoopError(StalwartError, RuntimeError):
+    """A step failed the same way again after an in-place recovery, with the same
+    processes: nothing changed that could make the next attempt different (the ranks no
+    longer run the same collectives when the step is redone), so the job ends with a
+    verdict rather than recovering forever."""
 
 
 class ReplicaMismatchError(StalwartError):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from stalwart.chaos import unmet_faults
+
 from ._launch import events_of, stalwart_run
 
 PLAIN = textwrap.dedent(
@@ -96,13 +98,14 @@ def test_plain_script_hang_is_detected_and_restarted(tmp_path: Path) -> None:
             "--max-restarts",
             "1",
             "--chaos",
-            "hang rank=1 at=time:6s",
+            "hang rank=1 at=step:200",  # its 200th optimizer.step(): a history to judge by
             str(script),
         ],
         timeout=150,
     )
     assert run.returncode == 0, run.stderr
     events = events_of(tmp_path / "hang")
+    assert not unmet_faults(events), unmet_faults(events)  # "... never fired: <why>"
     hangs = [f for k, f in events if k == "fault_detected" and f["fault"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["domain"]["rank"] == 1, events
     assert "stopped" in hangs[0]["how"]

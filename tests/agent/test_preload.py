@@ -125,3 +125,21 @@ def test_the_zygote_starts_again_without_imports_that_start_threads(tmp_path: Pa
         assert zygote.wait_for("exit", 60)["rc"] == 7  # the worker imported it itself
     finally:
         zygote.close()
+
+
+def test_an_import_stopped_midway_leaves_nothing_of_it_behind(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A package whose import the alarm stops after some of its submodules loaded: a
+    worker forked from the zygote must import it whole, not over the leftovers."""
+    pkg = tmp_path / "site" / "ux_half_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from ux_half_pkg import fast\nfrom ux_half_pkg import slow\nVALUE = fast.X\n"
+    )
+    (pkg / "fast.py").write_text("X = 7\n")
+    (pkg / "slow.py").write_text("import time\ntime.sleep(30)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    res = preload([("ux_half_pkg", ())], local_roots=[str(tmp_path / "proj")], per_import_s=0.3)
+    assert res.failed[0].startswith("ux_half_pkg: import took over")
+    assert not [m for m in sys.modules if m.startswith("ux_half_pkg")], "leftovers kept"

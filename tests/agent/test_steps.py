@@ -103,3 +103,78 @@ def test_a_dead_rank0s_open_batch_is_written_once(tmp_path: Path) -> None:
     assert [f for _, f in steps] == [batch]
     e = next(e for e in read_events(str(tmp_path / "events.jsonl")).events if e.kind == "steps")
     assert e.t == 1003.0 and e.rank == 0  # at the end of its last step, as rank 0's
+
+
+def _plain_run_with_a_restart(tmp_path: Path, resumed: int) -> list[Any]:
+    """A plain rank 0 steps 1..10 (1 s each), is killed, and its restart (another pid)
+    writes ``resumed`` on the board (1 + the step its optimizer's state says it resumed
+    after; 0: no step count in it) and steps 6 times. Returns the run's events."""
+    agent = _agent(tmp_path)
+    procs = {0: Worker(0, 0, 0, pid=4242, state=WorkerState.RUNNING)}
+    agent.workers = SimpleNamespace(get=procs.get, slot=lambda w: agent.board.read(w.slot))
+    generation = [0]
+    rec = StepRecords(
+        names=agent.cluster.names,
+        events=agent.events,
+        workers=agent.workers,
+        generation=lambda: generation[0],
+        strategy="flash",
+    )
+    for step in range(1, 11):
+        _step(agent.board, step, 1000.0 + step)
+        rec.tick(0.0)
+    rec.on_exit(4242)
+    agent.events.emit("fault_injected", t=1010.5, fault="kill", domain={"rank": 0}, spec="")
+    agent.events.emit("recovery_begin", t=1010.6, strategy="restart", generation=1, cause="crash")
+    generation[0] = 1
+    procs[0] = Worker(0, 0, 0, pid=4343, state=WorkerState.RUNNING, t_spawn=1011.0)
+    base = resumed - 1 if resumed else 0  # the script numbers its own steps from there
+    for n in range(1, 7):
+        agent.board.write(
+            0,
+            pid=4343,
+            step=base + n,
+            phase="step",
+            generation=0,
+            t_progress=1012.0 + n,
+            t_alive=1012.0 + n,
+            p99_s=0.0,
+            mode=OBSERVED,
+            resumed=resumed,
+        )
+        rec.tick(0.0)
+    rec.on_exit(4343)
+    return read_events(str(tmp_path / "events.jsonl")).events
+
+
+def test_a_restarted_plain_script_resumes_at_its_optimizers_step(tmp_path: Path) -> None:
+    """It resumed after step 7 (its own checkpoint): steps 8..10 were redone, no more."""
+    events = _plain_run_with_a_restart(tmp_path, resumed=8)
+    end = next(e for e in events if e.kind == "recovery_end")
+    assert (end["restored_step"], end["steps_lost"], end["strategy"]) == (7, 3, "restart")
+    steps = [e for e in events if e.kind == "steps" and e["generation"] == 1]
+    assert steps[0]["first_step"] == 8 and steps[-1]["last_step"] == 13
+    assert end.t == steps[0]["t_first_start"]  # the recovery ends where training resumes
+    g = account(events, t_start=1000.0)
+    assert (g.lost_steps, g.productive_steps, g.lost_unknown) == (3, 13, False)
+    assert g.incidents[0].rto_s is not None
+    assert abs(g.incidents[0].rto_s - (end.t - 1010.5)) < 1e-6
+
+
+def test_a_restarted_plain_scripts_resume_step_unknown_is_said(tmp_path: Path) -> None:
+    """No step count in its optimizer (SGD, or only the model saved): not 10 steps lost
+    (counted from 1 again) nor 0, but unknown; its steps are numbered on from 10."""
+    events = _plain_run_with_a_restart(tmp_path, resumed=0)
+    end = next(e for e in events if e.kind == "recovery_end")
+    assert (end["restored_step"], end["steps_lost"]) == (None, None)
+    steps = [e for e in events if e.kind == "steps" and e["generation"] == 1]
+    assert steps[0]["first_step"] == 11 and all(e["resume_unknown"] for e in steps)
+    g = account(events, t_start=1000.0)
+    assert g.lost_unknown and g.lost_steps == 0
+    assert g.incidents[0].rto_s is not None
+    from stalwart.metrics.report import RunReport, format_summary
+
+    d = RunReport(str(tmp_path), events, g, False, []).to_dict()
+    assert d["steps"]["lost"] is None
+    text = format_summary(d)
+    assert "lost steps unknown" in text and "ETTR <= " in text

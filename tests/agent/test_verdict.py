@@ -68,3 +68,11 @@ def test_a_stalwart_refusal_is_a_verdict_at_once() -> None:
     assert line is not None and "not restarted" in line
     assert line.endswith("a sharded state cannot persist: use --strategy flash")
     assert CrashLoops(3).record(fail(0, "start-up", "ValueError: sharded")) is None
+
+
+def test_a_worker_that_counted_its_own_recovery_loop_is_a_verdict_at_once() -> None:
+    """runtime/_loops.py: the worker saw its step fail alike after in-place recoveries
+    (no process died for the agent to count): its line is the verdict, the first time."""
+    err = "stalwart.errors.RecoveryLoopError: collective failed in step 44 again after 1"
+    line = CrashLoops(3).record(fail(1, "step 44", err))
+    assert line == "rank 1 stopped at step 44: collective failed in step 44 again after 1"

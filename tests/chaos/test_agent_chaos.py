@@ -25,10 +25,13 @@ from stalwart.chaos import FaultLedger, FaultPlan
 class _Events:
     def __init__(self) -> None:
         self.notes: list[str] = []
+        self.unfired: list[dict[str, Any]] = []
 
     def emit(self, kind: str, **fields: Any) -> None:
         if kind == "note":
             self.notes.append(str(fields["message"]))
+        elif kind == "fault_unfired":
+            self.unfired.append(fields)
 
 
 class _Workers:
@@ -142,16 +145,32 @@ def test_queued_requests_count_from_their_queue_time(tmp_path: Path) -> None:
 
 def test_unfired_faults_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent = _agent(
-        tmp_path, "kill rank=1 at=step:50; hang rank=0 at=time:1h; kill rank=2 at=step:3"
+        tmp_path,
+        "kill rank=1 at=step:50; hang rank=0 at=time:1h; kill rank=2 at=step:3; "
+        "kill rank=0 at=step:40",
     )
     chaos = _chaos(agent, [])
     agent.ledger.claim(agent.plan.faults[0], rank=1, pid=1)  # this one fired
-    chaos.first_step = time.time()
+    chaos.first_step = 1000.0
+    chaos.last_tick = 1002.5  # the job ran 2.5 s from its first step, to step 12
     unfired = chaos.report_unfired()
-    assert [f.text for f in unfired] == ["hang rank=0 at=time:1h"]  # rank 2 is node 1's
-    (note,) = agent.events.notes
-    assert "'hang rank=0 at=time:1h' never fired" in note
-    assert caplog.text.count("never fired") == 1
+    # rank 2 is node 1's
+    assert [f.text for f in unfired] == ["hang rank=0 at=time:1h", "kill rank=0 at=step:40"]
+    timed, stepped = agent.events.unfired
+    assert timed["spec"] == "hang rank=0 at=time:1h" and timed["ran_s"] == 2.5
+    ended = "the job ended first, 2.5 s after the first step, before the fault's 3600 s"
+    assert timed["reason"] == ended
+    assert stepped["reason"] == "the job ended at step 12 before step 40"
+    assert stepped["last_step"] == 12 and stepped["domain"] == {"rank": 0, "node": None}
+    assert caplog.text.count("never fired") == 2
+
+
+def test_a_time_fault_with_no_step_says_so(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, "kill rank=0 at=time:1s")
+    chaos = _chaos(agent, [])
+    chaos.report_unfired()
+    (rec,) = agent.events.unfired
+    assert "ever reported a step" in rec["reason"] and rec["ran_s"] == -1.0
 
 
 _REQUEST_BODIES = st.one_of(

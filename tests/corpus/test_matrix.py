@@ -21,7 +21,9 @@ A cell that fails today because its fix is pending on another branch carries ``p
 ("issue 12 <part>: <what>"): it is xfail(strict) and starts failing the moment the fix
 lands, when the mark comes off. No cell asserts which recovery tier was used or how long
 anything took: a fault lands where the job happens to be, and every outcome judged here
-holds wherever that is.
+holds wherever that is. Every fault is keyed on a step (a job sized in steps outruns a
+fault timed in seconds on a fast machine), and a cell whose fault never fired fails
+saying so before it is judged (``unmet_faults``: the run's ``fault_unfired`` events).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from stalwart.chaos import unmet_faults
 
 from ._outcome import Outcome, interrupt_run, run_script, torchrun
 
@@ -73,8 +77,13 @@ REFS = {
     "hf_trainer@torchrun": Ref("hf_trainer.py", (*HFT, "--plain"), torchrun=True),
     "accelerate": Ref("accelerate_loop.py", tuple(ACC), timeout=SLOW_IMPORT),
     "accelerate@torchrun": Ref("accelerate_loop.py", (*ACC, "--plain"), torchrun=True),
+    "accelerate-accum": Ref(
+        "accelerate_loop.py", (*ACC, "--gradient_accumulation_steps", "2"), timeout=SLOW_IMPORT
+    ),
     "lightning": Ref("lightning_trainer.py", tuple(PL), timeout=SLOW_IMPORT),
     "lightning@torchrun": Ref("lightning_trainer.py", (*PL, "--plain"), torchrun=True),
+    # validation and the two best checkpoints at each epoch's end (8 steps an epoch)
+    "lightning-epoch": Ref("lightning_trainer.py", (*PL, "--epoch_end"), timeout=SLOW_IMPORT),
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
@@ -143,6 +152,10 @@ CELLS = [
          slow=True, timeout=SLOW_IMPORT),
     Cell("accelerate", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # a kill inside an accumulation cycle (steps 11-12): the snapshot due at 9 was taken
+    # at 10, the cycle's end, and the rollback lands there
+    Cell("accelerate-accum", "flash", "kill mid-cycle", "identical",
+         "--snapshot-every 3 --chaos 'kill rank=1 at=step:11'", timeout=SLOW_IMPORT),
     # (2d) a Lightning Trainer with stalwart's callback (integrations/lightning.py)
     Cell("lightning", "flash", "none", "agree"),
     Cell("lightning", "flash", "kill", "identical", K1, timeout=SLOW_IMPORT),
@@ -151,6 +164,10 @@ CELLS = [
          slow=True, timeout=SLOW_IMPORT),
     Cell("lightning", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # rank 0 killed just after an epoch-end validation and ModelCheckpoint save (step 8):
+    # the rollback to 6 redoes the save on the survivor and the replacement alike
+    Cell("lightning-epoch", "flash", "kill after save", "identical",
+         "--snapshot-every 3 --chaos 'kill rank=0 at=step:9'", timeout=SLOW_IMPORT),
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
     Cell("titan", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=0 at=step:8'",
@@ -171,7 +188,7 @@ CELLS = [
     # (5) a plain torchrun script (no stalwart import): rank 0's evals are 2 s long
     Cell("plain@torchrun", "restart", "long eval", "identical, no kill"),
     Cell("plain@torchrun", "restart", "kill", "identical",
-         "--max-restarts 1 --chaos 'kill rank=1 at=time:3s'", args="--eval_every 1000",),
+         "--max-restarts 1 --chaos 'kill rank=1 at=step:5'", args="--eval_every 1000",),
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
 ]
 # fmt: on
@@ -252,7 +269,16 @@ def test_cell(cell: Cell, refs: References, tmp_path: Path) -> None:
         out = refs[cell.ref]  # judged on the fault-free run itself
     else:
         out = run_script(run_dir, script, _flags(cell), args, timeout=cell.timeout)
+        _met_its_faults(out)
     JUDGES[cell.expect](cell, out, refs)
+
+
+def _met_its_faults(out: Outcome) -> None:
+    """A cell with chaos judges a faulted run: a fault that never fired (the job ended
+    first) would let a fault-free run pass for a recovery, so the cell fails saying so."""
+    unmet = unmet_faults(out.events)
+    if unmet:
+        pytest.fail("; ".join(unmet) + f"\n{out.stderr[-2000:]}")
 
 
 # ------------------------------------------------------------------ the judges

@@ -3,7 +3,9 @@ process, with a rollback on demand: what the integrations' drivers see of a real
 
 ``fail_at[k] = j``: the first time step ``k`` ends, the step counts as failed and the
 tracked state is put back as it was after step ``j`` (its snapshot, taken at the step
-boundary like the real session's), and the generator goes on from ``j + 1``.
+boundary like the real session's), and the generator goes on from ``j + 1``. After
+``align_steps(k)`` only multiples of ``k`` are snapshotted (a ``j`` between them is no
+snapshot: the test asking for it fails).
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ class FakeSession:
         self.yielded: list[int] = []
         self.generation = 0
         self.rank, self.world_size = 0, 1
+        self.unit = 1
+
+    def align_steps(self, unit: int) -> None:
+        self.unit = unit
 
     def track(self, **state: Any) -> dict[str, Any]:
         self.state = dict(state, rng=RNGState())
         return self.state
 
     def _snapshot(self, step: int) -> None:
+        if step % self.unit:
+            return
         self.snapshots[step] = {k: copy.deepcopy(v.state_dict()) for k, v in self.state.items()}
 
     def _restore(self, step: int) -> None:

@@ -43,8 +43,11 @@ class Losses(transformers.TrainerCallback):  # type: ignore[misc]
             self.evals[state.global_step] = logs["eval_loss"]
 
 
-def train(sess: FakeSession | None, max_steps: int = 14) -> tuple[list[torch.Tensor], Losses]:
-    """6 steps an epoch (24 samples, batch 4), an eval every 4 steps."""
+def train(
+    sess: FakeSession | None, max_steps: int = 14, accumulation: int = 1
+) -> tuple[list[torch.Tensor], Losses]:
+    """6 batches an epoch (24 samples, batch 4), a step per ``accumulation`` of them, an
+    eval every 4 steps."""
     cb = StalwartCallback(session=sess) if sess is not None else None  # type: ignore[arg-type]
     transformers.set_seed(0)
     cfg = transformers.GPT2Config(
@@ -58,6 +61,7 @@ def train(sess: FakeSession | None, max_steps: int = 14) -> tuple[list[torch.Ten
             per_device_eval_batch_size=4, learning_rate=3e-3, lr_scheduler_type="cosine",
             warmup_steps=2, eval_strategy="steps", eval_steps=4, logging_steps=1,
             save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+            gradient_accumulation_steps=accumulation,
         )  # fmt: skip
         losses = Losses()
         callbacks = [losses] + ([cb] if cb is not None else [])

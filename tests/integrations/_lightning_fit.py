@@ -15,7 +15,7 @@ from stalwart.integrations.lightning import StalwartCallback, StalwartStrategy
 
 from ._fake import FakeSession
 
-__all__ = ["L", "Net", "StalwartCallback", "StalwartStrategy", "fit"]
+__all__ = ["L", "Net", "Saves", "StalwartCallback", "StalwartStrategy", "fit", "fit_saving"]
 
 
 class Net(L.LightningModule):
@@ -74,3 +74,32 @@ def fit(sess: FakeSession | None, max_steps: int = 14) -> tuple[list[torch.Tenso
         )  # fmt: skip
         trainer.fit(model, _data(24, 1, shuffle=True), _data(8, 2, shuffle=False))
     return [p.detach().clone() for p in model.parameters()], model
+
+
+class Saves(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []  # the global step of every checkpoint saved
+
+    def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: Any) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def fit_saving(sess: FakeSession | None) -> tuple[list[torch.Tensor], Saves, Any]:
+    """6 steps an epoch, a validation at each epoch's end and the two best checkpoints
+    by ``val_loss`` (ModelCheckpoint: its saves run collectives on every rank)."""
+    L.seed_everything(0, verbose=False)
+    model, saves = Net(), Saves()
+    with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ckpt = L.callbacks.ModelCheckpoint(out, monitor="val_loss", save_top_k=2)
+        callbacks: list[L.Callback] = [ckpt, saves]
+        if sess is not None:
+            callbacks.append(StalwartCallback(session=sess))  # type: ignore[arg-type]
+        trainer = L.Trainer(
+            default_root_dir=out, max_steps=14, accelerator="cpu", devices=1,
+            log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+            logger=False, callbacks=callbacks, num_sanity_val_steps=0,
+        )  # fmt: skip
+        trainer.fit(model, _data(24, 1, shuffle=True), _data(8, 2, shuffle=False))
+    scores = sorted(float(v) for v in ckpt.best_k_models.values())
+    return [p.detach().clone() for p in model.parameters()], saves, scores

@@ -93,3 +93,80 @@ def test_track_takes_the_torch_objects_out_of_accelerates_wrappers(
     track(sess, model=model, optimizer=p_opt, lr_scheduler=p_sched, meta={"x": 1})  # type: ignore[arg-type]
     assert sess.state["optimizer"] is opt and sess.state["lr_scheduler"] is sched
     assert sess.state["model"] is model and sess.state["meta"] == {"x": 1}
+
+
+# ------------------------------------------------------------ gradient accumulation
+def _accumulating(sess: Any, k: int, total: int = 18) -> list[torch.Tensor]:
+    """A loop under ``accelerator.accumulate(model)`` (a step per micro-batch, the
+    optimizer stepping every ``k``), 12 batches an epoch, dropout on; ``sess`` None: the
+    plain loop."""
+    accelerate.state.AcceleratorState._reset_state(True)
+    accelerate.state.GradientState._reset_state()
+    config = accelerate.DataLoaderConfiguration(use_seedable_sampler=True)
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=k, dataloader_config=config)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    g = torch.Generator().manual_seed(1)
+    ds = torch.utils.data.TensorDataset(
+        torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g)
+    )
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    if sess is not None:
+        track(sess, accelerator=acc, model=model, optimizer=opt, lr_scheduler=sched)
+    batch_for = StepBatches(dl)
+    for step in sess.steps(total) if sess is not None else range(1, total + 1):
+        x, y = batch_for(step)
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_failure_at_every_position_of_an_accumulation_cycle_finishes_bit_identical(
+    accelerator_state: Any, k: int
+) -> None:
+    """The step that fails is each micro-batch of a cycle in turn (and the cycle's last,
+    whose optimizer step is undone too): the rollback lands at the end of the cycle
+    before it, never inside one, and the run ends as the fault-free one."""
+    from ._fake import FakeSession, same_params
+
+    plain = _accumulating(None, k)
+    start = 2 * k  # a cycle inside the first epoch, the one ending it (12), the next
+    for base in (start, 12 - k, 12):
+        for failing in range(base + 1, base + k + 1):
+            sess = FakeSession(fail_at={failing: base})
+            assert same_params(_accumulating(sess, k), plain), f"step {failing} failed"
+            assert sess.generation == 1 and sorted(sess.snapshots) == list(range(0, 19, k))
+    # twice in a row, the second inside the redone cycle
+    sess = FakeSession(fail_at={start + 1: start, start + k - 1 + 1: start})
+    assert same_params(_accumulating(sess, k), plain)
+
+
+def test_accumulation_without_the_accelerator_is_refused_with_the_call_to_write(
+    accelerator_state: Any,
+) -> None:
+    from ._fake import FakeSession
+
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 2)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match="accelerator=accelerator, model=model"):
+        track(FakeSession(), model=model, optimizer=opt)  # type: ignore[arg-type]
+
+
+def test_epochs_that_are_not_whole_cycles_are_refused_with_the_fix(
+    accelerator_state: Any,
+) -> None:
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    ds = torch.utils.data.TensorDataset(torch.arange(20))
+    dl = acc.prepare(torch.utils.data.DataLoader(ds, batch_size=4))  # 5 batches
+    with pytest.raises(ConfigError, match="sync_with_dataloader=False"):
+        StepBatches(dl)

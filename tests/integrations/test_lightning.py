@@ -121,3 +121,26 @@ def test_the_strategy_answers_set_up_collectives_locally_before_the_first_step(
     assert strategy.broadcast({"log_dir": "x"}) == {"log_dir": "x"}
     t = torch.tensor([3])
     assert strategy.reduce(t) is t
+
+
+# ------------------------------------------------------------ epoch-end saves
+def test_a_rollback_across_an_epoch_end_redoes_its_checkpoint_save_as_a_replacement_does(
+    pl: Any,
+) -> None:
+    """Step 7 fails just after the epoch-end validation and save of step 6; the rollback
+    to 5 redoes step 6 and its save, on this survivor as on a replacement process (a
+    fresh ModelCheckpoint): were the survivor to skip it (it saved step 6 already), its
+    barriers and broadcasts would be missing on one rank, a collective that never ends."""
+    plain_params, plain_saves, plain_scores = pl.fit_saving(None)
+    assert plain_saves.steps == [6, 12, 14]
+    sess = FakeSession(fail_at={7: 5})
+    params, saves, scores = pl.fit_saving(sess)
+    assert sess.generation == 1
+    assert saves.steps == [6, 6, 12, 14], "the survivor skipped the redone save of step 6"
+    assert same_params(params, plain_params) and scores == plain_scores
+    # a replacement that resumes after the save holds the callback's state of that step
+    seen = FakeSession()
+    pl.fit_saving(seen)
+    params, saves, scores = pl.fit_saving(_Resumed(seen, 7))
+    assert saves.steps == [12, 14], "the replacement did not know step 6 was saved"
+    assert same_params(params, plain_params) and scores == plain_scores

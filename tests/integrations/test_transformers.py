@@ -96,3 +96,20 @@ def test_a_callback_without_its_trainer_says_how_to_attach_it(hf: Any) -> None:
     state = hf.transformers.TrainerState()
     with pytest.raises(hf.TrainerNotFoundError, match=r"callbacks=\[\.\.\.\]"):
         cb.on_train_begin(None, state, hf.transformers.TrainerControl())
+
+
+@pytest.mark.parametrize("accumulation", [2, 3])
+def test_with_gradient_accumulation_a_step_is_a_cycle_and_rollbacks_are_bit_identical(
+    accumulation: int, hf: Any
+) -> None:
+    """The Trainer calls ``on_step_begin`` once per optimizer step (at a cycle's first
+    micro-batch): a stalwart step is a whole accumulation cycle, so every snapshot and
+    every rollback is at a cycle's end; its re-entry skips the micro-batches of the steps
+    done (3 or 2 steps an epoch here)."""
+    plain = hf.train(None, max_steps=8, accumulation=accumulation)
+    for fail_at in ({3: 2}, {4: 1}, {6: 3, 8: 7}):
+        sess = FakeSession(fail_at=fail_at)
+        params, losses = hf.train(sess, max_steps=8, accumulation=accumulation)
+        assert sess.generation == len(fail_at), "the rollbacks did not happen"
+        assert same_params(params, plain[0]), f"{fail_at}: final parameters differ"
+        assert losses.by_step == plain[1].by_step, f"{fail_at}: a redone step's loss differs"

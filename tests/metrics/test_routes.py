@@ -11,6 +11,7 @@ from stalwart.metrics.routes import (
     RouteRun,
     StepRecord,
     compare_document,
+    faults_met,
     kept_losses,
     read_step_records,
     recoveries,
@@ -149,3 +150,30 @@ def test_markdown_and_html_show_every_route_and_the_absent_ones() -> None:
     page = routes_html(doc)
     assert "data:image/svg+xml;base64," in page and "not built on this main" in page
     assert json.loads(json.dumps(doc))["routes"]["flash"]["ettr"] == 1.0
+
+
+def test_a_run_whose_faults_were_due_after_its_end_is_not_a_faulted_run() -> None:
+    """A fast machine: the job's steps ended 9 s after the first, the trace's only fault
+    was due at 12 s. The row says the fault never fired and shows no fault figure (an
+    ETTR of 1.0 would pass for a perfect recovery)."""
+    free = _run(_steps([(s, 10.0 + s) for s in range(1, 11)]))
+    outrun = _run(free.records, planned_at=(12.0,))
+    row = route_figures(outrun, free)
+    assert not row.met_faults and row.planned == 1 and row.faults == 0
+    assert "the trace's fault never fired (the job ended first" in row.note
+    assert "steps ran 9.0 s" in row.note and "due at 12.0 s" in row.note
+    assert row.ettr is None and row.time_to_target_s is None and row.loss_gap is None
+    assert row.reached and row.fault_free_s == 20.0  # what is not a fault figure stays
+    doc = compare_document({"script": "s", "workers": 4, "target": 10}, {}, [row], {}, {})
+    doc["trace"] = {"spec": "kill every=12s", "seed": 0, "horizon_s": 13.0, "faults": [{}]}
+    assert "| flash | 0/0 (no fault fired) | - |" in routes_markdown(doc)
+    # one fault met, the trace's later ones past the end: a faulted run, the rest counted
+    hit = _steps([(s, 10.0 + s) for s in range(1, 6)]) + _steps(
+        [(s, 14.0 + s) for s in range(4, 11)], attempt=(0, 1)
+    )
+    met = route_figures(_run(hit, faults=(15.5,), planned_at=(5.5, 40.0, 80.0)), free)
+    assert met.met_faults and met.faults == 1 and met.ettr is not None
+    assert "2 of the trace's 3 faults never fired: the job ended first" in met.note
+    none = faults_met((12.0, 30.0), 0, 9.0)
+    assert not none.met and "the trace's 2 faults never fired" in none.note
+    assert "the first was due at 12.0 s" in none.note

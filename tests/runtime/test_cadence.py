@@ -157,3 +157,40 @@ def test_the_final_step_is_persisted_when_persisting_is_on() -> None:
     assert _acct(-1)._persist_due(3, final=True)
     assert not _acct(0)._persist_due(12, final=True)
     assert not _acct(5, rank=1)._persist_due(12, final=True)
+
+
+def _aligned(unit: int, snapshot_every: int, persist_every: int = 0) -> list[tuple[int, bool]]:
+    """The (step, persisted) snapshots of 1..20 with steps aligned to ``unit``."""
+    acct = _acct(persist_every)
+    acct.env.snapshot_every = snapshot_every
+    acct = StepAccounting(acct.env, acct.position, acct.tracked, None, None, None)
+    acct.alignment.align(unit, 0)
+    taken: list[tuple[int, bool]] = []
+    acct.snapshot_now = lambda step: taken.append((step, False)) is None  # type: ignore[method-assign]
+    acct._start_persist = lambda step, wait: taken.__setitem__(-1, (step, True))  # type: ignore[method-assign]
+    for step in range(1, 21):
+        acct.maybe_snapshot(step, final=step == 20)
+    return taken
+
+
+def test_with_steps_aligned_to_an_accumulation_cycle_snapshots_land_only_at_its_ends() -> None:
+    """--snapshot-every 3 with a cycle of 2: the snapshot due at an odd step is taken at
+    the cycle's end, the next step (a rollback never lands inside a cycle)."""
+    assert _aligned(2, 3) == [(s, False) for s in (4, 6, 10, 12, 16, 18)]
+    assert _aligned(4, 3) == [(s, False) for s in (4, 8, 12, 16, 20)]
+    assert _aligned(1, 3) == [(s, False) for s in (3, 6, 9, 12, 15, 18)]
+    # a persist due inside a cycle is owed to its end too
+    assert [s for s, persisted in _aligned(2, 4, persist_every=5) if persisted] == [6, 10, 16, 20]
+
+
+def test_an_integrity_check_that_falls_inside_a_cycle_is_refused_with_its_fix() -> None:
+    import pytest
+
+    from stalwart.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--sdc-every 4"):
+        _acct(0).alignment.align(2, 3)
+    acct = _acct(0)
+    acct.alignment.align(2, 4)
+    with pytest.raises(ConfigError, match="align once"):
+        acct.alignment.align(3, 0)

@@ -75,6 +75,7 @@ class AgentChaos:
         self.first_step: float | None = None
         self._origins: dict[int, float] = {}  # fault id -> origin (queued requests)
         self.answerable = list(answerable)
+        self.last_tick: float | None = None  # the clock of the newest tick: the run's end
 
     def _due(self, fault: Fault, now: float) -> bool:
         if fault.at_time is not None:
@@ -132,21 +133,28 @@ class AgentChaos:
             self._events.emit("note", message=message)
 
     def report_unfired(self) -> list[Fault]:
-        """At the end of the run: one warning line (and a ``note`` event) per fault aimed
-        at this node that never fired; returns them."""
+        """At the end of the run: one warning line and a ``fault_unfired`` event per fault
+        aimed at this node that never fired, saying why (a job that ended before its fault,
+        on a fast machine, would otherwise pass for a faulted run); returns them."""
         fired = self._ledger.fired()
-        last = self._workers.last_step()
+        last = self._workers.last_step() or 0
         unfired = [f for f in self.answerable if str(f.id) not in fired]
         for fault in unfired:
-            if fault.at_step is not None:
-                why = f"the job ended at step {last or 0} before step {fault.at_step}"
-                if not any(w.attached for w in self._workers):
-                    why += " (a plain script's step is its optimizer.step(): did it step one?)"
-            elif self.first_step is None:
-                why = "no worker of its node ever reported a step (at=time: counts from the first)"
-            else:
-                why = "the job ended first"
-            self._note(f"chaos fault {fault.text!r} never fired: {why}")
+            origin = self._origins.get(fault.id, self.first_step)
+            ran_s = -1.0 if origin is None or self.last_tick is None else self.last_tick - origin
+            why = _why_unfired(fault, last, ran_s, queued=fault.id in self._origins)
+            if fault.at_step is not None and not any(w.attached for w in self._workers):
+                why += " (a plain script's step is its optimizer.step(): did it step one?)"
+            _log.warning("chaos fault %r never fired: %s", fault.text, why)
+            with contextlib.suppress(StalwartError, OSError):
+                self._events.emit(
+                    "fault_unfired",
+                    spec=fault.text,
+                    reason=why,
+                    domain=fault.domain,
+                    last_step=last,
+                    ran_s=round(ran_s, 3),
+                )
         return unfired
 
     @classmethod
@@ -182,6 +190,7 @@ class AgentChaos:
 
     def tick(self, now: float) -> None:
         """Fire what is due at wall-clock ``now``."""
+        self.last_tick = now
         self._watch_first_step(now)
         for fault in list(self.pending):
             if self._due(fault, now) and self._fire(fault):
@@ -263,6 +272,19 @@ class AgentChaos:
             self._stopped.add(pid)
         else:
             self._stopped.discard(pid)
+
+
+def _why_unfired(fault: Fault, last_step: int, ran_s: float, *, queued: bool) -> str:
+    """Why ``fault`` never fired, in one clause: the job ended first, and how far it got
+    (the step it reached, or the seconds it ran from the fault's time origin)."""
+    if fault.at_step is not None:
+        return f"the job ended at step {last_step} before step {fault.at_step}"
+    assert fault.at_time is not None
+    due = f"{fault.at_time:g} s"
+    if ran_s < 0:
+        return "no worker of its node ever reported a step (at=time: counts from the first)"
+    since = "it was queued" if queued else "the first step"
+    return f"the job ended first, {ran_s:.1f} s after {since}, before the fault's {due}"
 
 
 def _read_request(directory: str, name: str) -> tuple[int, FaultPlan]:

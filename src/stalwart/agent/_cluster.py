@@ -8,17 +8,10 @@ member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node w
 lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
 as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
 lowest live node under etcd; either way the adoption of a lost node is claimed by a
-compare-and-swap (``adopted/node<k>``), so it happens once.
+compare-and-swap (``adopted/node<k>``) that also checks the adopter's lease, so it
+happens once, and never by a fenced agent.
 
-Fencing lives here too. An agent that lost its lease (SIGSTOPped, partitioned, starved)
-was declared lost while it was unresponsive: the leader bumped the generation and
-adopted its ranks. When it runs again it must not restart or replace any worker (those
-ranks run elsewhere now), and its workers cannot rejoin (their joins are fenced on this
-agent's member key, runtime/_coord.py): :meth:`Cluster.check_fenced` raises
-:class:`NodeFenced`, and the agent stops its workers and exits (code 3, like a cordoned
-node). Why not rejoin: the world size is fixed and every rank has an owner again; a node
-coming back would have nothing to run until elastic resizing lets it add capacity
-(docs/recovery.md).
+Fencing (a node whose lease is gone stops and exits 3): agent/_fencing.py.
 """
 
 from __future__ import annotations
@@ -30,6 +23,8 @@ import socket
 import time
 from typing import Any
 
+from stalwart.agent._fencing import NodeFenced, NodeLease
+from stalwart.agent._link import Waiting, open_link
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -39,20 +34,13 @@ from stalwart.coordinator import (
     CoordinatorConfig,
     GenerationChange,
     Put,
-    StoreClient,
     StoreServer,
-    StoreServerConfig,
-    create_token_file,
-    read_token_file,
+    StoreUnavailableError,
 )
-from stalwart.errors import ConfigError, StalwartError
+from stalwart.errors import FencedError, StalwartError
 from stalwart.runtime.env import WorkerFields
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
-
-
-class NodeFenced(StalwartError):
-    """This node's lease is gone: another node runs its ranks now."""
 
 
 def ring_successor(node: int, live: set[int]) -> int | None:
@@ -76,8 +64,7 @@ class Cluster:
         self._lost: set[int] = set()
         self._last_live: set[int] = set()
         self._pending = False
-        self.lost_reason: str | None = None
-        self.fence = 0
+        self.lease = NodeLease(self.node)  # fencing: agent/_fencing.py
         self.token = b""
         self.watch: PeerWatch | None = None  # fast node-loss signal (agent/_peerwatch.py)
         # whether close() should remove what lost nodes left in /dev/shm on this host
@@ -87,34 +74,8 @@ class Cluster:
 
     def start(self) -> None:
         cfg = self.cfg
-        host, port = cfg.endpoint()
-        if cfg.etcd:
-            from stalwart.agent.etcd_cluster import open_etcd
-
-            self.store, self.token = open_etcd(cfg)
-            self.address = str(cfg.rdzv)
-        elif self.node == 0:
-            if not os.path.exists(self.token_file):
-                create_token_file(self.token_file)
-            token = read_token_file(self.token_file)
-            self.server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
-            self.store = self.server.store
-            self.address = f"{host}:{self.server.port}"
-            self.token = token
-        else:
-            deadline = time.monotonic() + cfg.start_timeout_s
-            while not os.path.exists(self.token_file):
-                if time.monotonic() > deadline:
-                    raise ConfigError(
-                        f"no job token at {self.token_file}; pass --token-file (node 0 "
-                        "writes RUN_DIR/token)"
-                    )
-                time.sleep(0.05)
-            time.sleep(0.05)  # node 0 writes the file, then its content
-            self.token = read_token_file(self.token_file)
-            self.store = StoreClient(host, port, self.token)
-            self.store.ping()
-            self.address = f"{host}:{port}"
+        link = open_link(cfg, self.token_file)  # agent/_link.py
+        self.server, self.store, self.token, self.address = link
         self.coord = Coordinator(
             self.store,
             CoordinatorConfig(
@@ -127,10 +88,10 @@ class Cluster:
         self._names = self._agree_names()
         self._member = self.coord.join(f"node{self.node}", node=str(self.node))
         # an etcd outage is not a node failure: etcd extends every lease when it is back
-        self._member.start_heartbeat(on_lost=self._on_lost, give_up=not cfg.etcd)
-        member_key = f"{self._root}/members/node{self.node}"
-        kv = self.store.get(member_key)
-        self.fence = kv.create_revision if kv is not None else 0
+        self._member.start_heartbeat(on_lost=self.lease.lost, give_up=not cfg.etcd)
+        fence = self.coord.fence_of(self._member)
+        self.coord = self.coord.as_member(fence)  # every bump checks our lease
+        self.lease.joined(fence.key, fence.create_revision)
         self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
         self.watch = PeerWatch(
@@ -144,42 +105,54 @@ class Cluster:
         )
         self.watch.publish()
 
-    def _on_lost(self, reason: BaseException) -> None:
-        self.lost_reason = str(reason)
+    @property
+    def lost_reason(self) -> str | None:
+        return self.lease.lost_reason
+
+    @property
+    def fence(self) -> int:
+        """Our member key's create_revision: our workers' fence (0 before we joined)."""
+        return self.lease.revision
 
     def fenced(self) -> bool:
         """Our lease is gone (we were unresponsive for longer than it): another node
         may have adopted our ranks, so nothing here may start or commit any more."""
-        if self.lost_reason is not None:
-            return True
-        if not self.cfg.etcd:
-            return False
-        kv = self.store.get(f"{self._root}/members/node{self.node}")
-        if kv is None or kv.create_revision != self.fence:
-            self.lost_reason = "this node's lease expired (its member key is gone)"
-            return True
-        return False
+        return self.lease.probe(self.store)
 
     # the job's generation (agent/_generation.py owns this node's view of it)
     def generation(self) -> int:
         return self.coord.generation()
 
     def advance_generation(self, expected: int, reason: str) -> GenerationChange:
-        return self.coord.advance_generation(expected, reason)
+        """A bump fenced by our lease: NodeFenced once it is gone."""
+        try:
+            return self.coord.advance_generation(expected, reason)
+        except FencedError as err:
+            self.lease.lost(err)
+            raise self.lease.error() from None
+
+    def fenced_if_cut(self, err: BaseException) -> BaseException:
+        """What ends the agent: a bump refused for our lease (any part's), or a joined
+        node that lost the coordinator (the lease expired there), is fenced; one that
+        never reached it is misconfigured (``err``)."""
+        if isinstance(err, FencedError):
+            self.lease.lost(err)
+            return self.lease.error()
+        if isinstance(err, StoreUnavailableError):
+            if not self.joined:
+                raise err  # the CLI's one line: is the coordinator running, the address right?
+            return self.lease.unreachable(self.address, err)
+        return err
 
     def generation_meta(self) -> dict[str, Any]:
         return self.coord.generation_meta()
 
     def check_fenced(self, *, probe: bool) -> None:
         """Raise :class:`NodeFenced` if this agent's lease is gone. ``probe``: ask the
-        store (before a recovery); else only look at what the heartbeat thread found."""
-        gone = self.fenced() if probe else self.lost_reason is not None
-        if gone:
-            raise NodeFenced(
-                f"node {self.node} was fenced: {self.lost_reason}; its ranks were "
-                "adopted by another node. Its workers are stopped and it leaves the job "
-                "(start a new agent once the job can use more nodes)"
-            )
+        store (before a recovery; a bounded call); else only look at what the heartbeat
+        thread found."""
+        if self.fenced() if probe else self.lease.lost_reason is not None:
+            raise self.lease.error()
 
     def blocklisted(self) -> set[str]:
         """Members (``node<k>``, ``rank<r>``) the job will never readmit."""
@@ -253,10 +226,9 @@ class Cluster:
         """The run id of the /dev/shm names; what a worker needs to reach the
         coordinator when it lives in etcd, and the fence its joins are checked against
         (this agent's member key)."""
-        fields: WorkerFields = {"shm_run": self.names.run}
+        fields: WorkerFields = {"shm_run": self.names.run, "fence": f"{self.node}:{self.fence}"}
         if self.cfg.etcd:
             fields["rdzv"] = str(self.cfg.rdzv)
-            fields["fence"] = f"{self.node}:{self.fence}"
         return fields
 
     # ---------------------------------------------------------------- launch record
@@ -276,10 +248,12 @@ class Cluster:
 
     def read(self, key: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
+        waiting = Waiting(f"the job's launch record {key!r} (node 0 publishes it)", deadline)
         while True:
             kv = self.store.get(f"{self._root}/launch/{key}")
             if kv is not None:
                 return dict(json.loads(kv.value))
+            waiting.tick()
             if time.monotonic() > deadline:
                 raise StalwartError(f"node 0 did not publish {key!r} within {timeout:.0f}s")
             time.sleep(0.02)
@@ -361,7 +335,8 @@ class Cluster:
                 continue
             key = f"{self._root}/adopted/node{n}"
             claim = Put(key, json.dumps({"by": self.node}).encode())
-            if self.store.txn([Compare(key, "mod_revision", "==", 0)], [claim]).succeeded:
+            fence = [self.coord.fence.compare()] if self.coord.fence else []  # a live adopter
+            if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
                 out.append(n)
         self._pending = bool(gone - self._lost)
         return out

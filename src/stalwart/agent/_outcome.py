@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 from stalwart.agent._cluster import NodeFenced
-from stalwart.errors import StalwartError
+from stalwart.coordinator import StoreUnavailableError
+from stalwart.errors import FencedError, StalwartError
 from stalwart.metrics.console import terminal_safe
 
 __all__ = [
@@ -86,8 +87,9 @@ class Ending:
     goodbye: bool = True  # False: this node leaves like a lost node (its ranks move)
 
 
-ENDINGS = (NodeFenced, Cordoned, RunFailed, KeyboardInterrupt)
-"""What ends the loop early; :func:`ending` says how."""
+ENDINGS = (NodeFenced, Cordoned, RunFailed, KeyboardInterrupt, StoreUnavailableError, FencedError)
+"""What ends the loop early; :func:`ending` says how (a coordinator that stopped
+answering a joined node, a bump refused for its lease: fenced, agent/_fencing.py)."""
 
 
 def ending(err: BaseException) -> Ending:

@@ -1,21 +1,22 @@
 """Step-keyed chaos for a plain script (one that never calls ``stalwart.init()``).
 
-The stalwart runtime fires a rank's ``at=step:N`` faults itself, at the start of step N.
-A plain script has no step boundary stalwart can see except its optimizer: the zygote
-watches ``optimizer.step()`` (agent/observe.py), and step N of a plain script is its Nth
-``optimizer.step()`` call. The fault fires just before that call (a global optimizer
-pre-hook), so it lands at the same point of training in every run, as for the runtime;
-``slow`` sleeps ``factor - 1`` times the last step interval before each step of its
-window. Each fault is claimed in the run's ledger first, so a restarted worker that
-counts its steps from 1 again does not fire it twice. The hook exists only when the plan
-has a step-keyed fault for this rank; ``stalwart.init()`` removes it with the observer.
+The stalwart runtime fires a rank's ``at=step:N`` faults itself, at the start of step N. A
+plain script has no step boundary stalwart can see except its optimizer: the zygote watches
+``optimizer.step()`` (agent/observe.py), and step N of a plain script is its Nth outermost
+``optimizer.step()`` call (a container's step and its optimizers' are one,
+agent/_outer_step.py). The fault fires just before that call (the observer's global
+optimizer pre-hook calls :meth:`_PlainChaos.before`), so it lands at the same point of
+training in every run, as for the runtime; ``slow`` sleeps ``factor - 1`` times the last
+step interval before each step of its window. Each fault is claimed in the run's ledger
+first, so a restarted worker that counts its steps from 1 again does not fire it twice. It
+exists only when the plan has a step-keyed fault for this rank; ``stalwart.init()`` removes
+it with the observer.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["install_plain_chaos"]
@@ -61,9 +62,9 @@ class _PlainChaos:
         self.slowing.append((fault, time.monotonic()))
 
 
-def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], float]) -> Any:
-    """Hook this worker's step-keyed chaos faults to ``optimizer.step()``; the hook's
-    handle (``.remove()``), or None when the plan has none for this rank."""
+def install_plain_chaos() -> _PlainChaos | None:
+    """This worker's step-keyed chaos faults (``before(step, last interval)`` runs them
+    before step ``step``), or None when the plan has none for this rank."""
     from stalwart.chaos import FaultPlan
     from stalwart.runtime.env import WorkerEnv
 
@@ -76,7 +77,4 @@ def install_plain_chaos(steps_done: Callable[[], int], interval: Callable[[], fl
     mine = [f for f in plan.faults if f.rank == rank and f.at_step is not None and f.kind != "join"]
     if not mine:
         return None
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    chaos = _PlainChaos(mine, run_dir, rank, env.node_rank)
-    return register_optimizer_step_pre_hook(lambda *_: chaos.before(steps_done() + 1, interval()))
+    return _PlainChaos(mine, run_dir, rank, env.node_rank)

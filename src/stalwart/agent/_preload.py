@@ -90,6 +90,17 @@ def _alarm(_sig: int, _frame: FrameType | None) -> None:
     raise _Timeout
 
 
+def _forget(before: set[str]) -> None:
+    """Drop the modules an interrupted import left behind. An import stopped midway
+    (the alarm) leaves the submodules it had finished in ``sys.modules``, bound to
+    package objects Python already discarded: every worker forked from the zygote then
+    imports the package again over them and fails (``partially initialized module
+    'lightning.fabric' has no attribute 'accelerators'``). Without them, the worker
+    imports the package whole, as without a preload."""
+    for name in set(sys.modules) - before:
+        sys.modules.pop(name, None)
+
+
 def _local(origin: str | None, roots: list[str]) -> bool:
     if not origin or origin in ("built-in", "frozen"):
         return False
@@ -127,6 +138,7 @@ def preload(
             if mod in sys.modules and not names:
                 continue  # already there (torch, the standard library's basics)
             signal.setitimer(signal.ITIMER_REAL, per_import_s)
+            before = set(sys.modules)
             try:
                 module = importlib.import_module(mod)
                 for name in names:  # lazy attributes (transformers' models)
@@ -135,9 +147,11 @@ def preload(
                 res.imported.append(mod)
             except _Timeout:
                 res.failed.append(f"{mod}: import took over {per_import_s:.0f}s")
+                _forget(before)
             except BaseException as err:  # SystemExit too: never end the zygote
                 first = (str(err).splitlines() or [""])[0]
                 res.failed.append(f"{mod}: {type(err).__name__}: {first}"[:200])
+                _forget(before)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
     finally:

@@ -3,15 +3,14 @@
 One agent per node. It hosts the job's coordinator store (node 0, like torchrun's c10d
 store), starts a zygote that forks every worker, reads the progress board for hangs,
 fires the chaos plan's agent-side faults and writes the run's events. Workers get
-torchrun's environment (a plain script runs unchanged, restarted torchrun's way); those
-that call ``stalwart.init()`` also get stalwart's contract (runtime/env.py) and recover
-by the job's strategy.
+torchrun's environment (a plain script runs unchanged, restarted torchrun's way); with
+``stalwart.init()`` stalwart's contract too (runtime/env.py), recovering by the strategy.
 
 The parts, each the owner of its state: :class:`~stalwart.agent._workers.LocalWorkers`
 (processes, spares, zygote, board), :class:`~stalwart.agent._generation.JobGeneration`
 (generation, restarts, port), the detectors (agent/_detectors.py: typed incidents), the
-:class:`~stalwart.agent.policy.RecoveryPolicy` of ``--strategy``, the cluster
-(membership, leases, fencing), the node's health endpoint (agent/healthz.py). Teardown
+:class:`~stalwart.agent.policy.RecoveryPolicy` of ``--strategy``, the cluster (membership,
+leases, fencing: agent/_fencing.py), the node's health endpoint (agent/healthz.py). Teardown
 is one ``ExitStack``: each part's end is registered when the part is set up.
 """
 
@@ -182,12 +181,13 @@ class Agent:
             for w in self.workers:
                 self.parts.spawn(w)
             self._loop()
-        except ENDINGS as err:
-            if isinstance(err, NodeFenced):
-                self.workers.fence_out(self.cluster.adopted_here)
+        except ENDINGS as caught:
+            err = self.cluster.fenced_if_cut(caught)  # no coordinator: fenced (exit 3)
+            if isinstance(err, NodeFenced):  # said first: then its workers are stopped
                 me = f"node{self.cfg.node_rank}"
                 self.events.emit("isolation", member=me, reason=str(err), blocklisted=False)
                 _say(str(err))
+                self.workers.fence_out(self.cluster.adopted_here)
             end = ending(err)
             self.status, self._end_reason, self._goodbye = end.status, end.reason, end.goodbye
             return end.code

@@ -1,18 +1,19 @@
 """Hang detection for plain scripts: step progress from the optimizer.
 
-A script that never calls ``stalwart.init()`` still steps an optimizer. The zygote
-installs a global optimizer step post-hook in every worker it forks; each step is
-published to the progress board (mode ``OBSERVED``), and a heartbeat thread keeps the
-slot's ``t_alive`` fresh (a process blocked in a collective releases the GIL; a
-SIGSTOPped or frozen one does not). The agent then detects a hang exactly as for the
-stalwart runtime, and recovers the only way a plain script can be recovered: torchrun's
-route, every worker restarted (within ``--max-restarts``). torchrun itself notices such a
-hang only when a collective times out (30 minutes by default).
+A script that never calls ``stalwart.init()`` still steps an optimizer. The zygote installs
+global optimizer step hooks in every worker it forks; each step is published to the progress
+board (mode ``OBSERVED``), and a heartbeat thread keeps the slot's ``t_alive`` fresh (a
+process blocked in a collective releases the GIL; a SIGSTOPped or frozen one does not). A
+step is an outermost ``optimizer.step()`` (agent/_outer_step.py): a container's step and its
+inner optimizers' are one. The agent then detects a hang exactly as for the stalwart
+runtime, and recovers the only way a plain script can be recovered: torchrun's route, every
+worker restarted (within ``--max-restarts``). torchrun itself notices such a hang only when
+a collective times out (30 minutes by default).
 
-Why the optimizer and not a timer or a profiler: an optimizer step is the one event
-every training loop has, once per step, and the hook costs a few microseconds. Scripts
-that step no optimizer (inference, evaluation) are simply not watched. When the script
-does call ``stalwart.init()``, the runtime takes the slot over (:func:`detach`).
+Why the optimizer and not a timer or a profiler: an optimizer step is the one event every
+training loop has, once per step, and the hook costs a few microseconds. Scripts that step
+no optimizer (inference, evaluation) are simply not watched. When the script does call
+``stalwart.init()``, the runtime takes the slot over (:func:`detach`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
+from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent._plain_chaos import install_plain_chaos
 from stalwart.agent.progress import OBSERVED, ProgressBoard
 
@@ -35,15 +37,31 @@ class _Observer:
     def __init__(self, board: ProgressBoard, slot: int) -> None:
         self.board = board
         self.slot = slot
-        self.step = 0
+        self.step = 0  # outermost optimizer steps of this process
+        # the step this process resumed after, from its optimizers' state at its first
+        # step (a script that loaded its own checkpoint); None: no step count in it
+        self.resumed: int | None = None
         self.t_last = 0.0
         self.intervals: deque[float] = deque(maxlen=_WINDOW)
         self.stop = threading.Event()
-        self.handle: Any = None
-        self.chaos: Any = None
+        self.remove: Any = None  # removes the optimizer hooks
+        self.chaos: Any = None  # step-keyed chaos faults (agent/_plain_chaos.py), or None
         self.thread = threading.Thread(target=self._beat, name="stalwart-observe", daemon=True)
 
-    def on_step(self, *_: Any) -> None:
+    def each_step(self, opt: Any) -> None:
+        """Before every optimizer step (nested ones too): until the first step is done,
+        the highest step count held in an optimizer's state (Adam's ``step``)."""
+        if self.step == 0:
+            found = _saved_step(opt)
+            if found is not None and (self.resumed is None or found > self.resumed):
+                self.resumed = found
+
+    def before_step(self) -> None:
+        if self.chaos is not None:
+            last = self.intervals[-1] if self.intervals else 0.0
+            self.chaos.before(self.step + 1, last)  # a plan's steps count from 1 per process
+
+    def on_step(self) -> None:
         now = time.time()
         if self.t_last:
             self.intervals.append(now - self.t_last)
@@ -54,13 +72,14 @@ class _Observer:
         self.board.write(
             self.slot,
             pid=os.getpid(),
-            step=self.step,
+            step=self.step + (self.resumed or 0),  # the script's own step number if known
             phase="step",
             generation=0,
             t_progress=now,
             t_alive=now,
             p99_s=p99,
             mode=OBSERVED,
+            resumed=0 if self.resumed is None else self.resumed + 1,
         )
 
     def _beat(self) -> None:
@@ -69,21 +88,34 @@ class _Observer:
                 self.board.touch(self.slot, time.time())
 
 
+def _saved_step(opt: Any) -> int | None:
+    """The highest ``step`` in ``opt``'s per-parameter state (None: none holds one)."""
+    found: int | None = None
+    for st in list(opt.state.values()):
+        value = st.get("step") if isinstance(st, dict) else None
+        if value is None:
+            continue
+        try:
+            n = int(float(value))
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        found = n if found is None else max(found, n)
+    return found
+
+
 _OBSERVER: _Observer | None = None
 
 
 def install(board_path: str, slot: int) -> None:
     """Watch this process's optimizer steps (called in a freshly forked worker)."""
     global _OBSERVER
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     if _OBSERVER is not None:
         return
     observer = _Observer(ProgressBoard(board_path, slot + 1), slot)
-    observer.handle = register_optimizer_step_post_hook(observer.on_step)
-    observer.chaos = install_plain_chaos(  # step-keyed chaos faults (agent/_plain_chaos.py)
-        lambda: observer.step, lambda: observer.intervals[-1] if observer.intervals else 0.0
-    )
+    observer.chaos = install_plain_chaos()
+    # one step per outermost optimizer.step(): a container's and its optimizers' are one
+    steps = OuterSteps(observer.before_step, observer.on_step, observer.each_step)
+    observer.remove = steps.install()
     observer.thread.start()
     _OBSERVER = observer
 
@@ -94,8 +126,6 @@ def detach() -> None:
     observer, _OBSERVER = _OBSERVER, None
     if observer is None:
         return
-    observer.handle.remove()
-    if observer.chaos is not None:
-        observer.chaos.remove()
+    observer.remove()
     observer.stop.set()
     observer.thread.join(timeout=1.0)

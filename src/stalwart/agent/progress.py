@@ -46,8 +46,8 @@ BOARD_VERSION = 2
 _MAGIC = b"STWBOARD"
 _HEADER = "<8sIII"  # magic version slot_size slots
 _HEADER_SIZE = 64
-# pid step phase generation t_progress t_alive p99_s mode compute_s compute_steps
-_FMT = "<qqqqdddqdq"
+# pid step phase generation t_progress t_alive p99_s mode compute_s compute_steps resumed
+_FMT = "<qqqqdddqdqq"
 _SIZE = 96
 assert struct.calcsize(_FMT) <= _SIZE and struct.calcsize(_HEADER) <= _HEADER_SIZE
 _ALIVE_AT = 40  # offset of t_alive in a slot
@@ -76,6 +76,9 @@ class Slot:
     observed: bool = False  # a plain script whose optimizer steps are watched
     compute_s: float = 0.0  # step time outside collectives and pauses, summed (this pid)
     compute_steps: int = 0  # steps summed into compute_s (0: none measured, e.g. a plain script)
+    # a plain script's process: 1 + the step it resumed after, read from its optimizer's
+    # state at its first step (0: not known; the field was reserved, 0, before)
+    resumed: int = 0
 
 
 class ProgressBoard:
@@ -123,6 +126,7 @@ class ProgressBoard:
         mode: int = ATTACHED,
         compute_s: float = 0.0,
         compute_steps: int = 0,
+        resumed: int = 0,
     ) -> None:
         struct.pack_into(
             _FMT,
@@ -138,6 +142,7 @@ class ProgressBoard:
             mode,
             compute_s,
             compute_steps,
+            resumed,
         )
 
     def touch(self, index: int, t_alive: float) -> None:
@@ -148,8 +153,8 @@ class ProgressBoard:
         self._map[at : at + _SIZE] = bytes(_SIZE)
 
     def read(self, index: int) -> Slot:
-        pid, step, phase, gen, tp, ta, p99, mode, compute_s, compute_steps = struct.unpack_from(
-            _FMT, self._map, self._at(index)
+        (pid, step, phase, gen, tp, ta, p99, mode, compute_s, compute_steps, resumed) = (
+            struct.unpack_from(_FMT, self._map, self._at(index))
         )
         name = PHASES[phase] if 0 <= phase < len(PHASES) else "starting"
         if not (compute_s >= 0.0 and compute_steps >= 0):  # torn or garbage: not measured
@@ -166,6 +171,7 @@ class ProgressBoard:
             mode == OBSERVED,
             compute_s,
             compute_steps,
+            max(resumed, 0),
         )
 
     def close(self, *, unlink: bool = False) -> None:

@@ -68,6 +68,8 @@ _REFUSALS = (  # deterministic by design: a bad flag or state, with the fix in t
     "stalwart.errors.UnsupportedStateError:",
 )
 
+_LOOP = "stalwart.errors.RecoveryLoopError: "  # a step that fails alike after recoveries
+
 
 class CrashLoops:
     """Counts, per rank, failures in a row at the same point (a failure elsewhere starts
@@ -80,6 +82,8 @@ class CrashLoops:
     def record(self, failure: Failure) -> str | None:
         """Count ``failure``; the verdict line once it repeated ``limit`` times, or at
         once for a stalwart refusal (it names its fix and would refuse again)."""
+        if failure.error.startswith(_LOOP):  # the worker counted it (runtime/_loops.py)
+            return f"rank {failure.rank} stopped at {failure.where}: {failure.error[len(_LOOP) :]}"
         refusal = next((p for p in _REFUSALS if failure.error.startswith(p)), None)
         if refusal is not None:
             return (

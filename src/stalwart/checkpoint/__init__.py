@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stalwart.checkpoint._lazy import load_state_of, state_dict_of
     from stalwart.checkpoint._state import RNGState
     from stalwart.checkpoint._writer import publish_step
     from stalwart.checkpoint.catalog import VerifyReport, committed_steps, verify_step
@@ -42,14 +43,18 @@ __all__ = [
     "VerifyReport",
     "collect_garbage",
     "committed_steps",
+    "load_state_of",
     "open_storage",
     "publish_step",
     "restore_state",
+    "state_dict_of",
     "verify_step",
 ]
 
 _WHERE = {
     "RNGState": "_state",
+    "load_state_of": "_lazy",
+    "state_dict_of": "_lazy",
     "publish_step": "_writer",
     "VerifyReport": "catalog",
     "committed_steps": "catalog",

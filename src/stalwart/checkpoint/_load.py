@@ -89,7 +89,7 @@ def _targets(
     state: Mapping[str, Any], saved: list[SavedTensor], reshard: Reshard | None
 ) -> dict[str, torch.Tensor]:
     """The state's current tensors by path, to load into in place."""
-    _, current = capture(state)
+    _, current = capture(state, for_restore=True)  # a fresh DCP optimizer's moments too
     targets: dict[str, torch.Tensor] = {leaf.path: leaf.tensor for leaf in current}
     if reshard is not None:  # a fresh optimizer of DTensor parameters: cut its shards too
         globals_ = [(e.path, (e.shard or {}).get("global_shape", e.shape), e.dtype) for e in saved]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stalwart.checkpoint._lazy import loading, looking
 from stalwart.checkpoint._tree import Leaf, flatten
 from stalwart.errors import StateMismatchError
 from stalwart.logs import get_logger
@@ -62,9 +63,20 @@ def _is_stateful(obj: Any) -> bool:
     return hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")
 
 
-def capture(state: Mapping[str, Any]) -> tuple[Any, list[Leaf]]:
-    """Flatten every tracked object's current state."""
-    raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
+def capture(state: Mapping[str, Any], *, for_restore: bool = False) -> tuple[Any, list[Leaf]]:
+    """Flatten every tracked object's current state, creating none (checkpoint/_lazy.py:
+    a snapshot taken before the first step must not initialise an optimizer's state).
+
+    ``for_restore``: the tensors a restore is about to load into. There an optimizer's
+    state may be created as its ``state_dict()`` creates it (DCP's lazy initialisation):
+    the restore replaces that state (or empties it again, for a snapshot without one,
+    checkpoint/_lazy.py ``loading``), and a fresh optimizer of DTensor parameters (FSDP2
+    behind a container) gets moments of its parameters' mesh to load its shards into."""
+    if for_restore:
+        raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
+        return flatten(raw)
+    with looking(", ".join(map(str, state))):
+        raw = {name: obj.state_dict() if _is_stateful(obj) else obj for name, obj in state.items()}
     return flatten(raw)
 
 
@@ -173,7 +185,8 @@ def apply_state(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> None:
             value = _optimizer_state_as_dtensors(obj, value)
         if _is_stateful(obj):
             try:
-                obj.load_state_dict(value)
+                with loading(value):  # a state without optimizer state restores none
+                    obj.load_state_dict(value)
             except (RuntimeError, KeyError, ValueError) as err:
                 first = str(err).strip().splitlines()[0][:300]
                 raise StateMismatchError(

@@ -273,4 +273,5 @@ def load_route(
         faults_at=faults_at,
         member_records=_member_records(out / "corpus"),
         fault_ranks=ranks,
+        planned_at=tuple(f.t_s for f in trace.faults) if trace is not None else (),
     )

@@ -27,6 +27,7 @@ from stalwart.metrics.routes import (
     RouteFigures,
     RouteRun,
     compare_document,
+    faults_met,
     kept_losses,
     route_figures,
 )
@@ -154,6 +155,7 @@ def _run_pair(
     print(f"{route.name}: fault-free run{' (reused)' if free else ''}", flush=True)
     free = free or run_route(route, st, None, label, st.timeout_s)
     print(f"{route.name}: fault-free {free.exited - free.launched:.1f}s exit {free.rc}", flush=True)
+    _warn_outrun(route.name, trace, free.span_s)
     label = f"{route.name}/faulted"
     hit_or_none = load_route(route, st, trace, label) if reuse else None
     print(f"{route.name}: faulted run ({trace.spec}){' (reused)' if hit_or_none else ''}")
@@ -164,12 +166,26 @@ def _run_pair(
     else:
         sim = simulate_route(st.work / f"{route.name}-faulted")
     hit = RouteRun(**{**hit.__dict__, "sim": sim})
+    met = faults_met(hit.planned_at, len(hit.faults_at), hit.span_s)
+    said = f": {met.note}" if met.note else ""
     print(
         f"{route.name}: faulted {hit.exited - hit.launched:.1f}s exit {hit.rc}, "
-        f"{len(hit.faults_at)} faults",
+        f"{met.fired} of {met.planned} faults fired{said}",
         flush=True,
     )
     return free, hit
+
+
+def _warn_outrun(name: str, trace: FaultTrace, span_s: float | None) -> None:
+    """Say before the faulted run when its fault-free run's steps ended before the trace's
+    first instant: on this machine the job may outrun its faults (a fault-free run then)."""
+    if trace.faults and span_s is not None and trace.faults[0].t_s > span_s:
+        print(
+            f"{name}: the trace's first fault is due {trace.faults[0].t_s:.1f} s after the "
+            f"first step, past the {span_s:.1f} s the fault-free run's steps took: the "
+            "faulted run may end before it (raise --target, or start the trace earlier)",
+            flush=True,
+        )
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from stalwart.coordinator.errors import (
     TokenFileError,
 )
 from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, EtcdTarget, parse_etcd_url
+from stalwart.coordinator.fence import Fence
 from stalwart.coordinator.membership import Member, MemberEvent, MemberInfo, MembershipWatch
 from stalwart.coordinator.memory import MemoryStore
 from stalwart.coordinator.server import StoreServer, StoreServerConfig
@@ -69,6 +70,7 @@ __all__ = [
     "EtcdStoreConfig",
     "EtcdTarget",
     "Event",
+    "Fence",
     "FrameTooLargeError",
     "GenerationChange",
     "KeyValue",

@@ -1,11 +1,10 @@
 """``Coordinator``: generations, membership, blocklist and fenced commits over any Store.
 
-It is a library over a :class:`Store`, not a server: every agent and worker runs
-its own ``Coordinator`` against the shared store, and all agreement comes from the
-store's compare-and-swap transactions. In particular every commit is one
-transaction that also checks the committer's generation, so a member of an old
-generation (say, the minority side of a partition) can never commit, however
-late its request arrives.
+A library over a :class:`Store`, not a server: every agent and worker runs its own
+against the shared store; all agreement comes from the store's transactions. Every
+commit also checks the committer's generation and every bump the caller's lease
+(coordinator/fence.py), so a member of an old generation or without a lease (say, the
+minority side of a partition) can never commit nor move the job, however late it asks.
 
 Keys live under ``{key_prefix}/{job_id}/``::
 
@@ -17,8 +16,7 @@ Keys live under ``{key_prefix}/{job_id}/``::
     rdzv/{gen}/{id}       rendezvous arrivals (member lease)
     barrier/{gen}/{name}/{id}
     step                  JSON StepRecord of the last committed step
-    ckpt/{step}, ckpt_latest   JSON CheckpointRecord
-"""
+    ckpt/{step}, ckpt_latest   JSON CheckpointRecord"""
 
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ from stalwart.coordinator.errors import (
     MemberExistsError,
     RendezvousTimeoutError,
 )
+from stalwart.coordinator.fence import Fence
 from stalwart.coordinator.membership import Member, MemberInfo, MembershipWatch
 from stalwart.coordinator.store import Compare, Delete, Op, Put, Store
 from stalwart.errors import ConfigError, FencedError
@@ -124,21 +123,34 @@ class Coordinator:
         config: CoordinatorConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        fence: Fence | None = None,
     ) -> None:
         self.store = store
         self.config = config or CoordinatorConfig()
         self._clock = clock
+        self.fence = fence  # checked in every bump; None: no member (a test, a tool)
         self._root = f"{self.config.key_prefix.rstrip('/')}/{self.config.job_id}/"
 
     def _k(self, *parts: str) -> str:
         return self._root + "/".join(parts)
 
+    def as_member(self, fence: Fence) -> Coordinator:
+        """This coordinator acting for the member ``fence`` vouches for (its bumps fenced)."""
+        return Coordinator(self.store, self.config, clock=self._clock, fence=fence)
+
+    def fence_of(self, member: Member) -> Fence:
+        """The proof of ``member``'s lease: its key's revision at join."""
+        key = self._k("members", member.member_id)
+        kv = self.store.get(key)
+        if kv is None or kv.lease != member.lease:
+            raise FencedError(f"member {member.member_id}: its lease is gone; join again")
+        return Fence(key, kv.create_revision, member.member_id)
+
     # -- generations ----------------------------------------------------
 
     @property
     def generation_key(self) -> str:
-        """The store key holding the generation (for a watch on it)."""
-        return self._k("gen")
+        return self._k("gen")  # for a watch on it
 
     def generation(self) -> int:
         """The job's current generation (0 before the first bump)."""
@@ -151,23 +163,20 @@ class Coordinator:
         return Compare(self._k("gen"), "value", "==", str(generation).encode())
 
     def _fenced(self, generation: int, what: str) -> FencedError:
-        current = self.generation()
         return FencedError(
             f"cannot {what}: generation {generation} is stale (the job is at generation "
-            f"{current}); rejoin the current generation first"
+            f"{self.generation()}); rejoin the current generation first"
         )
 
     def advance_generation(
         self, expected: int, reason: str, *, also: Sequence[Op] = ()
     ) -> GenerationChange:
-        """Bump the generation from ``expected`` to ``expected + 1`` by compare-and-swap.
-
-        Of several members that saw the same failure and race to bump, exactly one
-        wins; the others get ``won=False`` and the generation the winner set.
-        Rendezvous and barrier keys of the old generation are cleared in the same
-        transaction, and the operations ``also`` are applied with it (elastic: who is
-        admitted to the new generation), only if the bump wins.
-        """
+        """Bump the generation from ``expected`` to ``expected + 1`` in one transaction
+        that compares the number and the caller's lease (:attr:`fence`) together: of
+        members racing to bump, one wins, the others get ``won=False`` and the winner's
+        generation; a caller whose lease is gone moves nothing (:class:`FencedError`).
+        The old generation's rendezvous and barrier keys are cleared with it, and the
+        ops ``also`` applied (elastic: who is admitted), only if the bump wins."""
         new = expected + 1
         meta = {"generation": new, "reason": reason, "at": self._clock()}
         ops: list[Op] = [
@@ -177,8 +186,13 @@ class Coordinator:
             Delete(self._k("barrier", f"{expected:012d}") + "/", prefix=True),
             *also,
         ]
-        res = self.store.txn([self._gen_is(expected)], ops)
-        return GenerationChange(res.succeeded, new if res.succeeded else self.generation())
+        fence = self.fence
+        guard = [self._gen_is(expected), *([fence.compare()] if fence else [])]
+        if self.store.txn(guard, ops).succeeded:
+            return GenerationChange(True, new)
+        if fence is not None and not fence.holds(self.store):
+            raise fence.refused(f"move the job past generation {expected} ({reason})")
+        return GenerationChange(False, self.generation())
 
     def generation_meta(self) -> dict[str, Any]:
         """Why and when the current generation was set (empty at generation 0)."""
@@ -258,9 +272,8 @@ class Coordinator:
 
     def unblock(self, member_id: str) -> None:
         """Readmit ``member_id`` and forget its failures."""
-        self.store.txn(
-            [], [Delete(self._k("blocklist", member_id)), Delete(self._k("failures", member_id))]
-        )
+        ops: list[Op] = [Delete(self._k(what, member_id)) for what in ("blocklist", "failures")]
+        self.store.txn([], ops)
 
     def blocklisted(self) -> dict[str, BlockEntry]:
         prefix = self._k("blocklist") + "/"

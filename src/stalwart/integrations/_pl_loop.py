@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from stalwart.errors import ConfigError, StepFailedError
+from stalwart.integrations._pl_callbacks import callback_states, load_callback_states
 from stalwart.integrations._steps import Rewind, StepDriver
 from stalwart.logs import get_logger
 
@@ -39,14 +40,23 @@ _log = get_logger(__name__)
 
 class LoopState:
     """The fit loop's progress counters (epoch, batch, optimizer and scheduler steps,
-    the validation loop's) as a tracked object: JSON, per rank (every rank keeps its own
-    loop). Restoring keeps the JSON for the rewind (:func:`install`'s wrapper) rather than
-    loading it into the loop at once: the restore happens inside a hook of the running
-    loop, whose exit would reset the restart flags it sets."""
+    the validation loop's) and the callbacks' state as a tracked object: JSON, per rank
+    (every rank keeps its own loop). Restoring keeps the JSON for the rewind
+    (:func:`install`'s wrapper) rather than loading it into the loop at once: the restore
+    happens inside a hook of the running loop, whose exit would reset the restart flags
+    it sets.
+
+    Why the callbacks: their state decides collectives. ``ModelCheckpoint`` skips a save
+    at a step it already saved (``_last_global_step_saved``) and ranks its top-k
+    (``best_k_models``); its save runs barriers and broadcasts on every rank. A survivor
+    that redoes an epoch's end after a rollback would skip the save that a replacement
+    (a fresh callback) runs, and their collectives would never line up again. Restored
+    with the step, every rank redoes the same saves."""
 
     def __init__(self, trainer: Any) -> None:
         self._trainer = trainer
         self.restored: str | None = None
+        self.restored_callbacks: str | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """The counters as at the step boundary: the snapshot is taken at
@@ -63,15 +73,15 @@ class LoopState:
                     tracker[key] = tracker["completed"]
         if "is_last_batch" in batches:
             batches["is_last_batch"] = False
-        return {"json": json.dumps(sd, sort_keys=True)}
+        callbacks = callback_states(self._trainer.callbacks)
+        return {"json": json.dumps(sd, sort_keys=True), "callbacks": json.dumps(callbacks)}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        text = sd["json"]
-        if not isinstance(text, str):
-            raise TypeError(f"tracked loop state holds a {type(text).__name__}, not JSON")
-        if not isinstance(json.loads(text), dict):
-            raise TypeError("tracked loop state is not a JSON object of loop counters")
-        self.restored = text
+        text, callbacks = sd["json"], sd.get("callbacks", "{}")  # older: no callbacks
+        for what, value in (("loop state", text), ("callback states", callbacks)):
+            if not isinstance(value, str) or not isinstance(json.loads(value), dict):
+                raise TypeError(f"tracked {what} is not a JSON object")
+        self.restored, self.restored_callbacks = text, callbacks
 
 
 class StepLoader:
@@ -180,6 +190,9 @@ def _reposition(trainer: Any, state: LoopState, loaders: list[StepLoader], step:
     if state.restored is not None:
         loop.load_state_dict(json.loads(state.restored))
         state.restored = None
+    if state.restored_callbacks is not None:
+        load_callback_states(trainer.callbacks, json.loads(state.restored_callbacks))
+        state.restored_callbacks = None
     epoch, skip = divmod(step, max(1, int(trainer.num_training_batches)))
     for loader in loaders:
         loader.seek(epoch, skip)

@@ -16,7 +16,9 @@ gathers (``gather_for_metrics``) run on the default group. Two things need stalw
 side: its wrappers (``AcceleratedOptimizer``, ``AcceleratedScheduler``) forward
 ``step``/``state_dict`` to the torch objects but are not complete ones, so :func:`track`
 tracks what they wrap; and a loop driven by ``sess.steps()`` asks for a step's batch, not
-the next one (:class:`StepBatches`). docs/integrations.md.
+the next one (:class:`StepBatches`). With gradient accumulation (a step per micro-batch
+under ``accelerator.accumulate(model)``) pass ``accelerator=`` to :func:`track`:
+snapshots and rollbacks then land only at the end of a cycle. docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from stalwart.errors import ConfigError
 if TYPE_CHECKING:
     from stalwart.runtime import Session
 
-__all__ = ["StepBatches", "track"]
+__all__ = ["Accumulation", "StepBatches", "track"]
 
 
 def _unwrapped(obj: Any) -> Any:
@@ -44,11 +46,59 @@ def _unwrapped(obj: Any) -> Any:
     return obj
 
 
-def track(session: Session, **state: Any) -> dict[str, Any]:
+def track(session: Session, accelerator: Any = None, **state: Any) -> dict[str, Any]:
     """``session.track(**state)`` with Accelerate's optimizer and scheduler wrappers
     replaced by the torch objects they wrap (the wrappers keep forwarding to them, so the
-    loop's ``optimizer.step()`` is still skipped in a failed step)."""
+    loop's ``optimizer.step()`` is still skipped in a failed step).
+
+    With gradient accumulation (``Accelerator(gradient_accumulation_steps=k)``, a step per
+    micro-batch under ``accelerator.accumulate(model)``) a cycle's partial gradients and
+    Accelerate's micro-batch counter are not training state a snapshot can hold: the
+    session snapshots, and so rolls back, only at cycle ends (``session.align_steps(k)``),
+    and the ``accelerator`` (required then) has its counter tracked and the model's
+    gradients dropped on a restore, so a redone cycle starts as the fault-free one did."""
+    k = _accumulation_steps(accelerator, state)
+    if k > 1:
+        if accelerator is None or "model" not in state:
+            raise ConfigError(
+                f"gradient_accumulation_steps={k}: pass the Accelerator and the model, as "
+                "stalwart_accelerate.track(sess, accelerator=accelerator, model=model, ...), "
+                "so that a rollback lands at the end of an accumulation cycle"
+            )
+        session.align_steps(k)
+        state["accumulation"] = Accumulation(accelerator, state["model"])
     return session.track(**{name: _unwrapped(obj) for name, obj in state.items()})
+
+
+def _accumulation_steps(accelerator: Any, state: dict[str, Any]) -> int:
+    """The accumulation cycle, from the Accelerator or from a prepared object's
+    ``gradient_state`` (Accelerate's one per process)."""
+    holders = [accelerator, *state.values()]
+    for obj in holders:
+        steps = getattr(getattr(obj, "gradient_state", None), "num_steps", None)
+        if isinstance(steps, int):
+            return steps
+    return 1
+
+
+class Accumulation:
+    """Accelerate's micro-batch counter (``Accelerator.step``: ``accumulate()`` syncs and
+    steps the optimizer when it reaches a multiple of the cycle) as tracked state. Its
+    snapshots are all at cycle ends; restoring one also drops the model's gradients, the
+    partial sums of an undone cycle (the fault-free cycle starts from none)."""
+
+    def __init__(self, accelerator: Any, model: torch.nn.Module) -> None:
+        self.accelerator, self.model = accelerator, model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"micro_step": int(self.accelerator.step)}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        step = sd["micro_step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise TypeError(f"tracked accumulation holds micro_step={step!r}, not a count")
+        self.accelerator.step = step
+        self.model.zero_grad(set_to_none=True)
 
 
 class StepBatches:
@@ -68,6 +118,7 @@ class StepBatches:
 
     def __init__(self, dataloader: Any) -> None:
         _check_sampler(dataloader)
+        _check_cycle(dataloader)
         self.dataloader = dataloader
         self._at: tuple[int, int] | None = None
         self._it: Iterator[Any] | None = None
@@ -105,4 +156,22 @@ def _check_sampler(dataloader: Any) -> None:
                 "on the epochs this process iterated, so a recovered rank would read other "
                 "samples: build the Accelerator with dataloader_config="
                 "DataLoaderConfiguration(use_seedable_sampler=True)"
+            )
+
+
+def _check_cycle(dataloader: Any) -> None:
+    """Accelerate ends an accumulation cycle early at an epoch's last batch (and counts
+    from 0 again): with epochs of a length that is not a multiple of the cycle, cycle ends
+    move from epoch to epoch, and the step count no longer says where a cycle ends."""
+    state = getattr(dataloader, "gradient_state", None)
+    k = getattr(state, "num_steps", 1)
+    if isinstance(k, int) and k > 1 and getattr(state, "sync_with_dataloader", False):
+        n = len(dataloader)
+        if n % k:
+            raise ConfigError(
+                f"an epoch of {n} batches is not a whole number of accumulation cycles "
+                f"(gradient_accumulation_steps={k}), so cycle ends move from epoch to epoch: "
+                f"make it a multiple of {k} (batch size, drop_last) or build the Accelerator "
+                "with gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps="
+                f"{k}, sync_with_dataloader=False)"
             )

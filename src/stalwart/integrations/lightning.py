@@ -18,8 +18,9 @@ What it does, hook by hook:
 - ``setup``: installs the hooks of integrations/_pl_loop.py on this Trainer (the fit
   loop re-entered after a rollback, the train DataLoader opened at a step) and adds
   :class:`StalwartLogger` to the Trainer's loggers.
-- ``on_train_start``: tracks the DDP model, the optimizers, the LR schedulers and the fit
-  loop's counters (the process RNGs are tracked by the session), then joins the job: a
+- ``on_train_start``: tracks the DDP model, the optimizers, the LR schedulers, the fit
+  loop's counters and the callbacks' state (a ``ModelCheckpoint``'s saves are redone on
+  every rank alike; the process RNGs are tracked by the session), then joins the job: a
   replacement worker resumes here from the newest snapshot, with no ``ckpt_path``.
 - ``on_train_batch_start``: the stalwart step boundary (integrations/_steps.py): the
   previous step commits and snapshots; a failed one is recovered, and the fit loop is

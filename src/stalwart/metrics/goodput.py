@@ -95,6 +95,10 @@ class Goodput:
     world_sizes: list[tuple[float, int]]  # (time, world size) at each change
     lost_steps: int  # step completions later redone
     problems: list[str] = field(default_factory=list)
+    # a plain script resumed from its own checkpoint at a step stalwart could not see (its
+    # optimizer holds no step count): the steps it redid are not known, so lost_steps and
+    # lost_progress leave them out, and the productive time (ETTR) is an upper bound
+    lost_unknown: bool = False
 
     @property
     def ettr(self) -> float | None:
@@ -161,6 +165,7 @@ def account(
         [(t + base, n) for t, n in g.world_sizes],
         g.lost_steps,
         g.problems,
+        g.lost_unknown,
     )
 
 
@@ -221,6 +226,7 @@ def _account(events: Sequence[Event], t_end: float | None) -> Goodput:
         sizes,
         lost_steps,
         problems,
+        any(bool(e.get("resume_unknown", False)) for e in steps),
     )
 
 

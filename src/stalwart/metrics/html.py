@@ -101,15 +101,19 @@ def _problems(d: dict[str, Any]) -> list[str]:
 
 
 def _kpis(d: dict[str, Any]) -> str:
-    ettr, m, r = d["ettr"], d["mtbf"], d["rto_s"]
+    ettr, m, r, lost = d["ettr"], d["mtbf"], d["rto_s"], d["steps"]["lost"]
+    at_most = "&le; " if lost is None else ""  # a plain script's redone steps not known
     kpis = [
-        ("ETTR", _num(None if ettr is None else 100 * ettr, ".1f", "%")),
+        ("ETTR", at_most + _num(None if ettr is None else 100 * ettr, ".1f", "%")),
         ("wall time", _num(d["wall_s"], ".1f", " s")),
         ("productive steps", str(d["steps"]["productive"])),
         ("failures", str(d["failures"])),
         ("RTO p50", _num(r["p50"], ".2f", " s")),
         ("MTBF", _num(m["mtbf_s"], ".0f", " s")),
-        ("lost work", f"{d['steps']['lost']} steps / {_num(d['lost_work_s'], '.1f', ' s')}"),
+        (
+            "lost work",
+            "unknown" if lost is None else f"{lost} steps / {_num(d['lost_work_s'], '.1f', ' s')}",
+        ),
     ]
     return "".join(f'<span class="kpi">{k}<b>{v}</b></span>' for k, v in kpis)
 

@@ -154,8 +154,9 @@ def find_incidents(
             inc.strategy = str(mine[-1]["strategy"])
         done = [r for r in ends if inc.t_detected <= r.t <= stop]
         if done:
-            inc.restored_step = int(done[-1]["restored_step"])
-            inc.steps_lost_reported = int(done[-1]["steps_lost"])
+            restored, lost = done[-1]["restored_step"], done[-1]["steps_lost"]
+            inc.restored_step = None if restored is None else int(restored)
+            inc.steps_lost_reported = None if lost is None else int(lost)
             inc.source_tier = str(done[-1].get("source_tier", ""))
     for a in incidents:
         for b in incidents:

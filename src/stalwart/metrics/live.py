@@ -177,6 +177,8 @@ class LiveFigures:
 
     def _on_recovery_end(self, t: float, f: dict[str, Any]) -> None:
         self._recovery_done = True
+        if f["restored_step"] is None:  # a plain script resumed at a step it did not say
+            return
         restored = int(f["restored_step"])
         while self._batches and self._batches[-1][1] > restored:  # rolled back: lost
             a, b, busy = self._batches.pop()

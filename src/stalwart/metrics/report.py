@@ -76,9 +76,12 @@ class RunReport:
             "buckets_fraction": {k: (v / wall if wall > 0 else None) for k, v in g.buckets.items()},
             "steps": {
                 "productive": g.productive_steps,
-                "lost": g.lost_steps,
+                # None: a plain script resumed where stalwart cannot see (docs/goodput.md)
+                "lost": None if g.lost_unknown else g.lost_steps,
                 "lost_reported": sum(
-                    int(e["steps_lost"]) for e in self.events if e.kind == "recovery_end"
+                    int(e["steps_lost"])
+                    for e in self.events
+                    if e.kind == "recovery_end" and e["steps_lost"] is not None
                 ),
                 "last": max((w.last_step for w in g.windows), default=None),
                 "productive_per_s": g.productive_steps / wall if wall > 0 else None,
@@ -285,6 +288,24 @@ def _detector_lines(d: dict[str, Any]) -> list[str]:
     )
 
 
+def _headline(d: dict[str, Any]) -> str:
+    """Wall time, ETTR and steps; a plain script's lost work that cannot be known is said
+    so, and the ETTR and productive steps that include it are upper bounds."""
+    ettr, lost = d["ettr"], d["steps"]["lost"]
+    unknown = lost is None
+    return (
+        f"wall {d['wall_s']:.1f}s  ETTR {'<= ' * unknown}"
+        f"{_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
+        f"productive steps {d['steps']['productive']}{' at most' * unknown}  lost steps "
+        + (
+            "unknown (the script resumed from its own checkpoint at a step stalwart "
+            "cannot see: its optimizer holds no step count)"
+            if unknown
+            else f"{lost} ({d['lost_work_s']:.1f}s)"
+        )
+    )
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
     comes from the event log is printed with its control characters escaped (an ESC
@@ -294,7 +315,6 @@ def format_summary(d: dict[str, Any]) -> str:
     def t(value: Any) -> str:
         return terminal_safe(str(value))
 
-    wall = d["wall_s"]
     lines = [
         f"run {t(d['run_dir'])}  job={t(d['job'] or '-')}  strategy={t(strategy_text(d))}  "
         f"status={t(d['status'] or 'unknown (no run_end)')}",
@@ -303,12 +323,7 @@ def format_summary(d: dict[str, Any]) -> str:
         lines.append("PARTIAL REPORT: " + "; ".join(t(p) for p in d["problems"][:3]))
     elif d["problems"]:
         lines.append("warnings: " + "; ".join(t(p) for p in d["problems"][:3]))
-    ettr = d["ettr"]
-    lines.append(
-        f"wall {wall:.1f}s  ETTR {_f(None if ettr is None else 100 * ettr, '.1f', '%')}  "
-        f"productive steps {d['steps']['productive']}  lost steps {d['steps']['lost']} "
-        f"({d['lost_work_s']:.1f}s)"
-    )
+    lines.append(_headline(d))
     cap = d["capacity_ettr"]
     if cap is not None and len({w["world_size"] for w in d["world_size"]}) > 1:
         lines.append(f"capacity ETTR {100 * cap:.1f}% (productive time x world size / max)")

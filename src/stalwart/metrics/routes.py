@@ -37,6 +37,9 @@ and from the launcher's own start and exit, so that no route's own accounting gr
   attempt of each step); the loss gap: the faulted run's loss less the fault-free run's
   (same route) at the same steps, averaged over those last kept steps (for a run stopped
   before its target, at the steps it reached).
+- a run that met no fault: none of the trace's faults fired before the job ended (its
+  steps outran the trace's first instant); its fault figures are not shown (None) and its
+  row says so (``met_faults`` false, metrics/_routes_met.py).
 """
 
 from __future__ import annotations
@@ -48,13 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stalwart.metrics._routes_met import FaultsMet, faults_met
+
 __all__ = [
     "ROUTES_VERSION",
+    "FaultsMet",
     "Recovery",
     "RouteFigures",
     "RouteRun",
     "StepRecord",
     "compare_document",
+    "faults_met",
     "kept_losses",
     "productive_s",
     "read_step_records",
@@ -62,7 +69,7 @@ __all__ = [
     "route_figures",
 ]
 
-ROUTES_VERSION = 1
+ROUTES_VERSION = 2
 """Version of the JSON document ``stalwart compare`` writes (docs/routes.md)."""
 
 
@@ -92,6 +99,7 @@ class RouteRun:
     faults_at: tuple[float, ...] = ()  # wall clock of each fault that fired
     member_records: tuple[tuple[StepRecord, ...], ...] = ()  # every member's, for utilisation
     fault_ranks: tuple[int, ...] = ()  # the rank each fault of faults_at struck
+    planned_at: tuple[float, ...] = ()  # the trace's instants, s after the first step
     sim: dict[str, Any] = field(default_factory=dict)  # the simulator's replay, if any
 
     @property
@@ -305,27 +313,33 @@ class RouteFigures:
     sim_predicted_ettr: float | None = None
     sim_measured_ettr: float | None = None
     note: str = ""
+    planned: int = 0  # the trace's faults
+    met_faults: bool = True  # False: none fired, the figures above are not shown (None)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
-    """The table row of ``run`` (faulted) against ``fault_free`` (the same route, no faults)."""
+    """The table row of ``run`` (faulted) against ``fault_free`` (the same route, no
+    faults); a run none of whose planned faults fired shows no fault figure (it ran fault
+    free: metrics/_routes_met.py)."""
     recs = recoveries(run.records, run.faults_at)
     rtos = sorted(r.rto_s for r in recs if r.rto_s is not None)
-    ettr = _ettr(run.records, run.faults_at) if run.reached else None
+    met = faults_met(run.planned_at, len(run.faults_at), run.span_s)
+    ettr = _ettr(run.records, run.faults_at) if run.reached and met.met else None
     final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
-    notes = []
+    notes = [met.note] if met.note else []
     if not run.reached:
         why = "stopped at the cap" if run.rc == -9 else f"exit {run.rc}"
         notes.append(f"did not reach step {run.target} ({why})")
     if not fault_free.reached:
         notes.append(f"its fault-free run did not finish (exit {fault_free.rc})")
+    shown = met.met  # a run that met no fault shows no fault figure (None)
     return RouteFigures(
         route=run.route,
         reached=run.reached,
-        time_to_target_s=run.exited - run.launched if run.reached else None,
+        time_to_target_s=run.exited - run.launched if run.reached and shown else None,
         fault_free_s=fault_free.exited - fault_free.launched if fault_free.reached else None,
         ettr=ettr,
         utilisation=None if ettr is None else _utilisation(run, ettr),
@@ -337,10 +351,12 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
         steps_lost=sum(r.steps_lost or 0 for r in recs),
         final_loss=final,
         fault_free_loss=ff_final,
-        loss_gap=_loss_gap(run.records, fault_free.records),
-        sim_predicted_ettr=run.sim.get("predicted_ettr"),
-        sim_measured_ettr=run.sim.get("measured_ettr"),
+        loss_gap=_loss_gap(run.records, fault_free.records) if shown else None,
+        sim_predicted_ettr=run.sim.get("predicted_ettr") if shown else None,
+        sim_measured_ettr=run.sim.get("measured_ettr") if shown else None,
         note="; ".join(notes + ([str(run.sim["note"])] if run.sim.get("note") else [])),
+        planned=met.planned,
+        met_faults=met.met,
     )
 
 
@@ -351,7 +367,7 @@ def compare_document(
     curves: dict[str, list[tuple[int, float]]],
     absent: dict[str, str],
 ) -> dict[str, Any]:
-    """The JSON document (``version`` 1): the job, the trace, a row per route, the kept loss
+    """The JSON document (``version`` 2): the job, the trace, a row per route, the kept loss
     curves (faulted and ``<route>/fault-free``), and the routes not run with why."""
     return {
         "version": ROUTES_VERSION,

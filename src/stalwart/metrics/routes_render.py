@@ -43,6 +43,8 @@ def _rows(doc: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, r in doc["routes"].items():
         faults = f"{r['recovered']}/{r['faults']}"
+        if not r.get("met_faults", True):
+            faults += " (no fault fired)"
         rows.append([name, faults, *(_cell(r.get(k), f) for k, _, f in COLUMNS), r["note"]])
     return rows
 

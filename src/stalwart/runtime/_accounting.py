@@ -13,11 +13,13 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
+from stalwart.runtime._align import StepAlignment
 from stalwart.runtime._cadence import CALIBRATE, SnapshotCadence, choose_every
 from stalwart.runtime._metric_log import MetricLog
 from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
@@ -51,6 +53,8 @@ class StepAccounting:
     ) -> None:
         self.env, self.position, self.tracked = env, position, tracked
         self.events, self.coord, self.store = events, coord, store
+        # a commit refused as fenced: the session says so and leaves (runtime/_fenced.py)
+        self.on_refused: Callable[[BaseException, int, int], None] = lambda e, s, g: None
         self.durations: deque[float] = deque(maxlen=100)
         # what the hang threshold is made of: the first steps after a (re)start are left
         # out (DDP's first iteration, a rebuilt group), a replacement starts from its
@@ -77,6 +81,8 @@ class StepAccounting:
         self._auto: AutoPersist | None = None  # sharded + auto: the steps rank 0 chose
         self._sharded: ShardedCommit | None = None  # sharded: who commits a step
         self._refused = False  # the last snapshot did not fit in /dev/shm
+        # snapshots (rollback targets) only at a gradient accumulation cycle's end
+        self.alignment = StepAlignment()
 
     # ------------------------------------------------------------ timing
     def p99(self) -> float:
@@ -155,6 +161,7 @@ class StepAccounting:
             self._journal.write(EMPTY, None)
         self.metrics.recovered()
         self._since_start = 0
+        self.alignment.forgive()  # owed by undone steps: a replacement owes nothing
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -216,10 +223,13 @@ class StepAccounting:
 
     def maybe_snapshot(self, step: int, *, final: bool = False, force: bool = False) -> None:
         """After step ``step`` (``final``: the loop's last step; ``force``: an integrity
-        check step, whose snapshot the replicas compare)."""
+        check step, whose snapshot the replicas compare). With a ``unit`` > 1 a snapshot
+        or persist due at a step inside a unit is owed to the unit's last step: every
+        member owes the same ones (the cadence is the job's), so all snapshot alike."""
         persist = self._persist_due(step, final)
-        due = self._snapshot_due(step)  # always asked: rank 0 publishes the cadence in it
-        if (persist or force or due) and not self.snapshot_now(step):
+        due = self._snapshot_due(step) or force  # always asked: rank 0 publishes
+        persist, due = self.alignment.settle(step, final, persist, due)
+        if (persist or due) and not self.snapshot_now(step):
             return  # refused (no room in /dev/shm): nothing new to persist either
         if persist:
             self._start_persist(step, wait=final)
@@ -303,6 +313,7 @@ class StepAccounting:
                 committed = self._commit(step, generation)
             except Exception as e:  # FencedError, storage errors: reported, never raised
                 err = e
+                self.on_refused(e, step, generation)
         events = self.events
         if err is not None:
             if events is not None:

@@ -1,12 +1,15 @@
-"""How a worker reaches the coordinator: the embedded store or etcd, and what etcd adds.
+"""How a worker reaches the coordinator (the embedded store or etcd), its fence and
+its watch on the generation.
 
-Under ``--rdzv etcd://...`` a worker talks to etcd itself (nothing on node 0), forms its
-gloo groups over etcd too (:class:`CoordStoreC10d`), joins a generation only while its
-agent's lease is alive (the *fence*: a compare on the agent's member key, so the
-workers of a partitioned node can never rejoin under ranks that were adopted
-elsewhere), and watches the generation: when a leader bumps it (a lost node's ranks
-were adopted), live workers leave their old group at the next step boundary instead of
-waiting for a collective to fail.
+Under ``--rdzv etcd://...`` a worker talks to etcd itself (nothing on node 0) and forms
+its gloo groups over etcd too (:class:`CoordStoreC10d`). Under every backend it joins a
+generation, and moves one, only while its agent's lease is alive (the *fence*: a
+compare on the agent's member key in the same transaction, coordinator/fence.py), so
+the workers of a partitioned node can never rejoin under ranks adopted elsewhere nor
+move the job; and it watches the generation: when a leader bumps it (a lost node's
+ranks were adopted), live workers leave their old group at the next step boundary
+instead of training on with the members of a generation the job has left (a node cut
+from the coordinator only still reaches its peers: nothing else would stop them).
 """
 
 from __future__ import annotations
@@ -17,14 +20,21 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from stalwart.coordinator import Compare, Coordinator, Store, StoreClient
+from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Fence, Store, StoreClient
 from stalwart.runtime.env import WorkerEnv
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Watch
     from stalwart.runtime._c10d_store import CoordStoreC10d
 
-__all__ = ["GenerationWatch", "c10d_store", "fence_compares", "open_store"]
+__all__ = [
+    "GenerationWatch",
+    "c10d_store",
+    "fence_compares",
+    "open_store",
+    "worker_coordinator",
+    "worker_fence",
+]
 
 
 def open_store(env: WorkerEnv) -> Store:
@@ -45,13 +55,24 @@ def c10d_store(env: WorkerEnv, store: Store | None) -> CoordStoreC10d | None:
     return CoordStoreC10d(store, f"/stalwart/{env.job}/c10d/", timedelta(seconds=300))
 
 
+def worker_fence(env: WorkerEnv) -> Fence | None:
+    """The lease that vouches for this worker: its agent's (None: no agent gave one)."""
+    node, sep, rev = env.fence.partition(":")
+    if not sep or not rev.isdigit() or int(rev) <= 0:
+        return None
+    key = f"/stalwart/{env.job}/members/node{node}"
+    return Fence(key, int(rev), f"rank {env.rank} of node {node}")
+
+
+def worker_coordinator(env: WorkerEnv, store: Store) -> Coordinator:
+    """The worker's coordinator: every generation bump through it checks the fence."""
+    return Coordinator(store, CoordinatorConfig(job_id=env.job), fence=worker_fence(env))
+
+
 def fence_compares(env: WorkerEnv) -> list[Compare]:
     """Compares that hold while this worker's agent still holds its lease."""
-    node, sep, rev = env.fence.partition(":")
-    if not sep or not rev.isdigit():
-        return []
-    key = f"/stalwart/{env.job}/members/node{node}"
-    return [Compare(key, "create_revision", "==", int(rev))]
+    fence = worker_fence(env)
+    return [] if fence is None else [fence.compare()]
 
 
 class GenerationWatch:
@@ -68,18 +89,25 @@ class GenerationWatch:
         self.current = 0
         self.interval_s = interval_s
         self.moved = threading.Event()
+        self._lock = threading.Lock()  # a set() never lands after follow() moved past it
         self._stop = threading.Event()
         self._watch: Watch | None = None
         self._thread = threading.Thread(target=self._run, name="stalwart-genwatch", daemon=True)
         self._thread.start()
 
     def follow(self, generation: int) -> None:
-        self.current = generation
-        self.moved.clear()
+        with self._lock:
+            self.current = generation
+            self.moved.clear()
+
+    def _saw(self, generation: int) -> bool:
+        with self._lock:
+            if generation > self.current:
+                self.moved.set()
+        return self.moved.is_set()
 
     def _check(self) -> None:
-        if self.coord.generation() > self.current:
-            self.moved.set()
+        self._saw(self.coord.generation())
 
     def _seen(self, events: list[Any]) -> None:
         """A watch event carries the new generation: no read needed (one store round
@@ -90,8 +118,7 @@ class GenerationWatch:
             except (AttributeError, TypeError, ValueError):  # a delete, or unexpected
                 self._check()
                 return
-            if generation > self.current:
-                self.moved.set()
+            if self._saw(generation):
                 return
 
     def _run(self) -> None:

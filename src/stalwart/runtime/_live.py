@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from stalwart.checkpoint import load_state_of, state_dict_of
+
 __all__ = ["LiveRollback"]
 
 _MAX_TENSOR = 1 << 20
@@ -80,7 +82,8 @@ class LiveRollback:
             elif isinstance(obj, torch.Tensor):
                 saved.append((obj, obj.detach().clone()))
             elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
-                saved.append((obj, copy.deepcopy(obj.state_dict())))
+                # taken without creating optimizer state (a container of DCP optimizers)
+                saved.append((obj, copy.deepcopy(state_dict_of(obj))))
             elif isinstance(obj, dict):  # tracked Python values
                 saved.append((obj, copy.deepcopy(obj)))
         self._saved = (step, saved)
@@ -100,6 +103,6 @@ class LiveRollback:
                 obj.clear()
                 obj.update(value)
             else:
-                obj.load_state_dict(value)
+                load_state_of(obj, value)
         self._saved = None
         return True

@@ -10,6 +10,7 @@ member does not make it, the generation is ended and everyone starts over at the
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.runtime._coord import fence_compares
 from stalwart.runtime._formation import Formation, Position, end_generation, form_group, formed
+from stalwart.runtime._loops import RecoveryLoops
 from stalwart.runtime._memory import (
     committed_disk_steps,
     holds_replica,
@@ -62,6 +64,8 @@ class FixedRejoin:
         self.coord, self.store, self.events = coord, store, events
         self.use_memory = use_memory  # restart: every worker is new, nothing in memory
         self.batch: BatchConfig | None = None  # sess.use_batch's policy, re-applied
+        self.loops = RecoveryLoops()  # a step failing alike after in-place recoveries
+        self._members: tuple[int, ...] = ()  # the formed generation's pids by rank
 
     def on_track(self, state: Mapping[str, Any]) -> None:
         pass
@@ -89,6 +93,9 @@ class FixedRejoin:
                 min_generation = a.generation + 1
                 continue
             lost = max(0, a.last_done - restored) if a.generation > 0 else 0
+            by_rank = sorted(a.infos, key=lambda i: int(i.get("rank", -1)))
+            self._members = tuple(int(i.get("pid", -1)) for i in by_rank)
+            self.loops.formed(self._members)  # raises: a failure that changed nothing
             return Formation(a.generation, rank, world, restored, a.tier, lost)
 
     def _agree(self, coord: Coordinator, store: Store, min_generation: int, done: int) -> Agreement:
@@ -98,6 +105,7 @@ class FixedRejoin:
             "steps": memory_steps(snap) if self.use_memory else [],
             "done": done,
             "rank": rank,
+            "pid": os.getpid(),  # a member replaced between two failures: another pid
             "host": socket.gethostname(),
             "replicated": tracked.replicated,
         }
@@ -163,6 +171,13 @@ class FixedRejoin:
     def failed(self, position: Position, reason: str) -> None:
         assert self.coord is not None
         end_generation(self.coord, self.events, position, reason)
+        try:  # who ended it and why: a member for this step's failure, or the agent
+            why = str(self.coord.generation_meta().get("reason", ""))
+        except Exception:  # unknown: not counted
+            why = ""
+        # judged when the next generation forms; counted only when a member ended this
+        # one for this failure (a lost node, a fenced agent: the job moved on, no loop)
+        self.loops.failed(reason, self._members, same_cause=why)
 
     def before_step(self, done: int) -> None:
         pass

@@ -7,11 +7,10 @@
     for step in sess.steps(total=1000):        # 1..total; recovers between steps
         loss = train_step(model, opt, batch_for(step, sess.rank))
 
-A step is a transaction: if its allreduce fails (a peer died or was killed for a hang),
-the optimizer step is skipped, and before the next step the session joins the next
-generation, rolls the tracked state back to the newest step every member holds, rebuilds
-the process group and resumes from there. The DDP, optimizer and scheduler objects are
-kept: only their tensors are rewritten."""
+A step is a transaction: if its allreduce fails (a peer died or was killed for a hang) or
+the job's generation moved on, the optimizer step is skipped, and the session joins the
+next generation, rolls the tracked state back to the newest step every member holds,
+rebuilds the group and resumes. DDP, optimizer and scheduler objects are kept."""
 
 from __future__ import annotations
 
@@ -26,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._async import AsyncRejoin, group_position
-from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store
+from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store, worker_coordinator
 from stalwart.runtime._faults import WorkerFaults
+from stalwart.runtime._fenced import CommitFence, stop_if_fenced
 from stalwart.runtime._formation import Formation, Rejoin
 from stalwart.runtime._integrity import Integrity, Rollback
 from stalwart.runtime._perrank import check_values
@@ -64,12 +64,11 @@ def init() -> Session:
 
 
 class Session:
-    """The worker's runtime, composed of parts that each own their state: ``progress``
-    (the agent's progress board, pauses), ``tracked`` (the tracked state and its
-    checkpoints), ``acct`` (step timing, snapshot and persist cadence, step events),
-    the chaos plan, and a rejoin (fixed or elastic) whose :class:`Formation` the
-    session applies in :meth:`_apply`, the one writer of ``generation``, ``rank``,
-    ``world_size`` and, besides the step loop, ``step``."""
+    """The worker's runtime, of parts that each own their state: ``progress`` (the agent's
+    progress board, pauses), ``tracked`` (the tracked state, its checkpoints), ``acct``
+    (step timing, snapshot and persist cadence, step events), the chaos plan, and a rejoin
+    (fixed or elastic) whose :class:`Formation` the session applies in :meth:`_apply`, the
+    one writer of ``generation``, ``rank``, ``world_size`` and, with the loop, ``step``."""
 
     def __init__(self, env: WorkerEnv, caller: dict[str, Any] | None = None) -> None:
         self.env = env
@@ -86,6 +85,8 @@ class Session:
         self.group = self._open_group(env, caller)
         self.tracked = TrackedState(env)
         self.acct = StepAccounting(env, self, self.tracked, self.events, self.coord, self.store)
+        if self._genwatch is not None:  # a fenced commit: said, then its generation left
+            self.acct.on_refused = CommitFence(self, self._genwatch.moved.set).refused
         self.integrity = Integrity(env, self.tracked, self.group, self, self.events)
         self.faults = WorkerFaults(env, self.events, self.acct.slow, self.integrity.inject)
         self._rejoin = self._open_rejoin(env)
@@ -94,15 +95,13 @@ class Session:
         self._mesh: DeviceMesh | None = None
 
     def _connect(self, env: WorkerEnv) -> None:
-        from stalwart.coordinator import Coordinator, CoordinatorConfig
         from stalwart.metrics.events import EVENTS_FILE, EventLog
 
         path = os.path.join(env.run_dir, EVENTS_FILE)
         self.events = EventLog(path, node=env.node_rank, rank=env.rank)
         self.store = open_store(env)
-        self.coord = Coordinator(self.store, CoordinatorConfig(job_id=env.job))
-        if env.rdzv:
-            self._genwatch = GenerationWatch(self.coord)
+        self.coord = worker_coordinator(env, self.store)  # its bumps fenced by our agent's lease
+        self._genwatch = GenerationWatch(self.coord)  # every backend: a bump stops us
 
     def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
         rank, world, job = group_position(env)  # async: the DDP group is a replica group
@@ -180,15 +179,9 @@ class Session:
 
     @contextlib.contextmanager
     def pause(self, what: str = "non-step work") -> Iterator[None]:
-        """Declare work that is not a training step (an eval, a save, ``generate()``)::
-
-            if step % eval_every == 0 and sess.rank == 0:
-                with sess.pause("eval"):
-                    val_loss = evaluate(model)
-
-        While inside, the agent never judges this rank by its step time, nor its peers
-        for waiting for it (only a stopped process is a hang); the time does not count
-        as step time. The peers wait in their next collective as usual."""
+        """Declare work that is not a training step (``with sess.pause("eval"): ...``):
+        inside, the agent never judges this rank by its step time, nor its peers for
+        waiting for it (only a stopped process is a hang); it is no step time."""
         with self.progress.pause(what):
             yield
 
@@ -233,6 +226,12 @@ class Session:
         if not self.env.standby:  # a parked standby opens them when activated
             self._open_checkpoints()
         return tracked
+
+    def align_steps(self, unit: int) -> None:
+        """Snapshots, and so rollbacks, only at multiples of ``unit`` steps: a loop that
+        steps its optimizer every ``unit`` steps (gradient accumulation) holds untracked
+        partial gradients inside a cycle (integrations/accelerate.py)."""
+        self.acct.alignment.align(unit, self.integrity.every if self.integrity.active else 0)
 
     def _open_checkpoints(self) -> None:
         self.tracked.open(self, self.events)
@@ -302,7 +301,7 @@ class Session:
             self.acct.maybe_snapshot(step, final=step >= total, force=self.integrity.due(step))
             self.integrity.snapshotted(step)
             self._publish()
-            if self._rejoin.after_step(step):
+            if step % self.acct.alignment.unit == 0 and self._rejoin.after_step(step):
                 self._grow(step)
 
     def _park(self) -> None:
@@ -318,15 +317,15 @@ class Session:
         """Join a generation >= ``min_generation`` through the rejoin and apply it."""
         self._publish("recovering")
         t0 = time.perf_counter()
-        formation = self._rejoin.join(min_generation, self._step)
+        with stop_if_fenced(lambda: self.rank):  # our agent's lease is gone: one line, exit
+            formation = self._rejoin.join(min_generation, self._step)
         self._apply(formation, time.perf_counter() - t0)
 
     def _apply(self, f: Formation, seconds: float) -> None:
-        """The one place where a formation becomes the session's: its generation, rank,
-        world size and step, then the events of the recovery."""
+        """Where a formation becomes the session's (generation, rank, world size, step)."""
         self._formation = f
         self._step = f.step
-        if self._genwatch is not None:  # etcd: "moved" means past this generation now
+        if self._genwatch is not None:  # "moved" means past this generation now
             self._genwatch.follow(f.generation)
         self._rejoin.adopt(f)
         self.progress.progressed()
@@ -361,13 +360,16 @@ class Session:
         """Stop at the boundary after ``step`` for joiners, then re-form."""
         self._publish("recovering")
         self.acct.flush()
-        self._join(self._rejoin.admit(step, self))
+        with stop_if_fenced(lambda: self.rank):  # admitting joiners bumps the generation
+            min_generation = self._rejoin.admit(step, self)
+        self._join(min_generation)
 
     def _recover(self, reason: str) -> None:
         self.acct.flush()
         if self.coord is None:
             raise RuntimeError(f"a step failed and there is no agent to recover with: {reason}")
-        self._rejoin.failed(self, reason)  # the generation ends (async: the group restarts)
+        with stop_if_fenced(lambda: self.rank):  # the generation ends (async: restarts)
+            self._rejoin.failed(self, reason)
         self._join(min_generation=self.generation + 1)
 
     def _finish(self, total: int) -> bool:

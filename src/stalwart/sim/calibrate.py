@@ -308,7 +308,11 @@ def _replay(
     # each, even when its event was lost with the process that would have written it).
     snap_steps = sorted(
         {int(e["step"]) for e in rep.events if e.kind == "snapshot"}
-        | {int(e["restored_step"]) for e in rep.events if e.kind == "recovery_end"}
+        | {
+            int(e["restored_step"])
+            for e in rep.events
+            if e.kind == "recovery_end" and e["restored_step"] is not None
+        }
     )
     every = _cadence(snap_steps)
     if not wins or nsteps == 0 or busy <= 0:

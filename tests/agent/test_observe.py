@@ -1,0 +1,57 @@
+"""A plain script's observer: its steps and the step it resumed at, on the progress board."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from stalwart.agent._outer_step import OuterSteps
+from stalwart.agent.observe import _Observer
+from stalwart.agent.progress import ProgressBoard
+
+
+@pytest.fixture
+def observer(tmp_path: Path) -> Any:
+    board = ProgressBoard(str(tmp_path / "board"), 1, create=True)
+    obs = _Observer(board, 0)
+    remove = OuterSteps(obs.before_step, obs.on_step, obs.each_step).install()
+    yield obs
+    remove()
+    board.close(unlink=True)
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_fresh_optimizer_says_nothing_of_a_resume(observer: Any) -> None:
+    model = torch.nn.Linear(3, 1)
+    _train(model, torch.optim.AdamW(model.parameters()), 4)
+    slot = observer.board.read(0)
+    assert (slot.step, slot.resumed, slot.observed) == (4, 0, True)
+
+
+def test_a_script_that_loaded_its_optimizer_resumes_at_its_step_count(
+    observer: Any, tmp_path: Path
+) -> None:
+    """As a script resuming from its own checkpoint: AdamW's step says where it was."""
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    _train(model, opt, 7)  # the script's first process, up to its own checkpoint
+    saved = get_optimizer_state_dict(model, opt)
+    observer.step, observer.resumed = 0, None  # the restarted process starts afresh
+    fresh = torch.optim.AdamW(model.parameters())
+    set_optimizer_state_dict(model, fresh, saved)  # its lazy-init step is no step
+    _train(model, fresh, 2)
+    slot = observer.board.read(0)
+    assert (slot.step, slot.resumed) == (9, 8)  # steps 8 and 9 of the script; after 7
