@@ -1,13 +1,88 @@
-"""Shared fixtures: unique shared-memory namespaces, cleaned up after each test."""
+"""Shared fixtures (unique shared-memory namespaces, cleaned up after each test) and the
+suite's two tiers: tests that start a process are marked ``e2e`` (tests/_tiers.py says
+by which rule), every other test runs under a guard that fails it if it starts one, and
+every test's pytest-timeout is scaled for the machine's load (tests/_load.py)."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from _load import load_factor
+from _tiers import PROCESS_PARAMS, ProcessGuard, starts_process
+
+
+def _is_e2e(item: pytest.Function) -> bool:
+    if starts_process(item.function):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for name in item.fixturenames:
+        for fixdef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            if not starts_process(fixdef.func):
+                continue
+            only = PROCESS_PARAMS.get(name)
+            if only is None or params.get(name) in only:
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        unmarked = isinstance(item, pytest.Function) and not item.get_closest_marker("e2e")
+        if unmarked and _is_e2e(item):  # type: ignore[arg-type]
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Scale the test's pytest-timeout (its mark, else the ini's) for the load now, before
+    pytest-timeout reads it."""
+    marker = item.get_closest_marker("timeout")
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None:
+        base = marker.args[0] if marker.args else kwargs.pop("timeout", None)
+        kwargs.pop("timeout", None)
+    else:
+        base = item.config.getoption("timeout", None) or item.config.getini("timeout")
+    if base is not None and float(base) > 0:
+        item.add_marker(pytest.mark.timeout(float(base) * load_factor(), **kwargs), append=False)
+    yield
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when in ("setup", "call") and report.failed:
+        item.stash[_CALL_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test not marked ``e2e`` (or ``process``: a helper process of the library's own)
+    may not start a process: the unit tier runs in one."""
+    node = request.node
+    if node.get_closest_marker("e2e") is not None or node.get_closest_marker("process"):
+        yield
+        return
+    with ProcessGuard(request.node.nodeid) as guard:
+        yield
+    if guard.started and not request.node.stash.get(_CALL_FAILED, False):
+        # (a test that failed on it says so already; one that swallowed the error fails here)
+        pytest.fail(
+            f"started a process without the e2e mark ({', '.join(guard.started)}): "
+            "mark it e2e or process (tests/_tiers.py)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

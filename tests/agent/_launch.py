@@ -7,7 +7,10 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+
+from _load import scaled, wait_job
 
 from stalwart.metrics.events import read_events
 
@@ -40,6 +43,8 @@ def _check_shm(job: str) -> None:
 def stalwart_run(
     run_dir: Path, args: list[str], *, timeout: float = 90.0
 ) -> subprocess.CompletedProcess[str]:
+    """``timeout``: seconds on a quiet machine, scaled for the load and extended while
+    the job's events file or output grows (tests/_load.py)."""
     job = f"test-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = _cmd(job, run_dir, args)
@@ -52,18 +57,7 @@ def stalwart_run(
         cwd=str(run_dir.parent),
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # say what the job was doing: its stderr up to the SIGTERM (and what that printed)
-        proc.terminate()
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        raise AssertionError(
-            f"stalwart run did not end within {timeout:.0f} s; its stderr:\n{err[-4000:]}"
-        ) from None
+        out, err = wait_job(proc, timeout, [run_dir / "events.jsonl"])
     finally:
         _stop(proc)
     _check_shm(job)
@@ -96,7 +90,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.communicate(timeout=20)
+            proc.communicate(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
@@ -131,7 +125,7 @@ def stalwart_run_nodes(
         )
         for n in range(nnodes)
     ]
-    return reap_agents(procs, job, timeout)
+    return reap_agents(procs, job, timeout, [run_dir / "events.jsonl"])
 
 
 def start_etcd_agents(
@@ -167,14 +161,19 @@ def start_etcd_agents(
 
 
 def reap_agents(
-    procs: list[subprocess.Popen[str]], job: str, timeout: float
+    procs: list[subprocess.Popen[str]],
+    job: str,
+    timeout: float,
+    progress: Sequence[Path] = (),
 ) -> list[tuple[int, str]]:
-    """Wait for every agent (``timeout`` seconds each), stop any still running, check the
-    job left no shared memory; returns each agent's (exit code, stderr)."""
+    """Wait for every agent (``timeout`` seconds each on a quiet machine, scaled for the
+    load and extended while ``progress`` files or its output grow: tests/_load.py), stop
+    any still running, check the job left no shared memory; returns each agent's (exit
+    code, stderr)."""
     out = []
     try:
         for p in procs:
-            _, err = p.communicate(timeout=timeout)
+            _, err = wait_job(p, timeout, progress)
             out.append((p.returncode, err))
     finally:
         for p in procs:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _load import wait_job
 
 from ._launch import events_of
 
@@ -33,7 +34,7 @@ def test_two_nodes_check_each_other(tmp_path: Path) -> None:
     outs = []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=360)
+            out, err = wait_job(p, 360)
             outs.append((p.returncode, out, err))
     finally:
         for p in procs:

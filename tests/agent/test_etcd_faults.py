@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _load import scaled, wait_job
 from coordinator.etcd_server import EtcdServer, running_etcd
 
 from stalwart.coordinator import Coordinator, CoordinatorConfig, EtcdStore
@@ -54,7 +55,7 @@ def _run(
         if during is not None:
             during(procs, run_dir, etcd)
         for p in procs:
-            _, err = p.communicate(timeout=150)
+            _, err = wait_job(p, 150, [run_dir / "events.jsonl"])
             results.append((p.returncode, err))
     finally:
         for p in procs:
@@ -62,7 +63,7 @@ def _run(
                 os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
                 try:
-                    p.communicate(timeout=20)
+                    p.communicate(timeout=scaled(20))
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.communicate()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _load import Deadline, scaled
 
 from ._launch import events_of, stalwart_run, stalwart_run_nodes
 
@@ -146,14 +147,15 @@ def _complete_events(path: Path) -> list[dict[str, object]]:
 
 
 def _wait_for(
-    proc: subprocess.Popen[str], what: str, deadline_s: float, done: Callable[[], bool]
+    proc: subprocess.Popen[str], what: str, base_s: float, done: Callable[[], bool]
 ) -> None:
-    deadline = time.monotonic() + deadline_s
+    """Wait for ``done``: ``base_s`` on a quiet machine, scaled for the load (_load.py)."""
+    deadline = Deadline(base_s)
     while not done():
         if proc.poll() is not None:
             pytest.fail(f"the run ended (rc {proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {deadline_s:.0f} s")
+        if deadline.expired():
+            pytest.fail(f"no {what} in {deadline.describe()}")
         time.sleep(0.05)
 
 
@@ -220,8 +222,9 @@ def test_live_chaos_against_a_running_job(tmp_path: Path) -> None:
         _wait_for(proc, f"recovery after {spec!r}", 120, recovered_from_our_fault)
     finally:
         proc.terminate()  # the agent we started: SIGTERM ends its run and cleans up
+        stop_s = scaled(60)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=stop_s)
             exited_by_itself = True
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -229,7 +232,7 @@ def test_live_chaos_against_a_running_job(tmp_path: Path) -> None:
         out.seek(0)
         log = out.read()
         out.close()
-    assert exited_by_itself, f"the agent did not exit within 60 s of SIGTERM:\n{log[-3000:]}"
+    assert exited_by_itself, f"the agent did not exit {stop_s:.0f} s after SIGTERM:\n{log[-3000:]}"
     # the agent has exited: the log is complete and its cleanup is done
     logged = events_of(run_dir)
     kinds = [k for k, _ in logged]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.agent.healthz import (
     HEALTH_FORMAT_VERSION,
@@ -121,5 +122,5 @@ def test_a_running_job_is_ready_and_live(tmp_path: Path) -> None:
         assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=scaled(60))
     assert proc.returncode == 143, err[-2000:]

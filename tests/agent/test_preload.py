@@ -99,6 +99,7 @@ def test_no_alarm_is_left_armed(tmp_path: Path) -> None:
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+@pytest.mark.e2e  # a zygote process (tests/_tiers.py)
 @pytest.mark.timeout(150)
 def test_the_zygote_starts_again_without_imports_that_start_threads(tmp_path: Path) -> None:
     """A forked worker of a process with another thread may deadlock: such imports are

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _load import scaled, wait_job
 
 from stalwart.cli.run import EXIT_NOT_ADMITTED
 
@@ -61,11 +62,11 @@ def test_a_refused_agent_leaves_the_adopted_ranks_alone(tmp_path: Path) -> None:
     ]
     again = None
     try:
-        _wait_for(run_dir / "events.jsonl", "recovery_end", time.monotonic() + 120)
+        _wait_for(run_dir / "events.jsonl", "recovery_end", time.monotonic() + scaled(120))
         again = subprocess.run(
-            [*cmd, "--node-rank", "1", *script], capture_output=True, text=True, timeout=120
+            [*cmd, "--node-rank", "1", *script], capture_output=True, text=True, timeout=scaled(120)
         )
-        _, err0 = procs[0].communicate(timeout=150)
+        _, err0 = wait_job(procs[0], 150, [run_dir / "events.jsonl"])
     finally:
         for p in procs:
             if p.poll() is None:

@@ -30,6 +30,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e  # a zygote process (tests/_tiers.py)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("exit_code", [None, 3])
 def test_a_worker_ends_without_tearing_down_its_globals(

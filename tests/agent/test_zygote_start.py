@@ -32,6 +32,7 @@ def _zygote(tmp_path: Path, module_body: str) -> ZygoteClient:
     return ZygoteClient(["ux_start_pkg"], env)
 
 
+@pytest.mark.e2e  # a zygote process (tests/_tiers.py)
 @pytest.mark.timeout(180)
 def test_a_zygote_stuck_in_an_import_fails_once_it_used_no_cpu_for_the_stall(
     tmp_path: Path,
@@ -45,6 +46,7 @@ def test_a_zygote_stuck_in_an_import_fails_once_it_used_no_cpu_for_the_stall(
         zygote.close()
 
 
+@pytest.mark.e2e  # a zygote process (tests/_tiers.py)
 @pytest.mark.timeout(180)
 def test_a_zygote_looping_in_an_import_fails_past_its_cpu_budget(tmp_path: Path) -> None:
     zygote = _zygote(tmp_path, "while True:\n    pass\n")

@@ -19,6 +19,9 @@ from stalwart.checkpoint.storage import LocalStorage
 from stalwart.cli.main import main
 from stalwart.errors import CheckpointCorruptError
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
+
 Edit = Callable[[dict[str, Any], dict[str, Any], Path], None]
 
 

@@ -39,6 +39,8 @@ from stalwart.errors import (
     StateMismatchError,
 )
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 def build() -> nn.Sequential:
     """The model; its source also runs in the torch-only subprocess."""

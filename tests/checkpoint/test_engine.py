@@ -19,6 +19,8 @@ from stalwart.checkpoint import (
 )
 from stalwart.errors import CheckpointCorruptError, CheckpointNotFoundError, StateMismatchError
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 def _mgr(root: Path, ns: str, keep_last: int = 3) -> CheckpointManager:
     return CheckpointManager(

@@ -25,6 +25,9 @@ from stalwart.checkpoint.format import (
 from stalwart.checkpoint.storage import LocalStorage
 from stalwart.errors import CheckpointFormatError
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
+
 _PACK = "data/000000000005-r00000-abcd.pack"
 
 

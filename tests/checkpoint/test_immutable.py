@@ -22,6 +22,9 @@ from stalwart.checkpoint.format import index_path, manifest_path
 from stalwart.checkpoint.storage import LocalStorage
 from stalwart.errors import StepCommittedError
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
+
 _TREE = {"t": "dict", "items": [[".w", {"t": "tensor", "id": 0}]]}
 _LAYOUT = [{"id": 0, "path": ".w", "dtype": "uint8", "shape": [64], "nbytes": 64, "offset": 0}]
 

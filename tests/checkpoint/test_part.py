@@ -21,6 +21,8 @@ from stalwart.checkpoint import (
 from stalwart.checkpoint._select import select
 from stalwart.errors import CheckpointFormatError
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 def test_select_keeps_the_named_entries_and_their_tensors() -> None:
     tree = {

@@ -21,6 +21,9 @@ from stalwart.checkpoint.catalog import committed_steps, load_manifest
 from stalwart.checkpoint.format import manifest_path, pack_step
 from stalwart.checkpoint.storage import open_storage
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "torture_checkpoint.py"
 
 

@@ -11,6 +11,8 @@ import torch
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager
 from stalwart.cli.main import main
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 @pytest.fixture
 def ckpt_dir(tmp_path: Path, shm_namespace: str) -> Path:

@@ -48,6 +48,7 @@ def _met_in_events(run_dir: Path) -> None:
         pytest.fail("; ".join(unmet))
 
 
+@pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +75,7 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not glob.glob("/dev/shm/stalwart-cmp-*")
 
 
+@pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_torchft_route_heals_the_killed_group_from_a_live_one(tmp_path: Path) -> None:

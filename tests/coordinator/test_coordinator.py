@@ -24,6 +24,9 @@ from stalwart.errors import ConfigError, FencedError
 from .conftest import Backend
 
 FAST = CoordinatorConfig(job_id="job", lease_ttl=0.5, heartbeat_interval=0.1)
+# members that must not expire while the test runs (it checks something else): a lease
+# that outlives a loaded machine's pauses, where 0.5 s without a heartbeat does not
+STEADY = CoordinatorConfig(job_id="job", lease_ttl=60.0, heartbeat_interval=1.0)
 
 
 def run_all(fns: list[Callable[[], Any]]) -> list[Any]:
@@ -172,7 +175,7 @@ def test_partitioned_halves_cannot_both_commit(backend: Backend) -> None:
 
 
 def test_rendezvous_gathers_members_and_times_out(backend: Backend) -> None:
-    coords = [Coordinator(backend.new_client(), FAST) for _ in range(3)]
+    coords = [Coordinator(backend.new_client(), STEADY) for _ in range(3)]
     members = [c.join(f"w{i}") for i, c in enumerate(coords)]
     pairs = list(zip(coords, members, strict=True))
     try:
@@ -190,7 +193,7 @@ def test_rendezvous_gathers_members_and_times_out(backend: Backend) -> None:
 
 
 def test_rendezvous_is_fenced_when_the_generation_moves(backend: Backend) -> None:
-    coord = Coordinator(backend.store, FAST)
+    coord = Coordinator(backend.store, STEADY)
     bumper = Coordinator(backend.new_client(), FAST)
     with coord.join("w0") as member:
         timer = threading.Timer(0.2, lambda: bumper.advance_generation(0, "another failure"))

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _load import Deadline, scaled, wait_job
 from agent._launch import events_of, stalwart_run
 
 __all__ = ["CORPUS", "Outcome", "interrupt_run", "read_outcome", "run_script", "torchrun"]
@@ -92,8 +93,11 @@ def torchrun(out_parent: Path, script: str, args: list[str], *, nproc: int) -> O
     out = out_parent / "corpus"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(nproc), str(CORPUS / script), *args, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=out_parent.parent)
-    return read_outcome(proc.returncode, proc.stderr, None, out)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_parent.parent
+    )
+    _, err = wait_job(proc, 120, [out])
+    return read_outcome(proc.returncode, err, None, out)
 
 
 def _shm_of(job: str) -> list[str]:
@@ -120,19 +124,20 @@ def interrupt_run(
         start_new_session=True,
     )
     trace = out / "trace-m0.jsonl"
-    deadline = time.monotonic() + 90
+    deadline = Deadline(90)
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
+        while not deadline.expired() and proc.poll() is None:
             lines = trace.read_text().splitlines() if trace.exists() else []
             if any(f'"step": {after_step},' in line for line in lines):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be interrupted"
         os.killpg(proc.pid, signal.SIGINT)
+        stop_s = scaled(30)
         try:
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=stop_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError("Ctrl-C did not end the run within 30 s") from None
+            raise AssertionError(f"Ctrl-C did not end the run within {stop_s:.0f} s") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -14,6 +14,8 @@ import stalwart.data
 from stalwart.data import Loader, epoch_permutation, loader
 from stalwart.errors import ConfigError, StateMismatchError
 
+pytestmark = pytest.mark.process  # DataLoader worker processes (tests/_tiers.py)
+
 
 class _Indices(Dataset[int]):
     def __init__(self, n: int) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import wait_job
 
 from stalwart.cli.main import main
 from stalwart.metrics._plots import COLORS
@@ -55,7 +56,7 @@ def _screenshot(page: Path, out: Path, tmp_path: Path) -> None:
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        _, err = proc.communicate(timeout=90)
+        _, err = wait_job(proc, 90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -188,6 +188,7 @@ def test_busy_port_is_a_clear_error() -> None:
         MetricsExporter(port=first.port).start()
 
 
+@pytest.mark.process  # a fresh interpreter (tests/_tiers.py)
 def test_importing_metrics_loads_no_plotting_library() -> None:
     import subprocess
     import sys

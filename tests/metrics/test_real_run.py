@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import wait_job
 
 from stalwart.cli.main import main
 from stalwart.metrics import read_events
@@ -70,7 +71,7 @@ def test_real_run_figures_match_wall_clock(tmp_path: Path, capsys: Any) -> None:
         start_new_session=True,
     )
     try:
-        _out, err = proc.communicate(timeout=240)
+        _out, err = wait_job(proc, 240, [run / "events.jsonl"])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

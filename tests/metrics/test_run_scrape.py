@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _load import scaled, wait_job
 
 _EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
 
@@ -71,13 +72,13 @@ def test_scrape_during_a_run(tmp_path: Path) -> None:
                 assert figures["stalwart_world_size"] == 2.0
             time.sleep(0.1)
         assert len(seen) == 2, f"no live figures were served (stderr: {proc.stderr})"
-        _, err = proc.communicate(timeout=200)
+        _, err = wait_job(proc, 200)
         assert proc.returncode == 0, err[-2000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.communicate(timeout=30)
+                proc.communicate(timeout=scaled(30))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()

@@ -17,6 +17,8 @@ from stalwart.runtime._outer import (
     encode,
 )
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 def _params(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

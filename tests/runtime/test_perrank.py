@@ -15,6 +15,8 @@ import torch
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState
 from stalwart.runtime._perrank import PerRankPart, derive_rng, per_rank_names
 
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
+
 
 class _Events:
     def __init__(self) -> None:

@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState, open_storage
 from stalwart.checkpoint.commit import StepCommitter
 from stalwart.runtime._tracking import TrackedState
 from stalwart.runtime.env import WorkerEnv
+
+pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
 
 
 @dataclass

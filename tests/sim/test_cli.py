@@ -88,6 +88,7 @@ def test_parse_bytes() -> None:
     assert cli_sim.parse_bytes("100") == 100
 
 
+@pytest.mark.process  # a fresh interpreter (tests/_tiers.py)
 def test_importing_the_simulator_loads_neither_matplotlib_nor_torch() -> None:
     import subprocess
     import sys

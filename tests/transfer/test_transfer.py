@@ -268,6 +268,7 @@ def test_snapshots_taken_during_a_transfer_skip_the_pinned_slot(
         snaps.close()
 
 
+@pytest.mark.process  # a process that ends (tests/_tiers.py)
 def test_pins_of_dead_processes_are_ignored(spaces: Spaces) -> None:
     import subprocess
     import sys
