@@ -4,20 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-# while changing code: lint, type check and the unit tier (every test that runs in one
-# process; tests marked e2e start one: tests/_tiers.py)
-check: lint typecheck
-	$(VENV)/bin/pytest -m "not e2e"
-
-# before landing (CI's command): everything but the multi-host matrix (tests/hosts keeps
-# one partition cell per backend here), with the line coverage of src/
-test: lint typecheck
-	$(VENV)/bin/pytest -m "not hosts_matrix" --cov=stalwart --cov-report=term:skip-covered
-
-# the rest of the multi-host matrix: jobs across network namespaces with network faults
-# (root, iproute2 and nftables; tests/hosts/conftest.py)
-test-hosts: setup
-	$(VENV)/bin/pytest tests/hosts -m hosts_matrix
+.PHONY: setup demo demo-elastic check test test-hosts lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
