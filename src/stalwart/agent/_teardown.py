@@ -31,6 +31,7 @@ from typing import Any
 __all__ = ["finish", "hold_destroyed_groups"]
 
 _HELD: list[Any] = []  # process groups the script destroyed: kept until os._exit
+_HOLDING: list[bool] = []  # [True] once destroy_process_group holds them (one install)
 
 
 def hold_destroyed_groups() -> None:
@@ -40,9 +41,10 @@ def hold_destroyed_groups() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    original = c10d.destroy_process_group
-    if getattr(original, "_stalwart_holds", False):
+    if _HOLDING:
         return
+    _HOLDING.append(True)
+    original = c10d.destroy_process_group
 
     def destroy_process_group(group: Any = None) -> None:
         with contextlib.suppress(Exception):  # what it destroys: all of them, or one
@@ -50,7 +52,6 @@ def hold_destroyed_groups() -> None:
         original(group)
 
     destroy_process_group.__doc__ = original.__doc__
-    destroy_process_group._stalwart_holds = True  # type: ignore[attr-defined]
     c10d.destroy_process_group = destroy_process_group
     dist.destroy_process_group = destroy_process_group
 
