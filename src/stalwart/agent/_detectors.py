@@ -142,7 +142,10 @@ class CrashDetector:
         if collateral:  # another rank's fault: not a failure of this rank's to count
             return WorkerExited(rank, pid, rc, cause, failure, None, collateral=True)
         self.last_failure = failure
-        return WorkerExited(rank, pid, rc, cause, failure, self._loops.record(failure))
+        workers = self._workers
+        started = any(failed_at(workers.slot(w), w.pid) != "start-up" for w in workers if w.pid)
+        loop = self._loops.record(failure, job_started=started)
+        return WorkerExited(rank, pid, rc, cause, failure, loop)
 
 
 class HangDetector:

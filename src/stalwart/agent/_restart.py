@@ -49,7 +49,10 @@ class RestartAll:
             end_with_verdict(p.launch, incident.verdict)
         if p.generation.restarts >= p.cfg.max_restarts:
             p.say(f"rank {incident.rank} failed and --max-restarts={p.cfg.max_restarts} is spent")
-            raise RunFailed(f"rank {incident.rank} failed ({incident.cause}); no restarts left")
+            f = incident.failure
+            raise RunFailed(
+                f"rank {incident.rank} failed at {f.where} ({f.error}); no restarts left"
+            )
         self.restart_all(f"{incident.cause} of rank {incident.rank}", incident.cause)
 
     def restart_all(self, what: str, cause: str) -> None:
