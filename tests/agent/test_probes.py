@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -158,6 +160,19 @@ def test_nvml_without_pynvml_or_gpu_is_skipped_with_a_note() -> None:
     assert r.skipped and r.ok and "not probed" in r.detail
     (none,) = NvmlHealth(max_temp_c=90.0, nvml=_FakeNvml([], [])).check()  # type: ignore[arg-type]
     assert none.skipped and "no GPU" in none.detail
+
+
+def test_the_gpu_probe_says_nothing_on_a_machine_without_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # without pynvml: a line on the console only where a GPU device exists
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: not installed
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    (r,) = NvmlHealth(max_temp_c=90.0).check()
+    assert r.skipped and r.quiet and "pynvml is not installed" in r.detail
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    (loud,) = NvmlHealth(max_temp_c=90.0).check()
+    assert loud.skipped and not loud.quiet  # a GPU it cannot probe: worth saying
 
 
 def test_probe_names_and_config() -> None:

@@ -76,3 +76,28 @@ def test_a_worker_that_counted_its_own_recovery_loop_is_a_verdict_at_once() -> N
     err = "stalwart.errors.RecoveryLoopError: collective failed in step 44 again after 1"
     line = CrashLoops(3).record(fail(1, "step 44", err))
     assert line == "rank 1 stopped at step 44: collective failed in step 44 again after 1"
+
+
+def test_a_start_up_failure_on_every_rank_is_a_verdict_at_its_first_repeat() -> None:
+    # under a whole-job restart the rank that fails first alternates: counted per rank
+    # it never reached the limit before every restart was spent
+    error = "ModuleNotFoundError: No module named 'missing_pkg'"
+    loops = CrashLoops(3)
+    assert loops.record(fail(0, "start-up", error), job_started=False) is None
+    line = loops.record(fail(1, "start-up", error), job_started=False)
+    assert line is not None and line.startswith("every rank failed before its first step")
+    assert error in line and "rank 1" in line and "\n" not in line
+
+
+def test_a_start_up_failure_while_the_job_trains_or_another_error_is_counted_per_rank() -> None:
+    loops = CrashLoops(3)
+    # a replacement failing at its start-up while the others train: the per-rank count
+    assert loops.record(fail(1, "start-up"), job_started=True) is None
+    assert loops.record(fail(1, "start-up"), job_started=True) is None
+    # another error at the job's start-up (a transient one) does not repeat the first
+    loops = CrashLoops(3)
+    assert loops.record(fail(0, "start-up", "OSError: port in use"), job_started=False) is None
+    assert loops.record(fail(1, "start-up", "ValueError: x"), job_started=False) is None
+    # a step in between starts the count again
+    assert loops.record(fail(0, "step 3", "ValueError: x"), job_started=True) is None
+    assert loops.record(fail(1, "start-up", "ValueError: x"), job_started=False) is None

@@ -134,19 +134,55 @@ def _wait_for(run_dir: Path, kind: str, proc: subprocess.Popen[str], timeout: fl
     raise AssertionError(f"no {kind!r} event within {timeout:.0f}s (rc {proc.poll()})")
 
 
+# How long an agent's teardown may take once its signal arrived: the sum of the bounds
+# of its steps (agent/agent.py's ExitStack): stop the workers (5 s), join the probe thread
+# (5 s), wait for the other agents' goodbyes (10 s), close the zygote (5 s), and the store
+# calls on the way (each retried for up to 30 s), doubled for a machine at load ~20.
+TEARDOWN_S = 2 * (5 + 5 + 10 + 5 + 30)
+
+
 def _ended(proc: subprocess.Popen[str], job: str) -> tuple[int, str]:
+    """Wait for the agent to exit (within TEARDOWN_S of its signal), then for every
+    process of the job to be gone (the end of its stderr: the zygote, its store host and
+    the workers all hold it; each dies with its parent, agent/_zygote.py); either wait
+    that runs out names what was still alive."""
     try:
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        proc.wait(timeout=TEARDOWN_S)
+    except subprocess.TimeoutExpired:
+        alive = _session(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"the agent did not end within {TEARDOWN_S} s of its signal; "
+                             f"alive: {alive}\n{err[-3000:]}") from None  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=TEARDOWN_S)
+    except subprocess.TimeoutExpired:
+        alive = _session(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"the agent exited but its processes did not: {alive}") from None
     left = [p for p in os.listdir("/dev/shm") if job in p]
     assert not left, f"shared memory left behind: {left}"
     return proc.returncode, err
 
 
-@pytest.mark.timeout(200)
+def _session(sid: int) -> list[str]:
+    """The processes of session ``sid`` (the launch's): pid, state, command."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # the session id, after state, ppid and pgrp
+            out.append(f"{pid} {fields[0]} {cmd}")
+    return out
+
+
+@pytest.mark.timeout(600)
 def test_ctrl_c_and_sigterm_in_a_crash_loop_end_cleanly(tmp_path: Path) -> None:
     # Ctrl-C: SIGINT to the whole process group (agent, zygote, store host, workers)
     a = tmp_path / "a"

@@ -14,6 +14,9 @@ Expectations (the ``expect`` column of CELLS):
   run read, every sample once per epoch, the loss per step within float tolerance.
 - ``verdict``: the job ends (rc != 0) with one line naming the rank, the step and the
   error, rather than restarting the rank forever.
+- ``finished once``: the run ends rc 0 with the torchrun run's final parameters, never
+  restarted (a job whose ranks have begun to exit 0 is finishing: a restart would resume
+  the script from its own snapshot and train its last epochs again).
 - ``clean exit``: Ctrl-C (SIGINT to the process group) leaves no /dev/shm behind and
   writes ``run_end``.
 
@@ -55,6 +58,7 @@ SLOW_IMPORT = 300.0
 TITAN = ["--steps", "14"]
 BUGGY = ["--steps", "12", "--bug_step", "6", "--bug_rank", "1"]
 PLAIN = ["--epochs", "2", "--eval_every", "4", "--eval_seconds", "2"]
+TUTORIAL = ["6", "2", "--snapshot_path", "snapshot-tutorial.pt"]  # total epochs, save every
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ REFS = {
     "lightning-epoch": Ref("lightning_trainer.py", (*PL, "--epoch_end"), timeout=SLOW_IMPORT),
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
+    "ddp_tutorial@torchrun": Ref("ddp_tutorial.py", tuple(TUTORIAL), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
 }
 
@@ -190,6 +195,8 @@ CELLS = [
     Cell("plain@torchrun", "restart", "kill", "identical",
          "--max-restarts 1 --chaos 'kill rank=1 at=step:5'", args="--eval_every 1000",),
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
+    # (6) the multi-GPU DDP tutorial's style: its own snapshot.pt, destroy_process_group()
+    Cell("ddp_tutorial@torchrun", "restart", "none", "finished once"),
 ]
 # fmt: on
 
@@ -378,7 +385,14 @@ def _verdict(cell: Cell, out: Outcome, refs: References) -> None:
     )
 
 
+def _finished_once(cell: Cell, out: Outcome, refs: References) -> None:
+    _finished(out)
+    assert not out.kinds("recovery_begin"), out.stderr[-3000:]
+    assert out.finals == refs[cell.ref].finals, "final parameters differ from torchrun's"
+
+
 JUDGES = {
+    "finished once": _finished_once,
     "identical": _identical,
     "identical, no kill": _identical_no_kill,
     "agree": _agree,
@@ -400,6 +414,7 @@ def test_the_matrix_covers_every_script_strategy_and_fault() -> None:
         "titan_fsdp.py",
         "buggy.py",
         "plain_ddp.py",
+        "ddp_tutorial.py",
     }
     assert {c.strategy for c in CELLS} >= {"flash", "spare", "restart", "elastic"}
     assert {c.fault for c in CELLS} >= {"kill", "hang", "long eval", "crash loop", "ctrl-c"}

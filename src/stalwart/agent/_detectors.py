@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._env import error_message
-from stalwart.agent._finished import finished_rank, skip_adoption
+from stalwart.agent._finished import EXIT_HANG, ExitHang, ExitWatch, finished_rank, skip_adoption
 from stalwart.agent._proc import read_cpu
 from stalwart.agent._stragglers import StragglerDetector
 from stalwart.agent._types import EventSink, NodeContext, Say
@@ -142,7 +142,10 @@ class CrashDetector:
         if collateral:  # another rank's fault: not a failure of this rank's to count
             return WorkerExited(rank, pid, rc, cause, failure, None, collateral=True)
         self.last_failure = failure
-        return WorkerExited(rank, pid, rc, cause, failure, self._loops.record(failure))
+        workers = self._workers
+        started = any(failed_at(workers.slot(w), w.pid) != "start-up" for w in workers if w.pid)
+        loop = self._loops.record(failure, job_started=started)
+        return WorkerExited(rank, pid, rc, cause, failure, loop)
 
 
 class HangDetector:
@@ -159,9 +162,11 @@ class HangDetector:
         ledger: FaultLedger,
         events: EventSink,
         say: Say,
+        exits: ExitWatch,
     ) -> None:
+        """``exits``: once a rank finished the job, the exit-hang rule replaces the rest."""
         self._config, self._node, self._whole_job = config, node, whole_job
-        self._workers, self._watch = workers, watch
+        self._workers, self._watch, self._exits = workers, watch, exits
         self._ledger, self._events, self._say = ledger, events, say
         self._t_recovery = 0.0  # nobody is blamed for the time before a recovery began
 
@@ -178,6 +183,11 @@ class HangDetector:
         watch.remember(slots)
         pids = {r: self._workers[r].pid for r in slots}
         activity = watch.sample(pids, now, slowed)
+        finishing, at_exit = self._exits.check(slots, activity, now)
+        if finishing:  # never a restart once a rank finished the job: end the stuck ones
+            if at_exit is not None:
+                self._end_at_exit(at_exit, slots)
+            return []
         verdict = find_hang(
             slots,
             now,
@@ -211,6 +221,14 @@ class HangDetector:
             )
             hung.append(h)
         return hung
+
+    def _end_at_exit(self, hang: ExitHang, slots: dict[int, Slot]) -> None:
+        """Kill the ranks stuck after the job's end; their exits count as finishes."""
+        for rank in hang.ranks:
+            line = hang.line(rank, slots[rank].step)
+            self._events.emit("note", message=line)
+            self._say(line)
+            self._workers.kill(self._workers[rank], EXIT_HANG)
 
     def _collateral(self, rank: int, pid: int, verdict: HangVerdict) -> WorkerHung:
         """A survivor left behind by another fault's recovery: no fault of its own (no
@@ -324,6 +342,7 @@ class Detectors:
             events=events,
             say=say,
         )
+        finished = lambda: finished_rank(workers, nodes, cfg.world_size)  # noqa: E731
         hangs = HangDetector(
             config=cfg.hang,
             node=node,
@@ -333,6 +352,7 @@ class Detectors:
             ledger=ledger,
             events=events,
             say=say,
+            exits=ExitWatch(finished, cfg.hang.exit_grace_s),
         )
         lost = NodeLossDetector(
             nodes=nodes,
@@ -340,7 +360,7 @@ class Detectors:
             ledger=ledger,
             events=events,
             say=say,
-            finished=lambda: finished_rank(workers, nodes, cfg.world_size),
+            finished=finished,
         )
         peers = None
         if cfg.nnodes > 1:  # the job's ranks, not only this node's (one write per window)

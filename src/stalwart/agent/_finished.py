@@ -9,17 +9,42 @@ started them afresh; they then waited in their rendezvous for peers that had exi
 the job ended with a failure instead of ``ok``. A finished job's ranks are not adopted
 (:func:`skip_adoption`) and a node whose ranks finished is not isolated
 (agent/_probe_watch.py ``isolate_node``).
+
+A job whose ranks have begun to exit cleanly is finishing, never failing: a rank that
+fails after a peer finished ends the job with its failure (:func:`after_finish`), never a
+restart from a checkpoint (a plain script would resume from its own snapshot, train its
+last epochs again and end rc 0 with another result), and a rank that makes no progress
+for ``--exit-grace`` seconds once a peer finished is ended and counted as finished
+(:class:`ExitWatch`): the job ends with its result, rc 0, and one line saying so. Such a
+rank is stuck in its teardown (a gloo group's destructor waiting for a thread that waits
+for the GIL, agent/_zygote.py) or alone with nothing left to wait for: its peers are gone,
+so no collective of the job can ever complete.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, Say
-from stalwart.agent.incidents import NodeLost
+from stalwart.agent.detect import Activity
+from stalwart.agent.incidents import NodeLost, WorkerExited
+from stalwart.agent.progress import Slot
 
-__all__ = ["FINISHED", "FinishedRanks", "finished_rank", "skip_adoption"]
+__all__ = [
+    "EXIT_HANG",
+    "FINISHED",
+    "ExitHang",
+    "ExitWatch",
+    "FinishedRanks",
+    "after_finish",
+    "announce_finish",
+    "finished_rank",
+    "hung_at_exit",
+    "skip_adoption",
+]
 
 FINISHED = "finished"
 """The launch record of the first rank that finished the job: ``{"rank", "node"}``."""
@@ -35,6 +60,107 @@ class Records(Protocol):
     """The job's launch records (agent/_cluster.py)."""
 
     def published(self, key: str) -> dict[str, object] | None: ...
+
+
+class Publisher(Records, Protocol):
+    def publish(self, key: str, record: dict[str, Any]) -> None: ...
+
+
+class _Ranked(Protocol):
+    rank: int
+
+
+def announce_finish(launch: Publisher, node: int) -> Callable[[_Ranked], None]:
+    """The listener (``LocalWorkers.on_finish``) that tells the other nodes of the first
+    of this node's ranks to finish the job (the ``finished`` record, once)."""
+
+    def finished(w: _Ranked) -> None:
+        with contextlib.suppress(Exception):  # the store host may be leaving already
+            if launch.published(FINISHED) is None:
+                launch.publish(FINISHED, {"rank": w.rank, "node": node})
+
+    return finished
+
+
+def after_finish(ex: WorkerExited, done: int) -> str:
+    """The verdict of a rank that failed once a peer (``done``) had finished the job."""
+    where = ex.failure.where
+    at = where if where.startswith("after") else f"at {where}"
+    return (
+        f"rank {ex.rank} failed {at} ({ex.failure.error}) when rank {done} had finished the job "
+        f"(exited 0): not restarted, its peers are gone and a replacement would wait for "
+        f"them; the job ends with rank {ex.rank}'s failure: fix it (rank {ex.rank}'s output "
+        "has the traceback) and resume from the last checkpoint"
+    )
+
+
+EXIT_HANG = "exit-hang"
+"""The cause the agent gives a rank it ended for hanging at exit: its end is a finish."""
+
+
+@dataclass(frozen=True)
+class ExitHang:
+    """Ranks that made no progress for ``grace_s`` after rank ``done`` finished."""
+
+    ranks: list[int]
+    done: int  # the rank whose clean exit (or finish barrier) began the job's end
+    idle_s: float  # how long the first of them made no progress
+    grace_s: float
+
+    def line(self, rank: int, step: int) -> str:
+        return (
+            f"rank {rank} hung at exit: no progress for {self.idle_s:.0f} s after rank "
+            f"{self.done} finished the job (--exit-grace {self.grace_s:g}); ended, not "
+            f"restarted: the job's result stands (rank {rank}'s last step: {step})"
+        )
+
+
+def hung_at_exit(
+    slots: Mapping[int, Slot],
+    activity: Mapping[int, Activity],
+    now: float,
+    *,
+    done: int,
+    since: float,
+    grace_s: float,
+) -> ExitHang | None:
+    """The live ranks (``slots``, as for agent/detect.py ``find_hang``) that neither
+    computed nor stepped for ``grace_s`` since ``since`` (when the agent learned that
+    rank ``done`` finished the job). A busy rank (a final eval or save alone) is never
+    ended; a stopped one is, after the same grace (nobody will ever wait for it)."""
+    idle = {
+        r: now - max(since, activity[r].t_busy, s.t_progress)
+        for r, s in slots.items()
+        if r in activity
+    }
+    late = sorted(r for r, d in idle.items() if d > grace_s)
+    if not late:
+        return None
+    return ExitHang(late, done, min(idle[r] for r in late), grace_s)
+
+
+class ExitWatch:
+    """Whether the job is finishing (a rank finished it: ``finished()``), since when as
+    this agent saw it, and which ranks then hung at exit."""
+
+    def __init__(self, finished: Callable[[], int | None], grace_s: float) -> None:
+        self._finished, self.grace_s = finished, grace_s
+        self._done: int | None = None
+        self._since = 0.0
+
+    def check(
+        self, slots: Mapping[int, Slot], activity: Mapping[int, Activity], now: float
+    ) -> tuple[bool, ExitHang | None]:
+        """(finishing, the ranks to end); while not finishing, hang detection goes on."""
+        if self._done is None:
+            self._done = self._finished()
+            if self._done is None:
+                return False, None
+            self._since = now
+        hang = hung_at_exit(
+            slots, activity, now, done=self._done, since=self._since, grace_s=self.grace_s
+        )
+        return True, hang
 
 
 def finished_rank(

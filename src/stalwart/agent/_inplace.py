@@ -17,11 +17,8 @@ node whose rank fails later knows.
 
 from __future__ import annotations
 
-import contextlib
-
-from stalwart.agent._finished import FINISHED, finished_rank
+from stalwart.agent._finished import after_finish, announce_finish, finished_rank
 from stalwart.agent._outcome import Cordoned, end_with_verdict
-from stalwart.agent._workers import Worker
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
 from stalwart.runtime.env import WorkerFields
@@ -36,7 +33,7 @@ class InPlace:
         self._p = parts
         self.name = name
         self.assigns_spares = assigns_spares
-        parts.workers.on_finish(self._finished)
+        parts.workers.on_finish(announce_finish(parts.launch, parts.cfg.node_rank))
 
     def worker_env(self, worker: object) -> WorkerFields:
         return {}
@@ -53,7 +50,7 @@ class InPlace:
     def _worker_exited(self, ex: WorkerExited) -> None:
         p = self._p
         if (done := self._peer_finished(ex.rank)) is not None:
-            end_with_verdict(p.launch, _after_finish(ex, done))
+            end_with_verdict(p.launch, after_finish(ex, done))
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)
         member = f"rank{ex.rank}"
@@ -92,26 +89,7 @@ class InPlace:
             else:
                 p.spawn(w)
 
-    def _finished(self, w: Worker) -> None:
-        """``w`` finished the job: say so to the other nodes (the first of this node's)."""
-        p = self._p
-        if p.launch.published(FINISHED) is None:
-            with contextlib.suppress(Exception):  # the store host may be leaving already
-                p.launch.publish(FINISHED, {"rank": w.rank, "node": p.cfg.node_rank})
-
     def _peer_finished(self, rank: int) -> int | None:
         """A rank other than ``rank`` that finished the job, here or on another node."""
         p = self._p
         return finished_rank(p.workers, p.launch, p.cfg.world_size, besides=rank)
-
-
-def _after_finish(ex: WorkerExited, done: int) -> str:
-    """The verdict of a rank that failed once a peer had finished the job."""
-    where = ex.failure.where
-    at = where if where.startswith("after") else f"at {where}"
-    return (
-        f"rank {ex.rank} failed {at} ({ex.failure.error}) when rank {done} had finished the job "
-        f"(exited 0): not restarted, its peers are gone and a replacement would wait for "
-        f"them; the job ends with rank {ex.rank}'s failure: fix it (rank {ex.rank}'s output "
-        "has the traceback) and resume from the last checkpoint"
-    )

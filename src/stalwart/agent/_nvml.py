@@ -6,11 +6,14 @@ logged: 48 double-bit ECC, 79 fallen off the bus, 94/95 contained/uncontained EC
 ...) usually precedes a hang or a crash; a GPU running hotter than its limit, or
 slowed by its hardware (thermal or power brake), turns its rank into a straggler. Each
 is read through ``pynvml`` (the ``nvidia-ml-py`` package: ``pip install
-stalwart[nvml]``); without it, or without a GPU, the probe is skipped and says so once.
+stalwart[nvml]``); without it, or without a GPU, the probe is skipped and says so once,
+on the console only where a GPU device exists (``/dev/nvidia<N>``): a machine without
+GPUs gets the event and a debug line, not a line on every run.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib
 from types import ModuleType
 from typing import Any
@@ -36,6 +39,7 @@ class NvmlHealth:
         self._max_temp = max_temp_c
         self._nv: Any = nvml  # pynvml is untyped: every attribute is Any anyway
         self._skip: str | None = None
+        self._quiet = False  # skipped where there is no GPU at all: nothing to say
         self._handles: list[Any] = []
         self._events: Any = None
         self._xids: dict[int, list[int]] = {}
@@ -55,9 +59,11 @@ class NvmlHealth:
             ]
         except ImportError:
             self._skip = "pynvml is not installed (pip install stalwart[nvml]): GPUs not probed"
+            self._quiet = not _gpu_devices()
             return False
         except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self._skip = f"NVML unavailable ({err}): no GPU or no driver here, GPUs not probed"
+            self._quiet = not _gpu_devices()
             return False
         if not self._handles:
             self._skip = "NVML sees no GPU: GPUs not probed"
@@ -76,7 +82,8 @@ class NvmlHealth:
 
     def check(self) -> list[ProbeResult]:
         if not self._open():
-            return [ProbeResult(self.name, True, str(self._skip), skipped=True)]
+            skip = str(self._skip)
+            return [ProbeResult(self.name, True, skip, skipped=True, quiet=self._quiet)]
         self._drain_xids()
         return [self._device(i, h) for i, h in enumerate(self._handles)]
 
@@ -132,3 +139,8 @@ class NvmlHealth:
             for attr, what in _SLOWDOWN_BITS
             if (bit := getattr(nv, attr, None)) is not None and reasons & int(bit)
         ]
+
+
+def _gpu_devices() -> list[str]:
+    """The NVIDIA device files of this machine (none: it has no GPU to probe)."""
+    return glob.glob("/dev/nvidia[0-9]*")

@@ -33,8 +33,11 @@ from stalwart.agent.probes import (
     ProbeResult,
     ShmSpace,
 )
+from stalwart.logs import get_logger
 
 __all__ = ["Blocklist", "ProbeWatch", "build_probes", "isolate_node", "probe_event"]
+
+_log = get_logger(__name__)
 
 
 def probe_event(events: EventSink, r: ProbeResult, node: int) -> None:
@@ -112,7 +115,8 @@ class ProbeWatch:
             self._state[key] = r.ok
             probe_event(self._events, r, self._node)
             if r.skipped:
-                self._say(f"probe {r.probe} skipped: {r.detail}")
+                say = _log.debug if r.quiet else self._say
+                say(f"probe {r.probe} skipped: {r.detail}")
             elif not r.ok:
                 out.append(self._failed(r))
             elif before is False:

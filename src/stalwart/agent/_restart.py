@@ -5,10 +5,15 @@ strategy: it cannot re-form in place. Every node restarts its workers when one d
 the node that saw the failure bumps the generation with a reason starting with
 "restart" and publishes a fresh ``MASTER_PORT`` under it; the others follow
 (agent/_generation.py). Each restart counts against ``--max-restarts``.
+
+Never once a rank finished the job (agent/_finished.py): a plain script restarted then
+resumes from its own snapshot and trains its last epochs again, ending rc 0 with another
+result. A rank that fails after a peer finished ends the job with its failure instead.
 """
 
 from __future__ import annotations
 
+from stalwart.agent._finished import after_finish, announce_finish, finished_rank
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts
@@ -24,6 +29,7 @@ class RestartAll:
 
     def __init__(self, parts: RecoveryParts) -> None:
         self._p = parts
+        parts.workers.on_finish(announce_finish(parts.launch, parts.cfg.node_rank))
 
     def worker_env(self, worker: object) -> WorkerFields:
         return {}
@@ -35,12 +41,18 @@ class RestartAll:
         if isinstance(incident, NodeLost):
             self.restart_all(f"loss of node {incident.node}", "node_loss")
             return
-        if incident.verdict is not None:  # it would fail the same way again
-            end_with_verdict(self._p.launch, incident.verdict)
         p = self._p
+        done = finished_rank(p.workers, p.launch, p.cfg.world_size, besides=incident.rank)
+        if done is not None:  # the job is finishing: never restarted from a checkpoint
+            end_with_verdict(p.launch, after_finish(incident, done))
+        if incident.verdict is not None:  # it would fail the same way again
+            end_with_verdict(p.launch, incident.verdict)
         if p.generation.restarts >= p.cfg.max_restarts:
             p.say(f"rank {incident.rank} failed and --max-restarts={p.cfg.max_restarts} is spent")
-            raise RunFailed(f"rank {incident.rank} failed ({incident.cause}); no restarts left")
+            f = incident.failure
+            raise RunFailed(
+                f"rank {incident.rank} failed at {f.where} ({f.error}); no restarts left"
+            )
         self.restart_all(f"{incident.cause} of rank {incident.rank}", incident.cause)
 
     def restart_all(self, what: str, cause: str) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._finished import EXIT_HANG
 from stalwart.agent.progress import ProgressBoard, Slot
 from stalwart.runtime.env import WorkerFields
 
@@ -319,7 +320,7 @@ class LocalWorkers:
         w = next((x for x in self._workers.values() if x.pid == pid), None)
         if w is None or w.state in (WorkerState.DONE, WorkerState.DEAD):
             return None
-        if rc == 0:
+        if rc == 0 or w.cause == EXIT_HANG:  # ended at its exit: finished all the same
             w.state = WorkerState.DONE
             self._finish(w)
             return None

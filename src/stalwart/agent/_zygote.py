@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from stalwart.agent._teardown import exit_code, finish, hold_destroyed_groups
 from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["error_file", "main", "set_pdeathsig"]
@@ -53,7 +54,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
     threads' join and the ``atexit`` handlers *before* it tears down ``__main__``, and the
     teardown itself is what hung here (a DDP model's and its gloo group's destructors, run
     when ``runpy`` dropped the globals, blocked for minutes after the peer had exited).
-    Open files the script never closed are flushed instead (see ``_finish``)."""
+    Open files the script never closed are flushed instead (agent/_teardown.py)."""
     code = 1
     held: list[object] = []  # the script's globals (or its traceback, which holds them)
     error_line = ""  # where the error's first line goes (the contract's error_line)
@@ -90,6 +91,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
             from stalwart.agent.observe import install
 
             install(contract.progress, contract.progress_slot)
+        hold_destroyed_groups()  # their destructors may hang (agent/_teardown.py)
         import runpy
 
         try:
@@ -97,7 +99,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
             code = 0
         except SystemExit as exc:
             held.append(exc.__traceback__)
-            code = _exit_code(exc)
+            code = exit_code(exc)
             if exc.code is not None and not isinstance(exc.code, int):
                 _error_line(error_line, str(exc.code))
     except BaseException as exc:
@@ -108,7 +110,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
 
         _error_line(error_line, traceback.format_exception_only(type(exc), exc)[-1])
     finally:
-        os._exit(_finish(code))
+        os._exit(finish(code))
 
 
 def _take_environ(spec: dict[str, Any]) -> WorkerEnv:
@@ -141,55 +143,6 @@ def error_file(directory: str, rank: str | int, pid: int) -> str:
     """The ``TORCHELASTIC_ERROR_FILE`` of worker ``pid`` (rank ``rank``): the agent reads
     it when the worker fails (``@record`` writes the exception there)."""
     return os.path.join(directory, f"rank{rank}.{pid}.json")
-
-
-def _exit_code(exc: SystemExit) -> int:
-    """What ``python script.py`` exits with after ``sys.exit(c)``."""
-    c = exc.code
-    if c is None:
-        return 0
-    if isinstance(c, int):
-        return c & 0xFF
-    with contextlib.suppress(Exception):
-        print(c, file=sys.stderr)
-    return 1
-
-
-def _finish(code: int) -> int:
-    """The end of ``python script.py``: wait for non-daemon threads, run the ``atexit``
-    handlers (wandb-style finalizers, log flushes), flush stdio; ``code`` is kept (a
-    handler's ``sys.exit`` sets it, as in Python)."""
-    import threading
-
-    with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
-    try:
-        import atexit
-
-        atexit._run_exitfuncs()  # prints and swallows a handler's exception itself
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException:
-        pass
-    _flush_open_files()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
-    return code
-
-
-def _flush_open_files() -> None:
-    """What the interpreter's teardown would have done for files the script left open
-    (``f = open(...); f.write(...)`` with no close): flush them. The worker ends with
-    ``os._exit``, which writes no buffer, and it never tears its globals down."""
-    import gc
-    import io
-
-    for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
-            with contextlib.suppress(BaseException):
-                if not obj.closed and obj.writable():
-                    obj.flush()
 
 
 def _error_line(path: str, line: str) -> None:

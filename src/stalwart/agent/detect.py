@@ -59,6 +59,12 @@ class HangConfig:
     window_s: float = 1.0
     """Window over which the CPU share is measured (CPU time is counted in 10 ms
     ticks: 1 s resolves 1%)."""
+    exit_grace_s: float = 60.0
+    """Once a rank finished the job (exited 0, or passed the finish barrier), how long
+    another may make no progress (no CPU, no step) before it is ended as hung at exit
+    (agent/_finished.py): its peers are gone, so it waits for nothing that can come; a
+    final save or eval it computes alone is busy and never ended. Long enough for a
+    final write to a slow file system; the job then ends with its result (rc 0)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.floor_s <= self.ceiling_s or self.k <= 0:
@@ -71,6 +77,11 @@ class HangConfig:
             raise ConfigError(
                 f"--hang-idle {self.idle_s} is below --hang-floor {self.floor_s}; "
                 "raise --hang-idle (seconds without CPU progress before a worker is stuck)"
+            )
+        if self.exit_grace_s <= 0:
+            raise ConfigError(
+                f"--exit-grace must be > 0 seconds, got {self.exit_grace_s}: the time a "
+                "rank may make no progress after a peer finished the job"
             )
         if not 0 < self.busy_frac < 1 or self.window_s <= 0:
             raise ConfigError("hang detection needs 0 < busy_frac < 1 and window_s > 0")

@@ -59,6 +59,9 @@ class ProbeResult:
     unit: str = ""
     skipped: bool = False  # could not run here: neither ok nor failed
     device: int | None = None  # the GPU index (nvml), else None: the node
+    quiet: bool = False
+    """A skip that says nothing on the console (its event is still written): a GPU
+    probe on a machine with no GPU at all has nothing to report on every run."""
 
 
 class Probe(Protocol):

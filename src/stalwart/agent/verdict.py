@@ -5,6 +5,13 @@ its start-up) has a deterministic problem (a bug, a bad batch, a missing file): 
 it again, in place or with the whole job, replays the same failure forever. The agent
 records every worker failure here (pure bookkeeping, tested in-process) and ends the job
 with the verdict: which rank, where, the first line of the last error, what to do.
+
+A failure before the first step on every rank (an import error, a missing file read at
+start-up) is a verdict after its first repeat: the same error at start-up twice in a row,
+whichever rank hit it, with no rank of the job past its start-up in between. Counted per
+rank it never ended: under a whole-job restart the rank that fails first alternates (the
+others are killed by the restart, which is no failure of theirs), so no rank reached the
+limit before ``--max-restarts`` was spent.
 """
 
 from __future__ import annotations
@@ -78,10 +85,13 @@ class CrashLoops:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._last: dict[int, tuple[str, int]] = {}  # rank -> (where, count)
+        self._startup: tuple[str, int] = ("", 0)  # the job's start-up failures in a row
 
-    def record(self, failure: Failure) -> str | None:
+    def record(self, failure: Failure, *, job_started: bool = True) -> str | None:
         """Count ``failure``; the verdict line once it repeated ``limit`` times, or at
-        once for a stalwart refusal (it names its fix and would refuse again)."""
+        once for a stalwart refusal (it names its fix and would refuse again), or at the
+        first repeat of a start-up failure while no rank of the job got past its start-up
+        (``job_started`` False)."""
         if failure.error.startswith(_LOOP):  # the worker counted it (runtime/_loops.py)
             return f"rank {failure.rank} stopped at {failure.where}: {failure.error[len(_LOOP) :]}"
         refusal = next((p for p in _REFUSALS if failure.error.startswith(p)), None)
@@ -93,12 +103,32 @@ class CrashLoops:
         where, count = self._last.get(failure.rank, ("", 0))
         count = count + 1 if where == failure.where else 1
         self._last[failure.rank] = (failure.where, count)
-        if count < self.limit:
+        if count >= self.limit:
+            return verdict(failure, count)
+        return self._job_start_up(failure, job_started)
+
+    def _job_start_up(self, failure: Failure, job_started: bool) -> str | None:
+        """The job-wide count of start-up failures in a row (the same error, any rank);
+        a signal (an OOM kill, a chaos kill) is no error of the script's: not counted."""
+        deterministic = failure.cause == "crash" and not failure.error.startswith("killed by")
+        if failure.where != "start-up" or job_started or not deterministic:
+            self._startup = ("", 0)
             return None
-        return verdict(failure, count)
+        error, times = self._startup
+        times = times + 1 if error == failure.error else 1
+        self._startup = (failure.error, times)
+        return startup_verdict(failure, times) if times >= 2 else None
 
     def count(self, rank: int) -> int:
         return self._last.get(rank, ("", 0))[1]
+
+
+def startup_verdict(failure: Failure, count: int) -> str:
+    return (
+        f"every rank failed before its first step, {count} times in a row (last: rank "
+        f"{failure.rank}: {failure.error}); it will fail the same way again: fix the cause "
+        f"(rank {failure.rank}'s output has the traceback) and start the job again"
+    )
 
 
 def verdict(failure: Failure, count: int) -> str:

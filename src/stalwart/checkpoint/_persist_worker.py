@@ -6,6 +6,14 @@ a thread: the training process keeps its GIL and cores for training, a crash of 
 persister cannot take training down, and without torch it starts in ~50 ms (DCP's
 writer process takes seconds). It runs at a lower CPU priority than training.
 
+It ends with the training process that started it: a Ctrl-C reaches the whole process
+group, but the persister ignores SIGINT (its parent ends it: the ``exit`` request, or the
+end of stdin) and leaves at once with ``os._exit`` when its parent is gone (a worker the
+agent killed). It runs niced, so on a loaded machine an interrupted interpreter's teardown
+took it tens of seconds, holding the launcher's stderr open after the job had ended; a
+persist cut short that way is a kill -9 mid-save, which the commit protocol survives
+(the manifest is written last).
+
 Protocol: one JSON object per line on stdin, one reply per line on stdout.
 ``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
 "commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` (optionally
@@ -21,7 +29,9 @@ import contextlib
 import json
 import mmap
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -187,7 +197,21 @@ def _send(doc: dict[str, Any]) -> bool:
     return True
 
 
+def _die_with_parent(parent: int) -> None:
+    """Leave at once (no teardown) when ``parent`` is gone: polled, as the parent may
+    have started this process from any thread (``PR_SET_PDEATHSIG`` follows the thread)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="stalwart-persist-parent", daemon=True).start()
+
+
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends this process
+    _die_with_parent(os.getppid())
     nice = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if nice:
         os.nice(nice)
@@ -210,4 +234,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(code)  # no interpreter teardown at a niced pace: nothing is left to do

@@ -156,6 +156,14 @@ def register(sub: Any) -> None:
         "worker, and a worker waiting for it, is never killed",
     )
     p.add_argument(
+        "--exit-grace",
+        type=float,
+        default=60.0,
+        help="once a rank finished the job (exited 0), seconds another may make no "
+        "progress (no CPU, no step) before it is ended as hung at exit (default 60); the "
+        "job ends with its result (rc 0), never restarted",
+    )
+    p.add_argument(
         "--on-straggler",
         choices=("report", "evict"),
         default="report",
@@ -285,7 +293,12 @@ def _run(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         crash_loop_limit=args.crash_loop_limit,
         blocklist_after=args.blocklist_after,
-        hang=HangConfig(floor_s=args.hang_floor, k=args.hang_k, idle_s=args.hang_idle),
+        hang=HangConfig(
+            floor_s=args.hang_floor,
+            k=args.hang_k,
+            idle_s=args.hang_idle,
+            exit_grace_s=args.exit_grace,
+        ),
         straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
         runtime=knobs,
         node_lease_s=args.node_lease,
