@@ -284,6 +284,9 @@ class NodeLossDetector:
             how = "agent process gone: its watched connection closed, lease revoked"
             if not fired:  # no injected fault to time from: from the connection's end
                 latency = now - closed_at
+        if (cut := self._nodes.published(f"cut-node{node}")) is not None:
+            how = f"lease revoked: {cut['how']}"  # agent/_dataplane.py: from the stall
+            latency = latency if fired else now - float(cut["t0"])
         self._events.emit(
             "fault_detected",
             fault="node_loss",
