@@ -19,15 +19,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from stalwart.agent._cluster import Cluster
-from stalwart.agent._detectors import HangWatch
 from stalwart.agent._fencing import NodeLease
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
-from stalwart.agent.detect import HangConfig
+from stalwart.agent.detect import Activity, HangConfig
 from stalwart.logs import get_logger
 
 __all__ = ["PROBE_TIMEOUT_S", "DataPlaneWatch", "probe"]
@@ -37,6 +36,17 @@ PROBE_TIMEOUT_S = 1.0
 loaded machine answers a SYN from the kernel and sends its nonce in milliseconds."""
 _log = get_logger(__name__)
 _REPROBE_S = 5.0  # while a stall lasts and every peer answered, look again this often
+
+
+class Sampler(Protocol):
+    """What of the hang watch (agent/_detectors.py's ``HangWatch``) a stall is judged
+    with: the same CPU samples and step-time history as a hang."""
+
+    history: dict[int, float]
+
+    def sample(
+        self, pids: dict[int, int], now: float, slowed: frozenset[int] = ...
+    ) -> dict[int, Activity]: ...
 
 
 def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
@@ -73,7 +83,7 @@ class DataPlaneWatch:
         live: Callable[[], set[int]],
         lease: NodeLease,
         workers: LocalWorkers,
-        watch: HangWatch,
+        watch: Sampler,
         events: EventSink,
         say: Say,
         probe_peer: Callable[[str], bool] = probe,
@@ -89,7 +99,7 @@ class DataPlaneWatch:
 
     @classmethod
     def for_node(
-        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, cluster: Cluster
+        cls, ctx: NodeContext, workers: LocalWorkers, watch: Sampler, cluster: Cluster
     ) -> DataPlaneWatch | None:
         """None on one node (no data plane between nodes) or without a peer watch."""
         if ctx.cfg.nnodes < 2 or cluster.watch is None:
@@ -111,8 +121,8 @@ class DataPlaneWatch:
         self._since, self._episode = now, None
 
     def check(self, now: float, slowed: frozenset[int]) -> Cut | None:
-        """One look per loop turn; the :class:`Cut` once this node acted on one (the
-        caller stops when it fenced itself)."""
+        """One look per loop turn; the :class:`Cut` once this node acted on one.
+        Raises :class:`~stalwart.agent._fencing.NodeFenced` when it fenced itself."""
         slots = self._workers.judged()
         pids = {r: self._workers[r].pid for r in slots}
         activity = self._watch.sample(pids, now, slowed)
@@ -179,13 +189,14 @@ class DataPlaneWatch:
         self._events.emit("note", message=line)
         self._say(line)
         t0 = time.time() - stall.stalled_s  # when the job last moved: the fault's time
-        if cut.fence_self:
-            self._revoke(self._node, cut.how, t0)
-            self._lease.lost(cut.how)
         for n in cut.fence:
             self._revoke(n, cut.how, t0)
         self._since, self._episode = now, None
         self._next_probe = now + _REPROBE_S
+        if cut.fence_self:  # the agent stops its workers and exits 3 (agent.py's run)
+            self._revoke(self._node, cut.how, t0)
+            self._lease.lost(cut.how)
+            raise self._lease.error()
         return cut
 
     def _revoke(self, node: int, how: str, t0: float) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._cluster import Cluster
+from stalwart.agent._dataplane import DataPlaneWatch
 from stalwart.agent._env import error_message
 from stalwart.agent._finished import finished_rank, skip_adoption
 from stalwart.agent._proc import read_cpu
@@ -310,10 +312,11 @@ class Detectors:
     hangs: HangDetector
     lost: NodeLossDetector
     stragglers: StragglerDetector
+    dataplane: DataPlaneWatch | None = None  # agent/_dataplane.py (None on one node)
 
     @classmethod
     def for_node(
-        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, nodes: Nodes
+        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, nodes: Cluster
     ) -> Detectors:
         cfg, run_dir, ledger, events, say = ctx.cfg, ctx.run_dir, ctx.ledger, ctx.events, ctx.say
         node = cfg.node_rank
@@ -358,7 +361,14 @@ class Detectors:
             say=say,
             peers=peers,
         )
-        return cls(crashes, hangs, lost, stragglers)
+        dataplane = DataPlaneWatch.for_node(ctx, workers, watch, nodes)
+        return cls(crashes, hangs, lost, stragglers, dataplane)
+
+    def recovery_began(self, now: float) -> None:
+        """Nobody is blamed (nor a stall probed) for the time before a recovery began."""
+        self.hangs.recovery_began(now)
+        if self.dataplane is not None:
+            self.dataplane.recovery_began(now)
 
     def watch_progress(self, now: float, generation: int | None, slowed: frozenset[int]) -> None:
         """The board's readers, once per loop turn: a hung rank is isolated at once, a
@@ -367,3 +377,5 @@ class Detectors:
             self.hangs.isolate(hung)
         for slow in self.stragglers.check(now):
             self.stragglers.isolate(slow)
+        if self.dataplane is not None:  # a cut data plane: a side fenced (or us: raises)
+            self.dataplane.check(now, slowed)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._dataplane import DataPlaneWatch
 from stalwart.agent._detectors import Detectors, HangWatch
 from stalwart.agent._elastic import Joins
 from stalwart.agent._generation import JobGeneration
@@ -113,7 +112,6 @@ class Agent:
         self.policy: RecoveryPolicy = choose_policy(cfg.strategy, parts, self.joins)
         self.restart = RestartAll(parts)  # a plain script's route, and a followed restart
         self.detect = Detectors.for_node(ctx, workers, self.hangs, cluster)
-        self.dataplane = DataPlaneWatch.for_node(ctx, workers, self.hangs, cluster)
         env = self.policy.worker_env
         self.specs = WorkerSpecs(ctx, cluster, up, self.gen, self.hangs.history, env)
         workers.wire(self.specs, parts.joined, assign_spares=self.policy.assigns_spares)
@@ -148,14 +146,11 @@ class Agent:
 
     # ---------------------------------------------------------------- incidents
     def _recover(self, incident: Incident) -> None:
-        if self.dataplane is not None:
-            self.dataplane.recovery_began(time.time())
+        self.detect.recovery_began(time.time())
         if isinstance(incident, NodeLost):
-            self.detect.hangs.recovery_began(time.time())
             self._adopt(incident)
         else:
             self.cluster.check_fenced(probe=True)  # our ranks may run elsewhere now
-            self.detect.hangs.recovery_began(time.time())
         # plain scripts (no stalwart runtime) cannot re-form in place: torchrun's route
         policy = self.policy if self.workers.attached() else self.restart
         policy.on_incident(incident)
@@ -210,8 +205,6 @@ class Agent:
             now = time.time()
             gen = self.gen.current if self.policy.judges_generation else None
             self.detect.watch_progress(now, gen, self.chaos.slowed())
-            if self.dataplane is not None and self.dataplane.check(now, self.chaos.slowed()):
-                self.cluster.check_fenced(probe=False)  # it fenced itself: exit 3
             self.steps.tick(now)
             if self.trash.pending:  # (the board is read only then)
                 self.trash.collect(recovered=workers.recovered(self.gen.current))
