@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo demo-elastic test lint typecheck bench clean
+.PHONY: setup demo demo-elastic test test-hosts lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,14 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# everything but the multi-host matrix (tests/hosts keeps one partition cell per backend here)
 test: lint typecheck
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not hosts_matrix"
+
+# the rest of the multi-host matrix: jobs across network namespaces with network faults
+# (root, iproute2 and nftables; tests/hosts/conftest.py)
+test-hosts: setup
+	$(VENV)/bin/pytest tests/hosts -m hosts_matrix
 
 bench: setup
 	$(PY) bench/checkpoint.py

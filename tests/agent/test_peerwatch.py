@@ -187,3 +187,23 @@ def test_the_watch_survives_a_flood_and_fuzzed_hellos() -> None:
             s.close()
         w0.close()
         w1.close()
+
+
+def test_a_watch_that_cannot_connect_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Across hosts a loopback or firewalled watch address leaves a death to the lease
+    expiry: the watching side says so (issue 25: it used to swallow every error)."""
+    store = MemoryStore()
+    w0, w1 = _pair(store)
+    try:
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"
+        store.put(f"{ROOT}/launch/watch-node1", dead.encode())
+        with caplog.at_level("WARNING", logger="stalwart.agent.peerwatch"):
+            for tick in range(6):
+                w0.tick(float(tick) * 2)
+        said = [r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage()]
+        assert len(said) == 1 and f"node 1's watch at {dead}" in said[0], said
+    finally:
+        w0.close()
+        w1.close()

@@ -35,8 +35,8 @@ def _previous_run(run: Path) -> None:
     (run / "report.html").write_text("mine")
 
 
-def _marker(run: Path, job: str, agents: list[list[int]]) -> None:
-    doc = {"v": 1, "job": job, "host": socket.gethostname(), "agents": agents, "t": 0.0}
+def _marker(run: Path, job: str, agents: list[list[object]]) -> None:
+    doc = {"v": 2, "job": job, "agents": agents, "t": 0.0}
     (run / MARKER).write_text(json.dumps(doc))
 
 
@@ -45,17 +45,30 @@ def _start_time(pid: int) -> int:
     return int(stat[stat.rfind(b")") + 2 :].split()[19])
 
 
+def _agent_elsewhere(run: Path, job: str) -> subprocess.Popen[str]:
+    """Another process claiming ``run`` for ``job`` and living on, as an agent of another
+    node does (on this host or another: its liveness is its lock, not its pid)."""
+    code = (
+        "import sys, time; from stalwart.agent._rundir import claim_run_dir; "
+        f"claim_run_dir({str(run)!r}, {job!r}); print('ready', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
 def test_fresh_directory_moves_nothing(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert claim_run_dir(str(run), "j") is None
     doc = json.loads((run / MARKER).read_text())
-    assert doc["job"] == "j" and doc["agents"] == [[os.getpid(), _start_time(os.getpid())]]
+    me = [os.getpid(), _start_time(os.getpid()), socket.gethostname()]
+    assert doc["job"] == "j" and doc["agents"] == [me]
 
 
 def test_previous_run_is_rotated_and_checkpoints_stay(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _previous_run(run)
-    _marker(run, "j", [[os.getpid(), 1]])  # our pid, another start time: a reused pid
+    _marker(run, "j", [[os.getpid(), 1, "h"]])  # nobody holds the run's lock: it ended
     moved = claim_run_dir(str(run), "j")
     assert moved == str(run / "prev" / "1")
     assert sorted(os.listdir(moved)) == ["agent.json", "chaos", "events.jsonl", "logs", MARKER]
@@ -63,8 +76,7 @@ def test_previous_run_is_rotated_and_checkpoints_stay(tmp_path: Path) -> None:
     assert not (run / "events.jsonl").exists() and not (run / "chaos").exists()
     assert (run / "ckpt" / "step_000000000004" / "manifest.json").exists()
     assert (run / "token").read_text() == "t" and (run / "report.html").read_text() == "mine"
-    # the next reuse (our marker names a dead launch once we pretend so) goes to prev/2
-    _marker(run, "j", [[2**22 + 12345, 7]])
+    # the next reuse by this process replaces its own claim: prev/2
     (run / "events.jsonl").write_text("{}\n")
     assert claim_run_dir(str(run), "j") == str(run / "prev" / "2")
 
@@ -72,19 +84,30 @@ def test_previous_run_is_rotated_and_checkpoints_stay(tmp_path: Path) -> None:
 def test_live_agent_of_the_same_job_is_joined_another_job_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _previous_run(run)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = _agent_elsewhere(run, "j")  # it rotated the previous run, then wrote its events
     try:
-        _marker(run, "j", [[other.pid, _start_time(other.pid)]])
+        (run / "events.jsonl").write_text('{"new": 1}\n')
         assert claim_run_dir(str(run), "j") is None  # a node of this launch: share the dir
-        assert (run / "events.jsonl").exists()
+        assert (run / "events.jsonl").read_text() == '{"new": 1}\n'
+        assert sorted(os.listdir(run / "prev")) == ["1"]
         agents = json.loads((run / MARKER).read_text())["agents"]
         assert [a[0] for a in agents] == [other.pid, os.getpid()]
         with pytest.raises(ConfigError, match=r"in use by job 'j'.*another --run-dir") as err:
             claim_run_dir(str(run), "k")
-        assert "\n" not in str(err.value)
+        assert "\n" not in str(err.value) and f"pid {os.getpid()}" in str(err.value)
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_killed_agent_holds_nothing(tmp_path: Path) -> None:
+    """The lock dies with its process, even by SIGKILL: the next launch rotates."""
+    run = tmp_path / "run"
+    other = _agent_elsewhere(run, "j")
+    (run / "events.jsonl").write_text("{}\n")
+    other.kill()
+    other.wait()
+    assert claim_run_dir(str(run), "j") == str(run / "prev" / "1")
 
 
 @pytest.mark.parametrize("content", ["not json", "[]", '{"v": 2}', "[" * 5000])

@@ -56,6 +56,7 @@ class Cluster:
     def __init__(self, cfg: LaunchConfig, run_dir: str) -> None:
         self.cfg = cfg
         self.node = cfg.node_rank
+        self.peer_address = cfg.node_address  # a loopback host name is refused before joining
         self.token_file = cfg.token_file or os.path.join(run_dir, "token")
         self.server: StoreServer | None = None
         self.store: Any = None
@@ -99,7 +100,7 @@ class Cluster:
             self._root,
             self.node,
             self.token,
-            cfg.replica_host,
+            cfg.node_address,
             self.live_nodes,
             ring_successor,
         )

@@ -65,7 +65,7 @@ class NodeHealth:
         check = run_check(pcfg, cfg.node_rank)
         nodes = list(range(cfg.nnodes))
         verdicts, seconds = run_preflight(
-            nodes, cfg.node_rank, self.cluster, check, host=cfg.replica_host, cfg=pcfg
+            nodes, cfg.node_rank, self.cluster, check, host=cfg.node_address, cfg=pcfg
         )
         report(ctx.events, verdicts, seconds, node=cfg.node_rank, say=ctx.say)
         mine = verdicts[cfg.node_rank]

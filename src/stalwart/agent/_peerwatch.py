@@ -51,6 +51,7 @@ _MAX_WATCHED = 16  # authenticated (watched) connections: one per predecessor, a
 _MAX_UNAUTHENTICATED = 32
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _log = logging.getLogger("stalwart.agent.peerwatch")
+_WARN_AFTER = 3  # failed connects in a row (one a second) before the warning
 _BYE = b"B"  # sent before a deliberate close
 
 
@@ -116,6 +117,9 @@ class PeerWatch:
         self._out: socket.socket | None = None
         self._out_node: int | None = None
         self._next_tick = 0.0
+        self._dialing: str | None = None  # the watch being connected to, for the warning
+        self._warned: set[str] = set()  # what the warning named (once each until it works)
+        self._fails: dict[str, int] = {}  # failed ticks in a row, per watch address
         # one authenticated connection per watched predecessor (a few while the ring
         # changes); unauthenticated ones apart, the oldest evicted (coordinator/admission.py)
         self.admission = Admission(_MAX_WATCHED, _MAX_UNAUTHENTICATED, _MAX_UNAUTHENTICATED)
@@ -194,35 +198,58 @@ class PeerWatch:
         if now < self._next_tick:
             return
         self._next_tick = now + 1.0
-        with contextlib.suppress(Exception):
-            target = self.successor(self.node, self.live())
-            if target == self._out_node and self._out is not None:
-                return
-            self._drop()
-            if target is None:
-                return
-            kv = self.store.get(f"{self.root}/launch/watch-node{target}")
-            if kv is None:
-                return  # not published yet: next tick
-            host, port = kv.value.decode().rsplit(":", 1)
-            sock = socket.create_connection((host, int(port)), timeout=_HANDSHAKE_S)
-            try:
-                nonce = b""
-                while len(nonce) < 16:
-                    piece = sock.recv(16 - len(nonce))
-                    if not piece:
-                        raise OSError("watch listener closed during the handshake")
-                    nonce += piece
-                hello = {
-                    "v": _VERSION,
-                    "node": self.node,
-                    "mac": _mac(self.token, nonce, self.node),
-                }
-                sock.sendall(json.dumps(hello).encode() + b"\n")
-            except OSError:
-                sock.close()
-                raise
-            self._out, self._out_node = sock, target
+        try:
+            self._connect()
+        except Exception as err:  # the store or the peer; tried again at the next tick
+            self._unreachable(err)
+
+    def _connect(self) -> None:
+        target = self.successor(self.node, self.live())
+        if target == self._out_node and self._out is not None:
+            return
+        self._drop()
+        self._dialing = None
+        if target is None:
+            return
+        kv = self.store.get(f"{self.root}/launch/watch-node{target}")
+        if kv is None:
+            return  # not published yet: next tick
+        self._dialing = f"node {target}'s watch at {kv.value.decode()}"
+        host, port = kv.value.decode().rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=_HANDSHAKE_S)
+        try:
+            nonce = b""
+            while len(nonce) < 16:
+                piece = sock.recv(16 - len(nonce))
+                if not piece:
+                    raise OSError("watch listener closed during the handshake")
+                nonce += piece
+            hello = {"v": _VERSION, "node": self.node, "mac": _mac(self.token, nonce, self.node)}
+            sock.sendall(json.dumps(hello).encode() + b"\n")
+        except OSError:
+            sock.close()
+            raise
+        self._out, self._out_node = sock, target
+        self._warned.discard(self._dialing)
+        self._fails.pop(self._dialing, None)
+
+    def _unreachable(self, err: Exception) -> None:
+        """Say once per peer (until it connects) that it cannot be watched: across hosts a
+        watch address that does not route (a loopback ``--replica-host``, a firewall)
+        would otherwise leave the node's death to its lease expiry, in silence."""
+        what = self._dialing or "the job's store (the peer watch's ring)"
+        self._fails[what] = self._fails.get(what, 0) + 1
+        # a peer that is leaving refuses once or twice; one that never answers is a fault
+        if what in self._warned or self._fails[what] < _WARN_AFTER:
+            return
+        self._warned.add(what)
+        _log.warning(
+            "peer watch: cannot connect to %s (%s); a death there is seen only when its "
+            "lease expires: check that this host reaches it (--replica-host, the ports in "
+            "docs/launch.md)",
+            what,
+            err,
+        )
 
     def _drop(self) -> None:
         """Close our connection deliberately (successor changed, or we leave)."""

@@ -92,7 +92,7 @@ class NodeReplicas:
             ctx.events.emit("note", message=why)
 
         rate = cfg.replica_rate_mb_s * 1e6
-        return cls(cluster, ranks, note, host=cfg.replica_host, rate_bytes_per_s=rate)
+        return cls(cluster, ranks, note, host=cfg.node_address, rate_bytes_per_s=rate)
 
     def _behind(self, why: str) -> None:
         self._note(why)

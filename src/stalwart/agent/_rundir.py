@@ -9,12 +9,20 @@ number) and keeps in place what a resumed run needs: ``ckpt/`` (the checkpoints 
 from), ``token`` (other nodes may have been given it) and ``prev/``. Unknown files (a report
 the user wrote there) are left alone.
 
-Several agents of one job may share a run directory (nodes on one host): the first one
-rotates, the others join it. ``RUN_DIR/run.json`` names the job and the agents using the
-directory (pid and process start time, so a reused pid does not count); an agent rotates
-only when no agent listed there is alive on this host. A live agent of another job in the
-same directory is refused (``ConfigError``: pass another ``--run-dir``). All of it happens
-under an exclusive ``flock`` on ``RUN_DIR/.lock``, before the agent writes anything.
+Several agents of one job share a run directory (nodes on one host, or on several hosts
+over a shared filesystem, as docs/launch.md asks): the first one rotates, the others join
+it, and nothing is moved while any agent of the run is alive, on any host. Liveness is a
+lock, not a pid: every agent holds a shared ``flock`` on ``RUN_DIR/.running`` for its
+whole life (the kernel drops it when the process ends, even by SIGKILL), and a starting
+agent rotates only when it can take that lock exclusively. A pid and a host name cannot
+say whether an agent on another host lives (issue 25: the second host's agent took the
+first host's live records for a previous run and moved them to ``prev/1``). The shared
+filesystem must support ``flock`` across its clients (NFS v4 does; Lustre with
+``-o flock``), as the claim's own ``RUN_DIR/.lock`` already needs. ``RUN_DIR/run.json``
+names the job and the agents that joined (pid, process start time, host); a live agent
+of another job in the same directory is refused (``ConfigError``: pass another
+``--run-dir``). All of it happens under an exclusive ``flock`` on ``RUN_DIR/.lock``,
+before the agent writes anything.
 """
 
 from __future__ import annotations
@@ -34,7 +42,11 @@ __all__ = ["MARKER", "RECORDS", "claim_run_dir"]
 MARKER = "run.json"
 RECORDS = ("events.jsonl", "chaos", "logs", "agent.json", MARKER)
 """What belongs to one run (moved aside when the directory is reused)."""
-_MARKER_VERSION = 1
+_MARKER_VERSION = 2
+_RUNNING = ".running"
+_held: dict[str, int] = {}
+"""run dir -> the descriptor holding this process's shared lock on its ``.running`` (for
+the process's life: the lock is the agent's liveness, seen from every host)."""
 _MAX_MARKER_BYTES = 64 * 1024
 
 
@@ -62,25 +74,41 @@ def _read_marker(path: str) -> dict[str, Any] | None:
     if not isinstance(doc, dict) or doc.get("v") != _MARKER_VERSION:
         return None
     agents = doc.get("agents")
-    if not isinstance(agents, list) or not isinstance(doc.get("job"), str):
+    if not isinstance(agents, list) or len(agents) > 4096 or not isinstance(doc.get("job"), str):
         return None
     return doc
 
 
-def _alive(doc: dict[str, Any]) -> list[list[int]]:
-    """The agents of ``doc`` still running on this host."""
-    if doc.get("host") != socket.gethostname():
-        return []
-    live = []
-    for entry in doc["agents"]:
-        if (
-            isinstance(entry, list)
-            and len(entry) == 2
-            and all(type(x) is int and x > 0 for x in entry)
-            and _start_time(entry[0]) == entry[1]
-        ):
-            live.append(entry)
-    return live
+def _entry(doc: dict[str, Any]) -> str:
+    """One agent of the marker, for a message (``pid N on HOST``)."""
+    agents = doc["agents"]
+    last = agents[-1] if agents and isinstance(agents[-1], list) else []
+    pid = last[0] if last else "?"
+    host = last[2] if len(last) > 2 else "?"
+    return f"pid {pid} on {host}"
+
+
+def _someone_alive(run_dir: str) -> bool:
+    """Whether any agent of the run using ``run_dir`` is alive, on any host: it holds a
+    shared lock on ``.running`` (this process's own claim is given up first: a new claim
+    replaces it). On False, this process holds ``.running`` exclusively."""
+    old = _held.pop(run_dir, None)
+    if old is not None:
+        with contextlib.suppress(OSError):
+            os.close(old)
+    fd = os.open(os.path.join(run_dir, _RUNNING), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _held[run_dir] = fd
+        return True
+    _held[run_dir] = fd
+    return False
+
+
+def _hold(run_dir: str) -> None:
+    """Keep this agent's shared lock on ``.running`` for its life."""
+    fcntl.flock(_held[run_dir], fcntl.LOCK_SH)
 
 
 def _next_slot(prev: str) -> str:
@@ -114,30 +142,27 @@ def claim_run_dir(run_dir: str, job: str) -> str | None:
     records aside, or join the agents of this job already using it. Returns the directory
     the previous run was moved to (None: nothing was moved)."""
     os.makedirs(run_dir, exist_ok=True)
-    me = [os.getpid(), _start_time(os.getpid()) or 0]
+    me = [os.getpid(), _start_time(os.getpid()) or 0, socket.gethostname()]
     fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         marker = _read_marker(os.path.join(run_dir, MARKER))
-        live = _alive(marker) if marker is not None else []
-        if marker is not None and live:
+        alive = _someone_alive(run_dir)
+        if marker is not None and alive:
             if marker["job"] != job:
+                os.close(_held.pop(run_dir))  # another job's directory: not ours
                 raise ConfigError(
-                    f"--run-dir {run_dir} is in use by job {marker['job']!r} (agent pid "
-                    f"{live[0][0]}); pass another --run-dir"
+                    f"--run-dir {run_dir} is in use by job {marker['job']!r} (agent "
+                    f"{_entry(marker)}); pass another --run-dir"
                 )
-            marker["agents"] = [*live, me]
+            marker["agents"] = [*marker["agents"], me]
             _write_marker(run_dir, marker)
+            _hold(run_dir)
             return None
-        moved = _rotate(run_dir)
-        doc = {
-            "v": _MARKER_VERSION,
-            "job": job,
-            "host": socket.gethostname(),
-            "agents": [me],
-            "t": time.time(),
-        }
+        moved = None if alive else _rotate(run_dir)
+        doc = {"v": _MARKER_VERSION, "job": job, "agents": [me], "t": time.time()}
         _write_marker(run_dir, doc)
+        _hold(run_dir)
         return moved
     finally:
         with contextlib.suppress(OSError):

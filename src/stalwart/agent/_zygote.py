@@ -213,12 +213,10 @@ def _host_store(reply_fd: int, close_fds: list[int], host: str) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
-        from datetime import timedelta
+        from stalwart.agent._address import c10d_store
 
-        from torch._C._distributed_c10d import TCPStore
-
-        store = TCPStore(host, 0, None, True, timedelta(seconds=300), wait_for_workers=False)
-        os.write(reply_fd, f"{store.port}\n".encode())
+        port, _store = c10d_store(host)  # bound to the rendezvous host only
+        os.write(reply_fd, f"{port}\n".encode())
         os.close(reply_fd)
         while True:
             signal.pause()

@@ -51,7 +51,7 @@ def check_node(cfg: LaunchConfig, preflight: PreflightConfig | None = None) -> C
             check = run_check(pcfg, cfg.node_rank)
             nodes = list(range(cfg.nnodes))
             verdicts, seconds = run_preflight(
-                nodes, cfg.node_rank, cluster, check, host=cfg.replica_host, cfg=pcfg
+                nodes, cfg.node_rank, cluster, check, host=cfg.node_address, cfg=pcfg
             )
             report(events, verdicts, seconds, node=cfg.node_rank, say=_log.info)
             ckpt = os.path.join(run_dir, "ckpt")

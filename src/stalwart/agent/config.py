@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stalwart.agent._address import resolve_node_address
 from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detect import HangConfig
 from stalwart.agent.healthz import HealthEndpointConfig
@@ -156,7 +158,10 @@ class LaunchConfig:
     node_lease_s: float = 3.0
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
-    replica_host: str = "127.0.0.1"  # address this node's replica receiver binds/advertises
+    replica_host: str = ""
+    """The address this node's peer watch and replica receiver bind and advertise to the
+    other nodes (empty: the local address of the route to the rendezvous, 127.0.0.1 when
+    that is loopback or there is none; agent/_address.py)."""
     start_timeout_s: float = 120.0
     """Seconds a node waits for the job's launch records at start (node 0's c10d
     record, the cluster's first agreement); the zygote's own start: ``zygote``."""
@@ -274,6 +279,20 @@ class LaunchConfig:
     def etcd(self) -> bool:
         """The coordinator store is etcd (no node hosts it; any node may be lost)."""
         return self.rdzv is not None
+
+    @functools.cached_property
+    def node_address(self) -> str:
+        """The address this node's listeners bind and advertise to the other nodes
+        (``replica_host``, else the route to the rendezvous: agent/_address.py). Raises
+        ``ConfigError`` for a multi-host node whose host name resolves to loopback."""
+        rendezvous: tuple[str, int] | None = None
+        if self.etcd:
+            from stalwart.coordinator import parse_etcd_url
+
+            rendezvous = parse_etcd_url(str(self.rdzv)).endpoints[0]
+        elif self.rdzv_endpoint:
+            rendezvous = self.endpoint()
+        return resolve_node_address(self.replica_host, rendezvous, self.nnodes > 1 or self.etcd)
 
     def endpoint(self) -> tuple[str, int]:
         if not self.rdzv_endpoint:

@@ -234,9 +234,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--replica-host",
-        default="127.0.0.1",
-        help="address this node's replica receiver binds and advertises to its buddy "
-        "(default 127.0.0.1: every node on one host)",
+        default="",
+        help="address this node's peer watch and replica receiver bind and advertise to "
+        "the other nodes (default: this node's address on the route to the rendezvous "
+        "endpoint; 127.0.0.1 when every node is on one host)",
     )
     node_flags(p)
     p.add_argument("script")
