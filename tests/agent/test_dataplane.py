@@ -47,6 +47,15 @@ def test_every_local_rank_waiting_in_a_collective_past_the_bound_is_a_stall() ->
     assert stall.stalled_s > stall.threshold_s
 
 
+def test_a_stall_is_dated_from_the_jobs_last_progress_not_the_last_cpu_tick() -> None:
+    """A rank busy for a while after its last step (a snapshot copy) delays the verdict
+    until it idled past the bound, but the fault's age is from the last progress."""
+    slots = {2: slot("collective", NOW - 5), 3: slot("collective", NOW - 5)}
+    stall = find_stall(slots, NOW, CFG, {2: idle(NOW - 2), 3: idle(NOW - 5)})
+    assert stall is not None and stall.stalled_s == 5
+    assert find_stall(slots, NOW, CFG, {2: idle(NOW - 0.5), 3: idle(NOW - 5)}) is None
+
+
 def test_no_stall_while_within_the_bound_or_someone_computes_or_steps() -> None:
     waiting = {2: slot("collective", NOW - 5), 3: slot("collective", NOW - 5)}
     quiet = {2: idle(NOW - 5), 3: idle(NOW - 5)}

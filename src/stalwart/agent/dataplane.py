@@ -46,7 +46,8 @@ class Stall:
     """Every local rank waits in a collective with no progress: the data plane may be cut."""
 
     ranks: list[int]
-    stalled_s: float  # since the job last moved (a step done, a recovery began)
+    stalled_s: float  # since the job last moved (a step done, a recovery began): the
+    # fault's age, while the bound is judged on the time nobody here computed either
     threshold_s: float  # the hang bound it passed
 
 
@@ -73,10 +74,10 @@ def find_stall(
     p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in watched.items())
     threshold = config.threshold(p99)
     moved = max(since, *(s.t_progress for s in watched.values()))
-    stalled = now - max(moved, *(activity[r].t_busy for r in watched))
-    if stalled <= threshold:
+    idle = now - max(moved, *(activity[r].t_busy for r in watched))
+    if idle <= threshold:
         return None
-    return Stall(sorted(watched), stalled, threshold)
+    return Stall(sorted(watched), now - moved, threshold)
 
 
 @dataclass(frozen=True)
