@@ -200,7 +200,14 @@ def _job(store: MemoryStore) -> dict[int, int]:
 
 
 def _watch(
-    store: MemoryStore, node: int, lines: list[str], events: _Events, lease: NodeLease
+    store: MemoryStore,
+    node: int,
+    lines: list[str],
+    events: _Events,
+    lease: NodeLease,
+    *,
+    lease_s: float = 3.0,
+    probe_peer: Callable[[str], bool] = lambda address: False,  # the data plane is cut
 ) -> DataPlaneWatch:
     key = f"{ROOT}/members/node{node}"
     kv = store.get(key)
@@ -215,11 +222,12 @@ def _watch(
         root=ROOT,
         live=lambda: {0, 1},
         lease=lease,
+        lease_s=lease_s,
         workers=workers,
         watch=watch,
         events=events,
         say=lines.append,
-        probe_peer=lambda address: False,  # the data plane is cut
+        probe_peer=probe_peer,
     )
 
 
@@ -256,3 +264,24 @@ def test_the_cut_off_node_fences_itself() -> None:
     assert store.get(f"{ROOT}/members/node1") is None  # its own lease: fenced, exit 3
     assert store.get(f"{ROOT}/members/node0") is not None
     assert lease.lost_reason is not None and "fences itself" in lease.lost_reason
+
+
+def test_a_silent_peer_whose_lease_may_still_expire_is_not_a_cut_yet() -> None:
+    """Node 0's machine lost power: node 1's probe fails as in a cut, but node 0's lease
+    expires within the TTL and node 1 adopts its ranks. So node 1 fences itself only once
+    the stall outlived the lease with node 0 still a live member: not before."""
+    store, lines, events = MemoryStore(), list[str](), _Events()
+    _job(store)
+    probes: list[str] = []
+    lease = NodeLease(1)
+    dp = _watch(
+        store, 1, lines, events, lease, lease_s=600.0,
+        probe_peer=lambda address: probes.append(address) is not None,  # (False)
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(probes) < 3:  # the decision came back twice and was postponed
+        assert time.monotonic() < deadline, "the probe never ran again"
+        assert dp.check(time.time(), frozenset()) is None
+        time.sleep(0.01)
+    assert store.get(f"{ROOT}/members/node1") is not None
+    assert lease.lost_reason is None

@@ -82,6 +82,7 @@ class DataPlaneWatch:
         root: str,
         live: Callable[[], set[int]],
         lease: NodeLease,
+        lease_s: float,
         workers: LocalWorkers,
         watch: Sampler,
         events: EventSink,
@@ -90,6 +91,8 @@ class DataPlaneWatch:
     ) -> None:
         self._config, self._node, self._store, self._root = config, node, store, root
         self._live, self._lease, self._workers, self._watch = live, lease, workers, watch
+        self._lease_s = lease_s
+        self._probed_at = 0.0  # the stall's age when the last probe began
         self._events, self._say, self._probe = events, say, probe_peer
         self._since = 0.0  # the last stall we acted on or the last recovery: not before
         self._episode: Stall | None = None  # the stall being probed
@@ -111,6 +114,7 @@ class DataPlaneWatch:
             root=cluster.watch.root,
             live=cluster.live_nodes,
             lease=cluster.lease,
+            lease_s=ctx.cfg.node_lease_s,
             workers=workers,
             watch=watch,
             events=ctx.events,
@@ -146,6 +150,7 @@ class DataPlaneWatch:
             self._reached = None
             return self._act(now, stall, decide(self._node, live, reached, self._holder(live)))
         if self._pending is None and now >= self._next_probe:
+            self._probed_at = stall.stalled_s
             self._pending = threading.Thread(
                 target=self._probe_all, name="stalwart-dataplane", daemon=True
             )
@@ -184,6 +189,13 @@ class DataPlaneWatch:
         ``fault_detected`` says the data plane was cut, dated from the stall)."""
         if cut is None:  # every peer answered: a remote rank computes or is hung (its
             self._next_probe = now + _REPROBE_S  # agent judges that): nothing to say
+            return None
+        if cut.fence_self and self._probed_at <= self._lease_s + PROBE_TIMEOUT_S:
+            # a peer that is dead (power, SIGSTOP), not cut, answers no probe either, but
+            # its lease expires within the TTL and it drops out of the live set: only a
+            # peer still live past the lease is cut from us (else we would fence ourselves
+            # for a dead rank 0's node instead of adopting its ranks)
+            self._next_probe = now + PROBE_TIMEOUT_S
             return None
         line = f"{cut.how}; detected in {stall.stalled_s:.2f} s"
         self._events.emit("note", message=line)
