@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 from stalwart.agent._detectors import CrashDetector, HangWatch, NodeLossDetector
 from stalwart.agent._workers import LocalWorkers, ProcessExit
@@ -80,6 +81,9 @@ class _Nodes:
         return [2 * node, 2 * node + 1]
 
     def watch_closed_at(self, node: int) -> float | None:
+        return None
+
+    def published(self, key: str) -> dict[str, Any] | None:
         return None
 
     def blocklisted(self) -> set[str]:

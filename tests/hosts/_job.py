@@ -44,6 +44,11 @@ class HostJob:
     nproc: int = 2
     rdzv: str | None = None
     """``etcd://...`` (None: node 0's embedded store at ``h<hosts[0]>:STORE_PORT``)."""
+    script: Path = EXAMPLE
+    """The training script (its own arguments: ``script_args``, then ``tail``)."""
+    tail: list[str] | None = None
+    """The script's last arguments (None: the sharded example's ``--out`` and
+    ``--step-log`` under ``work``)."""
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
@@ -67,9 +72,13 @@ class HostJob:
             *where,
             *("--run-dir", str(self.run_dir), "--nproc-per-node", str(self.nproc)),
             *self.flags,
-            str(EXAMPLE),
+            str(self.script),
             *self.script_args,
-            *("--out", str(self.work / "sha"), "--step-log", str(self.step_log)),
+            *(
+                ["--out", str(self.work / "sha"), "--step-log", str(self.step_log)]
+                if self.tail is None
+                else self.tail
+            ),
         ]
 
     def start(self) -> HostJob:

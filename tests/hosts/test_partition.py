@@ -16,7 +16,8 @@ once rank 0 logged step FAULT_AT, and the cell's expected outcome:
 
 Marked ``hosts``; every cell but one per backend (the permanent partition) is also
 ``hosts_matrix``: plain ``make test`` deselects those and ``make test-hosts`` runs them.
-The etcd cell is an expected failure until the data plane is watched (issue 25, item 3).
+Under etcd both nodes keep their leases: the partition is found by the watched data
+plane (agent/_dataplane.py: every rank waits in a collective, the agents probe each other).
 """
 
 from __future__ import annotations
@@ -41,12 +42,6 @@ FAULT_AT = 60
 WORLD = 4
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(600)]
-
-WATCH_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="issue 25 item 3 (no watched data plane yet): under etcd both nodes keep their "
-    "leases, every worker waits in a gloo collective, and the partition is never detected",
-)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +141,6 @@ def test_permanent_partition_majority_finishes(
     assert rc1 == 3, err1[-3000:]
 
 
-@WATCH_XFAIL
 def test_permanent_partition_under_etcd(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],

@@ -109,6 +109,23 @@ def test_generation_watch_sees_a_bump_through_the_store_watch() -> None:
         watch.close()
 
 
+def test_a_group_is_left_only_for_a_generation_past_its_own() -> None:
+    """The survivors' rule under every strategy (elastic included): a collective of
+    generation g is left once the job is past g, while a group being formed for the
+    generation the bump made is not disturbed by that bump."""
+    coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id="left-test"))
+    watch = GenerationWatch(coord, interval_s=TIMEOUT_S)
+    try:
+        watch.follow(0)
+        assert not watch.left(0)
+        coord.advance_generation(0, "test")
+        assert watch.moved.wait(30)
+        assert watch.left(0)  # generation 0's stuck collective: leave it
+        assert not watch.left(1)  # generation 1's formation (before follow(1)): stay
+    finally:
+        watch.close()
+
+
 class _LateWork:
     """A work whose slice times out, and which completes right after (a real race)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
 from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs, ZygoteStart
+from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 from stalwart.agent.progress import ProgressBoard, Slot
 
@@ -12,13 +13,17 @@ __all__ = [
     "Activity",
     "Agent",
     "CpuTracker",
+    "Cut",
     "HangConfig",
     "HangVerdict",
     "LaunchConfig",
     "ProgressBoard",
     "RuntimeKnobs",
     "Slot",
+    "Stall",
     "ZygoteStart",
+    "decide",
     "find_hang",
+    "find_stall",
     "run_agent",
 ]

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._cluster import Cluster
+from stalwart.agent._dataplane import DataPlaneWatch
 from stalwart.agent._env import error_message
 from stalwart.agent._finished import EXIT_HANG, ExitHang, ExitWatch, finished_rank, skip_adoption
 from stalwart.agent._proc import read_cpu
@@ -302,6 +304,9 @@ class NodeLossDetector:
             how = "agent process gone: its watched connection closed, lease revoked"
             if not fired:  # no injected fault to time from: from the connection's end
                 latency = now - closed_at
+        if (cut := self._nodes.published(f"cut-node{node}")) is not None:
+            how = f"lease revoked: {cut['how']}"  # agent/_dataplane.py: from the stall
+            latency = latency if fired else now - float(cut["t0"])
         self._events.emit(
             "fault_detected",
             fault="node_loss",
@@ -325,10 +330,11 @@ class Detectors:
     hangs: HangDetector
     lost: NodeLossDetector
     stragglers: StragglerDetector
+    dataplane: DataPlaneWatch | None = None  # agent/_dataplane.py (None on one node)
 
     @classmethod
     def for_node(
-        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, nodes: Nodes
+        cls, ctx: NodeContext, workers: LocalWorkers, watch: HangWatch, nodes: Cluster
     ) -> Detectors:
         cfg, run_dir, ledger, events, say = ctx.cfg, ctx.run_dir, ctx.ledger, ctx.events, ctx.say
         node = cfg.node_rank
@@ -375,7 +381,14 @@ class Detectors:
             say=say,
             peers=peers,
         )
-        return cls(crashes, hangs, lost, stragglers)
+        dataplane = DataPlaneWatch.for_node(ctx, workers, watch, nodes)
+        return cls(crashes, hangs, lost, stragglers, dataplane)
+
+    def recovery_began(self, now: float) -> None:
+        """Nobody is blamed (nor a stall probed) for the time before a recovery began."""
+        self.hangs.recovery_began(now)
+        if self.dataplane is not None:
+            self.dataplane.recovery_began(now)
 
     def watch_progress(self, now: float, generation: int | None, slowed: frozenset[int]) -> None:
         """The board's readers, once per loop turn: a hung rank is isolated at once, a
@@ -384,3 +397,5 @@ class Detectors:
             self.hangs.isolate(hung)
         for slow in self.stragglers.check(now):
             self.stragglers.isolate(slow)
+        if self.dataplane is not None:  # a cut data plane: a side fenced (or us: raises)
+            self.dataplane.check(now, slowed)

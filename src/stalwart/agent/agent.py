@@ -146,12 +146,11 @@ class Agent:
 
     # ---------------------------------------------------------------- incidents
     def _recover(self, incident: Incident) -> None:
+        self.detect.recovery_began(time.time())
         if isinstance(incident, NodeLost):
-            self.detect.hangs.recovery_began(time.time())
             self._adopt(incident)
         else:
             self.cluster.check_fenced(probe=True)  # our ranks may run elsewhere now
-            self.detect.hangs.recovery_began(time.time())
         # plain scripts (no stalwart runtime) cannot re-form in place: torchrun's route
         policy = self.policy if self.workers.attached() else self.restart
         policy.on_incident(incident)

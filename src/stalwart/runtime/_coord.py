@@ -87,6 +87,7 @@ class GenerationWatch:
     def __init__(self, coord: Coordinator, interval_s: float = 1.0) -> None:
         self.coord = coord
         self.current = 0
+        self.seen = 0  # the newest generation this watch saw (only ever increased)
         self.interval_s = interval_s
         self.moved = threading.Event()
         self._lock = threading.Lock()  # a set() never lands after follow() moved past it
@@ -100,8 +101,15 @@ class GenerationWatch:
             self.current = generation
             self.moved.clear()
 
+    def left(self, generation: int) -> bool:
+        """The job moved past ``generation`` (a group of it waits in vain: leave it).
+        Relative to the group's own generation, not to :attr:`current`: a group being
+        formed for a newer generation is not left for the bump that made it."""
+        return self.seen > generation
+
     def _saw(self, generation: int) -> bool:
         with self._lock:
+            self.seen = max(self.seen, generation)
             if generation > self.current:
                 self.moved.set()
         return self.moved.is_set()

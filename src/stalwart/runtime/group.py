@@ -93,9 +93,10 @@ class GenerationGroup:
         self.generation = -1
         self.error: BaseException | None = None
         self.on_collective: Callable[[bool], None] | None = None
-        # set by the session under etcd: True once the generation moved on, so a
-        # collective stuck on a lost peer is left at once instead of at the peer's
-        # socket close (its process teardown) or, for a silent machine, the timeout
+        # set by the session (every backend and strategy): True once the job moved
+        # past this group's generation, so a collective stuck on a lost peer is left
+        # at once instead of at the peer's socket close (its process teardown) or, for
+        # a silent machine, the timeout
         self.moved: Callable[[], bool] | None = None
         self._store: Any = None
         self._c10d = c10d

@@ -90,8 +90,8 @@ class Session:
         self.integrity = Integrity(env, self.tracked, self.group, self, self.events)
         self.faults = WorkerFaults(env, self.events, self.acct.slow, self.integrity.inject)
         self._rejoin = self._open_rejoin(env)
-        if self._genwatch is not None and not self._rejoin.resizes:
-            self.group.moved = self._genwatch.moved.is_set  # leave a stuck collective
+        if (watch := self._genwatch) is not None:  # leave a stuck collective (elastic too)
+            self.group.moved = lambda: watch.left(self.group.generation)
         self._mesh: DeviceMesh | None = None
 
     def _connect(self, env: WorkerEnv) -> None:

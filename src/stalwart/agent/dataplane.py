@@ -1,0 +1,120 @@
+"""A watched data plane: every local rank waits in a collective and nothing moves.
+
+A worker waiting in a collective is never judged hung by itself (agent/detect.py): it
+waits for a peer, and the peer's own agent judges that peer. That leaves one fault
+nobody judges: the data plane between nodes is cut while each node still reaches the
+store (etcd on a third host, the embedded store behind another link), so every lease
+stays valid, every worker of the job waits in a gloo collective for a peer it will
+never hear from, and every agent sees only patient waiters. torchrun leaves it to the
+collective timeout (30 min); a partition must instead be a fault within the hang bound.
+
+So when every local rank waits in a collective, none computes and no rank of the job
+moved for longer than the hang bound (:func:`find_stall`), the agent says so (an event
+and one line) and probes every live peer agent directly, not through the store
+(agent/_peerwatch.py: the same authenticated hello as the peer watch, over the nodes'
+own network). :func:`decide` turns the answers into who is fenced:
+
+- every peer answered: the data plane between the agents is whole; the culprit is a
+  hung rank on another node, whose agent judges it (nothing to fence here);
+- this node's side (itself and the peers it reached) holds a strict majority of the
+  live nodes, or exactly half and the node that holds rank 0 (the coordinator): it
+  wins, and the node holding rank 0 on it revokes the leases of the nodes it could not
+  reach, which then recover as lost nodes (their ranks adopted, the generation bumped
+  under the lease guard, coordinator/fence.py);
+- otherwise it lost: it revokes its own lease, so it is fenced (agent/_fencing.py:
+  its workers are stopped, it exits 3) even if the winners cannot reach the store.
+
+Why only the side holding rank 0's node revokes others: a partition that is not
+transitive (A reaches B, B reaches C, A does not reach C) gives both A and C a
+"majority" with B; were both to revoke, both would be fenced. Exactly one side holds
+rank 0's node, so at most one side fences others, and a minority always fences itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stalwart.agent.detect import Activity, HangConfig
+from stalwart.agent.progress import Slot
+
+__all__ = ["Cut", "Stall", "decide", "find_stall"]
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Every local rank waits in a collective with no progress: the data plane may be cut."""
+
+    ranks: list[int]
+    stalled_s: float  # since the job last moved (a step done, a recovery began): the
+    # fault's age, while the bound is judged on the time nobody here computed either
+    threshold_s: float  # the hang bound it passed
+
+
+def find_stall(
+    slots: Mapping[int, Slot],
+    now: float,
+    config: HangConfig,
+    activity: Mapping[int, Activity],
+    *,
+    since: float = 0.0,
+    history: Mapping[int, float] | None = None,
+) -> Stall | None:
+    """``slots``/``activity``/``since``/``history`` as for
+    :func:`~stalwart.agent.detect.find_hang`. A stall: every live local rank runs the
+    stalwart runtime (its phase says it waits in a collective), all of them wait in
+    one, none computes (a rank's CPU moving means a local compute the others wait
+    for), and none progressed for longer than ``config.threshold(p99)``, the hang bound."""
+    watched = {r: s for r, s in slots.items() if r in activity}
+    if not watched or any(not s.attached or s.phase != "collective" for s in watched.values()):
+        return None
+    if any(now - activity[r].t_busy < config.window_s for r in watched):
+        return None  # someone computes here: the others wait for it
+    hist = history or {}
+    p99 = max(max(s.p99_s, hist.get(r, 0.0)) for r, s in watched.items())
+    threshold = config.threshold(p99)
+    moved = max(since, *(s.t_progress for s in watched.values()))
+    idle = now - max(moved, *(activity[r].t_busy for r in watched))
+    if idle <= threshold:
+        return None
+    return Stall(sorted(watched), now - moved, threshold)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What this node does about the nodes it could not reach."""
+
+    fence_self: bool
+    """This node is on the losing side: it revokes its own lease (fenced, exit 3)."""
+    fence: tuple[int, ...]
+    """Nodes whose leases this node revokes (only ever the side holding rank 0's node)."""
+    unreachable: tuple[int, ...]
+    """The live nodes this node's probe did not reach."""
+    how: str
+    """One line for the event and the log: who is cut and what this node does."""
+
+
+def decide(node: int, live: set[int], reached: set[int], holder: int) -> Cut | None:
+    """``node``: this node; ``live``: the live member nodes (this one included);
+    ``reached``: the peers that answered the probe; ``holder``: the node holding rank
+    0 (the tie-break). None when every live peer answered (nothing is cut between the
+    agents)."""
+    side = ({node} | reached) & (live | {node})
+    cut = tuple(sorted((live | {node}) - side))
+    if not cut:
+        return None
+    everyone = len(side) + len(cut)
+    won = 2 * len(side) > everyone or (2 * len(side) == everyone and holder in side)
+    sides = f"this side {sorted(side)} of {everyone} nodes, cut from {list(cut)}"
+    if not won:
+        why = "a minority" if 2 * len(side) < everyone else "half without rank 0's node"
+        how = f"data plane cut: {sides}; {why}, so this node fences itself"
+        return Cut(True, (), cut, how)
+    if node != holder and holder in side:
+        how = f"data plane cut: {sides}; this side wins, node {holder} fences the rest"
+        return Cut(False, (), cut, how)
+    if holder not in side:
+        how = f"data plane cut: {sides}; a majority without rank 0's node: it fences itself"
+        return Cut(False, (), cut, how)
+    how = f"data plane cut: {sides}; this side wins (it holds rank 0), fencing {list(cut)}"
+    return Cut(False, cut, cut, how)
