@@ -6,11 +6,10 @@
 - :class:`HangDetector`: the progress board and each process's CPU time (the decision
   is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
 - :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``;
-- :class:`StragglerDetector`: the ranks' compute times on the progress board, scored
-  against each other (agent/straggler.py) -> ``Straggler``.
+- :class:`StragglerDetector`: compute times scored against each other -> ``Straggler``;
+- a data plane cut while every lease holds: agent/_dataplane.py's watch.
 
-Each writes the ``fault_detected`` record of what it found (detection latency included);
-recovering is the policy's (agent/policy.py).
+Each writes the ``fault_detected`` record (its latency included); the policy recovers.
 """
 
 from __future__ import annotations
