@@ -14,6 +14,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
@@ -25,8 +26,6 @@ from stalwart.runtime._metric_log import MetricLog
 from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from stalwart.chaos import Fault
     from stalwart.checkpoint import CommitResult, PersistResult, SnapshotResult
     from stalwart.coordinator import Coordinator, Store
@@ -72,7 +71,8 @@ class StepAccounting:
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._slow: list[tuple[Fault, float]] = []
-        self._persist: Future[PersistResult] | None = None
+        # the persist in flight: resolved once it is committed (or failed) and logged
+        self._persist: Future[None] | None = None
         self._t_start = time.monotonic()
         self._last_persist = time.monotonic()
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
@@ -298,8 +298,19 @@ class StepAccounting:
         key = tracked.copy_key
         copy_of = key if sharded and key is not None and key != self.position.rank else None
         fut = tracked.checkpoints.persist(commit=self.coord is None, copy_of=copy_of)
-        self._persist = fut
-        fut.add_done_callback(lambda f: self._persist_done(f, step, generation, t0))
+        # waited for: this persist committed and logged, not ``fut`` (a future's waiters
+        # wake before its callbacks run: the session exited while the daemon reader
+        # thread still committed the final step, its manifest pending, the run ``ok``)
+        settled: Future[None] = Future()
+        self._persist = settled
+
+        def done(f: Future[PersistResult]) -> None:
+            try:
+                self._persist_done(f, step, generation, t0)
+            finally:
+                settled.set_result(None)
+
+        fut.add_done_callback(done)
 
     def _persist_done(
         self, f: Future[PersistResult], step: int, generation: int, t0: float
@@ -377,7 +388,8 @@ class StepAccounting:
         return group[1], group[2], f"group{group[0]}.rank{group[1]}"
 
     def wait_persist(self) -> None:
-        """The loop's end: the last snapshot complete (and logged), its persist done."""
+        """The loop's end: the last snapshot complete (and logged), its persist committed
+        and logged (DESIGN.md: the final committed checkpoint is the last persist step)."""
         self.settle()
         if self._persist is not None:
             self._persist.exception()

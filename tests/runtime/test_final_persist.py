@@ -1,0 +1,86 @@
+"""The loop's end waits for the final persist committed and logged, not only written.
+
+A persist's future resolves when the persister replies; the commit and the
+``persist_end`` event run in its done callback, on the persister's reader thread (a
+daemon). A future's waiters wake before its callbacks run, so a session that waited on
+the future exited mid-commit: the final step's manifest left pending, no ``persist_end``,
+and the run ``ok`` with an older newest checkpoint (tests/hosts/test_partition.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+from stalwart.checkpoint import PersistResult
+from stalwart.runtime._accounting import StepAccounting
+
+_FINAL = 600
+# how long the fake commit stays in flight unless the loop's end returns first: before
+# the fix it returned at once; after, it cannot return before the commit, which then
+# waits all of this (never part of a pass/fail threshold)
+_IN_FLIGHT_S = 1.0
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.logged.append((kind, fields))
+
+
+class _Checkpoints:
+    """The persist's write is answered by the test; the commit is slow."""
+
+    def __init__(self, loop_ended: threading.Event) -> None:
+        self.write: Future[PersistResult] = Future()
+        self.loop_ended = loop_ended
+        self.commits: list[tuple[int, bool]] = []  # (step, the loop had ended meanwhile)
+
+    def snapshot(self, state: Any, step: int, *, blocking: bool, on_done: Any) -> None:
+        return None
+
+    def persist(self, *, commit: bool, copy_of: int | None) -> Future[PersistResult]:
+        return self.write
+
+    def commit(self, step: int, *, generation: int, fenced: Any) -> Any:
+        self.loop_ended.wait(timeout=_IN_FLIGHT_S)
+        self.commits.append((step, self.loop_ended.is_set()))
+        return SimpleNamespace(manifest=None)
+
+
+def test_the_loops_end_waits_for_the_final_persist_to_be_committed_and_logged() -> None:
+    loop_ended = threading.Event()
+    ckpt = _Checkpoints(loop_ended)
+    env: Any = SimpleNamespace(
+        persist_every=100, snapshot_every=100, snapshot_budget=0.02, job="j", replica_group=None
+    )
+    position: Any = SimpleNamespace(rank=0, generation=3, world_size=1)
+    tracked: Any = SimpleNamespace(
+        state={},
+        checkpoints=ckpt,
+        opened=False,
+        part=None,
+        replicated=False,
+        sharded=False,
+        copy_key=None,
+    )
+    events = _Events()
+    coord: Any = SimpleNamespace()  # under an agent: this rank commits, fenced
+    acct = StepAccounting(env, position, tracked, events, coord, None)  # type: ignore[arg-type]
+    acct.maybe_snapshot(_FINAL, final=True)
+    assert [k for k, _ in events.logged] == ["persist_begin"]
+
+    written = PersistResult(_FINAL, 10, 10, 0.01, committed=False, raw={})
+    reader = threading.Thread(target=ckpt.write.set_result, args=(written,))  # the reply
+    reader.start()
+    acct.wait_persist()  # Session._finish: then the finish barrier, and the exit
+    loop_ended.set()
+    reader.join()
+
+    assert ckpt.commits == [(_FINAL, False)], "the loop ended while the final commit ran"
+    ends = [f for k, f in events.logged if k == "persist_end"]
+    assert [(f["step"], f["ok"]) for f in ends] == [(_FINAL, True)]
