@@ -9,12 +9,16 @@ and the run ``ok`` with an older newest checkpoint (tests/hosts/test_partition.p
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from stalwart.checkpoint import PersistResult
+from stalwart.errors import CheckpointError
 from stalwart.runtime._accounting import StepAccounting
 
 _FINAL = 600
@@ -35,9 +39,9 @@ class _Events:
 class _Checkpoints:
     """The persist's write is answered by the test; the commit is slow."""
 
-    def __init__(self, loop_ended: threading.Event) -> None:
+    def __init__(self, loop_ended: threading.Event, fail: bool = False) -> None:
         self.write: Future[PersistResult] = Future()
-        self.loop_ended = loop_ended
+        self.loop_ended, self.fail = loop_ended, fail
         self.commits: list[tuple[int, bool]] = []  # (step, the loop had ended meanwhile)
 
     def snapshot(self, state: Any, step: int, *, blocking: bool, on_done: Any) -> None:
@@ -49,12 +53,16 @@ class _Checkpoints:
     def commit(self, step: int, *, generation: int, fenced: Any) -> Any:
         self.loop_ended.wait(timeout=_IN_FLIGHT_S)
         self.commits.append((step, self.loop_ended.is_set()))
+        if self.fail:
+            raise CheckpointError("the storage is read-only\nmore detail")
         return SimpleNamespace(manifest=None)
 
 
-def test_the_loops_end_waits_for_the_final_persist_to_be_committed_and_logged() -> None:
+def _final_persist(fail: bool) -> tuple[_Checkpoints, _Events]:
+    """Persist the final step, answer its write from another thread (the persister's
+    reply), and end the loop as Session._finish does."""
     loop_ended = threading.Event()
-    ckpt = _Checkpoints(loop_ended)
+    ckpt = _Checkpoints(loop_ended, fail)
     env: Any = SimpleNamespace(
         persist_every=100, snapshot_every=100, snapshot_budget=0.02, job="j", replica_group=None
     )
@@ -80,7 +88,26 @@ def test_the_loops_end_waits_for_the_final_persist_to_be_committed_and_logged() 
     acct.wait_persist()  # Session._finish: then the finish barrier, and the exit
     loop_ended.set()
     reader.join()
+    return ckpt, events
 
+
+def test_the_loops_end_waits_for_the_final_persist_to_be_committed_and_logged() -> None:
+    ckpt, events = _final_persist(fail=False)
     assert ckpt.commits == [(_FINAL, False)], "the loop ended while the final commit ran"
     ends = [f for k, f in events.logged if k == "persist_end"]
     assert [(f["step"], f["ok"]) for f in ends] == [(_FINAL, True)]
+
+
+def test_a_final_persist_that_did_not_commit_is_said_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        ckpt, events = _final_persist(fail=True)
+    assert ckpt.commits == [(_FINAL, False)]
+    ends = [f for k, f in events.logged if k == "persist_end"]
+    assert [(f["ok"], f["error"]) for f in ends] == [(False, "the storage is read-only")]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert lines == [
+        "rank 0: the persist of step 600 did not commit (the storage is read-only); "
+        "the newest checkpoint is older"
+    ]

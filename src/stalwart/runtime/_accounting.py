@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.slots import SlotNames
 from stalwart.errors import SnapshotWontFitError, StalwartError
+from stalwart.logs import get_logger
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._align import StepAlignment
 from stalwart.runtime._cadence import CALIBRATE, SnapshotCadence, choose_every
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["StepAccounting"]
 
+_log = get_logger(__name__)
 _FLUSH_S = 1.0
 _WARMUP = 2  # steps after a (re)start left out of the p99 (NVRx skips 5 warm-up iterations)
 
@@ -71,8 +73,8 @@ class StepAccounting:
         self._batch: dict[str, Any] | None = None
         self._last_flush = time.monotonic()
         self._slow: list[tuple[Fault, float]] = []
-        # the persist in flight: resolved once it is committed (or failed) and logged
-        self._persist: Future[None] | None = None
+        # the persist in flight: resolved once committed and logged (or why it failed)
+        self._persist: Future[str | None] | None = None
         self._t_start = time.monotonic()
         self._last_persist = time.monotonic()
         self._persist_s = 1.0  # the last persist's duration (a guess before the first)
@@ -298,25 +300,26 @@ class StepAccounting:
         key = tracked.copy_key
         copy_of = key if sharded and key is not None and key != self.position.rank else None
         fut = tracked.checkpoints.persist(commit=self.coord is None, copy_of=copy_of)
-        # waited for: this persist committed and logged, not ``fut`` (a future's waiters
-        # wake before its callbacks run: the session exited while the daemon reader
-        # thread still committed the final step, its manifest pending, the run ``ok``)
-        settled: Future[None] = Future()
+        # waited for: committed and logged, not ``fut`` (its waiters wake before its
+        # callbacks: the session exited while the reader thread committed the last step)
+        settled: Future[str | None] = Future()
         self._persist = settled
 
         def done(f: Future[PersistResult]) -> None:
+            failed: str | None = f"the persist of step {step} did not complete"
             try:
-                self._persist_done(f, step, generation, t0)
+                failed = self._persist_done(f, step, generation, t0)
             finally:
-                settled.set_result(None)
+                settled.set_result(failed)
 
         fut.add_done_callback(done)
 
     def _persist_done(
         self, f: Future[PersistResult], step: int, generation: int, t0: float
-    ) -> None:
-        """This rank's write is done (or failed): commit it, and log the outcome. A
-        sharded step is committed, and logged, by the last rank to write it."""
+    ) -> str | None:
+        """This rank's write is done (or failed): commit it, and log the outcome (a
+        failure's line returned). A sharded step is committed, and logged, by the last
+        rank to write it."""
         err = f.exception()
         committed: CommitResult | None = None
         if err is None and self.coord is not None:
@@ -327,15 +330,15 @@ class StepAccounting:
                 self.on_refused(e, step, generation)
         events = self.events
         if err is not None:
+            line = str(err).splitlines()[0] if str(err) else type(err).__name__
             if events is not None:
-                line = str(err).splitlines()[0] if str(err) else type(err).__name__
                 events.emit("persist_end", step=step, ok=False, seconds=0.0, error=line)
-            return
+            return f"the persist of step {step} did not commit ({line})"
         r = f.result()
         self._persist_s = time.perf_counter() - t0
         sharded = self.tracked.sharded and self.position.world_size > 1
         if events is None or (sharded and committed is None):
-            return  # another rank commits this step and logs it
+            return None  # another rank commits this step and logs it
         m = committed.manifest if committed is not None and sharded else None
         events.emit(
             "persist_end",
@@ -345,6 +348,7 @@ class StepAccounting:
             bytes_written=r.written_bytes if m is None else m.new_bytes,
             total_bytes=r.total_bytes if m is None else m.total_bytes,
         )
+        return None
 
     def _commit(self, step: int, generation: int) -> CommitResult | None:
         """Commit through the one commit path (the coordinator's record fences it:
@@ -391,5 +395,6 @@ class StepAccounting:
         """The loop's end: the last snapshot complete (and logged), its persist committed
         and logged (DESIGN.md: the final committed checkpoint is the last persist step)."""
         self.settle()
-        if self._persist is not None:
-            self._persist.exception()
+        failed = self._persist.result() if self._persist is not None else None
+        if failed is not None:  # the trained state is not on disk: said, never silent
+            _log.warning("rank %d: %s; the newest checkpoint is older", self.position.rank, failed)
