@@ -23,9 +23,14 @@ PLAIN = textwrap.dedent(
             "TORCHELASTIC_RESTART_COUNT"]
     words = ["ENV", *(os.environ[k] for k in keys), str(int(t[0])), *sys.argv[1:]]
     os.write(1, (" ".join(words) + "\\n").encode())
-    dist.destroy_process_group()
     if "--fail-first" in sys.argv and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-        sys.exit(3 if os.environ["RANK"] == "1" else 0)
+        # rank 1 fails before any rank finished: rank 0 must not exit 0 first (a failure
+        # after a peer finished ends the job instead: docs/recovery.md)
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        dist.barrier()  # rank 1 has left: this raises
+        sys.exit(4)
+    dist.destroy_process_group()
     """
 )
 
