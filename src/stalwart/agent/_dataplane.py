@@ -29,7 +29,7 @@ from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detect import Activity, HangConfig
 from stalwart.logs import get_logger
 
-__all__ = ["PROBE_TIMEOUT_S", "DataPlaneWatch", "probe"]
+__all__ = ["PROBE_TIMEOUT_S", "DataPlaneWatch", "holder_node", "probe", "revoke_node"]
 
 PROBE_TIMEOUT_S = 1.0
 """A peer that does not answer a connect within this is cut from us: an idle agent on a
@@ -175,13 +175,7 @@ class DataPlaneWatch:
             self._pending = None
 
     def _holder(self, live: set[int]) -> int:
-        """The node that holds rank 0 (the tie-break), else the lowest live node."""
-        for n in sorted(live):
-            with contextlib.suppress(Exception):
-                kv = self._store.get(f"{self._root}/ranks/node{n}")
-                if kv is not None and 0 in json.loads(kv.value):
-                    return n
-        return min(live)
+        return holder_node(self._store, self._root, live)
 
     def _act(self, now: float, stall: Stall, cut: Cut | None) -> Cut | None:
         """Say what the probe found; fence this node or the nodes it could not reach.
@@ -212,12 +206,27 @@ class DataPlaneWatch:
         return cut
 
     def _revoke(self, node: int, how: str, t0: float) -> None:
-        """End ``node``'s lease now: what its expiry does, brought forward (the record
-        first, so that whoever sees the lease gone finds why)."""
-        record = json.dumps({"by": self._node, "t0": t0, "how": how}).encode()
+        revoke_node(self._store, self._root, node, by=self._node, how=how, t0=t0)
+
+
+def holder_node(store: Any, root: str, live: set[int]) -> int:
+    """The node that holds rank 0 (the tie-break), else the lowest live node."""
+    for n in sorted(live):
         with contextlib.suppress(Exception):
-            self._store.put(f"{self._root}/launch/cut-node{node}", record)
-        with contextlib.suppress(Exception):
-            kv = self._store.get(f"{self._root}/members/node{node}")
-            if kv is not None and kv.lease:
-                self._store.revoke(kv.lease)
+            kv = store.get(f"{root}/ranks/node{n}")
+            if kv is not None and 0 in json.loads(kv.value):
+                return n
+    return min(live)
+
+
+def revoke_node(store: Any, root: str, node: int, *, by: int, how: str, t0: float) -> None:
+    """End ``node``'s lease now: what its expiry does, brought forward (the record
+    first, so that whoever sees the lease gone finds why: the node-loss detector says
+    ``lease revoked: <how>``, dated from ``t0``)."""
+    record = json.dumps({"by": by, "t0": t0, "how": how}).encode()
+    with contextlib.suppress(Exception):
+        store.put(f"{root}/launch/cut-node{node}", record)
+    with contextlib.suppress(Exception):
+        kv = store.get(f"{root}/members/node{node}")
+        if kv is not None and kv.lease:
+            store.revoke(kv.lease)

@@ -7,7 +7,8 @@
   is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
 - :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``;
 - :class:`StragglerDetector`: compute times scored against each other -> ``Straggler``;
-- a data plane cut while every lease holds: agent/_dataplane.py's watch.
+- a data plane cut while every lease holds: agent/_dataplane.py's watch;
+- a degraded link (the step rate collapses, compute as before): agent/_degraded.py.
 
 Each writes the ``fault_detected`` record (its latency included); the policy recovers.
 """
@@ -20,14 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._cluster import Cluster
-from stalwart.agent._dataplane import DataPlaneWatch
+from stalwart.agent._dataplane import DataPlaneWatch, holder_node, revoke_node
+from stalwart.agent._degraded import LinkDetector
 from stalwart.agent._env import error_message
 from stalwart.agent._finished import EXIT_HANG, ExitHang, ExitWatch, finished_rank, skip_adoption
-from stalwart.agent._proc import read_cpu
+from stalwart.agent._hangwatch import HangWatch
 from stalwart.agent._stragglers import StragglerDetector
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
-from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
+from stalwart.agent.detect import HangConfig, HangVerdict, find_hang
 from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
 from stalwart.agent.progress import Slot
 from stalwart.agent.straggler import ComputeExchange
@@ -44,50 +46,6 @@ __all__ = [
 ]
 
 
-class HangWatch:
-    """The agent's view of its workers' processes between board reads: one CPU tracker
-    per worker process, and the step-time history of each rank (the job's, not the
-    process's: a replacement is judged, and seeded, with its rank's p99)."""
-
-    def __init__(self, config: HangConfig) -> None:
-        self.config = config
-        self.history: dict[int, float] = {}  # rank -> p99 step time seen for it
-        self._trackers: dict[int, tuple[int, CpuTracker]] = {}  # rank -> (pid, tracker)
-        self._activity: dict[int, Activity] = {}
-        self._t_sample = 0.0
-        self.killed: dict[int, str] = {}  # pid -> why the agent killed it for a hang
-
-    def sample(
-        self, pids: dict[int, int], now: float, slowed: frozenset[int] = frozenset()
-    ) -> dict[int, Activity]:
-        """Read /proc for ``pids`` (rank -> pid) at most every 100 ms; ``slowed``: pids
-        the agent's own chaos duty-cycles with SIGSTOP/SIGCONT (``slow``), not hung."""
-        if now - self._t_sample < _SAMPLE_S:
-            return {r: a for r, a in self._activity.items() if r in pids}
-        self._t_sample = now
-        activity: dict[int, Activity] = {}
-        for rank, pid in pids.items():
-            known = self._trackers.get(rank)
-            if known is None or known[0] != pid:
-                known = (pid, CpuTracker(self.config))
-                self._trackers[rank] = known
-            seen = read_cpu(pid)
-            if seen is not None:
-                state = "S" if seen[0] in ("T", "t") and pid in slowed else seen[0]
-                activity[rank] = known[1].update(now, seen[1], state)
-        for rank in set(self._trackers) - set(pids):
-            del self._trackers[rank]
-        self._activity = activity
-        return activity
-
-    def remember(self, slots: dict[int, Slot]) -> None:
-        """The newest p99 each rank published (a rolling window of its recent steps)."""
-        for rank, s in slots.items():
-            if s.p99_s > 0:
-                self.history[rank] = s.p99_s
-
-
-_SAMPLE_S = 0.1
 _DETECTED = ("hang", COLLATERAL, "straggler")  # an agent's kill: reported before it
 
 
@@ -330,6 +288,7 @@ class Detectors:
     lost: NodeLossDetector
     stragglers: StragglerDetector
     dataplane: DataPlaneWatch | None = None  # agent/_dataplane.py (None on one node)
+    link: LinkDetector | None = None  # agent/_degraded.py (None on one node)
 
     @classmethod
     def for_node(
@@ -381,7 +340,7 @@ class Detectors:
             peers=peers,
         )
         dataplane = DataPlaneWatch.for_node(ctx, workers, watch, nodes)
-        return cls(crashes, hangs, lost, stragglers, dataplane)
+        return cls(crashes, hangs, lost, stragglers, dataplane, _link(ctx, workers, nodes))
 
     def recovery_began(self, now: float) -> None:
         """Nobody is blamed (nor a stall probed) for the time before a recovery began."""
@@ -398,3 +357,30 @@ class Detectors:
             self.stragglers.isolate(slow)
         if self.dataplane is not None:  # a cut data plane: a side fenced (or us: raises)
             self.dataplane.check(now, slowed)
+        if self.link is not None:  # a degraded link: reported, or its far node evicted
+            self.link.check(now)
+
+
+def _link(ctx: NodeContext, workers: LocalWorkers, cluster: Cluster) -> LinkDetector | None:
+    """The degraded-link detector of a job of several nodes (None on one node); it
+    evicts only through a peer watch's key root (the lease keys it revokes)."""
+    if ctx.cfg.nnodes < 2:
+        return None
+    store, node = cluster.store, ctx.cfg.node_rank
+    root = cluster.watch.root if cluster.watch is not None else None
+
+    def evict(far: int, how: str, t0: float) -> None:
+        if root is not None:
+            revoke_node(store, root, far, by=node, how=how, t0=t0)
+
+    return LinkDetector(
+        config=ctx.cfg.degraded,
+        node=node,
+        workers=workers,
+        records=cluster,
+        live=cluster.live_nodes,
+        holder=lambda live: holder_node(store, root, live) if root is not None else min(live),
+        evict=evict if root is not None else None,
+        events=ctx.events,
+        say=ctx.say,
+    )

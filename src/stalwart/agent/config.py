@@ -10,6 +10,7 @@ from typing import Any
 
 from stalwart.agent._address import resolve_node_address
 from stalwart.agent._endpoint import parse_endpoint
+from stalwart.agent.degraded import DegradedConfig
 from stalwart.agent.detect import HangConfig
 from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
@@ -148,6 +149,10 @@ class LaunchConfig:
     hang: HangConfig = field(default_factory=HangConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     """How stragglers are judged and what is done with one (``--on-straggler``)."""
+    degraded: DegradedConfig = field(default_factory=DegradedConfig)
+    """How a degraded link between nodes is judged (the step rate collapses while the
+    ranks compute as before, agent/degraded.py) and what is done with one
+    (``--on-degraded``: report, or evict the node behind it)."""
     runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
     metrics_host: str = "127.0.0.1"  # its bind address (0.0.0.0 in a pod, for scrapes)

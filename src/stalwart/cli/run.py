@@ -172,6 +172,15 @@ def register(sub: Any) -> None:
         "evict it (replaced by the strategy's means: spare, flash, restart, elastic)",
     )
     p.add_argument(
+        "--on-degraded",
+        choices=("report", "evict"),
+        default="report",
+        help="a degraded link between nodes (the step rate collapses while every rank "
+        "computes as before: loss or delay): report it (default: a link_degraded event "
+        "and a line, then link_recovered) or evict the node behind it (fenced and "
+        "recovered as a lost node)",
+    )
+    p.add_argument(
         "--collective-timeout",
         type=float,
         default=1800.0,
@@ -261,6 +270,7 @@ node's pod or task as done while the job trains on (docs/launch.md, exit codes).
 
 def _run(args: argparse.Namespace) -> int:
     from stalwart.agent import HangConfig, LaunchConfig, ZygoteStart, run_agent
+    from stalwart.agent.degraded import DegradedAction, DegradedConfig
     from stalwart.agent.straggler import StragglerAction, StragglerConfig
     from stalwart.chaos import FaultPlan
     from stalwart.coordinator.errors import BlocklistedError
@@ -300,6 +310,7 @@ def _run(args: argparse.Namespace) -> int:
             exit_grace_s=args.exit_grace,
         ),
         straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
+        degraded=DegradedConfig(action=DegradedAction.parse(args.on_degraded)),
         runtime=knobs,
         node_lease_s=args.node_lease,
         zygote=ZygoteStart(cpu_s=args.zygote_ready_cpu, stall_s=args.zygote_stall),

@@ -38,11 +38,11 @@ __all__ = [
     "read_events",
 ]
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 """Versions this reader reads: 2 added ``probe``, ``preflight``, ``straggler``,
 ``sdc_check``, ``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log
-without them)."""
+without them); 3 added ``link_degraded`` and ``link_recovered``."""
 EVENTS_FILE = "events.jsonl"
 
 _NUM = (int, float)
@@ -175,6 +175,26 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "action": _STR,
         "latency_s": _NUM,
     },
+    "link_degraded": {
+        "domain": (dict,),
+        "peers": (list,),
+        "ratio": _NUM,
+        "step_s": _NUM,
+        "median_s": _NUM,
+        "compute_ratio": _NUM,
+        "wait_share": _NUM,
+        "since": _NUM,
+        "latency_s": _NUM,
+        "action": _STR,
+    },
+    "link_recovered": {
+        "domain": (dict,),
+        "peers": (list,),
+        "ratio": _NUM,
+        "step_s": _NUM,
+        "median_s": _NUM,
+        "degraded_s": _NUM,
+    },
     "sdc_check": {"step": _INT, "digest": _STR, "replicas": _INT},
     "sdc_detected": {
         "step": _INT,
@@ -239,6 +259,8 @@ _REQUIRED: dict[str, set[str]] = {
     "probe": {"probe", "ok", "detail"},
     "preflight": {"member", "ok", "verdict"},
     "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
+    "link_degraded": {"domain", "peers", "ratio", "step_s", "median_s", "action"},
+    "link_recovered": {"domain", "peers", "ratio", "degraded_s"},
     "sdc_check": {"step", "digest"},
     "sdc_detected": {"step", "detected_step", "ranks", "action"},
     "numeric_fault": {"step", "reason", "ranks", "action"},
