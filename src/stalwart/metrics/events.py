@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics._event_kinds import ANY, EVENT_KINDS, REQUIRED
 
 __all__ = [
     "EVENTS_FILE",
@@ -45,229 +46,6 @@ READABLE_VERSIONS = (1, 2, 3)
 without them); 3 added ``link_degraded`` and ``link_recovered``."""
 EVENTS_FILE = "events.jsonl"
 
-_NUM = (int, float)
-_OPT_INT = (int, type(None))
-_STR = (str,)
-_INT = (int,)
-_BOOL = (bool,)
-_ANY = (object,)
-
-# kind -> field name -> accepted types. Fields not listed here are rejected.
-# Times are seconds (float), sizes bytes (int); "domain" is {"rank": .., "node": ..}.
-EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "run_start": {
-        "job": _STR,
-        "world_size": _INT,
-        "nnodes": _INT,
-        "strategy": _STR,
-        "config": (dict,),
-    },
-    "run_end": {"status": _STR, "last_step": _OPT_INT, "reason": _STR},
-    "member_join": {
-        "member": _STR,
-        "node": _INT,
-        "rank": _OPT_INT,
-        "generation": _INT,
-        "standby": _BOOL,
-    },
-    "member_leave": {"member": _STR, "node": _INT, "rank": _OPT_INT, "reason": _STR},
-    "generation": {"generation": _INT, "world_size": _INT, "reason": _STR},
-    "steps": {
-        "first_step": _INT,
-        "last_step": _INT,
-        "count": _INT,
-        "busy_s": _NUM,
-        "t_first_start": _NUM,
-        "generation": _INT,
-        "resume_unknown": _BOOL,
-    },
-    "snapshot": {"step": _INT, "bytes": _INT, "stall_s": _NUM, "tier": _STR},
-    "persist_begin": {"step": _INT},
-    "persist_end": {
-        "step": _INT,
-        "ok": _BOOL,
-        "bytes_written": _INT,
-        "total_bytes": _INT,
-        "seconds": _NUM,
-        "error": _STR,
-    },
-    "fault_injected": {"fault": _STR, "domain": (dict,), "spec": _STR},
-    "fault_unfired": {
-        "spec": _STR,
-        "reason": _STR,
-        "domain": (dict,),
-        "last_step": _INT,
-        "ran_s": _NUM,
-    },
-    "fault_detected": {"fault": _STR, "domain": (dict,), "latency_s": _NUM, "how": _STR},
-    "isolation": {"member": _STR, "reason": _STR, "blocklisted": _BOOL},
-    "recovery_begin": {"strategy": _STR, "generation": _INT, "cause": _STR},
-    "recovery_end": {
-        "strategy": _STR,
-        "generation": _INT,
-        "restored_step": _OPT_INT,  # None: a plain script resumed where stalwart cannot see
-        "source_tier": _STR,
-        "steps_lost": _OPT_INT,
-        "ok": _BOOL,
-    },
-    "restore": {
-        "step": _INT,
-        "tier": _STR,
-        "seconds": _NUM,
-        "bytes": _INT,
-        "preloaded": _BOOL,
-        "source_rank": _INT,
-    },
-    "waiting": {"have": _INT, "need": _INT, "reason": _STR},
-    "resize": {
-        "world_size": _INT,
-        "micro_batches": _INT,
-        "lr": _NUM,
-        "global_batch": _INT,
-        "generation": _INT,
-        "from_world_size": _INT,
-        "reason": _STR,
-        "step": _INT,
-        "stall_s": _NUM,
-        "transfer_bytes": _INT,
-        "transfer_s": _NUM,
-    },
-    "state_received": {
-        "step": _INT,
-        "digest": _STR,
-        "sender_digest": _STR,
-        "bytes": _INT,
-        "seconds": _NUM,
-        "transfers": _INT,
-    },
-    "loss": {"step": _INT, "value": _NUM, "generation": _INT},
-    "metric": {"name": _STR, "step": _INT, "value": _NUM, "generation": _INT},
-    "route": {"route": _STR, "recovery": _STR},
-    "note": {"message": _STR},
-    "probe": {
-        "probe": _STR,
-        "ok": _BOOL,
-        "skipped": _BOOL,
-        "detail": _STR,
-        "value": _NUM,
-        "limit": _NUM,
-        "unit": _STR,
-        "domain": (dict,),
-    },
-    "preflight": {
-        "member": _STR,
-        "ok": _BOOL,
-        "verdict": _STR,
-        "matmul_s": _NUM,
-        "allreduce_s": _NUM,
-        "partner": _OPT_INT,
-        "retest_partner": _OPT_INT,
-        "retest_allreduce_s": _NUM,
-        "seconds": _NUM,
-    },
-    "straggler": {
-        "domain": (dict,),
-        "compute_s": _NUM,
-        "median_s": _NUM,
-        "ratio": _NUM,
-        "score": _NUM,
-        "windows": _INT,
-        "action": _STR,
-        "latency_s": _NUM,
-    },
-    "link_degraded": {
-        "domain": (dict,),
-        "peers": (list,),
-        "ratio": _NUM,
-        "step_s": _NUM,
-        "median_s": _NUM,
-        "compute_ratio": _NUM,
-        "wait_share": _NUM,
-        "since": _NUM,
-        "latency_s": _NUM,
-        "action": _STR,
-    },
-    "link_recovered": {
-        "domain": (dict,),
-        "peers": (list,),
-        "ratio": _NUM,
-        "step_s": _NUM,
-        "median_s": _NUM,
-        "degraded_s": _NUM,
-    },
-    "sdc_check": {"step": _INT, "digest": _STR, "replicas": _INT},
-    "sdc_detected": {
-        "step": _INT,
-        "detected_step": _INT,
-        "ranks": (list,),
-        "digests": (list,),
-        "verified_step": _INT,
-        "action": _STR,
-    },
-    "numeric_fault": {
-        "step": _INT,
-        "reason": _STR,
-        "ranks": (list,),
-        "action": _STR,
-        "restored_step": _INT,
-        "skipped_step": _INT,
-        "data_position": (dict,),
-        "value": _NUM,
-        "z": _NUM,
-    },
-    "replica_drop": {"group": _INT, "rank": _INT, "cause": _STR},
-    "replica_rejoin": {
-        "group": _INT,
-        "round": _INT,
-        "step": _INT,
-        "own_snapshot": _BOOL,
-        "bytes": _INT,
-        "seconds": _NUM,
-    },
-    "replica_sync": {
-        "round": _INT,
-        "step": _INT,
-        "members": (list,),
-        "dropped": (list,),
-        "seconds": _NUM,
-    },
-}
-_REQUIRED: dict[str, set[str]] = {
-    "run_start": {"job", "world_size"},
-    "run_end": {"status"},
-    "member_join": {"member"},
-    "member_leave": {"member", "reason"},
-    "generation": {"generation", "world_size"},
-    "steps": {"first_step", "last_step", "count", "busy_s", "t_first_start"},
-    "snapshot": {"step", "stall_s"},
-    "persist_begin": {"step"},
-    "persist_end": {"step", "ok", "seconds"},
-    "fault_injected": {"fault", "domain"},
-    "fault_unfired": {"spec", "reason"},
-    "fault_detected": {"fault", "domain", "latency_s"},
-    "isolation": {"member", "reason"},
-    "recovery_begin": {"strategy", "generation"},
-    "recovery_end": {"strategy", "generation", "restored_step", "steps_lost"},
-    "restore": {"step", "tier", "seconds"},
-    "waiting": {"have", "need"},
-    "resize": {"world_size"},
-    "state_received": {"step", "digest", "sender_digest"},
-    "loss": {"step", "value"},
-    "metric": {"name", "step", "value"},
-    "route": {"route"},
-    "note": {"message"},
-    "probe": {"probe", "ok", "detail"},
-    "preflight": {"member", "ok", "verdict"},
-    "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},
-    "link_degraded": {"domain", "peers", "ratio", "step_s", "median_s", "action"},
-    "link_recovered": {"domain", "peers", "ratio", "degraded_s"},
-    "sdc_check": {"step", "digest"},
-    "sdc_detected": {"step", "detected_step", "ranks", "action"},
-    "numeric_fault": {"step", "reason", "ranks", "action"},
-    "replica_drop": {"group", "cause"},
-    "replica_rejoin": {"group", "round", "step"},
-    "replica_sync": {"round", "step", "members", "dropped"},
-}
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}
 
 
@@ -296,14 +74,14 @@ def _validate(kind: str, fields: dict[str, Any]) -> None:
     spec = EVENT_KINDS.get(kind)
     if spec is None:
         raise EventLogError(f"unknown event kind {kind!r}; known: {', '.join(sorted(EVENT_KINDS))}")
-    missing = _REQUIRED[kind] - fields.keys()
+    missing = REQUIRED[kind] - fields.keys()
     if missing:
         raise EventLogError(f"event {kind!r} lacks required field(s) {', '.join(sorted(missing))}")
     for name, value in fields.items():
         types = spec.get(name)
         if types is None:
             raise EventLogError(f"event {kind!r} has no field {name!r}; fields: {', '.join(spec)}")
-        if types is not _ANY and (
+        if types is not ANY and (
             not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
         ):
             raise EventLogError(
