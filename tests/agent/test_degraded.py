@@ -102,6 +102,27 @@ def test_compute_that_slows_with_the_step_is_not_the_link() -> None:
     assert not watch.persisting()
 
 
+def test_a_small_compute_that_wobbles_does_not_hide_the_link() -> None:
+    # 9 ms of compute seen at 27 ms (another process on the core) against a step gone
+    # from 190 to 750 ms: the step's growth is waiting, whatever the compute's ratio
+    job, watch = Job(), LinkWindows(CFG)
+    job.run(20, 0.19, 0.009, watch)
+    slow = job.run(9, 0.75, 0.027, watch)
+    assert slow[-1].compute_s / slow[-1].median_compute_s > 2.5 and slow[-1].link_like
+
+
+def test_reads_far_apart_add_nothing_to_the_wait_share() -> None:
+    # the agent's loop held 2 s by a store call: what its ranks did meanwhile is unseen
+    job, watch = Job(), LinkWindows(CFG)
+    job.run(20, 0.1, 0.05, watch, dt=0.01)  # half of each step in a collective
+    while not job.run(0.01, 0.1, 0.05, watch, dt=0.01):
+        pass  # a window just closed: the next starts here
+    job.run(1.0, 0.1, 0.05, watch, dt=0.01)
+    job.t += 2.0  # one read 2 s later, seen in a collective: it closes the window
+    w = watch.observe(job.slots("collective"), job.t)
+    assert w is not None and w.wait_share == pytest.approx(0.5, abs=0.1)  # not (0.5 + 2) / 3
+
+
 def test_ranks_that_do_not_wait_in_a_collective_are_not_the_link() -> None:
     # an eval or a sess.pause between steps: the time went elsewhere
     job, watch = _learned()
@@ -157,6 +178,8 @@ def test_bad_settings_are_refused_with_the_flag_named() -> None:
     assert DegradedAction.parse("evict") is DegradedAction.EVICT
     with pytest.raises(ConfigError, match="ratio"):
         DegradedConfig(ratio=1.2, recover_ratio=1.5)
+    with pytest.raises(ConfigError, match="compute_share"):
+        DegradedConfig(compute_share=1.0)
     with pytest.raises(ConfigError, match="wait_share"):
         DegradedConfig(wait_share=0.0)
     with pytest.raises(ConfigError, match="window"):

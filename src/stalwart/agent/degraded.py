@@ -17,11 +17,15 @@ time since the last one) it judges this node's ranks (:class:`LinkWindows`):
 - **slow**: the window's wall time per step (or the time since the last step, in a
   window with none) is at least ``ratio`` times the learned median, the median of the
   last ``history`` windows that were not slow (``learn`` of them before judging);
-- **computing as before**: the ranks' median compute time per step in the window is
-  within ``compute_ratio`` of its learned median (a slower compute is a straggler's or
-  the machine's, not the link's);
+- **computing as before**: the ranks' median compute time per step grew by no more than
+  ``compute_share`` of what the step time grew (a slowdown that is compute is a
+  straggler's or the machine's, not the link's). A share, not a ratio of compute times:
+  a job whose steps compute 9 ms sees 20-30 ms in a window now and then (measured on a
+  loaded machine), 3x its median, which is nothing against a step gone from 190 to 750 ms;
 - **waiting**: the ranks spent at least ``wait_share`` of the window in a collective
-  (the board's phase, sampled at every read: a rank in an eval or a ``sess.pause`` is not).
+  (the board's phase, sampled at every read: a rank in an eval or a ``sess.pause`` is
+  not). Only reads less than ``_MAX_GAP_S`` apart count: an agent whose loop sat in a
+  slow store call (over the same lossy link) did not see what its ranks did meanwhile.
 
 A window that is all three is *link-like*. A link fault slows every node alike, so each
 agent publishes its verdict per window (one store write, as the straggler exchange) and
@@ -63,6 +67,11 @@ __all__ = [
 ]
 
 
+_MAX_GAP_S = 0.5
+"""Board reads further apart than this add nothing to a window's wait share (module
+docstring: an agent loop held by a slow store call)."""
+
+
 class DegradedAction(enum.Enum):
     """What the agent does with a degraded link (``--on-degraded``)."""
 
@@ -94,9 +103,10 @@ class DegradedConfig:
     """A window's step time must be at least this many times the learned median to be
     slow: a loaded machine's scheduling noise moves step time by up to 2-3x for a window
     now and then, but then compute time moves with it."""
-    compute_ratio: float = 2.0
-    """The ranks' compute time per step must stay within this ratio of its learned
-    median: a slowdown that is compute is a straggler's or the machine's."""
+    compute_share: float = 0.25
+    """The ranks' compute time per step may grow by at most this share of what the step
+    time grew: the slow step's time went to waiting, not computing (a slowdown that is
+    compute is a straggler's or the machine's)."""
     wait_share: float = 0.5
     """Least share of a window the local ranks spent in a collective (averaged over the
     ranks): the slow step's time went to communication."""
@@ -117,9 +127,9 @@ class DegradedConfig:
     def __post_init__(self) -> None:
         if not 0.1 <= self.window_s <= 3600.0:
             raise ConfigError(f"degraded-link window {self.window_s} s: use 0.1 .. 3600 s")
-        if not 1.0 < self.recover_ratio < self.ratio or self.compute_ratio < 1.0:
+        if not 1.0 < self.recover_ratio < self.ratio or not 0.0 < self.compute_share < 1.0:
             raise ConfigError(
-                "degraded-link ratios: use 1 < recover_ratio < ratio and compute_ratio >= 1"
+                "degraded-link ratios: use 1 < recover_ratio < ratio and compute_share in (0, 1)"
             )
         if not 0.0 < self.wait_share <= 1.0:
             raise ConfigError("degraded-link wait_share must be in (0, 1]")
@@ -166,6 +176,7 @@ class _Rank:
     t_step: float  # when its step count last grew (wall clock, as seen by the agent)
     seen: int = 0  # its step count at the last read
     waited: float = 0.0  # seconds seen in a collective in this window
+    looked: float = 0.0  # seconds of this window the agent's reads covered
 
 
 class LinkWindows:
@@ -201,8 +212,10 @@ class LinkWindows:
             self.run.clear()
             return None
         dt, self._t_read = now - self._t_read, now
+        dt = dt if dt <= _MAX_GAP_S else 0.0  # the loop was away: nothing was seen
         for rank, s in measured.items():
             t = self._ranks[rank]
+            t.looked += dt
             if s.phase == "collective":
                 t.waited += dt
             if s.compute_steps > t.seen:
@@ -221,13 +234,15 @@ class LinkWindows:
             if s.compute_steps > t.steps:
                 per_rank.append((s.compute_s - t.compute_s) / (s.compute_steps - t.steps))
         compute = statistics.median(per_rank) if per_rank and steps > 0 else 0.0
-        wait = statistics.mean(t.waited for t in self._ranks.values()) / span
+        looked = statistics.mean(t.looked for t in self._ranks.values())
+        wait = statistics.mean(t.waited for t in self._ranks.values()) / looked if looked else 0.0
         last_step = min(t.t_step for t in self._ranks.values())
         step_s = span / steps if steps > 0 else now - last_step
         med_step = statistics.median(self._step_hist) if len(self._step_hist) >= cfg.learn else 0.0
         med_compute = statistics.median(self._compute_hist) if self._compute_hist else 0.0
         slow = med_step > 0 and step_s >= cfg.ratio * med_step
-        computing_as_before = steps == 0 or compute <= cfg.compute_ratio * med_compute
+        grew = cfg.compute_share * max(0.0, step_s - med_step)
+        computing_as_before = steps == 0 or compute - med_compute <= grew
         link_like = slow and computing_as_before and wait >= cfg.wait_share
         assert self._generation is not None  # (observe closes windows of one generation)
         window = LinkWindow(
@@ -241,7 +256,7 @@ class LinkWindows:
         self._t_window = now
         for rank, s in slots.items():
             t = self._ranks[rank]
-            t.compute_s, t.steps, t.waited = s.compute_s, s.compute_steps, 0.0
+            t.compute_s, t.steps, t.waited, t.looked = s.compute_s, s.compute_steps, 0.0, 0.0
         return window
 
     def persisting(self) -> bool:
