@@ -9,6 +9,9 @@ node is lost and nothing is recovered: the job runs on at the link's pace, and
   fault-free 1-host run of the same world size, every rank's newest checkpoint at the
   last step, no step in an old generation, nothing left in /dev/shm.
 
+Under ``--on-degraded evict`` the node holding rank 0 (node 0) evicts node 1 instead: node
+1 is fenced and exits 3, its ranks adopted on node 0 (flash), still bit-identical.
+
 Marked ``hosts_matrix`` (``make test-hosts``), as the partition matrix's cells.
 """
 
@@ -19,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.metrics.events import read_events
+from stalwart.metrics.events import Event, read_events
 
-from ._job import HostJob, newest_checkpoint, old_generation_steps
+from ._job import HostJob, newest_checkpoint, old_generation_steps, refused_commits
 from ._lab import Lab
 from .conftest import require_lab
 
@@ -54,27 +57,40 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return job.digests()
 
 
+def _degraded_run(
+    lab_factory: Callable[..., Lab], jobs: Callable[..., HostJob], work: Path, flags: list[str]
+) -> tuple[HostJob, list[tuple[int, str]], list[Event]]:
+    lab = lab_factory(2)
+    job = jobs(lab, work, [0, 1], ARGS, flags=FLAGS + LEASE + flags)
+    job.wait_step(FAULT_AT, timeout=240)
+    lab.inject("loss 0<->1 30% for 30s")
+    ended = job.wait(600)
+    return job, ended, read_events(str(job.run_dir / "events.jsonl")).events
+
+
+def _same_result(job: HostJob, reference: list[str], events: list[Event]) -> None:
+    assert job.digests() == reference
+    assert old_generation_steps(job) == []
+    repeated = {k: v for k, v in refused_commits(job.run_dir).items() if len(v) > 1}
+    assert repeated == {}, f"commits refused in silence, (rank, pid) -> steps: {repeated}"
+    for rank in range(WORLD):
+        assert newest_checkpoint(job.run_dir, rank) == STEPS, f"rank {rank}"
+    assert job.shm_left() == {}
+    assert [e["status"] for e in events if e.kind == "run_end"] == ["ok"]
+
+
 def test_loss_30_percent_for_30s_is_seen_and_the_job_finishes_bit_identical(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
     reference: list[str],
     tmp_path: Path,
 ) -> None:
-    lab = lab_factory(2)
-    job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS + LEASE)
-    job.wait_step(FAULT_AT, timeout=240)
-    lab.inject("loss 0<->1 30% for 30s")
-    ended = job.wait(600)
+    job, ended, events = _degraded_run(lab_factory, jobs, tmp_path, [])
     (rc0, err0), (rc1, err1) = ended
     assert (rc0, rc1) == (0, 0), (
         f"node 0 rc {rc0}:\n{err0[-3000:]}\nnode 1 rc {rc1}:\n{err1[-3000:]}"
     )
-    assert job.digests() == reference
-    assert old_generation_steps(job) == []
-    for rank in range(WORLD):
-        assert newest_checkpoint(job.run_dir, rank) == STEPS, f"rank {rank}"
-    assert job.shm_left() == {}
-    events = read_events(str(job.run_dir / "events.jsonl")).events
+    _same_result(job, reference, events)
     degraded = [e for e in events if e.kind == "link_degraded"]
     assert degraded, f"no link_degraded event; node 0 said:\n{err0[-3000:]}"
     by_node = {e["domain"]["node"]: e for e in degraded}
@@ -83,4 +99,23 @@ def test_loss_30_percent_for_30s_is_seen_and_the_job_finishes_bit_identical(
     assert "is degraded" in err0  # the line
     recovered = [e for e in events if e.kind == "link_recovered"]
     assert recovered, f"no link_recovered event; node 0 said:\n{err0[-3000:]}"
-    assert [e["status"] for e in events if e.kind == "run_end"] == ["ok"]
+    assert not [e for e in events if e.kind == "fault_detected"]  # nobody was lost
+
+
+def test_evict_fences_the_far_node_and_the_job_finishes_bit_identical(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    job, ended, events = _degraded_run(lab_factory, jobs, tmp_path, ["--on-degraded", "evict"])
+    (rc0, err0), (rc1, err1) = ended
+    assert (rc0, rc1) == (0, 3), (
+        f"node 0 rc {rc0}:\n{err0[-3000:]}\nnode 1 rc {rc1}:\n{err1[-3000:]}"
+    )
+    _same_result(job, reference, events)
+    evicting = [e for e in events if e.kind == "link_degraded" and e["action"] == "evict"]
+    assert [e["domain"]["node"] for e in evicting] == [0], evicting
+    lost = [e for e in events if e.kind == "fault_detected" and e["fault"] == "node_loss"]
+    assert [e["domain"]["node"] for e in lost] == [1]
+    assert "link degraded" in lost[0]["how"]

@@ -78,8 +78,9 @@ class LinkDetector:
         peers = sorted(live - {self._node})
         records = {n: self._read(n) for n in peers}
         generation = window.generation
-        if peers and agreed(records, generation, now, self._cfg.window_s):
-            self._declare(now, self.windows.run[0], window, peers, live)
+        first = self.windows.first
+        if peers and first is not None and agreed(records, generation, now, self._cfg.window_s):
+            self._declare(now, first, window, peers, live)
 
     def _publish(self, window: LinkWindow) -> set[int] | None:
         """This window's verdict for the others; the live nodes (None: the store is slow

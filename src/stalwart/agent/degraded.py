@@ -190,7 +190,9 @@ class LinkWindows:
         self._ranks: dict[int, _Rank] = {}
         self._step_hist: deque[float] = deque(maxlen=cfg.history)
         self._compute_hist: deque[float] = deque(maxlen=cfg.history)
-        self.run: list[LinkWindow] = []  # the link-like windows in a row, oldest first
+        # the newest link-like windows in a row (oldest first), and the run's first
+        self.run: deque[LinkWindow] = deque(maxlen=cfg.windows)
+        self.first: LinkWindow | None = None
 
     def observe(self, slots: Mapping[int, Slot], now: float) -> LinkWindow | None:
         """Read the board's ``slots`` (rank -> slot) at wall clock ``now``, every loop
@@ -210,6 +212,7 @@ class LinkWindows:
                 for r, s in measured.items()
             }
             self.run.clear()
+            self.first = None
             return None
         dt, self._t_read = now - self._t_read, now
         dt = dt if dt <= _MAX_GAP_S else 0.0  # the loop was away: nothing was seen
@@ -252,7 +255,12 @@ class LinkWindows:
         if steps > 0 and not slow:
             self._step_hist.append(step_s)
             self._compute_hist.append(compute)
-        self.run = [*self.run, window] if link_like else []
+        if not link_like:
+            self.run.clear()
+            self.first = None
+        else:
+            self.run.append(window)
+            self.first = self.first or window
         self._t_window = now
         for rank, s in slots.items():
             t = self._ranks[rank]
@@ -262,7 +270,7 @@ class LinkWindows:
     def persisting(self) -> bool:
         """``windows`` link-like windows in a row here, at least one step completed in
         them (a link that passes nothing is a partition: the data plane watch's)."""
-        run = self.run[-self.cfg.windows :]
+        run = self.run
         return len(run) == self.cfg.windows and any(w.steps > 0 for w in run)
 
     def recovered(self, window: LinkWindow) -> bool:
