@@ -5,7 +5,8 @@ the node that holds rank 0 revokes the far node's lease, which is then recovered
 lost node's (agent/_dataplane.py's ``revoke_node``: the same path as a cut data plane).
 
 Each window's verdict is published under ``link-n<node>`` (one store write per window,
-as the straggler exchange): the link is declared only when every live node agrees."""
+as the straggler exchange): the link is declared only when no other live node's
+fresh verdict says otherwise."""
 
 from __future__ import annotations
 

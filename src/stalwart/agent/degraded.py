@@ -41,10 +41,10 @@ lease expired).
 The link recovers at the first window whose step time is back within ``recover_ratio``
 of the median: an event and a line again.
 
-Attribution: the nodes whose verdicts agree (with two nodes, the link between them). In
+Attribution: the other live nodes (with two nodes, the link between them). In
 a larger job a degraded link slows every node alike (a ring collective runs at its
 slowest link's pace), so which link it is cannot be told from step times: the event
-names every node that agrees, and ``--on-degraded evict`` acts only where it names one
+names every other live node, and ``--on-degraded evict`` acts only where it names one
 peer (docs/detection.md).
 """
 
@@ -115,8 +115,9 @@ class DegradedConfig:
     window_s: float = 3.0
     """Seconds per judged window (longer when no step completed yet)."""
     windows: int = 2
-    """Link-like windows in a row (and every live node agreeing) before the link is
-    declared degraded: one slow window (a checkpoint, a GC pause) is nothing."""
+    """Link-like windows in a row (no other live node's fresh verdict saying otherwise)
+    before the link is declared degraded: one slow window (a checkpoint, a GC pause) is
+    nothing."""
     learn: int = 3
     """Windows that must have been seen (not slow) before any is judged: the median a
     window is compared with."""
