@@ -202,6 +202,16 @@ def test_a_resize_deals_the_rest_of_the_epoch_once(old: int, new: int, drop: boo
             assert set(repeated) <= set(perm[: old + new]), (k, repeated)
 
 
+def test_a_resize_that_leaves_this_rank_nothing_moves_to_the_next_epoch() -> None:
+    before = epoch_batches(make(10, 3, 0, batch=1, sampler_drop=True))
+    take(before, 2)  # 6 of 9 dealt; 4 of the permutation left, truncated to 3 at world 3
+    after = epoch_batches(make(10, 3, 0, batch=1, sampler_drop=True))
+    after.load_state_dict(before.state_dict())
+    after.reshard(world_size=5, rank=4)  # 4 left, truncated to 0 at world 5
+    ref = plain(make(10, 5, 4, batch=1, sampler_drop=True), range(1, 2))
+    same(take(after, len(ref)), ref)
+
+
 def test_rest_of_epoch_at_an_unchanged_size_is_the_samplers_own_list() -> None:
     ds = Indexed(23)
     for drop, world in itertools.product([False, True], [1, 2, 3, 5]):

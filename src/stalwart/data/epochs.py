@@ -193,12 +193,16 @@ class EpochBatches:
             else:  # the first epoch after a resize (module doc)
                 plan = rest_of_epoch(self._permutation(), p, world, rank, bool(s.drop_last))
             length = len(plan)
-            with self._replayed_draw():
-                self._dealer.plan = plan
-                it = iter(self.dataloader)
         b = self._batch_size
         self._left = length // b if self._batches.drop_last else -(-length // b)
         self._seg, self._taken = (p, length), 0
+        if plan is not None:
+            if not self._left:  # nothing of the epoch left here: nothing to open
+                self._it = iter(())
+                return
+            with self._replayed_draw():
+                self._dealer.plan = plan
+                it = iter(self.dataloader)
         self._it = _Pulled(it, self._dealer)
 
     @contextlib.contextmanager
