@@ -207,6 +207,8 @@ CELLS = [
     Cell("ddp_epochs", "flash", "none", "same batches"),
     Cell("ddp_epochs", "flash", "kill mid-epoch", "identical",
          "--snapshot-every 3 --chaos 'kill rank=1 at=step:12'"),
+    Cell("ddp_epochs", "restart", "kill mid-epoch", "identical",
+         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=0 at=step:13'"),
 ]
 # fmt: on
 
