@@ -61,6 +61,7 @@ TITAN = ["--steps", "14"]
 BUGGY = ["--steps", "12", "--bug_step", "6", "--bug_rank", "1"]
 PLAIN = ["--epochs", "2", "--eval_every", "4", "--eval_seconds", "2"]
 TUTORIAL = ["6", "2", "--snapshot_path", "snapshot-tutorial.pt"]  # total epochs, save every
+MINGPT = ["--max_epochs", "2"]  # mingpt_ddp.py: 12 steps an epoch at 2 ranks
 EPOCHS = ["3", "1"]  # ddp_epochs.py: total epochs, save every; 8 steps an epoch at 2 ranks
 
 
@@ -94,6 +95,8 @@ REFS = {
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
     "ddp_tutorial@torchrun": Ref("ddp_tutorial.py", tuple(TUTORIAL), torchrun=True),
+    "mingpt": Ref("mingpt_ddp.py", tuple(MINGPT)),
+    "mingpt@torchrun": Ref("mingpt_ddp.py", (*MINGPT, "--plain"), torchrun=True),
     "ddp_epochs": Ref("ddp_epochs.py", tuple(EPOCHS)),
     "ddp_epochs@torchrun": Ref("ddp_epochs.py", (*EPOCHS, "--plain"), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
@@ -209,6 +212,11 @@ CELLS = [
          "--snapshot-every 3 --chaos 'kill rank=1 at=step:12'"),
     Cell("ddp_epochs", "restart", "kill mid-epoch", "identical",
          "--max-restarts 2 --persist-every 3 --chaos 'kill rank=0 at=step:13'"),
+    # (8) a minGPT-ddp-style trainer (its model in a module of its own, preloaded), ported
+    # the same way: a kill at step 17 rolls back to 15 (snapshots every 5), mid-epoch 1
+    Cell("mingpt", "flash", "none", "same batches"),
+    Cell("mingpt", "flash", "kill mid-epoch", "identical",
+         "--snapshot-every 5 --chaos 'kill rank=1 at=step:17'"),
 ]
 # fmt: on
 
@@ -439,6 +447,7 @@ def test_the_matrix_covers_every_script_strategy_and_fault() -> None:
         "plain_ddp.py",
         "ddp_tutorial.py",
         "ddp_epochs.py",
+        "mingpt_ddp.py",
     }
     assert {c.strategy for c in CELLS} >= {"flash", "spare", "restart", "elastic"}
     assert {c.fault for c in CELLS} >= {"kill", "hang", "long eval", "crash loop", "ctrl-c"}
