@@ -35,6 +35,10 @@ from stalwart.chaos.proctree import descendants
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_recovery_job.py"
 HF_JOB = HERE / "_hf_job.py"  # imports transformers (pip install '.[bench]')
+CORPUS = HERE.parent / "examples" / "corpus"
+# corpus scripts whose flash and spare RTO stand beside the minimal job's (`--only real`);
+# their rank-0 trace (examples/corpus/_record.py: step, wall clock) is the step log
+CORPUS_JOBS = {"titan": "titan_fsdp.py", "mingpt": "mingpt_ddp.py"}
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -291,10 +295,17 @@ def _overhead(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> N
 
 
 def _run_job(
-    work: Path, job: Path, job_args: list[str], strategy: str, chaos: str, timeout: float
+    work: Path,
+    job: Path,
+    job_args: list[str],
+    strategy: str,
+    chaos: str,
+    timeout: float,
+    corpus: bool = False,
 ) -> tuple[int, Path]:
-    """``job`` under `stalwart run` (4 workers, rank 1 killed by ``chaos``)."""
-    log = work / "steps.jsonl"
+    """``job`` under `stalwart run` (4 workers, rank 1 killed by ``chaos``); a corpus
+    script writes its trace under ``--out`` instead of a ``--step-log``."""
+    log = work / "corpus" / "trace-m0.jsonl" if corpus else work / "steps.jsonl"
     cmd = [
         sys.executable,
         "-m",
@@ -314,42 +325,54 @@ def _run_job(
         *(["--spares", "1"] if strategy == "spare" else []),
         str(job),
         *job_args,
-        "--step-log",
-        str(log),
+        *(["--out", str(work / "corpus")] if corpus else ["--step-log", str(log)]),
     ]
     return _run(cmd, work, timeout, _env()), log
 
 
 def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
-    """Flash and spare RTO of a script that imports transformers (a GPT-2 from a config,
-    bench/_hf_job.py) beside the minimal job: a replacement forked from the zygote must
-    not import transformers again (the zygote preloads the script's imports)."""
+    """Flash and spare RTO of real-style scripts beside the minimal job, in the same run:
+    one that imports transformers (a GPT-2 from a config, bench/_hf_job.py; a replacement
+    forked from the zygote must not import transformers again) and the corpus's
+    torchtitan-style and minGPT-style scripts where examples/corpus has them (their own
+    modules, such as ``_record``, are preloaded too: agent/_local_preload.py)."""
+    steps = ["--steps", str(args.steps)]
+    jobs: dict[str, tuple[Path, list[str], bool]] = {
+        "minimal": (JOB, ["--mode", "stalwart", *steps], False)
+    }
     try:
         import transformers  # noqa: F401
+
+        jobs["hf"] = (HF_JOB, steps, False)
     except ImportError:
         result["real_note"] = "transformers is not installed: pip install '.[bench]'"
-        return
-    jobs = {
-        "minimal": (JOB, ["--mode", "stalwart", "--steps", str(args.steps)]),
-        "hf": (HF_JOB, ["--steps", str(args.steps)]),
-    }
+    for name, script in CORPUS_JOBS.items():
+        if (CORPUS / script).exists():
+            jobs[name] = (CORPUS / script, steps, True)
+        else:
+            result[f"{name}_note"] = f"examples/corpus/{script} does not exist"
     for strategy in ("flash", "spare"):
-        for name, (job, job_args) in jobs.items():
+        for name, (job, job_args, corpus) in jobs.items():
             rtos: list[float | None] = []
             for rep in range(args.reps):
                 work = root / f"real-{strategy}-{name}-{rep}"
                 work.mkdir()
                 rc, log = _run_job(
-                    work, job, job_args, strategy, "kill rank=1 at=step:50", args.timeout
+                    work, job, job_args, strategy, "kill rank=1 at=step:50", args.timeout, corpus
                 )
                 fig = recovery_figures(work, log)
                 rtos.append(fig.get("rto_s"))
                 print(f"rep {rep} {strategy} {name:<8} rc={rc} rto_s={fig.get('rto_s')}")
             result[f"{strategy}_rto_s_{name}"] = _median(rtos)
             result[f"{strategy}_rto_s_{name}_all"] = rtos
-    for strategy in ("flash", "spare"):
-        hf, minimal = result[f"{strategy}_rto_s_hf"], result[f"{strategy}_rto_s_minimal"]
-        result[f"{strategy}_hf_vs_minimal"] = hf / minimal if hf and minimal else None
+    for name in jobs:
+        flash, spare = result[f"flash_rto_s_{name}"], result[f"spare_rto_s_{name}"]
+        result[f"spare_vs_flash_{name}"] = spare / flash if spare and flash else None
+        if name == "minimal":
+            continue
+        for strategy in ("flash", "spare"):
+            mine, minimal = result[f"{strategy}_rto_s_{name}"], result[f"{strategy}_rto_s_minimal"]
+            result[f"{strategy}_{name}_vs_minimal"] = mine / minimal if mine and minimal else None
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ Expectations (the ``expect`` column of CELLS):
 - ``finished once``: the run ends rc 0 with the torchrun run's final parameters, never
   restarted (a job whose ranks have begun to exit 0 is finishing: a restart would resume
   the script from its own snapshot and train its last epochs again).
+- ``same batches``: the fault-free run read, at every step on every rank, the samples the
+  unported script read under torchrun, with the same loss within float tolerance.
 - ``clean exit``: Ctrl-C (SIGINT to the process group) leaves no /dev/shm behind and
   writes ``run_end``.
 
@@ -59,6 +61,8 @@ TITAN = ["--steps", "14"]
 BUGGY = ["--steps", "12", "--bug_step", "6", "--bug_rank", "1"]
 PLAIN = ["--epochs", "2", "--eval_every", "4", "--eval_seconds", "2"]
 TUTORIAL = ["6", "2", "--snapshot_path", "snapshot-tutorial.pt"]  # total epochs, save every
+MINGPT = ["--max_epochs", "2"]  # mingpt_ddp.py: 12 steps an epoch at 2 ranks
+EPOCHS = ["3", "1"]  # ddp_epochs.py: total epochs, save every; 8 steps an epoch at 2 ranks
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ REFS = {
     "titan": Ref("titan_fsdp.py", tuple(TITAN)),
     "plain@torchrun": Ref("plain_ddp.py", tuple(PLAIN), torchrun=True),
     "ddp_tutorial@torchrun": Ref("ddp_tutorial.py", tuple(TUTORIAL), torchrun=True),
+    "mingpt": Ref("mingpt_ddp.py", tuple(MINGPT)),
+    "mingpt@torchrun": Ref("mingpt_ddp.py", (*MINGPT, "--plain"), torchrun=True),
+    "ddp_epochs": Ref("ddp_epochs.py", tuple(EPOCHS)),
+    "ddp_epochs@torchrun": Ref("ddp_epochs.py", (*EPOCHS, "--plain"), torchrun=True),
     "buggy": Ref("buggy.py", tuple(BUGGY)),  # never run fault-free: it fails by design
 }
 
@@ -197,6 +205,18 @@ CELLS = [
     Cell("plain@torchrun", "restart", "ctrl-c", "clean exit"),
     # (6) the multi-GPU DDP tutorial's style: its own snapshot.pt, destroy_process_group()
     Cell("ddp_tutorial@torchrun", "restart", "none", "finished once"),
+    # (7) its epoch loop ported with stalwart.data.epoch_batches: the unported script's
+    # batches; a kill at step 12 rolls back to 9 (snapshots every 3), mid-epoch 2
+    Cell("ddp_epochs", "flash", "none", "same batches"),
+    Cell("ddp_epochs", "flash", "kill mid-epoch", "identical",
+         "--snapshot-every 3 --chaos 'kill rank=1 at=step:12'"),
+    Cell("ddp_epochs", "restart", "kill mid-epoch", "identical",
+         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=0 at=step:13'"),
+    # (8) a minGPT-ddp-style trainer (its model in a module of its own, preloaded), ported
+    # the same way: a kill at step 17 rolls back to 15 (snapshots every 5), mid-epoch 1
+    Cell("mingpt", "flash", "none", "same batches"),
+    Cell("mingpt", "flash", "kill mid-epoch", "identical",
+         "--snapshot-every 5 --chaos 'kill rank=1 at=step:17'"),
 ]
 # fmt: on
 
@@ -318,6 +338,16 @@ def _agree(cell: Cell, out: Outcome, refs: References) -> None:
         assert loss == pytest.approx(plain[key], rel=1e-4), f"(step, member) {key}"
 
 
+def _same_batches(cell: Cell, out: Outcome, refs: References) -> None:
+    _agree(cell, out, refs)
+    plain = refs[f"{cell.ref}@torchrun"].trace
+    assert sorted(out.trace) == sorted(plain), "steps differ from the unported script's"
+    for step, recs in plain.items():
+        mine = {int(str(r["member"])): r["samples"] for r in out.trace[step]}
+        for r in recs:
+            assert mine[int(str(r["member"]))] == r["samples"], f"step {step}: other samples"
+
+
 def _eval_avg(cell: Cell, out: Outcome, refs: References) -> None:
     evals = {s: rs for s, rs in out.trace.items() if "eval_local" in rs[0]}
     assert evals, "no eval recorded"
@@ -396,6 +426,7 @@ JUDGES = {
     "identical": _identical,
     "identical, no kill": _identical_no_kill,
     "agree": _agree,
+    "same batches": _same_batches,
     "eval avg": _eval_avg,
     "same loss": _same_loss,
     "resized": _resized,
@@ -415,6 +446,8 @@ def test_the_matrix_covers_every_script_strategy_and_fault() -> None:
         "buggy.py",
         "plain_ddp.py",
         "ddp_tutorial.py",
+        "ddp_epochs.py",
+        "mingpt_ddp.py",
     }
     assert {c.strategy for c in CELLS} >= {"flash", "spare", "restart", "elastic"}
     assert {c.fault for c in CELLS} >= {"kill", "hang", "long eval", "crash loop", "ctrl-c"}

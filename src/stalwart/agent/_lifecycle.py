@@ -30,6 +30,7 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import error_line_path
 from stalwart.chaos import FaultPlan
+from stalwart.logs import get_logger
 from stalwart.runtime.env import WorkerFields
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "write_agent_json",
 ]
 
+_log = get_logger(__name__)
+
 
 class _Zygote(Protocol):
     def send(self, msg: dict[str, Any]) -> None: ...
@@ -55,6 +58,8 @@ def preload_note(cfg: LaunchConfig, ready: dict[str, Any], say: Say) -> None:
     """Say once (node 0) what of the script's imports the zygote could not preload: the
     workers import those themselves, and each replacement pays for them again."""
     pre = ready.get("preload") or {}
+    for line in pre.get("local_skipped", []):  # the script's own modules: one debug line
+        _log.debug("not preloading the script's module %s", line)
     failed = [str(x) for x in pre.get("failed", [])]
     note = str(pre.get("note", ""))
     if cfg.node_rank != 0 or not (failed or note):

@@ -10,7 +10,8 @@ script's top-level ``import``/``from`` modules too, read from the script's sourc
 What is preloaded: top-level imports (also inside a top-level ``try``/``if``) of modules
 found outside the script's directory and the working directory (installed packages and
 the standard library: the script's own modules may run its code at import, and may be
-edited between restarts). ``from m import a, b`` also reads ``m.a`` and ``m.b``, which
+edited between restarts; agent/_local_preload.py imports those that only define
+things). ``from m import a, b`` also reads ``m.a`` and ``m.b``, which
 loads the lazy submodules of packages such as transformers. Each import gets a time
 limit, a failing one is skipped (the worker will import it itself and fail there, as it
 would without stalwart), and the zygote checks that the imports ran no torch op and

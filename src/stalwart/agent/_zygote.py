@@ -80,6 +80,9 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         sys.argv = argv
         path = os.path.abspath(argv[0])  # `python script.py` gives an absolute __file__
         sys.path[0] = os.path.dirname(path)
+        from stalwart.agent._local_preload import forget_changed
+
+        forget_changed()  # a preloaded module of the script's edited since: import it anew
         # Python-level SIGINT as in `python script.py` (KeyboardInterrupt, then atexit)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         import torch
@@ -272,19 +275,21 @@ class _Zygote:
 
 def _preload_script(script: str) -> dict[str, Any]:
     """Import the script's top-level imports (agent/_preload.py); ``note``: why not."""
-    from stalwart.agent import _preload
+    from stalwart.agent import _local_preload, _preload
 
     before = _preload.thread_count()
-    res = _preload.preload(
-        _preload.script_imports(script), local_roots=_preload.local_roots(script)
-    )
+    items = _preload.script_imports(script)
+    res = _preload.preload(items, local_roots=_preload.local_roots(script))
+    local = _local_preload.preload_local(items, script)  # the script's own modules
     out: dict[str, Any] = {
         "imported": res.imported,
         "failed": res.failed,
         "seconds": res.seconds,
+        "local": local.imported,
+        "local_skipped": local.skipped,
         "note": "",
     }
-    if res.imported:
+    if res.imported or local.imported:
         threads = os.environ.get("OMP_NUM_THREADS", "1")
         n = int(threads) if threads.isdigit() else 1
         if _preload.thread_count() > before:
@@ -323,6 +328,7 @@ def main(argv: list[str]) -> int:
         report = _preload_script(script)
         if report["note"]:
             # start again without them: this process is unsafe to fork from now on
+            report["imported"] += report["local"]
             os.execv(
                 sys.executable,
                 [
