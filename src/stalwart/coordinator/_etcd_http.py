@@ -30,6 +30,7 @@ from stalwart.coordinator._etcd_security import (
     EtcdSecurity,
     fatal_tls_error,
     open_socket,
+    speaks_tls,
     tls_problem,
 )
 from stalwart.coordinator._etcd_wire import EtcdApiError, error_from_body
@@ -117,6 +118,7 @@ class GatewayClient:
             except (OSError, http.client.HTTPException, _Unavailable) as exc:
                 if fatal_tls_error(exc):
                     raise tls_problem(exc, self.describe()) from None
+                self._plain_against_tls(exc)
                 resent = True
                 now = time.monotonic()
                 deadline = now + self.reconnect_timeout if deadline is None else deadline
@@ -129,6 +131,19 @@ class GatewayClient:
                     ) from None
                 self.closed.wait(min(backoff, deadline - now))
                 backoff = min(backoff * 2, 0.5)
+
+    def _plain_against_tls(self, exc: BaseException) -> None:
+        """A plain client hung up on at once: if the port speaks TLS, say so now rather
+        than retrying until the deadline."""
+        hung_up = isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError))
+        if self.ssl is not None or not hung_up:
+            return
+        ep = self.endpoints[(self._current - 1) % len(self.endpoints)]  # rotated past it
+        if speaks_tls(ep.host, ep.port, self.connect_timeout):
+            raise AuthenticationError(
+                f"etcd at {ep} serves TLS; use etcds://... with --rdzv-tls-ca (and the client "
+                "certificate flags if etcd asks for one)"
+            )
 
     def tls_hint(self) -> str:
         """What to check when a TLS connection keeps failing without a clear cause."""

@@ -29,7 +29,14 @@ from typing import Any
 from stalwart.coordinator.errors import AuthenticationError
 from stalwart.errors import ConfigError
 
-__all__ = ["AuthSession", "EtcdSecurity", "fatal_tls_error", "tls_problem"]
+__all__ = [
+    "AuthSession",
+    "EtcdSecurity",
+    "fatal_tls_error",
+    "open_socket",
+    "speaks_tls",
+    "tls_problem",
+]
 
 _MAX_PASSWORD_BYTES = 4096
 _FLAGS = "--rdzv-user with --rdzv-password-file (or --rdzv-password-env)"
@@ -181,6 +188,19 @@ def open_socket(host: str, port: int, timeout: float, ctx: ssl.SSLContext | None
     except BaseException:
         sock.close()
         raise
+
+
+def speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (certificate not checked): tells
+    a plain-HTTP client why an etcd that serves TLS hangs up on it."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        open_socket(host, port, timeout, ctx).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class AuthSession:
