@@ -140,7 +140,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
     )
-    p.add_argument("--token-file", default=None, help="job token file (nodes > 0)")
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help="job token file (nodes > 0; with --rdzv etcd: the same file on every node)",
+    )
     p.add_argument(
         "--hang-floor",
         type=float,
