@@ -147,7 +147,7 @@ def launch(
     # room for every rank: a node may adopt the ranks of a lost node
     board = ProgressBoard(board_path, cfg.world_size, create=True)
     stack.callback(board.close, unlink=True)
-    os.makedirs(os.path.join(run_dir, "chaos"), exist_ok=True)
+    os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)
     plan_path = os.path.join(run_dir, "chaos", "plan.json")
     if cfg.node_rank == 0:
         with open(plan_path, "w") as f:
@@ -229,7 +229,7 @@ class WorkerSpecs:
         )
         log = None
         if self._cfg.redirect:
-            os.makedirs(os.path.join(self._run_dir, "logs"), exist_ok=True)
+            os.makedirs(os.path.join(self._run_dir, "logs"), mode=0o700, exist_ok=True)
             log = os.path.join(self._run_dir, "logs", f"rank{w.rank}.log")
         return {
             "env": worker_environ(contract),
