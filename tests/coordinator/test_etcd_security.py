@@ -74,9 +74,11 @@ def test_wrong_ca_is_refused_at_once_naming_the_flag(secure: SecureEtcd) -> None
 
 
 def test_no_credentials_is_refused_naming_the_user_flags(secure: SecureEtcd) -> None:
-    with EtcdStore.from_url(secure.url(user="", **{"password-file": ""}), etcd_config()) as st:
-        with pytest.raises(AuthenticationError) as err:
-            st.get("x")
+    with (
+        EtcdStore.from_url(secure.url(user="", **{"password-file": ""}), etcd_config()) as st,
+        pytest.raises(AuthenticationError) as err,
+    ):
+        st.get("x")
     assert "--rdzv-user" in _one_line(err.value)
 
 
@@ -86,9 +88,11 @@ def test_wrong_password_is_refused_naming_the_password_file(
     bad = tmp_path / "pw"
     bad.write_text("not-the-password\n")
     bad.chmod(0o600)
-    with EtcdStore.from_url(secure.url(**{"password-file": str(bad)}), etcd_config()) as st:
-        with pytest.raises(AuthenticationError) as err:
-            st.ping()
+    with (
+        EtcdStore.from_url(secure.url(**{"password-file": str(bad)}), etcd_config()) as st,
+        pytest.raises(AuthenticationError) as err,
+    ):
+        st.ping()
     assert "--rdzv-password-file" in _one_line(err.value)
 
 
@@ -96,31 +100,39 @@ def test_world_readable_password_file_is_refused(secure: SecureEtcd, tmp_path: P
     loose = tmp_path / "pw"
     loose.write_text("whatever\n")
     loose.chmod(0o644)
-    with EtcdStore.from_url(secure.url(**{"password-file": str(loose)}), etcd_config()) as st:
-        with pytest.raises(ConfigError) as err:
-            st.ping()
+    with (
+        EtcdStore.from_url(secure.url(**{"password-file": str(loose)}), etcd_config()) as st,
+        pytest.raises(ConfigError) as err,
+    ):
+        st.ping()
     assert "chmod 600" in _one_line(err.value)
 
 
 def test_plain_url_against_tls_port_names_etcds(secure: SecureEtcd) -> None:
-    with EtcdStore.from_url(f"etcd://127.0.0.1:{secure.port}/job7", etcd_config()) as st:
-        with pytest.raises(AuthenticationError) as err:
-            st.ping()
+    with (
+        EtcdStore.from_url(f"etcd://127.0.0.1:{secure.port}/job7", etcd_config()) as st,
+        pytest.raises(AuthenticationError) as err,
+    ):
+        st.ping()
     assert "etcds://" in _one_line(err.value)
 
 
 def test_missing_client_cert_is_refused(secure: SecureEtcd) -> None:
     cfg = etcd_config(reconnect_timeout=1.0)
-    with EtcdStore.from_url(secure.url(cert="", key=""), cfg) as st:
-        with pytest.raises((AuthenticationError, StoreUnavailableError)) as err:
-            st.ping()
+    with (
+        EtcdStore.from_url(secure.url(cert="", key=""), cfg) as st,
+        pytest.raises((AuthenticationError, StoreUnavailableError)) as err,
+    ):
+        st.ping()
     assert "--rdzv-tls-cert" in _one_line(err.value)
 
 
 def test_the_job_user_reaches_only_its_own_prefix(secure: SecureEtcd) -> None:
-    with EtcdStore.from_url(secure.url("job8"), etcd_config()) as other:
-        with pytest.raises(AuthenticationError):
-            other.ping()  # job7's credentials on job8's prefix
+    with (
+        EtcdStore.from_url(secure.url("job8"), etcd_config()) as other,
+        pytest.raises(AuthenticationError),
+    ):
+        other.ping()  # job7's credentials on job8's prefix
 
 
 def test_token_in_secure_etcd_is_unreadable_without_credentials(secure: SecureEtcd) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from stalwart.agent._private import make_private_dir
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._preflight import NodeVerdict, PreflightConfig, report, run_check, run_preflight
+from stalwart.agent._private import make_private_dir
 from stalwart.agent._probe_watch import build_probes
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.probes import ProbeResult
