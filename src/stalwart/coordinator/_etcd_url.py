@@ -116,7 +116,7 @@ def _security(url: str, tls: bool, query: str) -> EtcdSecurity:
             )
         if name not in _QUERY:
             raise _bad(url, f"unknown option {name!r} (known: {', '.join(_QUERY)})")
-        if name in values or not value or "\x00" in value:
+        if _QUERY[name] in values or not value or "\x00" in value:
             raise _bad(url, f"option {name!r} must be given once, non-empty")
         values[_QUERY[name]] = value
     return EtcdSecurity(tls=tls, **values)
