@@ -91,7 +91,10 @@ def _tiling_problem(path: str, parts: list[TensorEntry]) -> str:
                     "the step is damaged"
                 )
     if sum(v.numel(list(shape)) for _, shape in boxes) != v.numel(glob):
-        return f"{where}: its shards do not cover the global shape {glob[:8]}; ranks are missing"
+        return (
+            f"{where}: its shards do not cover the global shape {glob[:8]}; "
+            "the checkpoint is missing ranks"
+        )
     return ""
 
 

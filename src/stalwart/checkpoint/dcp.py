@@ -189,7 +189,7 @@ def _read_step(storage: Storage, step: int) -> tuple[dict[str, Any], ExportRepor
         ]
         problems = layout_problems(indexes)  # before anything is allocated or written
         if problems:
-            raise CheckpointFormatError(f"step {step}: {problems[0]}")
+            raise CheckpointFormatError(problems[0])
         for index in indexes:
             for t in index.tensors:
                 if t.copy_of is None:  # an HSDP replica's copy names its bytes' rank

@@ -48,6 +48,7 @@ class EtcdTarget:
 
 def _bad(url: str, problem: str) -> ConfigError:
     shown = url if len(url) <= 300 else url[:300] + "..."
+    shown = re.sub(r"(password=)[^&]*", r"\1***", re.sub(r"//[^/@]*@", "//***@", shown))
     return ConfigError(f"bad etcd URL {shown!r}: {problem}; expected {_EXAMPLE}")
 
 
