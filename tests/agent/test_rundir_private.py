@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from stalwart.agent._lifecycle import write_agent_json
 from stalwart.agent._private import make_private_dir, owned_file
 from stalwart.agent._rundir import MARKER, claim_run_dir
 from stalwart.errors import ConfigError
@@ -34,6 +35,9 @@ def test_a_new_run_dir_and_its_records_are_private(tmp_path: Path, loose_umask: 
     claim_run_dir(str(run), "job7")
     assert _mode(run) == 0o700
     assert _mode(run / ".lock") == 0o600 and _mode(run / MARKER) == 0o600
+    assert _mode(run / ".running") == 0o600
+    write_agent_json(str(run), "job7", "127.0.0.1:1")
+    assert _mode(run / "agent.json") == 0o600
     log = EventLog(str(run / "events.jsonl"))
     log.emit("note", message="x")
     log.close()

@@ -241,7 +241,8 @@ class WorkerSpecs:
 
 
 def write_agent_json(run_dir: str, job: str, store: str) -> None:
-    with open(os.path.join(run_dir, "agent.json"), "w") as f:
+    fd = os.open(os.path.join(run_dir, "agent.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump({"job": job, "store": store, "pid": os.getpid()}, f)
 
 

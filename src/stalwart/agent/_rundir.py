@@ -97,7 +97,7 @@ def _someone_alive(run_dir: str) -> bool:
     if old is not None:
         with contextlib.suppress(OSError):
             os.close(old)
-    fd = os.open(os.path.join(run_dir, _RUNNING), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(run_dir, _RUNNING), os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
