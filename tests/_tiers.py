@@ -39,8 +39,8 @@ _PROCESS_MODULES = frozenset(
 _OS_STARTS = frozenset({"fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen"})
 
 PROCESS_PARAMS: dict[str, frozenset[str]] = {
-    # tests/coordinator/conftest.py: only the etcd backend starts a server process
-    "backend": frozenset({"etcd"}),
+    # tests/coordinator/conftest.py: only the etcd backends start a server process
+    "backend": frozenset({"etcd", "etcd-tls"}),
 }
 """A parametrized fixture that starts a process for some of its parameters only."""
 

@@ -139,6 +139,9 @@ def start_etcd_agents(
                 *_cmd_prefix(),
                 "--rdzv",
                 url,
+                # a plain etcd: the token stays in a file of the job's (docs/security.md)
+                "--token-file",
+                str(run_dir.parent / "job-token"),
                 "--run-dir",
                 str(run_dir),
                 "--nnodes",

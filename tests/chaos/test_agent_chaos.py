@@ -113,6 +113,20 @@ def test_malformed_requests_are_reported_once_and_skipped(
     assert fault.id == good and fault.rank == 0
 
 
+def test_requests_another_user_could_have_written_are_refused(tmp_path: Path) -> None:
+    """A chaos request fires only from a file of the job's user that no one else can
+    write (another user in the group once killed a rank of someone else's job)."""
+    agent = _agent(tmp_path)
+    chaos = _chaos(agent, [])
+    now = time.time_ns()
+    _request(tmp_path, f"{now - 1}.json", b'{"spec": "kill rank=0 at=time:0s"}')
+    (tmp_path / "chaos" / "requests" / f"{now - 1}.json").chmod(0o666)
+    chaos.poll_requests()
+    assert not chaos.pending
+    (note,) = agent.events.notes
+    assert "refused" in note and "writable by other users" in note
+
+
 def test_time_faults_count_from_the_first_step(tmp_path: Path) -> None:
     board = ProgressBoard(str(tmp_path / "board"), 1, create=True)
     try:

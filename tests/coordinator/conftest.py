@@ -27,11 +27,14 @@ from stalwart.coordinator import (
 )
 from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig
 
+from .etcd_secure import running_secure_etcd
 from .etcd_server import running_etcd
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
-STORE_BACKENDS = ["memory", "tcp", "etcd"]
+# etcd-tls: a real etcd with TLS, client certificates and auth on, the store logged in as
+# a user whose role grants only the job's prefix (etcd_secure.py)
+STORE_BACKENDS = ["memory", "tcp", "etcd", "etcd-tls"]
 
 
 @dataclass
@@ -92,6 +95,18 @@ def _open_backend(name: str) -> Iterator[Backend]:
                 return EtcdStore([("127.0.0.1", etcd.client_port)], "/t/", etcd_config())
 
             backend = Backend(name, connect_etcd(), 1.0, connect_etcd)
+            try:
+                yield backend
+            finally:
+                for client in [backend.store, *backend._opened]:
+                    client.close()
+    elif name == "etcd-tls":
+        with running_secure_etcd() as secure:
+
+            def connect_secure() -> Store:
+                return EtcdStore.from_url(secure.url(), etcd_config())
+
+            backend = Backend(name, connect_secure(), 1.0, connect_secure)
             try:
                 yield backend
             finally:

@@ -17,16 +17,19 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 __all__ = [
     "EtcdServer",
+    "ServerTls",
     "etcd_binary",
     "free_port",
     "require_etcd",
@@ -73,6 +76,24 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """etcd's TLS files (server cert/key, the CA that signs its clients) and a client
+    certificate of that CA (no CommonName: docs/etcd.md) for health checks and setup."""
+
+    cert: str
+    key: str
+    ca: str
+    client_cert: str
+    client_key: str
+    token_ttl: int = 300  # --auth-token-ttl: etcd's simple auth tokens expire after it
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
 class EtcdServer:
     """One etcd process on 127.0.0.1; :meth:`kill` and :meth:`start` again reuse the
     same ports and data dir, as a restarted etcd member would."""
@@ -83,7 +104,9 @@ class EtcdServer:
         data_dir: Path,
         name: str = "default",
         ports: tuple[int, int] | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
+        self.tls = tls
         self.binary = binary
         self.data_dir = data_dir
         self.name = name
@@ -98,7 +121,8 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     def start(self, timeout: float = 20.0, *, wait: bool = True) -> None:
         assert self.proc is None, "etcd already running"
@@ -116,6 +140,14 @@ class EtcdServer:
             "--election-timeout=250",
             "--log-level=warn",
         ]
+        if self.tls is not None:
+            args += [
+                f"--cert-file={self.tls.cert}",
+                f"--key-file={self.tls.key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+                f"--auth-token-ttl={self.tls.token_ttl}",
+            ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -158,7 +190,13 @@ class EtcdServer:
             proc.wait(5)
 
     def _healthy(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
+        conn = (
+            http.client.HTTPSConnection(
+                "127.0.0.1", self.client_port, timeout=1.0, context=self.tls.client_context()
+            )
+            if self.tls is not None
+            else http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=1.0)
+        )
         try:
             conn.request("GET", "/health")
             resp = conn.getresponse()
@@ -176,12 +214,12 @@ class EtcdServer:
 
 
 @contextlib.contextmanager
-def running_etcd() -> Iterator[EtcdServer]:
+def running_etcd(tls: ServerTls | None = None) -> Iterator[EtcdServer]:
     """Start a fresh etcd in a unique temporary directory; stop, reap and remove it after."""
     binary = require_etcd()
     with tempfile.TemporaryDirectory(prefix="stalwart-etcd-") as tmp:
         for attempt in range(3):  # a free port can be taken between probe and bind
-            server = EtcdServer(binary, Path(tmp) / f"data{attempt}")
+            server = EtcdServer(binary, Path(tmp) / f"data{attempt}", tls=tls)
             try:
                 server.start()
                 break

@@ -91,7 +91,8 @@ def _trainer() -> dict[str, Any]:
 
 def test_the_core_objects_validate_against_the_kubernetes_schemas() -> None:
     core = [d for d in _docs() if d["kind"] != "JobSet"]
-    assert {d["kind"] for d in core} == {"Service", "StatefulSet", "PersistentVolumeClaim"}
+    kinds = {"Service", "StatefulSet", "PersistentVolumeClaim", "NetworkPolicy"}
+    assert {d["kind"] for d in core} == kinds
     for doc in core:
         kv.validate(doc, K8S, strict=True)
 
@@ -140,11 +141,13 @@ def _args() -> list[str]:
 def test_the_trainer_arguments_are_a_valid_stalwart_run() -> None:
     args = build_parser().parse_args(["run", *_args()])
     assert args.nnodes == "2:4" and args.node_rank == 1
-    assert args.rdzv == "etcd://stalwart-etcd:2379/gpt-train"
+    assert args.rdzv == "etcds://stalwart-etcd:2379/gpt-train"
+    assert args.rdzv_tls_ca and args.rdzv_tls_cert and args.rdzv_tls_key
+    assert args.rdzv_user and args.rdzv_password_file and args.token_file
     etcd = next(d for d in _docs() if d["kind"] == "Service")
     assert etcd["metadata"]["name"] == "stalwart-etcd"
     assert 2379 in [p["port"] for p in etcd["spec"]["ports"]]
-    assert args.health_host == "0.0.0.0" and args.metrics_host == "0.0.0.0"
+    assert args.health_host == args.metrics_host == args.replica_host  # the pod IP
     trainer = _trainer()
     ports = {p["name"]: p["containerPort"] for p in trainer["ports"]}
     assert ports["health"] == args.health_port and ports["metrics"] == args.metrics_port
@@ -182,3 +185,18 @@ def test_the_pods_shell_line_maps_not_admitted_to_done(
         [*command, "--x"], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30, check=False
     )
     assert done.returncode == expected
+
+
+def test_etcd_speaks_tls_to_certified_clients_and_only_the_job_reaches_it() -> None:
+    etcd = next(d for d in _docs() if d["kind"] == "StatefulSet")
+    argv = etcd["spec"]["template"]["spec"]["containers"][0]["command"]
+    flags = dict(a.split("=", 1) if "=" in a else (a, "") for a in argv[1:])
+    assert all(u.startswith("https://") for u in flags["--listen-client-urls"].split(","))
+    assert "--client-cert-auth" in flags and flags["--trusted-ca-file"]
+    assert not any("0.0.0.0" in a for a in argv)
+    policies = {d["metadata"]["name"]: d for d in _docs() if d["kind"] == "NetworkPolicy"}
+    etcd_in = policies["stalwart-etcd"]["spec"]["ingress"]
+    sources = [f["podSelector"]["matchLabels"] for rule in etcd_in for f in rule["from"]]
+    assert sources == [{"app": "stalwart-trainer"}, {"app": "stalwart-etcd"}]
+    pod_labels = _job_spec()["template"]["metadata"]["labels"]
+    assert policies["stalwart-trainer"]["spec"]["podSelector"]["matchLabels"] == pod_labels

@@ -61,7 +61,8 @@ class HostJob:
 
     def argv(self, node: int) -> list[str]:
         where = (
-            ["--rdzv", self.rdzv]
+            # a plain etcd: the token stays in a file of the job's (docs/security.md)
+            ["--rdzv", self.rdzv, "--token-file", str(self.work / "job-token")]
             if self.rdzv
             else ["--rdzv-endpoint", f"h{self.hosts[0]}:{STORE_PORT}", "--rdzv-id", "hostjob"]
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
 
+from stalwart.agent._private import owned_file
 from stalwart.agent._types import EventSink, NodeContext
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.progress import Slot
@@ -292,7 +293,12 @@ def _read_request(directory: str, name: str) -> tuple[int, FaultPlan]:
     m = _REQUEST.fullmatch(name)
     if m is None or int(m.group(1)) < _MIN_QUEUE_NS:
         raise ValueError("not a request name (<queue time in ns>.json)")
-    with open(os.path.join(directory, name), "rb") as fh:
+    path = os.path.join(directory, name)
+    distrust = owned_file(path)  # only the job's user may queue a fault
+    if distrust is not None:
+        raise ValueError(f"refused: {distrust}")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
         raw = fh.read(_MAX_REQUEST_BYTES + 1)
     if len(raw) > _MAX_REQUEST_BYTES:
         raise ValueError("over 64 KiB")

@@ -101,7 +101,7 @@ def worker_environ(contract: WorkerEnv) -> dict[str, str]:
 def error_dir(run_dir: str) -> str:
     """Where workers' ``TORCHELASTIC_ERROR_FILE``s go (``rank<r>.<pid>.json``)."""
     path = os.path.join(run_dir, "errors")
-    os.makedirs(path, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 
 

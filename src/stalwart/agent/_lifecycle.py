@@ -152,7 +152,7 @@ def launch(
     # room for every rank: a node may adopt the ranks of a lost node
     board = ProgressBoard(board_path, cfg.world_size, create=True)
     stack.callback(board.close, unlink=True)
-    os.makedirs(os.path.join(run_dir, "chaos"), exist_ok=True)
+    os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)
     plan_path = os.path.join(run_dir, "chaos", "plan.json")
     if cfg.node_rank == 0:
         with open(plan_path, "w") as f:
@@ -234,7 +234,7 @@ class WorkerSpecs:
         )
         log = None
         if self._cfg.redirect:
-            os.makedirs(os.path.join(self._run_dir, "logs"), exist_ok=True)
+            os.makedirs(os.path.join(self._run_dir, "logs"), mode=0o700, exist_ok=True)
             log = os.path.join(self._run_dir, "logs", f"rank{w.rank}.log")
         return {
             "env": worker_environ(contract),
@@ -246,7 +246,8 @@ class WorkerSpecs:
 
 
 def write_agent_json(run_dir: str, job: str, store: str) -> None:
-    with open(os.path.join(run_dir, "agent.json"), "w") as f:
+    fd = os.open(os.path.join(run_dir, "agent.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump({"job": job, "store": store, "pid": os.getpid()}, f)
 
 

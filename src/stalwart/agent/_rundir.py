@@ -35,6 +35,7 @@ import socket
 import time
 from typing import Any
 
+from stalwart.agent._private import FILE_MODE, make_private_dir
 from stalwart.errors import ConfigError
 
 __all__ = ["MARKER", "RECORDS", "claim_run_dir"]
@@ -96,7 +97,7 @@ def _someone_alive(run_dir: str) -> bool:
     if old is not None:
         with contextlib.suppress(OSError):
             os.close(old)
-    fd = os.open(os.path.join(run_dir, _RUNNING), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(run_dir, _RUNNING), os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -132,7 +133,8 @@ def _rotate(run_dir: str) -> str | None:
 
 def _write_marker(run_dir: str, doc: dict[str, Any]) -> None:
     tmp = os.path.join(run_dir, f".{MARKER}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
         json.dump(doc, f)
     os.replace(tmp, os.path.join(run_dir, MARKER))
 
@@ -141,9 +143,9 @@ def claim_run_dir(run_dir: str, job: str) -> str | None:
     """Make ``run_dir`` this agent's run directory for ``job``: rotate a previous run's
     records aside, or join the agents of this job already using it. Returns the directory
     the previous run was moved to (None: nothing was moved)."""
-    os.makedirs(run_dir, exist_ok=True)
+    make_private_dir(run_dir)  # 0700, this user's, writable by no one else
     me = [os.getpid(), _start_time(os.getpid()) or 0, socket.gethostname()]
-    fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         marker = _read_marker(os.path.join(run_dir, MARKER))

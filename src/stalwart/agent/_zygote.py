@@ -69,7 +69,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
                 os.close(fd)
         log = spec.get("log")
         if log:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._preflight import NodeVerdict, PreflightConfig, report, run_check, run_preflight
+from stalwart.agent._private import make_private_dir
 from stalwart.agent._probe_watch import build_probes
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.probes import ProbeResult
@@ -43,7 +44,7 @@ def check_node(cfg: LaunchConfig, preflight: PreflightConfig | None = None) -> C
     ``script`` is never run)."""
     pcfg = preflight or PreflightConfig()
     run_dir = os.path.abspath(cfg.run_dir or os.path.join("runs", cfg.job))
-    os.makedirs(run_dir, exist_ok=True)
+    make_private_dir(run_dir)  # 0700, this user's (docs/security.md)
     cluster = Cluster(cfg, run_dir)
     with EventLog(os.path.join(run_dir, EVENTS_FILE), node=cfg.node_rank) as events:
         cluster.start()

@@ -1,18 +1,39 @@
 """The agent's side of ``--rdzv etcd://host:port/job-id``.
 
 Every agent is a plain etcd client: nobody hosts the coordinator, so any node may be
-lost. The job token (which authenticates the snapshot replica streams between agents)
-is created once by whichever agent comes first, with a compare-and-swap on
-``launch/token``, and read by the others: etcd's own access control is then the job's
-(docs/etcd.md).
+lost. The job token (which authenticates the snapshot replica streams and peer
+watches between agents) never sits in etcd where a client without the job's
+credentials could read it (docs/security.md):
+
+* with ``--token-file FILE`` (the same file on every node, e.g. a Kubernetes Secret)
+  etcd holds only a verifier of it (``launch/token-check``, a SHA-256), which lets
+  agents and workers find out that they were given different files;
+* without one, the token is created once by whichever agent comes first (a
+  compare-and-swap on ``launch/token``) and read from etcd by the others, and only
+  after checking that a client without credentials is refused the job's keys
+  (etcd auth with a role per job prefix, or client certificates): etcd's access
+  control is then the job's.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import time
 
 from stalwart.agent.config import LaunchConfig
-from stalwart.coordinator import Compare, EtcdStore, EtcdStoreConfig, Put
+from stalwart.coordinator import (
+    Compare,
+    EtcdStore,
+    EtcdStoreConfig,
+    Put,
+    StoreError,
+    TokenFileError,
+    check_token,
+    create_token_file,
+    read_token_file,
+)
+from stalwart.errors import ConfigError
 
 __all__ = ["open_etcd", "rdzv_from_file"]
 
@@ -62,10 +83,62 @@ def open_etcd(cfg: LaunchConfig) -> tuple[EtcdStore, bytes]:
     assert cfg.rdzv is not None
     # agents ride out an etcd restart or leader election: retry for a minute
     store = EtcdStore.from_url(cfg.rdzv, EtcdStoreConfig(reconnect_timeout=60.0, marker_ttl=300))
-    store.ping()
-    key = f"/stalwart/{cfg.job}/launch/token"
-    token = secrets.token_hex(32).encode("ascii")
-    store.txn([Compare(key, "mod_revision", "==", 0)], [Put(key, token)])
-    kv = store.get(key)
-    assert kv is not None
-    return store, kv.value
+    try:
+        store.ping()
+        if cfg.token_file:
+            token = _shared_token_file(cfg.token_file, cfg.start_timeout_s)
+            check_token(store, cfg.job, token, cfg.token_file, create=True)
+            return store, token
+        _refuse_open_etcd(store, cfg.job)
+        key = f"/stalwart/{cfg.job}/launch/token"
+        token = secrets.token_hex(32).encode("ascii")
+        store.txn([Compare(key, "mod_revision", "==", 0)], [Put(key, token)])
+        kv = store.get(key)
+        assert kv is not None
+        return store, kv.value
+    except BaseException:
+        store.close()
+        raise
+
+
+def _shared_token_file(path: str, timeout: float) -> bytes:
+    """The token in ``path``, created (0600) when absent: on a shared file system the
+    first agent writes it and the others, racing, read what it wrote."""
+    if not os.path.exists(path):
+        try:
+            return create_token_file(path)
+        except TokenFileError:
+            pass  # another agent created it first
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read_token_file(path)
+        except TokenFileError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # created by a racing agent, its content not yet written
+
+
+def _refuse_open_etcd(store: EtcdStore, job: str) -> None:
+    """ConfigError when a client without credentials can read the job's keys: the
+    token stored there would be anyone's."""
+    stranger = EtcdStore(
+        store.endpoints,
+        store.namespace,
+        EtcdStoreConfig(
+            connect_timeout=2.0, request_timeout=5.0, reconnect_timeout=2.0, marker_ttl=4
+        ),
+        security=store.security.anonymous(),
+    )
+    try:
+        stranger.ping()
+    except StoreError:
+        return  # refused (auth, permission or TLS): only the job's credentials read it
+    finally:
+        stranger.close()
+    raise ConfigError(
+        f"etcd at {','.join(f'{h}:{p}' for h, p in store.endpoints)} lets clients without "
+        f"credentials read job {job}'s keys, where the job token would be stored: give every "
+        "node the same --token-file (etcd then holds only its hash), or enable etcd auth "
+        "with a role for the job's prefix (docs/etcd.md, docs/security.md)"
+    )

@@ -114,7 +114,7 @@ class FaultLedger:
 
     def __init__(self, run_dir: str) -> None:
         self.directory = os.path.join(run_dir, "chaos")
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)  # the run dir is private
 
     def _path(self, fault_id: int | str) -> str:
         return os.path.join(self.directory, f"fired-{fault_id}.json")

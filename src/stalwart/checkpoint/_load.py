@@ -11,6 +11,7 @@ torch.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ from stalwart.checkpoint._state import (
     local_and_shard,
 )
 from stalwart.checkpoint._tree import unflatten
+from stalwart.errors import CheckpointFormatError
 
-__all__ = ["SavedTensor", "load_into", "load_slot", "readonly_tensor"]
+__all__ = ["SavedTensor", "allocate", "load_into", "load_slot", "readonly_tensor"]
 
 
 @dataclass
@@ -73,7 +75,7 @@ def load_into(
         if target is not None and _load_in_place(entry, target, fill, reshard, done):
             loaded[entry.id] = target
             continue
-        fresh = torch.empty(entry.shape, dtype=getattr(torch, entry.dtype))
+        fresh = allocate(entry.shape, getattr(torch, entry.dtype), entry.path)
         fill(entry, fresh)
         loaded[entry.id] = fresh
 
@@ -120,7 +122,7 @@ def _load_in_place(
         if local.device.type == "cpu" and local.is_contiguous():
             reshard(entry, local, box)
         else:
-            tmp = torch.empty(local.shape, dtype=local.dtype)
+            tmp = allocate(list(local.shape), local.dtype, entry.path)
             reshard(entry, tmp, box)
             done()
             local.copy_(tmp)
@@ -130,7 +132,7 @@ def _load_in_place(
     if local.device.type == "cpu" and local.is_contiguous():
         fill(entry, local)
         return True
-    tmp = torch.empty(entry.shape, dtype=dtype)
+    tmp = allocate(entry.shape, dtype, entry.path)
     fill(entry, tmp)
     done()
     local.copy_(tmp)
@@ -160,3 +162,18 @@ def readonly_tensor(buffer: Any) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def allocate(shape: list[int], dtype: torch.dtype, path: str) -> torch.Tensor:
+    """``torch.empty`` for a tensor a checkpoint claims: a claim this host cannot hold
+    is a bad step (CheckpointFormatError: restore falls back to an older step, export and
+    verify say it in one line), not a RuntimeError from deep inside torch."""
+    try:
+        return torch.empty(shape, dtype=dtype)
+    except (RuntimeError, MemoryError, ValueError, OverflowError) as err:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise CheckpointFormatError(
+            f"tensor {path[:80]!r} claims shape {list(shape)[:8]} ({nbytes} bytes), which "
+            f"cannot be allocated here ({why}); the checkpoint is damaged or not for this host"
+        ) from None

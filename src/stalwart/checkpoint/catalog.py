@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from stalwart.checkpoint._layout import layout_problems
 from stalwart.checkpoint.format import (
     Manifest,
     RankIndex,
@@ -179,6 +180,9 @@ def verify_step(
             indexes.append(load_index(storage, manifest, rank))
         except (CheckpointCorruptError, CheckpointFormatError) as err:
             report.add(str(err))
+    if len(indexes) == len(manifest.indexes):
+        for issue in layout_problems(indexes):  # copies resolve; boxes tile exactly
+            report.add(issue)
     if not deep:
         return report
     seen: dict[tuple[str, int], str] = {}

@@ -35,6 +35,8 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from stalwart.checkpoint import _dcp_import as _imp
+from stalwart.checkpoint._layout import layout_problems
+from stalwart.checkpoint._load import allocate
 from stalwart.checkpoint._tree import unflatten
 from stalwart.checkpoint.catalog import load_index, load_manifest, require_checkpoint_root
 from stalwart.checkpoint.format import TensorEntry, parse_step_dir
@@ -182,8 +184,13 @@ def _read_step(storage: Storage, step: int) -> tuple[dict[str, Any], ExportRepor
     sharded = any(t.shard for t in primary.tensors)
     pieces: dict[str, list[TensorEntry]] = {}
     if sharded:
-        for rank in range(manifest.world_size):
-            index = primary if rank == 0 else load_index(storage, manifest, rank)
+        indexes = [primary] + [
+            load_index(storage, manifest, r) for r in range(1, manifest.world_size)
+        ]
+        problems = layout_problems(indexes)  # before anything is allocated or written
+        if problems:
+            raise CheckpointFormatError(problems[0])
+        for index in indexes:
             for t in index.tensors:
                 if t.copy_of is None:  # an HSDP replica's copy names its bytes' rank
                     pieces.setdefault(t.path, []).append(t)
@@ -251,7 +258,7 @@ def _assemble(
 ) -> torch.Tensor:
     assert entry.shard is not None
     shape = [int(x) for x in entry.shard["global_shape"]]
-    full = torch.empty(shape, dtype=getattr(torch, entry.dtype))
+    full = allocate(shape, getattr(torch, entry.dtype), entry.path)
     covered = 0
     for p in parts:
         offs = [int(x) for x in (p.shard or {}).get("offsets", [0] * len(shape))]

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from stalwart.checkpoint._load import SavedTensor, byte_view, load_into
+from stalwart.checkpoint._layout import layout_problems
+from stalwart.checkpoint._load import SavedTensor, allocate, byte_view, load_into
 from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest, read_chunk
 from stalwart.checkpoint.format import (
     QUARANTINE_DIR,
@@ -110,7 +111,7 @@ def _drain_quietly(pending: list[Future[None]]) -> None:
 
 def read_tensor(storage: Storage, t: TensorEntry, pool: ThreadPoolExecutor) -> torch.Tensor:
     """A verified copy of one saved tensor (used by resharding and export)."""
-    out = torch.empty(t.shape, dtype=getattr(torch, t.dtype))
+    out = allocate(t.shape, getattr(torch, t.dtype), t.path)
     _read_entry(storage, t, out, pool)
     return out
 
@@ -146,7 +147,11 @@ def _restore_step(
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
             nonlocal others
             if others is None:
-                others = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
+                loaded = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
+                problems = layout_problems(loaded)  # copies resolve; boxes tile exactly
+                if problems:
+                    raise CheckpointCorruptError(f"step {step}: {problems[0]}", problems)
+                others = loaded
             pieces = [
                 t
                 for idx in others

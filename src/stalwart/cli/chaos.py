@@ -41,10 +41,11 @@ def queue_faults(run_dir: str, spec: str) -> str:
     if shape is not None:  # a fault no agent of the run would fire: refuse it now
         plan.check_targets(world_size=shape[0], nnodes=shape[1])
     requests = os.path.join(run_dir, "chaos", "requests")
-    os.makedirs(requests, exist_ok=True)
+    os.makedirs(requests, mode=0o700, exist_ok=True)
     name = f"{time.time_ns()}.json"
     tmp = os.path.join(requests, f".{name}.tmp")
-    with open(tmp, "w") as f:
+    # 0600: agents accept only requests of the job's user that no one else can rewrite
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump({"spec": spec}, f)
     os.replace(tmp, os.path.join(requests, name))
     return spec

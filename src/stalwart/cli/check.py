@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdzv, with_security
+
 __all__ = ["register"]
 
 
@@ -25,7 +27,8 @@ def register(sub: Any) -> None:
     p.add_argument("--node-rank", "--node_rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="HOST:PORT")
     p.add_argument("--rdzv-id", "--rdzv_id", default=None, help="check id (shared by the nodes)")
-    p.add_argument("--rdzv", default=None, help="etcd://HOST:PORT/JOB-ID (as stalwart run)")
+    p.add_argument("--rdzv", default=None, help="etcd[s]://HOST:PORT/JOB-ID (as stalwart run)")
+    add_etcd_security_flags(p)
     p.add_argument("--run-dir", default=None, help="where events.jsonl goes (default runs/ID)")
     p.add_argument("--token-file", default=None, help="job token file (nodes > 0)")
     p.add_argument(
@@ -52,9 +55,11 @@ def _check(args: argparse.Namespace) -> int:
     if args.rdzv:
         from stalwart.coordinator import parse_etcd_url
 
-        kwargs.update(rdzv=args.rdzv, job=parse_etcd_url(args.rdzv).job_id)
-    elif args.rdzv_id:
-        kwargs["job"] = args.rdzv_id
+        kwargs.update(rdzv=with_security(args.rdzv, args), job=parse_etcd_url(args.rdzv).job_id)
+    else:
+        refuse_without_rdzv(args)
+        if args.rdzv_id:
+            kwargs["job"] = args.rdzv_id
     cfg = LaunchConfig(
         script=__file__,  # never run: LaunchConfig wants a script, the check has none
         nnodes=args.nnodes,

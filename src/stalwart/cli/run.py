@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from stalwart.cli._async_flags import async_flags, outer_settings
+from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdzv, with_security
 from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.cli._node_flags import node_flags, node_options
 from stalwart.errors import ConfigError
@@ -74,9 +75,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rdzv",
         default=None,
-        help="etcd://HOST:PORT[,HOST:PORT...]/JOB-ID: keep the coordinator in etcd, so the "
-        "job survives the loss of any node (default: node 0 hosts an embedded store)",
+        help="etcd[s]://HOST:PORT[,HOST:PORT...]/JOB-ID: keep the coordinator in etcd, so "
+        "the job survives the loss of any node (default: node 0 hosts an embedded store)",
     )
+    add_etcd_security_flags(p)
     p.add_argument("--standalone", action="store_true", help="single node (the default)")
     p.add_argument(
         "--max-restarts",
@@ -138,7 +140,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--redirect", action="store_true", help="worker output to RUN_DIR/logs/rank<R>.log"
     )
-    p.add_argument("--token-file", default=None, help="job token file (nodes > 0)")
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help="job token file (nodes > 0; with --rdzv etcd: the same file on every node)",
+    )
     p.add_argument(
         "--hang-floor",
         type=float,
@@ -373,5 +379,7 @@ def _rendezvous(args: argparse.Namespace) -> dict[str, Any]:
                 f"({target.job_id!r}); drop --rdzv-id"
             )
         kwargs["job"] = target.job_id
-        kwargs["rdzv"] = args.rdzv
+        kwargs["rdzv"] = with_security(args.rdzv, args)
+    else:
+        refuse_without_rdzv(args)
     return kwargs

@@ -33,7 +33,14 @@ from stalwart.coordinator.errors import (
     StoreUnavailableError,
     TokenFileError,
 )
-from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig, EtcdTarget, parse_etcd_url
+from stalwart.coordinator.etcd import (
+    EtcdSecurity,
+    EtcdStore,
+    EtcdStoreConfig,
+    EtcdTarget,
+    etcd_url,
+    parse_etcd_url,
+)
 from stalwart.coordinator.fence import Fence
 from stalwart.coordinator.membership import Member, MemberEvent, MemberInfo, MembershipWatch
 from stalwart.coordinator.memory import MemoryStore
@@ -52,7 +59,12 @@ from stalwart.coordinator.store import (
     iter_events,
     wait_for,
 )
-from stalwart.coordinator.token import create_token_file, read_token_file
+from stalwart.coordinator.token import (
+    check_token,
+    create_token_file,
+    read_token_file,
+    token_check,
+)
 
 __all__ = [
     "AlreadyCommittedError",
@@ -66,6 +78,7 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorError",
     "Delete",
+    "EtcdSecurity",
     "EtcdStore",
     "EtcdStoreConfig",
     "EtcdTarget",
@@ -98,9 +111,12 @@ __all__ = [
     "TokenFileError",
     "TxnResult",
     "Watch",
+    "check_token",
     "create_token_file",
+    "etcd_url",
     "iter_events",
     "parse_etcd_url",
     "read_token_file",
+    "token_check",
     "wait_for",
 ]

@@ -19,13 +19,23 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from stalwart.coordinator._etcd_security import (
+    AuthSession,
+    EtcdSecurity,
+    fatal_tls_error,
+    open_socket,
+    speaks_tls,
+    tls_problem,
+)
 from stalwart.coordinator._etcd_wire import EtcdApiError, error_from_body
 from stalwart.coordinator.errors import (
+    AuthenticationError,
     ProtocolError,
     StoreClosedError,
     StoreError,
@@ -71,8 +81,12 @@ class GatewayClient:
         request_timeout: float,
         reconnect_timeout: float,
         max_idle: int = 4,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.security = security or EtcdSecurity()
+        self.ssl = self.security.ssl_context()
+        self.auth = AuthSession(self.security)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.reconnect_timeout = reconnect_timeout
@@ -102,6 +116,9 @@ class GatewayClient:
                     raise _Unavailable(str(error))
                 return Reply(doc, error, resent)
             except (OSError, http.client.HTTPException, _Unavailable) as exc:
+                if fatal_tls_error(exc):
+                    raise tls_problem(exc, self.describe()) from None
+                self._plain_against_tls(exc)
                 resent = True
                 now = time.monotonic()
                 deadline = now + self.reconnect_timeout if deadline is None else deadline
@@ -110,10 +127,33 @@ class GatewayClient:
                     raise StoreUnavailableError(
                         f"etcd at {self.describe()} unreachable for "
                         f"{self.reconnect_timeout:.1f}s during {what} ({_brief(exc)}); is etcd "
-                        "running and the address in --rdzv right?"
+                        f"running and the address in --rdzv right?{self.tls_hint()}"
                     ) from None
                 self.closed.wait(min(backoff, deadline - now))
                 backoff = min(backoff * 2, 0.5)
+
+    def _plain_against_tls(self, exc: BaseException) -> None:
+        """A plain client hung up on at once: if the port speaks TLS, say so now rather
+        than retrying until the deadline."""
+        hung_up = isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError))
+        if self.ssl is not None or not hung_up:
+            return
+        ep = self.endpoints[(self._current - 1) % len(self.endpoints)]  # rotated past it
+        if speaks_tls(ep.host, ep.port, self.connect_timeout):
+            raise AuthenticationError(
+                f"etcd at {ep} serves TLS; use etcds://... with --rdzv-tls-ca (and the client "
+                "certificate flags if etcd asks for one)"
+            )
+
+    def tls_hint(self) -> str:
+        """What to check when a TLS connection keeps failing without a clear cause."""
+        if not self.security.tls or self.security.cert_file:
+            return ""
+        return " (TLS: if etcd runs with --client-cert-auth, pass --rdzv-tls-cert/--rdzv-tls-key)"
+
+    def stream_headers(self) -> dict[str, str]:
+        """Headers for a streamed request (a watch): the auth token, if any."""
+        return self.auth.headers(self._connection)
 
     def check_open(self) -> None:
         if self.closed.is_set():
@@ -141,12 +181,13 @@ class GatewayClient:
     def _attempt(
         self, path: str, payload: bytes, what: str
     ) -> tuple[dict[str, Any], StoreError | None]:
+        headers = {"Content-Type": "application/json", **self.auth.headers(self._connection)}
         conn = self._acquire()
         try:
             conn.timeout = self.request_timeout
             if conn.sock is not None:
                 conn.sock.settimeout(self.request_timeout)
-            conn.request("POST", path, payload, {"Content-Type": "application/json"})
+            conn.request("POST", path, payload, headers)
             resp = conn.getresponse()
             data = resp.read()
         except BaseException:
@@ -161,6 +202,7 @@ class GatewayClient:
             conn.close()
             if resp.status >= 500:
                 raise _Unavailable(f"HTTP {resp.status} from the gateway")
+            _refused_outright(data, what)
             raise ProtocolError(
                 f"{what}: etcd gateway sent HTTP {resp.status} with a non-JSON body; "
                 "is this an etcd >= 3.4 client URL?"
@@ -168,21 +210,22 @@ class GatewayClient:
         self._release(conn)
         if resp.status == 200 and "error" not in doc:
             return doc, None
+        if _grpc_code(doc) == 16 and "Authorization" in headers:  # expired auth token
+            self.auth.expired(headers["Authorization"])
+            raise _Unavailable("etcd auth token expired")
         return doc, error_from_body(doc, what)
 
     def _acquire(self) -> http.client.HTTPConnection:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
+        return self._connection()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """A new connected HTTP(S) connection to the current endpoint."""
         ep = self.endpoint()
         conn = http.client.HTTPConnection(ep.host, ep.port, timeout=self.connect_timeout)
-        try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except BaseException:
-            conn.close()
-            raise
+        conn.sock = open_socket(ep.host, ep.port, self.connect_timeout, self.ssl)
         return conn
 
     def _release(self, conn: http.client.HTTPConnection) -> None:
@@ -191,6 +234,25 @@ class GatewayClient:
                 self._idle.append(conn)
                 return
         conn.close()
+
+
+def _grpc_code(doc: dict[str, Any]) -> object:
+    inner = doc.get("error")
+    return inner.get("grpc_code") if isinstance(inner, dict) else doc.get("code")
+
+
+def _refused_outright(data: bytes, what: str) -> None:
+    """A plain-text refusal by etcd's gateway that no retry can change."""
+    if b"HTTP request to an HTTPS server" in data:
+        raise AuthenticationError(
+            f"{what}: etcd serves TLS on this port; use etcds://... (and --rdzv-tls-ca)"
+        )
+    if b"CommonName of client" in data:
+        raise AuthenticationError(
+            f"{what}: with auth enabled, etcd 3.4's gateway refuses client certificates that "
+            "carry a CommonName; issue stalwart's client certificate without a CN "
+            "(docs/etcd.md) and authenticate with --rdzv-user"
+        )
 
 
 def _brief(exc: BaseException) -> str:
@@ -239,17 +301,23 @@ class ChunkedLines:
 
 
 def open_stream(
-    endpoint: Endpoint, path: str, body: dict[str, Any], timeout: float
+    endpoint: Endpoint,
+    path: str,
+    body: dict[str, Any],
+    timeout: float,
+    ctx: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[socket.socket, list[bytes], ChunkedLines]:
     """POST ``body`` and read the response head; return the socket, lines already
     received, and the decoder for the rest. Raises OSError/ProtocolError."""
     payload = json.dumps(body).encode()
-    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    sock = open_socket(endpoint.host, endpoint.port, timeout, ctx)
     try:
         sock.settimeout(timeout)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n"
+            f"{extra}Content-Length: {len(payload)}\r\n\r\n"
         ).encode()
         sock.sendall(head + payload)
         buf = b""

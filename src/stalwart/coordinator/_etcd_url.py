@@ -1,4 +1,4 @@
-"""Parsing of ``etcd://host[:port][,host[:port]...]/job-id`` rendezvous URLs.
+"""Parsing of ``etcd[s]://host[:port][,host[:port]...]/job-id[?tls options]`` rendezvous URLs.
 
 Kept apart from the store so the launcher can validate a ``--rdzv`` value (and
 print a one-line error) before it starts anything.
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
 
+from stalwart.coordinator._etcd_security import EtcdSecurity
 from stalwart.errors import ConfigError
 
-__all__ = ["DEFAULT_PORT", "EtcdTarget", "parse_etcd_url"]
+__all__ = ["DEFAULT_PORT", "EtcdTarget", "etcd_url", "parse_etcd_url"]
 
 DEFAULT_PORT = 2379
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
@@ -20,6 +22,15 @@ _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
 _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 _MAX_ENDPOINTS = 64
 _EXAMPLE = "etcd://host:2379/job-id (several endpoints: etcd://h1:2379,h2:2379/job-id)"
+# query parameter -> EtcdSecurity field (docs/etcd.md, "TLS and authentication")
+_QUERY = {
+    "ca": "ca_file",
+    "cert": "cert_file",
+    "key": "key_file",
+    "user": "user",
+    "password-file": "password_file",
+    "password-env": "password_env",
+}
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,7 @@ class EtcdTarget:
 
     endpoints: list[tuple[str, int]]
     job_id: str
+    security: EtcdSecurity = field(default_factory=EtcdSecurity)
 
     @property
     def namespace(self) -> str:
@@ -36,6 +48,7 @@ class EtcdTarget:
 
 def _bad(url: str, problem: str) -> ConfigError:
     shown = url if len(url) <= 300 else url[:300] + "..."
+    shown = re.sub(r"(password=)[^&]*", r"\1***", re.sub(r"//[^/@]*@", "//***@", shown))
     return ConfigError(f"bad etcd URL {shown!r}: {problem}; expected {_EXAMPLE}")
 
 
@@ -64,8 +77,10 @@ def _endpoint(url: str, text: str) -> tuple[str, int]:
 def parse_etcd_url(url: str) -> EtcdTarget:
     """Split an etcd rendezvous URL; ConfigError naming the problem if it is malformed."""
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "etcd":
-        raise _bad(url, "the scheme must be etcd://")
+    if not sep or scheme.lower() not in ("etcd", "etcds"):
+        raise _bad(url, "the scheme must be etcd:// (plain) or etcds:// (TLS)")
+    rest, _, query = rest.partition("?")
+    security = _security(url, scheme.lower() == "etcds", query)
     netloc, slash, path = rest.partition("/")
     if not netloc:
         raise _bad(url, "no etcd host")
@@ -84,4 +99,37 @@ def parse_etcd_url(url: str) -> EtcdTarget:
             f"job id {job_id!r} must be 1-128 letters, digits, '.', '_' or '-' "
             "(no '/'), starting with a letter or digit",
         )
-    return EtcdTarget(endpoints, job_id)
+    return EtcdTarget(endpoints, job_id, security)
+
+
+def _security(url: str, tls: bool, query: str) -> EtcdSecurity:
+    values: dict[str, str] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise _bad(url, "the query must be name=value pairs joined by '&'") from None
+    for name, value in pairs:
+        if name == "password":
+            raise _bad(
+                url,
+                "a password in the URL is visible to every user (ps); "
+                "use password-file= or password-env=",
+            )
+        if name not in _QUERY:
+            raise _bad(url, f"unknown option {name!r} (known: {', '.join(_QUERY)})")
+        if _QUERY[name] in values or not value or "\x00" in value:
+            raise _bad(url, f"option {name!r} must be given once, non-empty")
+        values[_QUERY[name]] = value
+    return EtcdSecurity(tls=tls, **values)
+
+
+def etcd_url(target: EtcdTarget) -> str:
+    """The URL that parses back to ``target`` (how the launcher hands it to workers)."""
+    from urllib.parse import quote, urlencode
+
+    sec = target.security
+    hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in target.endpoints)
+    query = urlencode(sec.query(), quote_via=quote, safe="/")
+    return f"{'etcds' if sec.tls else 'etcd'}://{hosts}/{target.job_id}" + (
+        f"?{query}" if query else ""
+    )

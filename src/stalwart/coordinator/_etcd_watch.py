@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 from types import TracebackType
@@ -24,8 +25,10 @@ from stalwart.coordinator._etcd_http import (
     close_socket,
     open_stream,
 )
+from stalwart.coordinator._etcd_security import fatal_tls_error, tls_problem
 from stalwart.coordinator._etcd_wire import b64, event_from_json, int_field, prefix_end
 from stalwart.coordinator.errors import (
+    AuthenticationError,
     CompactedError,
     ProtocolError,
     StoreClosedError,
@@ -107,8 +110,13 @@ class EtcdWatch:
         }
         try:
             timeout = min(self._http.connect_timeout, max(budget, 0.05))
-            sock, lines, decoder = open_stream(endpoint, "/v3/watch", request, timeout)
+            headers = self._http.stream_headers()
+            sock, lines, decoder = open_stream(
+                endpoint, "/v3/watch", request, timeout, self._http.ssl, headers
+            )
         except (OSError, ProtocolError) as exc:
+            if fatal_tls_error(exc):
+                raise tls_problem(exc, self._http.describe()) from None
             self._http.rotate()
             now = time.monotonic()
             self._down_since = now if self._down_since is None else self._down_since
@@ -132,8 +140,9 @@ class EtcdWatch:
         sock = self._sock
         assert sock is not None
         try:
-            readable, _, _ = select.select([sock], [], [], wait)
-            if not readable:
+            # TLS may hold decrypted bytes that select() cannot see
+            buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+            if not buffered and not select.select([sock], [], [], wait)[0]:
                 return
             data = sock.recv(1 << 16)
         except (OSError, ValueError):  # ValueError: closed by another thread
@@ -171,6 +180,15 @@ class EtcdWatch:
                         f"revision {compacted}; re-read the keys and watch from the current "
                         "revision"
                     )
+                reason = str(result.get("cancel_reason") or "")
+                if "PermissionDenied" in reason:
+                    self.close()
+                    raise AuthenticationError(
+                        f"etcd denied a watch on the job's keys ({reason[:200]}); grant the "
+                        "etcd user's role readwrite on the job's prefix (docs/etcd.md)"
+                    )
+                if "Unauthenticated" in reason:  # the auth token expired: fetch a new one
+                    self._http.auth.expired(self._http.auth.current())
                 self._drop()
                 return
             for raw in result.get("events") or []:

@@ -13,6 +13,7 @@ import base64
 from typing import Any
 
 from stalwart.coordinator.errors import (
+    AuthenticationError,
     CompactedError,
     LeaseNotFoundError,
     ProtocolError,
@@ -141,6 +142,12 @@ def error_from_body(doc: dict[str, Any], what: str) -> StoreError:
         message = str(doc.get("message") or inner or doc)
         code = doc.get("code")
     code = code if isinstance(code, int) else -1
+    if code == 7 or "permission denied" in message:
+        return AuthenticationError(
+            f"{what}: etcd denied access ({message}); pass the job's etcd user "
+            "(--rdzv-user, --rdzv-password-file) whose role grants readwrite on the "
+            "job's prefix /stalwart/JOB/ (docs/etcd.md)"
+        )
     if "lease not found" in message:
         return LeaseNotFoundError(
             f"{what}: {message}; the lease expired or was revoked, grant a new one (rejoin)"

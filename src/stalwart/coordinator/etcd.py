@@ -38,7 +38,8 @@ from types import TracebackType
 from typing import Any
 
 from stalwart.coordinator._etcd_http import Endpoint, GatewayClient, Reply
-from stalwart.coordinator._etcd_url import EtcdTarget, parse_etcd_url
+from stalwart.coordinator._etcd_security import EtcdSecurity
+from stalwart.coordinator._etcd_url import EtcdTarget, etcd_url, parse_etcd_url
 from stalwart.coordinator._etcd_watch import EtcdWatch
 from stalwart.coordinator._etcd_wire import (
     b64,
@@ -54,7 +55,14 @@ from stalwart.coordinator.memory import MAX_LEASE_TTL
 from stalwart.coordinator.store import Compare, KeyValue, Op, Put, RangeResult, TxnResult
 from stalwart.errors import ConfigError
 
-__all__ = ["EtcdStore", "EtcdStoreConfig", "EtcdTarget", "parse_etcd_url"]
+__all__ = [
+    "EtcdSecurity",
+    "EtcdStore",
+    "EtcdStoreConfig",
+    "EtcdTarget",
+    "etcd_url",
+    "parse_etcd_url",
+]
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class EtcdStore:
         config: EtcdStoreConfig | None = None,
         *,
         job_id: str = "",
+        security: EtcdSecurity | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigError("EtcdStore needs at least one etcd endpoint (host, port)")
@@ -110,7 +119,9 @@ class EtcdStore:
             connect_timeout=self.config.connect_timeout,
             request_timeout=self.config.request_timeout,
             reconnect_timeout=self.config.reconnect_timeout,
+            security=security,
         )
+        self.endpoints = [(h, p) for h, p in endpoints]
         self._kp = f"{namespace}k/".encode()  # user keys
         self._marker_prefix = f"{namespace}r/{secrets.token_hex(8)}/"
         self._seq = itertools.count()
@@ -121,9 +132,21 @@ class EtcdStore:
 
     @classmethod
     def from_url(cls, url: str, config: EtcdStoreConfig | None = None) -> EtcdStore:
-        """``etcd://host[:port][,host2[:port]...]/job-id`` -> a store for that job."""
+        """``etcd[s]://host[:port][,host2[:port]...]/job-id[?options]`` -> a store for that
+        job, with the URL's TLS and credentials (docs/etcd.md)."""
         target = parse_etcd_url(url)
-        return cls(target.endpoints, target.namespace, config, job_id=target.job_id)
+        return cls(
+            target.endpoints,
+            target.namespace,
+            config,
+            job_id=target.job_id,
+            security=target.security,
+        )
+
+    @property
+    def security(self) -> EtcdSecurity:
+        """How this store reaches etcd: TLS files and the etcd user (no secret)."""
+        return self._http.security
 
     # -- keys and values ----------------------------------------------------
 

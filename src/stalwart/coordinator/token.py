@@ -8,13 +8,25 @@ host another user could have planted a file of their choosing at that path).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import stat
 
 from stalwart.coordinator.errors import TokenFileError
+from stalwart.coordinator.store import Compare, Put, Store
 
-__all__ = ["create_token_file", "read_token_file"]
+__all__ = [
+    "TOKEN_CHECK_VERSION",
+    "check_token",
+    "create_token_file",
+    "read_token_file",
+    "token_check",
+]
+
+TOKEN_CHECK_VERSION = 1
+_CHECK_LABEL = b"stalwart-job-token-check-v1\0"
 
 _TOKEN_BYTES = 32
 _MIN_TOKEN_CHARS = 16
@@ -82,3 +94,26 @@ def read_token_file(path: str | os.PathLike[str]) -> bytes:
             "recreate it with create_token_file()"
         )
     return token
+
+
+def token_check(token: bytes) -> bytes:
+    """The verifier etcd holds for a job token given as a file (docs/security.md):
+    ``{"v": 1, "sha256": hex(SHA-256(label || token))}``. The token is 256 random
+    bits, so its hash reveals nothing usable."""
+    digest = hashlib.sha256(_CHECK_LABEL + token).hexdigest()
+    return json.dumps({"v": TOKEN_CHECK_VERSION, "sha256": digest}).encode()
+
+
+def check_token(store: Store, job: str, token: bytes, path: str, *, create: bool) -> None:
+    """TokenFileError unless ``token`` matches the job's verifier in etcd (which the
+    first agent creates); a mismatch means two nodes were given different files."""
+    key = f"/stalwart/{job}/launch/token-check"
+    mine = token_check(token)
+    if create:
+        store.txn([Compare(key, "mod_revision", "==", 0)], [Put(key, mine)])
+    kv = store.get(key)
+    if kv is None or bytes(kv.value) != mine:
+        raise TokenFileError(
+            f"token file {path} is not the one job {job} started with (etcd's launch/token-"
+            "check differs or is missing): give every node and worker the same --token-file"
+        )

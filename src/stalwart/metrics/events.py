@@ -103,7 +103,8 @@ class EventLog:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # 0600: the job's records are its user's (docs/security.md)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def emit(
         self, kind: str, *, t: float | None = None, rank: int | None = None, **fields: Any

@@ -58,14 +58,20 @@ _log = get_logger(__name__)
 
 
 def job_token(env: WorkerEnv, store: Store) -> bytes:
-    """The job token that authenticates state transfers between members: in etcd under
-    ``launch/token`` with ``--rdzv etcd://`` (agent/etcd_cluster.py; no file is
-    written), else the launcher's token file."""
-    from stalwart.coordinator.token import read_token_file
+    """The job token that authenticates state transfers between members. With
+    ``--rdzv etcd://`` and a shared ``--token-file``, the file, checked against
+    etcd's verifier (``launch/token-check``); with etcd alone, ``launch/token``, which
+    the agents store only in an etcd that refuses clients without credentials
+    (agent/etcd_cluster.py); else the launcher's token file."""
+    from stalwart.coordinator.token import check_token, read_token_file
     from stalwart.errors import ConfigError
 
     if not env.rdzv:
         return read_token_file(env.token_file)
+    if store.get(f"/stalwart/{env.job}/launch/token-check") is not None:
+        token = read_token_file(env.token_file)
+        check_token(store, env.job, token, env.token_file, create=False)
+        return token
     kv = store.get(f"/stalwart/{env.job}/launch/token")
     if kv is None:
         raise ConfigError(
