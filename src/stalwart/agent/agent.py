@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -247,3 +248,15 @@ def run_agent(config: LaunchConfig) -> int:
     finally:
         ignore_signals(main)
         agent.close()
+        if config.node_rank == 0:
+            _print_end(agent.run_dir)
+
+
+def _print_end(run_dir: str) -> None:
+    """The end-of-run summary (metrics/ending.py) on stderr; nothing when the run left
+    no usable event log (a failed start)."""
+    from stalwart.metrics.ending import end_lines
+
+    with contextlib.suppress(Exception):  # a summary must never change how the run ends
+        for line in end_lines(run_dir):
+            print(f"stalwart: {line}", file=sys.stderr, flush=True)
