@@ -41,8 +41,8 @@ __all__ = [
     "FinishedRanks",
     "after_finish",
     "announce_finish",
-    "finishing",
     "finished_rank",
+    "finishing",
     "hung_at_exit",
     "skip_adoption",
 ]
