@@ -177,8 +177,10 @@ def test_a_rank_failing_after_it_passed_the_finish_barrier_ends_the_job(
         else RestartAll(parts)
     )
     base = _failed(parts, 0)
+    parts.workers.board.write(0, pid=base.pid, step=16, phase="done", generation=0,
+                              t_progress=0.0, t_alive=0.0, p99_s=0.1)  # fmt: skip
     failure = Failure(0, "after step 16", "KeyError: 'Model Preparation Time'", "crash")
-    ex = WorkerExited(0, base.pid, 1, "crash", failure, None, finished=True)
+    ex = WorkerExited(0, base.pid, 1, "crash", failure, None)
     before = len(_sent(parts))
     with pytest.raises(RunFailed, match=r"rank 0 failed after step 16 \(KeyError.*after the job"):
         policy.on_incident(ex)

@@ -135,22 +135,18 @@ class CrashDetector:
             reason=exit_.cause or f"exit rc {rc}",
         )
         cause = exit_.cause or "crash"
-        slot = self._workers.slot(self._workers[rank])
-        where = failed_at(slot, pid)
-        finished = slot.pid == pid and slot.phase == "done"  # past the finish barrier
+        where = failed_at(self._workers.slot(self._workers[rank]), pid)
         path = error_line_path(self._run_dir, rank)
         error = error_line(path, rc, self._hangs.killed.pop(pid, ""))  # (removes the file)
         error = recorded or error
         failure = Failure(rank, where, error, cause)
         if collateral:  # another rank's fault: not a failure of this rank's to count
-            return WorkerExited(
-                rank, pid, rc, cause, failure, None, collateral=True, finished=finished
-            )
+            return WorkerExited(rank, pid, rc, cause, failure, None, collateral=True)
         self.last_failure = failure
         workers = self._workers
         started = any(failed_at(workers.slot(w), w.pid) != "start-up" for w in workers if w.pid)
         loop = self._loops.record(failure, job_started=started)
-        return WorkerExited(rank, pid, rc, cause, failure, loop, finished=finished)
+        return WorkerExited(rank, pid, rc, cause, failure, loop)
 
 
 class HangDetector:

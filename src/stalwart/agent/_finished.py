@@ -83,12 +83,14 @@ def announce_finish(launch: Publisher, node: int) -> Callable[[_Ranked], None]:
     return finished
 
 
-def finishing(ex: WorkerExited, peer: int | None) -> int | None:
+def finishing(ex: WorkerExited, peer: int | None, slot: Slot) -> int | None:
     """The rank whose finish makes ``ex`` a failure after the job finished: a peer that
-    finished (``peer``), else ``ex``'s own rank when it had passed the finish barrier."""
+    finished (``peer``), else ``ex``'s own rank when its last board write (``slot``)
+    says it had passed the finish barrier (every member trained to the end, whatever
+    its peers' boards say yet)."""
     if peer is not None:
         return peer
-    return ex.rank if ex.finished else None
+    return ex.rank if slot.pid == ex.pid and slot.phase == "done" else None
 
 
 def after_finish(ex: WorkerExited, done: int) -> str:

@@ -49,7 +49,8 @@ class InPlace:
 
     def _worker_exited(self, ex: WorkerExited) -> None:
         p = self._p
-        if (done := finishing(ex, self._peer_finished(ex.rank))) is not None:
+        own = p.workers.slot(p.workers[ex.rank])
+        if (done := finishing(ex, self._peer_finished(ex.rank), own)) is not None:
             end_with_verdict(p.launch, after_finish(ex, done))
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)

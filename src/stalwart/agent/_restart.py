@@ -43,7 +43,7 @@ class RestartAll:
             return
         p = self._p
         peer = finished_rank(p.workers, p.launch, p.cfg.world_size, besides=incident.rank)
-        done = finishing(incident, peer)
+        done = finishing(incident, peer, p.workers.slot(p.workers[incident.rank]))
         if done is not None:  # the job is finishing: never restarted from a checkpoint
             end_with_verdict(p.launch, after_finish(incident, done))
         if incident.verdict is not None:  # it would fail the same way again

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -103,8 +102,7 @@ class Agent:
         self._ranks = workers.ranks
         if cfg.node_rank == 0:
             emit_run_start(self.events, cfg, up.ready, self.gen.current)
-            if (end_live := start_live(cfg, self.run_dir, _say)) is not None:
-                stack.callback(quietly(end_live))
+            stack.callback(quietly(start_live(cfg, self.run_dir, _say)))  # after run_end
             write_agent_json(self.run_dir, cfg.job, cluster.address)
         spec = lambda w, extra: self.specs(w, extra)  # noqa: E731 (built below)
         self.standbys = Standbys.for_node(cfg, cluster.names, cluster, workers, spec)
@@ -248,15 +246,3 @@ def run_agent(config: LaunchConfig) -> int:
     finally:
         ignore_signals(main)
         agent.close()
-        if config.node_rank == 0:
-            _print_end(agent.run_dir)
-
-
-def _print_end(run_dir: str) -> None:
-    """The end-of-run summary (metrics/ending.py) on stderr; nothing when the run left
-    no usable event log (a failed start)."""
-    from stalwart.metrics.ending import end_lines
-
-    with contextlib.suppress(Exception):  # a summary must never change how the run ends
-        for line in end_lines(run_dir):
-            print(f"stalwart: {line}", file=sys.stderr, flush=True)

@@ -42,10 +42,6 @@ class WorkerExited:
     """The agent killed it as collateral of another rank's fault (it waited in a
     collective of a generation the job left): recovered like a failure, but not counted
     as one of this rank's or node's (crash-loop verdict, isolation)."""
-    finished: bool = False
-    """It had passed the runtime's finish barrier (its board said ``done``): every member
-    trained to the end, so the job is finishing (agent/_finished.py), whatever its peers'
-    boards say yet."""
 
 
 @dataclass(frozen=True)

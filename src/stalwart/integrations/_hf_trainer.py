@@ -104,7 +104,7 @@ class LoopTotals:
             t._tr_loss.fill_(float(v["tr_loss"]))
         t._globalstep_last_logged = int(v["last_logged"])
         t._initial_global_step = int(v["initial_step"])
-        t.current_flos = float(v["flos"])
+        t.current_flos = v["flos"]  # a float once a step ran (typed int: its 0)
 
     def train_loss(self) -> float:
         """The run's mean loss per step, as ``_finalize_training`` computes it."""

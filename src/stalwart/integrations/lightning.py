@@ -214,10 +214,10 @@ def pin_versions(loggers: Sequence[Any], record: str, rank: int) -> None:
     except (OSError, ValueError):
         saved = None
     if isinstance(saved, dict):
-        for key, lg in versioned:
+        for key, logger in versioned:
             v = saved.get(key)
             if isinstance(v, int | str) and not isinstance(v, bool):
-                lg._version = v
+                logger._version = v
         return
     if rank != 0:
         return

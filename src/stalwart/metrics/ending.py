@@ -7,13 +7,15 @@ Computed from ``RUN_DIR/events.jsonl`` alone, by the same code as ``stalwart rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import sys
 from typing import Any
 
 from stalwart.metrics.console import terminal_safe
 
-__all__ = ["end_lines", "format_end"]
+__all__ = ["end_lines", "format_end", "print_end"]
 
 
 def end_lines(run_dir: str) -> list[str]:
@@ -22,6 +24,14 @@ def end_lines(run_dir: str) -> list[str]:
     from stalwart.metrics.report import load_run
 
     return format_end(load_run(run_dir).to_dict())
+
+
+def print_end(run_dir: str) -> None:
+    """The summary on stderr (``stalwart: ...`` lines); nothing when the run left no
+    usable event log (a failed start): a summary never changes how a run ends."""
+    with contextlib.suppress(Exception):
+        for line in end_lines(run_dir):
+            print(f"stalwart: {line}", file=sys.stderr, flush=True)
 
 
 def format_end(d: dict[str, Any]) -> list[str]:
