@@ -24,6 +24,17 @@ def test_the_end_says_status_steps_faults_ettr_and_where_the_run_is(make_run: An
     assert not any("{" in line for line in lines)
 
 
+def test_a_failed_run_ends_its_summary_with_why() -> None:
+    from stalwart.metrics.ending import format_end
+
+    d = {"status": "failed", "steps": {"last": 5}, "incidents": [], "rto_s": {}, "ettr": 0.5,
+         "run_dir": "/tmp/x", "wall_s": 3.0}  # fmt: skip
+    lines = format_end(d, reason="rank 1 failed 3 times in a row at step 6 (...)\nmore")
+    assert lines[0].startswith("run failed: trained to step 5, 0 faults")
+    assert lines[-1] == "why: rank 1 failed 3 times in a row at step 6 (...)"
+    assert len(format_end(dict(d, status="ok"), reason="x")) == 2
+
+
 def test_a_run_without_events_has_no_summary(tmp_path: Path) -> None:
     with pytest.raises(StalwartError):  # the agent prints nothing then
         end_lines(str(tmp_path))
