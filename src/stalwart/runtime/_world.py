@@ -114,11 +114,10 @@ class JobProcessGroup(SwapProcessGroup):
         if _in_ddp_constructor():
             return op(_Mirror())  # type: ignore[no-any-return]
         raise GroupNotFormedError(
-            "a collective on the default group ran before the job's group formed: members "
-            "connect at the first `for step in sess.steps(...)` iteration (a replaced worker "
-            "is alone before it); move the collective into the loop (e.g. under "
-            "`if step == 1:`), and pass a DDP model to sess.track() before the loop (a "
-            "barrier before the loop, as main_process_first() makes, is allowed)"
+            "a collective ran on the default group before the job's group formed (at the "
+            "first `for step in sess.steps(...)`): move it into the loop (e.g. under `if "
+            "step == 1:`); a barrier (main_process_first()) is allowed; track a DDP model "
+            "before the loop"
         )
 
 
