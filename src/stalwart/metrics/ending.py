@@ -55,9 +55,9 @@ def format_end(d: dict[str, Any], *, reason: str = "") -> list[str]:
     ettr_text = "-" if ettr is None else f"{100 * ettr:.1f}%"
     run_dir = _shown(str(d["run_dir"]))
     quoted = shlex.quote(run_dir)
+    trained = "no step recorded" if last is None else f"trained to step {last}"
     lines = [
-        f"run {status}: {'no step recorded' if last is None else f'trained to step {last}'}, {faults}, "
-        f"ETTR {ettr_text}, wall {d['wall_s']:.1f}s",
+        f"run {status}: {trained}, {faults}, ETTR {ettr_text}, wall {d['wall_s']:.1f}s",
         f"run dir {run_dir} (events.jsonl, logs, checkpoints); report: stalwart report "
         f"{quoted} (--html {shlex.quote(os.path.join(run_dir, 'report.html'))})",
     ]
