@@ -64,6 +64,23 @@ DEPENDENCY_INTERNALS = frozenset(
         # transformers.Trainer runs its loop in _inner_training_loop; train() refuses a
         # resume folder without model weights, and stalwart restored the weights in place
         "integrations/_hf_trainer.py: trainer._inner_training_loop",
+        # the Trainer's loop keeps the totals of its summary metrics (train_loss,
+        # total_flos) in these and resets them at every entry: a re-entered loop gets
+        # them back, so the metrics count the whole run (issue 29)
+        "integrations/_hf_trainer.py: t._total_loss_scalar",
+        "integrations/_hf_trainer.py: t._tr_loss",
+        "integrations/_hf_trainer.py: t._globalstep_last_logged",
+        "integrations/_hf_trainer.py: t._initial_global_step",
+        # ... train_runtime is measured from the start_time this one is given
+        "integrations/_hf_trainer.py: trainer._finalize_training",
+        # ... and a re-entered loop's free_memory() empties Accelerate's list of
+        # prepared models, which the evals then take for unprepared (a new metric
+        # column, create_model_card's KeyError): the list is put back after this
+        "integrations/_hf_trainer.py: trainer._prepare_for_training",
+        "integrations/_hf_trainer.py: trainer.accelerator._models",
+        # a Lightning logger's version (None: the next free version_N, picked lazily);
+        # a replaced rank 0 is given the run's, so its logs stay in one folder
+        "integrations/lightning.py: logger._version",
         # Lightning opens the train iterator only at an epoch's start; a rollback to a
         # step inside an epoch reopens it (the fit loop's fetcher) at that step
         "integrations/_pl_loop.py: loop._data_fetcher",

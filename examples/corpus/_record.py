@@ -10,7 +10,9 @@ each run writes the same two kinds of file under ``OUT`` (a folder in the run di
   wall clock when the step was recorded: ``stalwart compare`` measures by it), any extras.
   A replacement process appends to the same file, so the file survives the process.
 - ``final-m<MEMBER>.json``: written once at the end: the sha256 of the final parameters
-  as this rank holds them (``digest``), the last step and the world size.
+  as this rank holds them (``digest``), the last step and the world size, and where the
+  framework reports a summary after training (the Trainer's ``train_loss``,
+  ``total_flos``), that (``summary``).
 """
 
 from __future__ import annotations
@@ -48,8 +50,18 @@ class Recorder:
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
 
-    def final(self, state: Mapping[str, torch.Tensor], *, step: int, world: int) -> None:
-        rec = {"member": self.member, "digest": digest(state), "step": step, "world": world}
+    def final(
+        self,
+        state: Mapping[str, torch.Tensor],
+        *,
+        step: int,
+        world: int,
+        summary: Mapping[str, float] | None = None,
+    ) -> None:
+        rec: dict[str, Any] = {"member": self.member, "digest": digest(state), "step": step}
+        rec["world"] = world
+        if summary is not None:  # what the framework reported after training (train_loss)
+            rec["summary"] = dict(summary)
         path = os.path.join(self.out, f"final-m{self.member}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(rec, f)

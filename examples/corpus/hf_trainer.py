@@ -5,7 +5,11 @@ Written the way Trainer scripts are: ``set_seed``, a ``GPT2LMHeadModel`` from a 
 ``GPT2Config`` (no download; tied embedding and head; dropout on), a map-style dataset,
 ``TrainingArguments`` with ``max_steps``, a cosine schedule with warmup, ``eval_steps``
 evals on an eval set, ``logging_steps=1``, and ``trainer.train()``. The Trainer builds the
-sampler, the DataLoader, DDP (through Accelerate), the optimizer and the scheduler.
+sampler, the DataLoader, DDP (through Accelerate), the optimizer and the scheduler. After
+training it does what run_clm.py does: ``save_model``, ``log_metrics``/``save_metrics``
+(``train_results.json``), ``save_state`` and ``create_model_card``; preprocessing sits
+under ``training_args.main_process_first()`` (a barrier before the first step).
+``--gradient_accumulation_steps`` and ``--save_steps`` (checkpoints) are the Trainer's.
 
 The two stalwart lines are marked ``# stalwart``; ``--plain`` runs the same script without
 them (under torchrun). ``RecordCallback`` and the collator's index list only write what
@@ -109,6 +113,8 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=2e-3)
     p.add_argument("--bug_step", type=int, default=0, help="raise at this step (0: never)")
     p.add_argument("--bug_rank", type=int, default=1)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--save_steps", type=int, default=0, help="a checkpoint every N (0: none)")
     a = p.parse_args()
 
     stalwart_cb = None
@@ -129,8 +135,6 @@ def main() -> None:
         tie_word_embeddings=True,
     )
     model = GPT2LMHeadModel(config)
-    train_ds = CopyTask(a.train_samples, a.seq_len, config.vocab_size, salt=1)
-    eval_ds = CopyTask(a.eval_samples, a.seq_len, config.vocab_size, salt=2)
     args = TrainingArguments(
         output_dir=os.path.join(a.out, "hf"),
         max_steps=a.max_steps,
@@ -143,7 +147,9 @@ def main() -> None:
         eval_strategy="steps",
         eval_steps=a.eval_steps,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if a.save_steps else "no",
+        save_steps=a.save_steps or 500,
+        gradient_accumulation_steps=a.gradient_accumulation_steps,
         report_to=[],
         use_cpu=True,
         seed=42,
@@ -151,6 +157,9 @@ def main() -> None:
         disable_tqdm=True,
         remove_unused_columns=False,  # the collator takes "index" out itself
     )
+    with args.main_process_first(desc="dataset map pre-processing"):  # as run_clm.py
+        train_ds = CopyTask(a.train_samples, a.seq_len, config.vocab_size, salt=1)
+        eval_ds = CopyTask(a.eval_samples, a.seq_len, config.vocab_size, salt=2)
     collate = Collate()
     member = int(os.environ.get("RANK", "0"))
     if stalwart_cb is not None:
@@ -168,8 +177,16 @@ def main() -> None:
         data_collator=collate,
         callbacks=callbacks,
     )
-    trainer.train()
-    rec.final(trainer.model.state_dict(), step=a.max_steps, world=args.world_size)
+    train_result = trainer.train()
+    trainer.save_model()  # as run_clm.py does after training
+    metrics = train_result.metrics
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    trainer.create_model_card(model_name="corpus-tiny-gpt2")
+    # total_flos: in trainer_state.json (the printer callback pops it from the metrics)
+    summary = {"train_loss": metrics["train_loss"], "total_flos": trainer.state.total_flos}
+    rec.final(trainer.model.state_dict(), step=a.max_steps, world=args.world_size, summary=summary)
 
 
 if __name__ == "__main__":

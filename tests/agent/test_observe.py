@@ -55,3 +55,17 @@ def test_a_script_that_loaded_its_optimizer_resumes_at_its_step_count(
     _train(model, fresh, 2)
     slot = observer.board.read(0)
     assert (slot.step, slot.resumed) == (9, 8)  # steps 8 and 9 of the script; after 7
+
+
+def test_replicas_that_train_independently_are_said_so() -> None:
+    """A Trainer or Accelerate script on CPU without --use_cpu forms no process group
+    under torchrun: its workers train independent replicas, which the first step tells."""
+    from stalwart.agent.observe import independent_replicas
+
+    line = independent_replicas(2, initialized=False, group_size=1)
+    assert line is not None and "2 independent replicas" in line and "--use_cpu" in line
+    assert "ACCELERATE_USE_CPU=1" in line
+    partial = independent_replicas(4, initialized=True, group_size=1)
+    assert partial is not None and "a process group of 1" in partial
+    assert independent_replicas(2, initialized=True, group_size=2) is None
+    assert independent_replicas(1, initialized=False, group_size=1) is None

@@ -163,6 +163,31 @@ def test_a_peer_that_finished_on_another_node_or_passed_the_barrier_counts_too(
         policy.on_incident(_failed(parts, 1))
 
 
+@pytest.mark.parametrize("strategy", ["spare", "restart"])
+def test_a_rank_failing_after_it_passed_the_finish_barrier_ends_the_job(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Rank 0 passed the finish barrier, then failed after training (a Trainer script's
+    model card) before any peer's board said done: the job had finished, so neither a
+    spare nor a restart is started (it would wait for peers that are leaving)."""
+    parts = _parts(tmp_path)
+    policy: Any = (
+        InPlace(parts, name="spare", assigns_spares=True)
+        if strategy == "spare"
+        else RestartAll(parts)
+    )
+    base = _failed(parts, 0)
+    parts.workers.board.write(0, pid=base.pid, step=16, phase="done", generation=0,
+                              t_progress=0.0, t_alive=0.0, p99_s=0.1)  # fmt: skip
+    failure = Failure(0, "after step 16", "KeyError: 'Model Preparation Time'", "crash")
+    ex = WorkerExited(0, base.pid, 1, "crash", failure, None)
+    before = len(_sent(parts))
+    with pytest.raises(RunFailed, match=r"rank 0 failed after step 16 \(KeyError.*after the job"):
+        policy.on_incident(ex)
+    assert _sent(parts)[before:] == [] and parts.generation.current == 0
+    assert "not restarted" in parts.launch.records["verdict"]["line"]  # type: ignore[attr-defined]
+
+
 def test_a_node_other_than_0_that_fails_too_often_cordons_itself(tmp_path: Path) -> None:
     parts = _parts(tmp_path, node=1)
     policy = InPlace(parts, name="flash", assigns_spares=False)

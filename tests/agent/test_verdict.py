@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from stalwart.agent import Slot
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, failed_at
 
@@ -68,6 +70,15 @@ def test_a_stalwart_refusal_is_a_verdict_at_once() -> None:
     assert line is not None and "not restarted" in line
     assert line.endswith("a sharded state cannot persist: use --strategy flash")
     assert CrashLoops(3).record(fail(0, "start-up", "ValueError: sharded")) is None
+
+
+@pytest.mark.parametrize("name", ["GroupNotFormedError", "ProcessGroupInitError"])
+def test_a_collective_or_group_refused_before_the_loop_is_a_verdict_at_once(name: str) -> None:
+    """A script that runs a collective before its loop (or initialises a second group)
+    does so at every launch: one verdict, not a restart per --max-restarts."""
+    error = f"stalwart.errors.{name}: a collective ran on the default group before ..."
+    line = CrashLoops(3).record(Failure(0, "start-up", error, "crash"))
+    assert line is not None and "not restarted" in line and "ran on the default" in line
 
 
 def test_a_worker_that_counted_its_own_recovery_loop_is_a_verdict_at_once() -> None:

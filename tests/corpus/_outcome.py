@@ -31,6 +31,8 @@ class Outcome:
     finals: dict[int, str]  # member -> sha256 of its final parameters
     trace: dict[int, list[dict[str, object]]] = field(default_factory=dict)
     """step -> the records of its committed attempt, one per rank that took part"""
+    summaries: dict[int, dict[str, float]] = field(default_factory=dict)
+    """member -> what the framework reported after training (``summary`` of its final)"""
 
     def kinds(self, kind: str) -> list[dict[str, object]]:
         return [f for k, f in self.events if k == kind]
@@ -68,14 +70,17 @@ def _committed(out: Path) -> dict[int, list[dict[str, object]]]:
 
 
 def read_outcome(rc: int, stderr: str, run_dir: Path | None, out: Path) -> Outcome:
-    finals = {}
+    finals, summaries = {}, {}
     for f in out.glob("final-m*.json"):
         rec = json.loads(f.read_text())
         finals[int(rec["member"])] = str(rec["digest"])
+        if isinstance(rec.get("summary"), dict):
+            summaries[int(rec["member"])] = rec["summary"]
     events = (
         events_of(run_dir) if run_dir is not None and (run_dir / "events.jsonl").exists() else []
     )
-    return Outcome(rc, stderr, events, finals, _committed(out) if out.exists() else {})
+    trace = _committed(out) if out.exists() else {}
+    return Outcome(rc, stderr, events, finals, trace, summaries)
 
 
 def run_script(

@@ -52,6 +52,7 @@ NANO_EPOCH = [*NANO, "--data", "epoch", "--schedule", "cosine", "--batch_size", 
 NANO_EPOCH += ["--dropout", "0"]
 HF = ["--max_steps", "16", "--eval_steps", "6"]
 HFT = ["--max_steps", "16", "--eval_steps", "6"]  # hf_trainer.py: transformers.Trainer
+HFT_ACC = [*HFT, "--gradient_accumulation_steps", "2", "--save_steps", "4"]
 ACC = ["--max_steps", "16", "--eval_steps", "6"]  # accelerate_loop.py
 PL = ["--max_steps", "16", "--val_every", "6"]  # lightning_trainer.py: a Lightning Trainer
 # a worker of these imports transformers (and Accelerate): about 40 s on this machine
@@ -83,6 +84,8 @@ REFS = {
     "hf": Ref("hf_gpt2.py", tuple(HF)),
     "hf_trainer": Ref("hf_trainer.py", tuple(HFT), timeout=SLOW_IMPORT),
     "hf_trainer@torchrun": Ref("hf_trainer.py", (*HFT, "--plain"), torchrun=True),
+    # run_clm.py's set-up: evals, accumulation, checkpoints, and its epilogue after train()
+    "hf_trainer-accum": Ref("hf_trainer.py", tuple(HFT_ACC), timeout=SLOW_IMPORT),
     "accelerate": Ref("accelerate_loop.py", tuple(ACC), timeout=SLOW_IMPORT),
     "accelerate@torchrun": Ref("accelerate_loop.py", (*ACC, "--plain"), torchrun=True),
     "accelerate-accum": Ref(
@@ -157,6 +160,14 @@ CELLS = [
          timeout=SLOW_IMPORT),
     Cell("hf_trainer", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # issue 29: after recoveries, train()'s summary, the model card and the saves of
+    # run_clm.py's epilogue as fault-free (train_loss over the whole run)
+    Cell("hf_trainer-accum", "flash", "kill", "identical, summary", K1, timeout=SLOW_IMPORT),
+    Cell("hf_trainer-accum", "spare", "kill", "identical, summary",
+         f"{SPARE} --chaos 'kill rank=0 at=step:11'", slow=True, timeout=SLOW_IMPORT),
+    Cell("hf_trainer-accum", "restart", "kill", "identical, summary",
+         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", slow=True,
+         timeout=SLOW_IMPORT),
     # (2c) a loop over accelerate.Accelerator.prepare (integrations/accelerate.py)
     Cell("accelerate", "flash", "none", "agree"),
     Cell("accelerate", "flash", "kill", "identical", K1, timeout=SLOW_IMPORT),
@@ -326,6 +337,18 @@ def _identical(cell: Cell, out: Outcome, refs: References) -> None:
     assert out.finals == ref.finals, "final parameters differ from the fault-free run"
 
 
+def _identical_summary(cell: Cell, out: Outcome, refs: References) -> None:
+    """``identical``, and what the framework reported after training (the Trainer's
+    ``train_loss``, ``total_flos``) is the fault-free run's: it counts the whole run."""
+    _identical(cell, out, refs)
+    ref = refs[cell.ref].summaries
+    assert ref and sorted(out.summaries) == sorted(ref), "a rank wrote no summary"
+    for member, summary in ref.items():
+        mine = out.summaries[member]
+        assert mine["train_loss"] == pytest.approx(summary["train_loss"], abs=1e-6), member
+        assert mine["total_flos"] == summary["total_flos"], member
+
+
 def _identical_no_kill(cell: Cell, out: Outcome, refs: References) -> None:
     _identical(cell, out, refs)
     assert not out.kinds("fault_detected"), out.kinds("fault_detected")
@@ -425,6 +448,7 @@ JUDGES = {
     "finished once": _finished_once,
     "identical": _identical,
     "identical, no kill": _identical_no_kill,
+    "identical, summary": _identical_summary,
     "agree": _agree,
     "same batches": _same_batches,
     "eval avg": _eval_avg,

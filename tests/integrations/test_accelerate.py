@@ -54,15 +54,39 @@ def test_the_batch_of_a_step_after_a_rollback_or_a_resume_is_the_fault_free_one(
     assert StepBatches(dl)(12)[0].tolist() == expected[11]
 
 
-def test_opening_the_iterator_draws_nothing_from_the_global_rng(accelerator_state: Any) -> None:
+def test_reopening_mid_epoch_draws_nothing_from_the_global_rng(accelerator_state: Any) -> None:
     _, dl = _prepared()
     batches = StepBatches(dl)
-    torch.manual_seed(5)
     batches(1)
-    batches(3)  # reopened, skipping
+    torch.manual_seed(5)
+    batches(3)  # reopened, skipping: the epoch's opening draws are in the restored RNGs
     after = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(torch.rand(3), after)
+
+
+def test_the_global_rng_stream_is_the_plain_loops(accelerator_state: Any) -> None:
+    """The port is bit-equal to the script it came from: a plain ``for batch in dl`` loop
+    and the ported one draw the same numbers (a dropout mask per step) across epochs."""
+    _, dl = _prepared(seedable=True)
+
+    def plain() -> list[float]:
+        torch.manual_seed(7)
+        drawn = []
+        for epoch in range(3):
+            dl.set_epoch(epoch)
+            for _ in dl:
+                drawn.append(torch.rand(1).item())
+        return drawn
+
+    expected = plain()
+    torch.manual_seed(7)
+    batches = StepBatches(dl)
+    ported = []
+    for step in range(1, 16):
+        batches(step)
+        ported.append(torch.rand(1).item())
+    assert ported == expected
 
 
 def test_a_sampler_that_depends_on_the_epochs_iterated_is_refused(accelerator_state: Any) -> None:

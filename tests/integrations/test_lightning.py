@@ -144,3 +144,26 @@ def test_a_rollback_across_an_epoch_end_redoes_its_checkpoint_save_as_a_replacem
     params, saves, scores = pl.fit_saving(_Resumed(seen, 7))
     assert saves.steps == [12, 14], "the replacement did not know step 6 was saved"
     assert same_params(params, plain_params) and scores == plain_scores
+
+
+def test_a_replaced_rank_0_logs_into_the_runs_version_folder(tmp_path: Any) -> None:
+    """A replacement of rank 0 asks its logger for a version again: without the record it
+    took the next free ``version_N`` and the run's logs and checkpoints split."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    from lightning.pytorch.loggers import CSVLogger
+
+    from stalwart.integrations.lightning import pin_versions
+
+    record = str(tmp_path / "run" / "integrations" / "lightning-versions.json")
+    first = CSVLogger(str(tmp_path / "logs"))
+    pin_versions([first], record, rank=0)
+    assert first.version == 0
+    first.log_metrics({"loss": 1.0}, step=1)
+    first.save()  # version_0 exists now
+    assert CSVLogger(str(tmp_path / "logs")).version == 1  # what a replacement took
+    again = CSVLogger(str(tmp_path / "logs"))
+    pin_versions([again], record, rank=0)
+    assert again.version == 0
+    pinned = CSVLogger(str(tmp_path / "logs"), version="mine")
+    pin_versions([pinned], record, rank=0)
+    assert pinned.version == "mine"  # a version the script chose is its own

@@ -80,8 +80,8 @@ def test_a_restored_worker_resumes_at_the_snapshot_without_resume_from_checkpoin
 class _Resumed(FakeSession):
     """Starts from another run's step-5 snapshot, as a restored worker does."""
 
-    def __init__(self, earlier: FakeSession) -> None:
-        super().__init__(start_at=5)
+    def __init__(self, earlier: FakeSession, at: int = 5) -> None:
+        super().__init__(start_at=at)
         self.earlier = earlier
 
     def _snapshot(self, step: int) -> None:
@@ -113,3 +113,39 @@ def test_with_gradient_accumulation_a_step_is_a_cycle_and_rollbacks_are_bit_iden
         assert sess.generation == len(fail_at), "the rollbacks did not happen"
         assert same_params(params, plain[0]), f"{fail_at}: final parameters differ"
         assert losses.by_step == plain[1].by_step, f"{fail_at}: a redone step's loss differs"
+
+
+@pytest.mark.parametrize(
+    ("fail_at", "accumulation", "logging_steps"),
+    [({5: 3}, 1, 1), ({4: 3, 9: 8}, 2, 1), ({7: 4}, 1, 3), ({6: 2, 8: 7}, 2, 3)],
+    ids=["once", "eval-steps-twice-accumulating", "between-logs", "accumulating-between-logs"],
+)
+def test_after_rollbacks_what_follows_training_counts_the_whole_run(
+    hf: Any, fail_at: dict[int, int], accumulation: int, logging_steps: int
+) -> None:
+    """train()'s summary (``train_loss``: the mean of every step's loss; ``total_flos``)
+    equals the fault-free run's, the evals after a re-entry log the columns the earlier
+    ones did (no ``eval_model_preparation_time``), and the model card is written (its
+    table needs the same columns in every eval: a ``KeyError`` otherwise)."""
+    kw = {"max_steps": 10, "accumulation": accumulation, "logging_steps": logging_steps}
+    _, plain = hf.train(None, save_steps=3, **kw)
+    sess = FakeSession(fail_at=fail_at)
+    _, losses = hf.train(sess, save_steps=3, **kw)
+    assert sess.generation == len(fail_at), "the rollbacks did not happen"
+    assert losses.summary["train_loss"] == pytest.approx(plain.summary["train_loss"], abs=1e-6)
+    assert losses.summary["total_flos"] == plain.summary["total_flos"]
+    assert losses.summary["train_steps_per_second"] > 0
+    assert losses.eval_keys == plain.eval_keys
+    assert losses.by_step == plain.by_step, "a logged loss differs (the unlogged total)"
+
+
+def test_a_worker_started_after_the_job_finished_runs_no_step(hf: Any) -> None:
+    """A worker that joins a job which already trained every step (a relaunch after all
+    members passed the finish barrier) gets train()'s result from the restored state,
+    not a ``StopIteration`` and not a step run again."""
+    seen = FakeSession()
+    _, plain = hf.train(seen, max_steps=8)
+    again = _Resumed(seen, at=8)
+    _, losses = hf.train(again, max_steps=8)
+    assert again.yielded == [] and losses.by_step == {}
+    assert losses.summary["train_loss"] == pytest.approx(plain.summary["train_loss"], abs=1e-6)

@@ -71,7 +71,7 @@ def test_console_plain_lines_when_not_a_tty() -> None:
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
     assert lines[0].startswith("step 10/20  ")  # first progress line
-    assert "fault injected: kill {'rank': 2}" in lines
+    assert "fault injected: kill rank 2" in lines
     assert "training resumed at step 11: RTO 4.00s" in lines
     assert lines[-1].startswith("run ended: ok  step 20/20") and "ETTR 55.6%" in lines[-1]
     assert "incidents 1  last RTO 4.0s" in lines[-1]

@@ -23,8 +23,10 @@ def test_summary_names_the_figures(make_run: Any, capsys: Any) -> None:
     out = capsys.readouterr().out
     for needle in ("ETTR 58.1%", "failures 2", "RTO p50 5.00s p95 5.90s max 6.00s", "MTBF 15.5s"):
         assert needle in out
-    assert "incident 1: kill {'rank': 3}" in out and "(during recovery)" in out
+    assert "incident 1: kill of rank 3 at" in out and "(during recovery)" in out
     assert "PARTIAL" not in out
+    incidents = [line for line in out.splitlines() if "incident" in line]
+    assert incidents and not any("{" in line or "'" in line for line in incidents)  # no reprs
 
 
 def test_json_figures(make_run: Any, capsys: Any) -> None:

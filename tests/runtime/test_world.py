@@ -93,6 +93,18 @@ def test_a_collective_before_the_formation_is_refused(gen: GenerationGroup) -> N
         dist.all_reduce(torch.ones(1))
 
 
+def test_a_barrier_before_the_formation_is_answered_at_once(gen: GenerationGroup) -> None:
+    """``training_args.main_process_first()`` (run_clm.py) puts a barrier before step 1:
+    it carries no data, so each rank passes it alone; after the formation a barrier is
+    the generation's again."""
+    dist.barrier()  # no member connected: no wait, no error
+    with pytest.raises(GroupNotFormedError):
+        dist.broadcast(torch.ones(1), src=0)  # data before the formation: still refused
+    _form(gen, peer := _Peer())
+    dist.barrier()
+    assert peer.calls == ["barrier"]
+
+
 def test_ddp_is_built_before_the_formation_and_runs_over_a_local_group(
     gen: GenerationGroup,
 ) -> None:

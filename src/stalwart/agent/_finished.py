@@ -42,6 +42,7 @@ __all__ = [
     "after_finish",
     "announce_finish",
     "finished_rank",
+    "finishing",
     "hung_at_exit",
     "skip_adoption",
 ]
@@ -82,10 +83,29 @@ def announce_finish(launch: Publisher, node: int) -> Callable[[_Ranked], None]:
     return finished
 
 
+def finishing(ex: WorkerExited, peer: int | None, slot: Slot) -> int | None:
+    """The rank whose finish makes ``ex`` a failure after the job finished: a peer that
+    finished (``peer``), else ``ex``'s own rank when its last board write (``slot``)
+    says it had passed the finish barrier (every member trained to the end, whatever
+    its peers' boards say yet)."""
+    if peer is not None:
+        return peer
+    return ex.rank if slot.pid == ex.pid and slot.phase == "done" else None
+
+
 def after_finish(ex: WorkerExited, done: int) -> str:
-    """The verdict of a rank that failed once a peer (``done``) had finished the job."""
+    """The verdict of a rank that failed once a peer (``done``) had finished the job, or
+    (``done`` its own rank) after it passed the finish barrier itself."""
     where = ex.failure.where
     at = where if where.startswith("after") else f"at {where}"
+    if done == ex.rank:
+        return (
+            f"rank {ex.rank} failed {at} ({ex.failure.error}) after the job had finished "
+            "training (every rank passed the finish barrier): not restarted, nothing is "
+            f"left to train and its peers are leaving; the job ends with rank {ex.rank}'s "
+            f"failure: fix what runs after training (rank {ex.rank}'s output has the "
+            "traceback); the final checkpoint is complete"
+        )
     return (
         f"rank {ex.rank} failed {at} ({ex.failure.error}) when rank {done} had finished the job "
         f"(exited 0): not restarted, its peers are gone and a replacement would wait for "

@@ -17,7 +17,7 @@ node whose rank fails later knows.
 
 from __future__ import annotations
 
-from stalwart.agent._finished import after_finish, announce_finish, finished_rank
+from stalwart.agent._finished import after_finish, announce_finish, finished_rank, finishing
 from stalwart.agent._outcome import Cordoned, end_with_verdict
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
@@ -49,7 +49,8 @@ class InPlace:
 
     def _worker_exited(self, ex: WorkerExited) -> None:
         p = self._p
-        if (done := self._peer_finished(ex.rank)) is not None:
+        own = p.workers.slot(p.workers[ex.rank])
+        if (done := finishing(ex, self._peer_finished(ex.rank), own)) is not None:
             end_with_verdict(p.launch, after_finish(ex, done))
         if ex.verdict is not None:  # it would fail the same way again
             end_with_verdict(p.launch, ex.verdict)

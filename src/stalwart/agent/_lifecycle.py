@@ -167,11 +167,14 @@ def launch(
     return Launched(board, zygote, c10d, ready, (board_path, plan_path))
 
 
-def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None] | None:
+def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None]:
     """Node 0's console progress line and Prometheus endpoint (``--progress``,
-    ``--metrics-port``); what ends them (None: neither asked for)."""
+    ``--metrics-port``); what ends them and then prints the end-of-run summary
+    (metrics/ending.py), once the run's last event is written."""
+    from stalwart.metrics.ending import print_end
+
     if cfg.metrics_port is None and not cfg.progress:
-        return None
+        return lambda: print_end(run_dir)
     from stalwart.metrics.follow import start_live as follow
 
     labels = {"job": cfg.job}
@@ -185,7 +188,12 @@ def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None] 
     for sink in live.sinks:
         if hasattr(sink, "url"):
             say(f"metrics at {sink.url}")
-    return live.close
+
+    def end() -> None:
+        live.close()
+        print_end(run_dir)
+
+    return end
 
 
 class WorkerSpecs:

@@ -13,7 +13,7 @@ result. A rank that fails after a peer finished ends the job with its failure in
 
 from __future__ import annotations
 
-from stalwart.agent._finished import after_finish, announce_finish, finished_rank
+from stalwart.agent._finished import after_finish, announce_finish, finished_rank, finishing
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts
@@ -42,7 +42,8 @@ class RestartAll:
             self.restart_all(f"loss of node {incident.node}", "node_loss")
             return
         p = self._p
-        done = finished_rank(p.workers, p.launch, p.cfg.world_size, besides=incident.rank)
+        peer = finished_rank(p.workers, p.launch, p.cfg.world_size, besides=incident.rank)
+        done = finishing(incident, peer, p.workers.slot(p.workers[incident.rank]))
         if done is not None:  # the job is finishing: never restarted from a checkpoint
             end_with_verdict(p.launch, after_finish(incident, done))
         if incident.verdict is not None:  # it would fail the same way again

@@ -102,8 +102,7 @@ class Agent:
         self._ranks = workers.ranks
         if cfg.node_rank == 0:
             emit_run_start(self.events, cfg, up.ready, self.gen.current)
-            if (end_live := start_live(cfg, self.run_dir, _say)) is not None:
-                stack.callback(quietly(end_live))
+            stack.callback(quietly(start_live(cfg, self.run_dir, _say)))  # after run_end
             write_agent_json(self.run_dir, cfg.job, cluster.address)
         spec = lambda w, extra: self.specs(w, extra)  # noqa: E731 (built below)
         self.standbys = Standbys.for_node(cfg, cluster.names, cluster, workers, spec)

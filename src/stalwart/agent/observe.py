@@ -14,11 +14,16 @@ Why the optimizer and not a timer or a profiler: an optimizer step is the one ev
 training loop has, once per step, and the hook costs a few microseconds. Scripts that step
 no optimizer (inference, evaluation) are simply not watched. When the script does call
 ``stalwart.init()``, the runtime takes the slot over (:func:`detach`).
+
+At the first step, rank 0 checks that a process group spans the job: a Trainer or
+Accelerate script on CPU without ``--use_cpu`` forms none under torchrun and silently
+trains independent replicas; a warning line says so (:func:`independent_replicas`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -28,7 +33,7 @@ from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent._plain_chaos import install_plain_chaos
 from stalwart.agent.progress import OBSERVED, ProgressBoard
 
-__all__ = ["detach", "install"]
+__all__ = ["detach", "independent_replicas", "install", "warn_independent_replicas"]
 
 _WINDOW = 64  # recent step intervals kept for the p99
 
@@ -67,6 +72,8 @@ class _Observer:
             self.intervals.append(now - self.t_last)
         self.t_last = now
         self.step += 1
+        if self.step == 1:
+            warn_independent_replicas()
         ordered = sorted(self.intervals)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
         self.board.write(
@@ -101,6 +108,38 @@ def _saved_step(opt: Any) -> int | None:
             continue
         found = n if found is None else max(found, n)
     return found
+
+
+def independent_replicas(world_size: int, initialized: bool, group_size: int) -> str | None:
+    """The warning for a job of ``world_size`` workers whose worker stepped its optimizer
+    with no process group across the job (``initialized``: torch.distributed is, with a
+    default group of ``group_size``); None when the group spans the job."""
+    if world_size <= 1 or (initialized and group_size == world_size):
+        return None
+    what = f"a process group of {group_size}" if initialized else "no process group"
+    return (
+        f"stalwart: warning: the first optimizer step ran with {what} across the job's "
+        f"{world_size} workers: they train {world_size} independent replicas (no gradient "
+        "is averaged). transformers' Trainer and Accelerate on CPU form no group under "
+        "torchrun unless told to use the CPU: pass --use_cpu (TrainingArguments(use_cpu="
+        "True)) or set ACCELERATE_USE_CPU=1; a plain script: init_process_group and DDP"
+    )
+
+
+def warn_independent_replicas() -> None:
+    """Rank 0 says so once, on stderr, when the job's workers train independently."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    import torch.distributed as dist
+
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    initialized = dist.is_available() and dist.is_initialized()
+    line = independent_replicas(world, initialized, dist.get_world_size() if initialized else 1)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
 
 
 _OBSERVER: _Observer | None = None

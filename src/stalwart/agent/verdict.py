@@ -70,9 +70,11 @@ def error_line(path: str, rc: int, cause: str) -> str:
     return f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
 
 
-_REFUSALS = (  # deterministic by design: a bad flag or state, with the fix in the message
+_REFUSALS = (  # deterministic by design: a bad flag, state or call, with the fix in the message
     "stalwart.errors.ConfigError:",
     "stalwart.errors.UnsupportedStateError:",
+    "stalwart.errors.GroupNotFormedError:",  # a collective before the loop, every launch
+    "stalwart.errors.ProcessGroupInitError:",  # a second init_process_group, every launch
 )
 
 _LOOP = "stalwart.errors.RecoveryLoopError: "  # a step that fails alike after recoveries

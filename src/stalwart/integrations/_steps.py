@@ -25,11 +25,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint import RNGState
+from stalwart.errors import StalwartError
 
 if TYPE_CHECKING:
     from stalwart.runtime import Session
 
-__all__ = ["Rewind", "StepDriver"]
+__all__ = ["Finished", "Rewind", "StepDriver"]
 
 
 class Rewind(Exception):
@@ -41,6 +42,20 @@ class Rewind(Exception):
     def __init__(self, step: int) -> None:
         super().__init__(f"stalwart restored step {step}: the training loop resumes from it")
         self.step = step
+
+
+class Finished(StalwartError, RuntimeError):
+    """The job had finished training before this worker joined it (every member passed
+    the finish barrier; a worker started again after that restores the last step and
+    has no step left to run). Raised by :meth:`StepDriver.start`; the Trainer
+    integration returns the restored result instead of running its loop."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(
+            f"the job had already finished training ({total} steps) when this worker "
+            "started: nothing is run again; its final state is the restored one"
+        )
+        self.total = total
 
 
 class StepDriver:
@@ -62,9 +77,15 @@ class StepDriver:
 
     def start(self, total: int) -> None:
         """Join the job and restore (``sess.steps(total)``'s first step); the state is
-        tracked by then. Raises :class:`Rewind` when the job resumes past step 0."""
+        tracked by then. Raises :class:`Rewind` when the job resumes past step 0, and
+        :class:`Finished` when it had already trained all ``total`` steps."""
         self._steps = self.session.steps(total)
-        self._take(self._advance(), done=0)
+        try:
+            step = self._advance()
+        except StopIteration:
+            self.finished = True
+            raise Finished(total) from None
+        self._take(step, done=0)
 
     def train_begin(self, done: int) -> None:
         """The framework's loop (re-)entered at ``done`` completed steps."""

@@ -107,9 +107,12 @@ class StepBatches:
 
     The iterator is kept from one step to the next and reopened (``set_epoch``, then
     Accelerate's ``skip_first_batches``) only when the step is not the one after the
-    previous call: after a resume or a rollback. Opening it draws no random number from
-    the global RNGs (``torch.random.fork_rng``), so a rollback that reopens it mid-epoch
-    leaves the dropout masks of the redone steps as they were.
+    previous call: after a resume or a rollback. The global RNG stream is the plain
+    loop's (``for batch in train_dl``): an epoch's iterator is opened at its first step
+    and draws what the plain loop's draws there (the port is bit-equal to the script it
+    came from); reopened mid-epoch (after a rollback or a resume) it draws nothing
+    (``torch.random.fork_rng``): the restored RNGs already hold what the epoch's opening
+    drew, so the redone steps draw the dropout masks they drew the first time.
 
     Refuses a sampler whose order depends on how many epochs this process has iterated
     (Accelerate's default ``RandomSampler`` with a generator it advances): a rolled-back
@@ -132,8 +135,8 @@ class StepBatches:
 
     def _open(self, epoch: int, skip: int) -> Iterator[Any]:
         # the first next() runs the iterator's set-up (a seed drawn from the global RNG,
-        # Accelerate's generator broadcast): inside the fork too
-        with torch.random.fork_rng(devices=[]):
+        # Accelerate's generator broadcast): inside the fork too, when mid-epoch
+        with torch.random.fork_rng(devices=[], enabled=skip > 0):
             if hasattr(self.dataloader, "set_epoch"):
                 self.dataloader.set_epoch(epoch)
             it = itertools.islice(iter(self.dataloader), skip, None)

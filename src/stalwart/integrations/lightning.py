@@ -36,6 +36,9 @@ docs/integrations.md says what is and is not covered.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,7 +53,7 @@ from stalwart.integrations._steps import StepDriver
 if TYPE_CHECKING:
     from stalwart.runtime import Session
 
-__all__ = ["StalwartCallback", "StalwartLogger", "StalwartStrategy"]
+__all__ = ["StalwartCallback", "StalwartLogger", "StalwartStrategy", "pin_versions"]
 
 
 class StalwartLogger(Logger):
@@ -166,6 +169,10 @@ class StalwartStrategy(DDPStrategy):
             return
         # set by the Trainer's callback connector: public, untyped
         callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+        run_dir = getattr(getattr(self.session, "env", None), "run_dir", "")
+        if run_dir:  # under `stalwart run`: one version folder for the whole run
+            record = os.path.join(run_dir, "integrations", "lightning-versions.json")
+            pin_versions(trainer.loggers, record, self.global_rank)
         mine = [c for c in callbacks if isinstance(c, StalwartCallback)]
         if not mine:
             callbacks.append(self._callback)
@@ -188,3 +195,38 @@ class StalwartStrategy(DDPStrategy):
         if isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg"):
             return super().reduce(tensor, group, "sum") / self.world_size
         return super().reduce(tensor, group, reduce_op)
+
+
+def pin_versions(loggers: Sequence[Any], record: str, rank: int) -> None:
+    """One ``version_N`` folder per logger for the whole run. A logger without a version
+    of its own (``TensorBoardLogger``, ``CSVLogger``: ``version=None``) takes the next
+    free ``version_N`` when first asked; a replacement of rank 0 would take the next one
+    again, and the run's logs and checkpoints would split across two folders. The first
+    rank 0 of the run records the versions it picked in ``record`` (JSON, in the run
+    directory); every later worker of the run (a replacement, a restarted job) takes
+    them from there."""
+    versioned = [(str(i), lg) for i, lg in enumerate(loggers) if _unversioned(lg)]
+    if not versioned:
+        return
+    try:
+        with open(record) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict):
+        for key, logger in versioned:
+            v = saved.get(key)
+            if isinstance(v, int | str) and not isinstance(v, bool):
+                logger._version = v
+        return
+    if rank != 0:
+        return
+    chosen = {key: lg.version for key, lg in versioned}
+    os.makedirs(os.path.dirname(record), exist_ok=True)
+    with open(record + ".tmp", "w") as f:
+        json.dump(chosen, f)
+    os.replace(record + ".tmp", record)
+
+
+def _unversioned(logger: Any) -> bool:
+    return "_version" in vars(logger) and logger._version is None

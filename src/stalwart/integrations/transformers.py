@@ -14,6 +14,8 @@ What it does, hook by hook:
   scheduler and the ``TrainerState`` (the process RNGs are tracked by the session), then
   joins the job: a replacement worker, or a whole job restarted under ``restart``,
   resumes here from the newest snapshot or checkpoint, with no ``resume_from_checkpoint``.
+  A re-entered loop gets its running totals back here (``train_loss``, ``total_flos``
+  and ``train_runtime`` count the whole run; integrations/_hf_trainer.py).
 - ``on_step_begin``: the stalwart step boundary (integrations/_steps.py): the previous
   step commits and snapshots; a failed step recovers, and the Trainer's loop is re-entered
   at the restored step. ``global_step`` is stalwart's step count.
@@ -108,6 +110,7 @@ class StalwartCallback(TrainerCallback):
                 "or call callback.attach(trainer) before trainer.train()"
             )
         if not self._driver.started:
+            self._holder.totals.began()  # the run's start time (a restore overwrites it)
             self.session.track(
                 model=trainer.model_wrapped,
                 optimizer=_unwrapped(trainer.optimizer),
@@ -116,6 +119,7 @@ class StalwartCallback(TrainerCallback):
             )
             self._driver.start(state.max_steps)
         self._driver.train_begin(state.global_step)
+        self._holder.totals.began()  # a re-entered loop: its totals as they were at the step
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from stalwart.metrics.live import LiveFigures, LiveSnapshot
 
-__all__ = ["ConsoleProgress", "format_status", "terminal_safe"]
+__all__ = ["ConsoleProgress", "domain_text", "format_status", "terminal_safe"]
 
 # C0 and C1 controls, DEL, line/paragraph separators and the bidi overrides: a string
 # from events.jsonl (any worker, i.e. user code, writes there) must not move the cursor,
@@ -34,6 +34,14 @@ def terminal_safe(text: str, *, newlines: bool = False) -> str:
     if newlines:
         return "\n".join(_UNSAFE.sub(_escape, line) for line in text.split("\n"))
     return _UNSAFE.sub(_escape, text)
+
+
+def domain_text(domain: Any) -> str:
+    """A fault domain as words: ``{"rank": 1, "node": 0}`` -> ``rank 1 (node 0)``."""
+    if not isinstance(domain, dict) or not domain:
+        return str(domain or "-")
+    parts = [f"{k} {v}" for k, v in domain.items()]
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
 def _s(x: float | None, fmt: str = ".1f", unit: str = "s") -> str:
@@ -99,9 +107,10 @@ class ConsoleProgress:
 
     def _notable(self, kind: str, f: dict[str, Any], s: LiveSnapshot) -> str | None:
         if kind == "fault_injected":
-            return f"fault injected: {f['fault']} {f['domain']}"
+            return f"fault injected: {f['fault']} {domain_text(f['domain'])}"
         if kind == "fault_detected":
-            return f"fault detected: {f['fault']} {f['domain']} after {f['latency_s']:.2f}s"
+            where = domain_text(f["domain"])
+            return f"fault detected: {f['fault']} {where} after {f['latency_s']:.2f}s"
         if kind == "recovery_begin":
             return f"recovering ({f['strategy']}, generation {f['generation']})"
         if kind == "steps" and s.last_rto_s is not None and s.last_rto_s != self._rto_seen:

@@ -15,6 +15,7 @@ from stalwart.errors import StalwartError
 from stalwart.metrics._health import health_lines, health_section
 from stalwart.metrics._integrity import integrity_lines, integrity_section
 from stalwart.metrics._stragglers import straggler_lines, straggler_rows
+from stalwart.metrics.console import domain_text
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
 from stalwart.metrics.events import EVENTS_FILE, Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
@@ -26,6 +27,7 @@ __all__ = [
     "RunReport",
     "build_report",
     "format_summary",
+    "incident_line",
     "load_run",
     "strategy_text",
 ]
@@ -306,6 +308,21 @@ def _headline(d: dict[str, Any]) -> str:
     )
 
 
+def incident_line(i: dict[str, Any]) -> str:
+    """One incident of the report's document as a line of words (no Python reprs)."""
+    restored = ""
+    if i.get("restored_step") is not None:
+        tier = f" from {i['source_tier']}" if i.get("source_tier") else ""
+        restored = f"  restored step {i['restored_step']}{tier}"
+    return (
+        f"  incident {i['index']}: {i['fault']} of {domain_text(i['domain'])} at "
+        f"{i['t_fault']:.2f}s  detected after {_f(i['detection_latency_s'], '.2f')}  "
+        f"RTO {_f(i['rto_s'], '.2f')}{restored}"
+        + ("  (during recovery)" if i["during_recovery"] else "")
+        + ("" if i["interrupted"] else "  (no interruption)")
+    )
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
     comes from the event log is printed with its control characters escaped (an ESC
@@ -349,12 +366,7 @@ def format_summary(d: dict[str, Any]) -> str:
         f"failed persists {c['persists_failed']}"
     )
     for i in d["incidents"]:
-        lines.append(
-            f"  incident {i['index']}: {t(i['fault'])} {t(i['domain'])} at {i['t_fault']:.2f}s  "
-            f"detected {_f(i['detection_latency_s'], '.2f')}  RTO {_f(i['rto_s'], '.2f')}"
-            + ("  (during recovery)" if i["during_recovery"] else "")
-            + ("" if i["interrupted"] else "  (no interruption)")
-        )
+        lines.append(t(incident_line(i)))
     lines += [t(line) for line in _detector_lines(d)]
     for cv in d["convergence"]:
         s = cv["steps_to_converge"]

@@ -51,6 +51,17 @@ class JobProcessGroup(SwapProcessGroup):
     def rank(self) -> int:
         return self._gen.rank
 
+    def barrier(self, opts: Any = None) -> dist.Work:
+        """Before the job's group formed, a barrier is answered at once on each rank: it
+        carries no data, so nothing computed changes (``training_args.main_process_first()``
+        and ``accelerator.main_process_first()`` put one before the first step; their
+        ordering of the ranks' preprocessing is lost, each rank does its own). A
+        replacement or a standby, alone before it joins, could never pass a real one."""
+        gen = self._gen
+        if gen.pg is None and gen.generation < 0 and gen.error is None:
+            return _done([])
+        return super().barrier(opts)
+
     @property
     def _device_types(self) -> list[torch.device]:  # object collectives ask for it
         return [self._gen.backend.device]
@@ -103,10 +114,10 @@ class JobProcessGroup(SwapProcessGroup):
         if _in_ddp_constructor():
             return op(_Mirror())  # type: ignore[no-any-return]
         raise GroupNotFormedError(
-            "a collective on the default group ran before the job's group formed: members "
-            "connect at the first `for step in sess.steps(...)` iteration (a replaced worker "
-            "is alone before it); move the collective into the loop (e.g. under "
-            "`if step == 1:`), and pass a DDP model to sess.track() before the loop"
+            "a collective ran on the default group before the job's group formed (at the "
+            "first `for step in sess.steps(...)`): move it into the loop (e.g. under `if "
+            "step == 1:`); a barrier (main_process_first()) is allowed; track a DDP model "
+            "before the loop"
         )
 
 
