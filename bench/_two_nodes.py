@@ -86,6 +86,9 @@ class TwoNodes:
         script: list[str],
     ) -> None:
         self.job, self.run_dir, self.root, self.tag = job, run_dir, root, tag
+        if any(a.startswith(("etcd://", "etcds://")) for a in rdzv):
+            # a plain etcd: the job token stays in a file of the job's (docs/security.md)
+            rdzv = [*rdzv, "--token-file", str(root / f"{tag}.job-token")]
         self.cmd = [STALWART, "run", *rdzv, "--run-dir", str(run_dir), "--nnodes", "2", *launch]
         self.script = script
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
