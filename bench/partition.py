@@ -178,6 +178,8 @@ def run_cell(name: str, ref: dict[str, Any], root: Path) -> dict[str, Any]:
                 heal.cancel()
             job.stop()
         shm = job.shm_left()
+    for node, (_, err) in enumerate(ended):
+        (work / f"node{node}.err").write_text(err)  # kept when the cell is not ok
     return measure(job, strategy, ended, ref, t_fault, gen_at, shm) | {"spec": spec}
 
 
@@ -227,7 +229,7 @@ def measure(
         why.append(f"{refused} refused commits")
     if shm:
         why.append(f"left in /dev/shm: {shm}")
-    gen_events = bumps(job.run_dir)
+    gen_events = bumps(job.run_dir) if strategy == "flash" else el.generations(job.run_dir)
     return {
         "detect_s": round(min(detected) - t_fault, 2) if detected else None,
         "recover_s": round(min(newer) - t_fault, 2) if newer else None,

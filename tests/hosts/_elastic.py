@@ -18,11 +18,13 @@ __all__ = [
     "EXAMPLE",
     "FAULT_AT",
     "FLAGS",
+    "LOSS_RTOL",
     "STEPS",
     "Trace",
     "committed",
     "compare",
     "fault_free_trace",
+    "generations",
     "job_of",
     "newest_step",
     "old_generation_records",
@@ -36,6 +38,10 @@ FAULT_AT = 40
 ARGS = ["--steps", str(STEPS), "--step-sleep", "0.05"]
 FLAGS = ["--strategy", "elastic", "--nnodes", "1:2"]
 Trace = dict[int, list[dict[str, Any]]]
+LOSS_RTOL = 1e-2
+"""How far a step's mean loss may be from the reference run's. Not bit-identical: the
+same world of 4 summed across two hosts and on one host diverged from step 31 on,
+fault-free (2e-5 relative by step 40, 3e-3 by step 300); the samples must be the same."""
 
 
 def trace(job: HostJob) -> list[dict[str, Any]]:
@@ -96,7 +102,7 @@ def fault_free_trace(work: Path) -> Trace:
 
 def compare(got: Trace, reference: Trace) -> str | None:
     """Why ``got`` is not the reference run's (None: every step committed, with the same
-    samples and mean loss)."""
+    samples, and a mean loss within ``LOSS_RTOL``)."""
     if sorted(got) != sorted(reference):
         missing = sorted(set(reference) - set(got))
         return f"steps missing: {missing[:5]} ({len(missing)})"
@@ -109,15 +115,31 @@ def compare(got: Trace, reference: Trace) -> str | None:
             return f"step {step} read other samples"
         loss = sum(float(r["loss"]) for r in rs) / world
         ref = sum(float(r["loss"]) for r in reference[step]) / len(reference[step])
-        if abs(loss - ref) > 1e-5 * abs(ref):
+        if abs(loss - ref) > LOSS_RTOL * abs(ref):
             return f"step {step}: mean loss {loss} against {ref}"
     return None
+
+
+def generations(run_dir: Path) -> dict[int, float]:
+    """generation -> when it was first recorded: ``generation`` events and, since an
+    elastic resize moves the generation without one, ``resize`` and ``recovery_begin``."""
+    first = bumps(run_dir)
+    for path in sorted(run_dir.rglob("events*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            if doc.get("kind") in ("resize", "recovery_begin") and "generation" in doc:
+                gen, t = int(doc["generation"]), float(doc["t"])
+                first[gen] = min(t, first.get(gen, t))
+    return first
 
 
 def old_generation_records(recs: list[dict[str, Any]], run_dir: Path) -> list[dict[str, Any]]:
     """Steps traced in a generation after a later one was recorded, past the one step
     per process that may have been in flight at the bump (a split brain)."""
-    first = bumps(run_dir)
+    first = generations(run_dir)
     late: dict[int, list[dict[str, Any]]] = {}
     for r in sorted(recs, key=lambda r: float(r["t"])):
         newer = [when for g, when in first.items() if g > r["gen"]]

@@ -58,16 +58,30 @@ def test_one_way_partition_30s(
     assert rc1 in (0, 3), err1[-3000:]
 
 
+def _evicted_for_good(job: HostJob, rc1: int, err1: str) -> None:
+    """What a 3 s partition does today: node 1's lease (``--node-lease 3``) expires, node
+    0 blocklists it and adopts its ranks, node 1 learns it was fenced at the heal and
+    exits 3. Issue 25 asks that a partition shorter than a grace not evict a node for
+    good; no such grace exists yet. When one does, this cell must expect rc 0 and no
+    blocklisting."""
+    assert rc1 == 3, f"node 1 rc {rc1} (today a 3 s partition fences it):\n{err1[-3000:]}"
+    events = read_events(str(job.run_dir / "events.jsonl")).events
+    blocked = [e["member"] for e in events if e.kind == "isolation" and e["blocklisted"]]
+    assert "node1" in blocked, blocked
+
+
 def test_short_partition_3s_flash(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
     reference: list[str],
     tmp_path: Path,
 ) -> None:
+    """A partition as long as the lease (3 s): today it evicts node 1 for good (see
+    _evicted_for_good); the job finishes on node 0 as after a node loss."""
     lab = lab_factory(2)
     job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS)
     rc1, err1 = _flash(lab, job, "partition 0<->1 for 3s", reference)
-    assert rc1 in (0, 3), err1[-3000:]
+    _evicted_for_good(job, rc1, err1)
 
 
 def test_delayed_control_plane_200ms(
@@ -125,9 +139,9 @@ def _elastic(
     work: Path,
     fault: str,
     reference: el.Trace,
-) -> tuple[int, str, list[int]]:
-    """The elastic job on two hosts, ``fault`` injected at step FAULT_AT; the cut
-    node's (exit code, stderr) and the world sizes the job resized to."""
+) -> tuple[HostJob, int, str, list[int]]:
+    """The elastic job on two hosts, ``fault`` injected at step FAULT_AT: the job, the
+    cut node's exit code and stderr, and the world sizes the job resized to."""
     lab = lab_factory(2)
     script = {"script": el.EXAMPLE, "tail": ["--trace", str(work / "trace")]}
     job = jobs(lab, work, [0, 1], el.ARGS, flags=el.FLAGS, **script)
@@ -143,7 +157,7 @@ def _elastic(
     events = read_events(str(job.run_dir / "events.jsonl")).events
     assert [e["status"] for e in events if e.kind == "run_end"] == ["ok"]
     assert job.shm_left() == {}
-    return rc1, err1, [int(str(e["world_size"])) for e in events if e.kind == "resize"]
+    return job, rc1, err1, [int(str(e["world_size"])) for e in events if e.kind == "resize"]
 
 
 def test_short_partition_3s_elastic(
@@ -152,10 +166,14 @@ def test_short_partition_3s_elastic(
     elastic_reference: el.Trace,
     tmp_path: Path,
 ) -> None:
-    rc1, err1, _worlds = _elastic(
+    """As under flash, today the 3 s partition evicts node 1 for good: node 0 shrinks to
+    2 ranks, then adopts node 1's ranks and grows back to 4 on its own (they run doubled
+    up on node 0; on GPUs that needs spare devices)."""
+    job, rc1, err1, worlds = _elastic(
         lab_factory, jobs, tmp_path, "partition 0<->1 for 3s", elastic_reference
     )
-    assert rc1 in (0, 3), err1[-3000:]
+    _evicted_for_good(job, rc1, err1)
+    assert 2 in worlds and worlds[-1] == 4, worlds
 
 
 def test_partition_30s_heals_under_elastic(
@@ -164,7 +182,7 @@ def test_partition_30s_heals_under_elastic(
     elastic_reference: el.Trace,
     tmp_path: Path,
 ) -> None:
-    rc1, err1, worlds = _elastic(
+    _job, rc1, err1, worlds = _elastic(
         lab_factory, jobs, tmp_path, "partition 0<->1 for 30s", elastic_reference
     )
     assert rc1 in (0, 3), err1[-3000:]
