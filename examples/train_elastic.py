@@ -97,7 +97,7 @@ def main() -> None:
             time.sleep(args.step_sleep)
         sess.log(loss=total)
         if trace is not None and sess.step_ok:
-            rec = {"step": step, "gen": sess.generation, "world": sess.world_size}
+            rec = {"step": step, "gen": sess.generation, "world": sess.world_size, "t": time.time()}
             rec |= {"rank": sess.rank, "member": sess.env.rank, "pid": os.getpid()}
             rec |= {"loss": total, "samples": seen}
             trace.write(json.dumps(rec) + "\n")

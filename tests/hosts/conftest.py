@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ._flash import fault_free_digests
 from ._job import HostJob
 from ._lab import Lab, lab_missing
 
@@ -26,6 +27,14 @@ def require_lab() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI must run the multi-host tests: {why}", pytrace=False)
     pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The digests of the flash cells' job run fault-free on one host (``_flash.py``),
+    once for every file of cells."""
+    require_lab()
+    return fault_free_digests(tmp_path_factory.mktemp("ref"))
 
 
 @pytest.fixture

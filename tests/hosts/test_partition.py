@@ -14,6 +14,9 @@ once rank 0 logged step FAULT_AT, and the cell's expected outcome:
 * the cut node exits 3 (fenced) or, where the fault healed, rejoins and ends 0;
 * nothing is left in any host's /dev/shm, and the lab is removed (the fixtures).
 
+The job, its fault-free reference (the session's ``reference`` fixture, conftest.py) and
+these checks are _flash.py's; more cells of the matrix are in test_partition_matrix.py.
+
 Marked ``hosts``; every cell but one per backend (the permanent partition) is also
 ``hosts_matrix``: plain ``make test`` deselects those and ``make test-hosts`` runs them.
 Under etcd both nodes keep their leases: the partition is found by the watched data
@@ -28,54 +31,12 @@ from pathlib import Path
 import pytest
 from coordinator.etcd_server import require_etcd
 
-from stalwart.metrics.events import read_events
-
 from ._etcd import etcd_on
-from ._job import STORE_PORT, HostJob, newest_checkpoint, old_generation_steps, refused_commits
+from ._flash import ARGS, FAULT_AT, FLAGS, check_outcome
+from ._job import STORE_PORT, HostJob
 from ._lab import Lab
-from .conftest import require_lab
-
-STEPS = 600
-ARGS = ["--steps", str(STEPS), "--size-mb", "2", "--window-mb", "0.25", "--step-ms", "60"]
-FLAGS = ["--strategy", "flash", "--persist-every", "100"]
-FAULT_AT = 60
-WORLD = 4
 
 pytestmark = [pytest.mark.hosts, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The digests of a fault-free 1-host run with the same world size (4 workers)."""
-    require_lab()
-    with Lab(1) as lab:
-        job = HostJob(lab, tmp_path_factory.mktemp("ref"), [0], ARGS, FLAGS, nproc=WORLD)
-        try:
-            job.start()
-            ended = job.wait(300)
-        finally:
-            job.stop()
-    assert [rc for rc, _ in ended] == [0], ended
-    return job.digests()
-
-
-def _check_outcome(job: HostJob, ended: list[tuple[int, str]], reference: list[str]) -> None:
-    (rc0, err0), (_rc1, err1) = ended
-    assert rc0 == 0, f"node 0 (majority) rc {rc0}:\n{err0[-3000:]}\nnode 1:\n{err1[-2000:]}"
-    assert job.digests() == reference
-    late = old_generation_steps(job)
-    assert late == [], f"{len(late)} steps in an old generation after a bump: {late[:3]}"
-    repeated = {k: v for k, v in refused_commits(job.run_dir).items() if len(v) > 1}
-    assert repeated == {}, f"commits refused in silence, (rank, pid) -> steps: {repeated}"
-    for rank in range(WORLD):
-        assert newest_checkpoint(job.run_dir, rank) == STEPS, f"rank {rank}"
-    assert job.shm_left() == {}
-    # one run in one run dir, not the first host's records moved aside (issue 25, item 6)
-    assert not (job.run_dir / "prev").exists()
-    events = read_events(str(job.run_dir / "events.jsonl"))
-    kinds = [e.kind for e in events.events]
-    assert kinds.count("run_start") == 1, kinds
-    assert [e["status"] for e in events.events if e.kind == "run_end"] == ["ok"]
 
 
 def _faulted(
@@ -84,7 +45,7 @@ def _faulted(
     job.wait_step(FAULT_AT, timeout=240)
     lab.inject(fault)
     ended = job.wait(timeout)
-    _check_outcome(job, ended, reference)
+    check_outcome(job, ended, reference)
     return ended[1]
 
 
@@ -99,7 +60,7 @@ def test_healthy_two_hosts_equal_one_host(
     job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS)
     ended = job.wait(300)
     assert [rc for rc, _ in ended] == [0, 0], ended
-    _check_outcome(job, ended, reference)
+    check_outcome(job, ended, reference)
 
 
 @pytest.mark.hosts_matrix

@@ -62,6 +62,21 @@ def test_a_trained_worker_never_joins_a_fresh_start() -> None:
         no_common_point(fresh, 60, rank=0)
 
 
+def test_members_that_trained_are_known_to_leave_a_fresh_start() -> None:
+    """A node lost with no common restore point (issue 25's partition cells): the
+    survivors trained and exit (no_common_point), the adopted ranks are new. Every member
+    reads who leaves from the agreement, so the new ones do not wait the formation
+    timeout (60 s) for them."""
+    from stalwart.runtime._rendezvous import Agreement, leaving
+
+    infos = tuple({"rank": r, "done": d} for r, d in [(0, 64), (1, 64), (2, 0), (3, 0)])
+    assert leaving(Agreement(1, None, "none", 64, infos)) == [0, 1]
+    assert leaving(Agreement(1, 56, "memory", 64, infos)) == []  # a restore point: all stay
+    assert leaving(Agreement(0, None, "none", 0, infos)) == []  # the first start
+    fresh = tuple({"rank": r, "done": 0} for r in range(4))
+    assert leaving(Agreement(3, None, "none", 64, fresh)) == []  # the replacements
+
+
 def test_a_restarts_workers_never_count_the_infos_of_killed_ones() -> None:
     """Both workers of the launch before a restart reached generation 1 (and agreed)
     before they were killed; a restarted worker (launch 1) must wait for its own peers,

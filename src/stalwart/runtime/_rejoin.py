@@ -28,7 +28,7 @@ from stalwart.runtime._memory import (
     restore_memory_step,
     taken_from_replica,
 )
-from stalwart.runtime._rendezvous import Agreement, agree, no_common_point
+from stalwart.runtime._rendezvous import Agreement, agree, leaving, no_common_point
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import Snapshotter
@@ -86,6 +86,9 @@ class FixedRejoin:
         while True:
             a = self._agree(self.coord, self.store, min_generation, done)
             restored = self._restore(a, done)
+            if leaving(a):  # members that trained exit (a fresh start): form without them
+                min_generation = a.generation + 1
+                continue
             fresh, state = a.target is None, self.tracked.state
             if not form_group(
                 self.group, self.coord, a.generation, state, step=restored, fresh=fresh

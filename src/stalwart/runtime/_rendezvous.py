@@ -20,7 +20,7 @@ from typing import Any
 from stalwart.coordinator import Compare, Coordinator, Put, Store
 from stalwart.errors import CheckpointNotFoundError, FencedError
 
-__all__ = ["Agreement", "agree", "choose", "finish_barrier", "no_common_point"]
+__all__ = ["Agreement", "agree", "choose", "finish_barrier", "leaving", "no_common_point"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,17 @@ def no_common_point(a: Agreement, done: int, rank: int, *, preloaded: bool = Fal
             "--persist-every N, or --replica-rate with --snapshot-every longer than one "
             "replication round"
         )
+
+
+def leaving(a: Agreement) -> list[int]:
+    """The ranks of ``a`` that exit instead of forming its group (:func:`no_common_point`:
+    they trained, and ``a`` is a fresh start after generation 0), as every member can
+    tell from the agreement. A member that forms the group anyway waits the formation
+    timeout (60 s) for ranks that never come; it moves on to the next generation instead,
+    where their replacements join."""
+    if a.target is not None or a.generation == 0:
+        return []
+    return sorted(int(str(i.get("rank", -1))) for i in a.infos if int(str(i.get("done", 0))) > 0)
 
 
 def _held(a: Agreement) -> str:

@@ -1,0 +1,189 @@
+"""The rest of issue 25's partition matrix on two lab hosts (test_partition.py and
+test_elastic_partition.py hold the first cells): a one-way partition, a short one, a
+delayed control plane, a control plane cut under etcd, and healed partitions under
+elastic. Every cell is ``hosts_matrix``: ``make test-hosts`` runs them, plain ``make
+test`` does not.
+
+Flash cells run _flash.py's job and check its outcome (node 0 ends 0, final parameters
+bit-identical to the fault-free run, no step in an old generation after a bump, every
+rank's newest checkpoint at the last step, no process with more than one refused commit,
+nothing left in /dev/shm); the cut node either rejoins and ends 0 or is fenced and
+exits 3. Elastic cells run examples/train_elastic.py and check: node 0 ends 0, every
+step committed, each step's committed samples and mean loss those of a fault-free
+fixed-size run (constant global batch), no step traced in a generation the job had left
+(past the one in flight at the bump), nothing left in /dev/shm, ``run_end ok``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from coordinator.etcd_server import require_etcd
+
+from stalwart.metrics.events import read_events
+
+from . import _elastic as el
+from ._etcd import CLIENT_PORT, etcd_on
+from ._flash import ARGS, FAULT_AT, FLAGS, check_outcome
+from ._job import STORE_PORT, HostJob
+from ._lab import Lab
+from .conftest import require_lab
+
+pytestmark = [pytest.mark.hosts, pytest.mark.hosts_matrix, pytest.mark.timeout(600)]
+
+# -- flash ----------------------------------------------------------------------------
+
+
+def _flash(lab: Lab, job: HostJob, fault: str, reference: list[str]) -> tuple[int, str]:
+    job.wait_step(FAULT_AT, timeout=240)
+    lab.inject(fault)
+    ended = job.wait(420)
+    check_outcome(job, ended, reference)
+    return ended[1]
+
+
+def test_one_way_partition_30s(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """What node 1 sends to node 0 is dropped for 30 s (node 0's packets still arrive)."""
+    lab = lab_factory(2)
+    job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS)
+    rc1, err1 = _flash(lab, job, "partition 1->0 for 30s", reference)
+    assert rc1 in (0, 3), err1[-3000:]
+
+
+def _evicted_for_good(job: HostJob, rc1: int, err1: str) -> None:
+    """What a 3 s partition does today: node 1's lease (``--node-lease 3``) expires, node
+    0 blocklists it and adopts its ranks, node 1 learns it was fenced at the heal and
+    exits 3. Issue 25 asks that a partition shorter than a grace not evict a node for
+    good; no such grace exists yet. When one does, this cell must expect rc 0 and no
+    blocklisting."""
+    assert rc1 == 3, f"node 1 rc {rc1} (today a 3 s partition fences it):\n{err1[-3000:]}"
+    events = read_events(str(job.run_dir / "events.jsonl")).events
+    blocked = [e["member"] for e in events if e.kind == "isolation" and e["blocklisted"]]
+    assert "node1" in blocked, blocked
+
+
+def test_short_partition_3s_flash(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """A partition as long as the lease (3 s): today it evicts node 1 for good (see
+    _evicted_for_good); the job finishes on node 0 as after a node loss."""
+    lab = lab_factory(2)
+    job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS)
+    rc1, err1 = _flash(lab, job, "partition 0<->1 for 3s", reference)
+    _evicted_for_good(job, rc1, err1)
+
+
+def test_delayed_control_plane_200ms(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """Node 1's connections to node 0's store 200 ms late both ways, from before the job
+    starts (the delay is a forwarder that new connections go through) until 30 s after
+    step FAULT_AT: the job finishes as if nothing happened, no node fenced."""
+    lab = lab_factory(2)
+    lab.inject(f"delay 1<->0:{STORE_PORT} 200ms")
+    job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS)
+    job.wait_step(FAULT_AT, timeout=300)
+    heal = threading.Timer(30, lab.heal)
+    heal.start()
+    try:
+        ended = job.wait(420)
+    finally:
+        heal.cancel()
+    check_outcome(job, ended, reference)
+    assert ended[1][0] == 0, ended[1][1][-3000:]
+
+
+def test_control_plane_cut_30s_under_etcd(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """etcd on a third host; node 1 cannot reach it for 30 s, its link to node 0 intact:
+    node 1 loses its lease and is fenced (or rejoins), the majority finishes."""
+    binary = require_etcd()
+    lab = lab_factory(3)
+    (tmp_path / "etcd").mkdir()
+    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
+        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
+        rc1, err1 = _flash(lab, job, f"partition 1->2:{CLIENT_PORT} for 30s", reference)
+        assert rc1 in (0, 3), err1[-3000:]
+
+
+# -- elastic --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def elastic_reference(tmp_path_factory: pytest.TempPathFactory) -> el.Trace:
+    require_lab()
+    return el.fault_free_trace(tmp_path_factory.mktemp("eref"))
+
+
+def _elastic(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    work: Path,
+    fault: str,
+    reference: el.Trace,
+) -> tuple[HostJob, int, str, list[int]]:
+    """The elastic job on two hosts, ``fault`` injected at step FAULT_AT: the job, the
+    cut node's exit code and stderr, and the world sizes the job resized to."""
+    lab = lab_factory(2)
+    script = {"script": el.EXAMPLE, "tail": ["--trace", str(work / "trace")]}
+    job = jobs(lab, work, [0, 1], el.ARGS, flags=el.FLAGS, **script)
+    el.wait_traced(job, el.FAULT_AT, timeout=240)
+    lab.inject(fault)
+    (rc0, err0), (rc1, err1) = job.wait(300)
+    assert rc0 == 0, f"node 0 rc {rc0}:\n{err0[-3000:]}\nnode 1:\n{err1[-2000:]}"
+    recs = el.trace(job)
+    why = el.compare(el.committed(recs), reference)
+    assert why is None, why
+    late = el.old_generation_records(recs, job.run_dir)
+    assert late == [], f"{len(late)} steps in an old generation after a bump: {late[:3]}"
+    events = read_events(str(job.run_dir / "events.jsonl")).events
+    assert [e["status"] for e in events if e.kind == "run_end"] == ["ok"]
+    assert job.shm_left() == {}
+    return job, rc1, err1, [int(str(e["world_size"])) for e in events if e.kind == "resize"]
+
+
+def test_short_partition_3s_elastic(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    elastic_reference: el.Trace,
+    tmp_path: Path,
+) -> None:
+    """As under flash, today the 3 s partition evicts node 1 for good: node 0 shrinks to
+    2 ranks, then adopts node 1's ranks and grows back to 4 on its own (they run doubled
+    up on node 0; on GPUs that needs spare devices)."""
+    job, rc1, err1, worlds = _elastic(
+        lab_factory, jobs, tmp_path, "partition 0<->1 for 3s", elastic_reference
+    )
+    _evicted_for_good(job, rc1, err1)
+    assert 2 in worlds and worlds[-1] == 4, worlds
+
+
+def test_partition_30s_heals_under_elastic(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    elastic_reference: el.Trace,
+    tmp_path: Path,
+) -> None:
+    _job, rc1, err1, worlds = _elastic(
+        lab_factory, jobs, tmp_path, "partition 0<->1 for 30s", elastic_reference
+    )
+    assert rc1 in (0, 3), err1[-3000:]
+    assert 2 in worlds, worlds  # the cut node's ranks left: the job shrank
