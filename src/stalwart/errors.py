@@ -22,9 +22,9 @@ __all__ = [
     "SnapshotWontFitError",
     "StalwartError",
     "StateMismatchError",
-    "StorageUnavailableError",
     "StepCommittedError",
     "StepFailedError",
+    "StorageUnavailableError",
     "UnsafePathError",
     "UnsupportedStateError",
 ]

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _load import scaled
 
 __all__ = [

@@ -113,7 +113,9 @@ def translate(err: BaseException, url: str, endpoint: str, what: str) -> BaseExc
             f"no AWS credentials for {where}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
             "AWS_PROFILE or an instance role (the standard AWS chain)"
         )
-    if isinstance(err, bx.EndpointConnectionError | bx.ConnectionClosedError | bx.ConnectTimeoutError):
+    if isinstance(
+        err, bx.EndpointConnectionError | bx.ConnectionClosedError | bx.ConnectTimeoutError
+    ):
         return StorageUnavailableError(
             f"cannot reach the S3 endpoint of {where} while {what} ({type(err).__name__}); "
             "check --s3-endpoint / AWS_ENDPOINT_URL and the network"
