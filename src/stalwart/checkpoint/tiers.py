@@ -6,7 +6,8 @@ verifiable or invisible on its own: the packs the step references that the targe
 (streamed, ``piece_bytes`` at a time: memory stays bounded whatever a pack's size), then
 each rank's index, then the manifest, last. A checkpoint root may hold nested checkpoint
 roots (a DDP job's per-rank parts, ``per-rank/rank<N>``): they are copied the same way,
-before the root's own manifest. Each tier's commit is recorded on its own:
+before the root's own manifest. A local step being uploaded is pinned first (hard links under ``.tier-upload``), so the
+local retention can go on deleting it meanwhile. Each tier's commit is recorded on its own:
 :class:`TierUploader` reports a step's upload time and its lag behind the local commit.
 
 :func:`hydrate` fills an empty (or older) local root from the bucket's newest step, so a
@@ -16,6 +17,8 @@ restart on a fresh run directory restores exactly what a restart on the old disk
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -24,13 +27,31 @@ from dataclasses import dataclass
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
 from stalwart.checkpoint.format import manifest_path
 from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
-from stalwart.checkpoint.storage import S3Config, Storage, open_storage, storage_options
-from stalwart.errors import CheckpointError
+from stalwart.checkpoint.storage import (
+    LocalStorage,
+    S3Config,
+    Storage,
+    open_storage,
+    storage_options,
+)
+from stalwart.checkpoint.storage.local import split_relpath
+from stalwart.errors import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["NESTED_ROOTS", "TierCommit", "TierUploader", "copy_step", "hydrate"]
+__all__ = [
+    "NESTED_ROOTS",
+    "STAGING",
+    "TierCommit",
+    "TierUploader",
+    "copy_step",
+    "hydrate",
+    "pin_step",
+]
 
 NESTED_ROOTS = "per-rank"
 """A directory of a checkpoint root whose subdirectories are checkpoint roots themselves."""
+
+STAGING = ".tier-upload"
+"""Where a local step being uploaded is pinned by hard links (ignored by retention)."""
 
 _PIECE = 16 << 20
 
@@ -97,6 +118,34 @@ def copy_step(src: Storage, dst: Storage, step: int, piece_bytes: int = _PIECE) 
     return total
 
 
+def _link(src_root: str, dst_root: str, rel: str) -> None:
+    split_relpath(rel)
+    dst = os.path.join(dst_root, rel)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.link(os.path.join(src_root, rel), dst, follow_symlinks=False)
+
+
+def _link_step(src_root: str, dst_root: str, step: int) -> None:
+    _link(src_root, dst_root, manifest_path(step))  # first: missing means superseded
+    manifest = load_manifest(LocalStorage(dst_root), step)
+    for rel in [r.path for r in manifest.indexes] + list(manifest.packs):
+        _link(src_root, dst_root, rel)
+
+
+def pin_step(local: LocalStorage, step: int) -> LocalStorage:
+    """Hard links of ``step``'s files (its nested roots' too) under ``local/.tier-upload``:
+    the local retention may then delete the step while it uploads. FileNotFoundError or
+    CheckpointNotFoundError: the step was deleted first (a newer one superseded it)."""
+    root = os.path.join(local.root, STAGING)
+    shutil.rmtree(root, ignore_errors=True)
+    _link_step(local.root, root, step)
+    for prefix in _nested(local):
+        sub = os.path.join(local.root, prefix)
+        if os.path.isfile(os.path.join(sub, manifest_path(step))):
+            _link_step(sub, os.path.join(root, prefix), step)
+    return LocalStorage(root)
+
+
 def hydrate(remote: Storage, local: Storage) -> int | None:
     """Copy ``remote``'s newest committed step into ``local`` when ``local`` has no step
     that new; returns that step, or None when nothing was copied."""
@@ -154,17 +203,25 @@ class TierUploader:
             if not steps or (self.uploaded is not None and steps[-1] <= self.uploaded):
                 return
             step = steps[-1]
-            committed = load_manifest(self.local, step).created_unix
             t0 = time.perf_counter()
-            nbytes = copy_step(self.local, self.remote, step)
+            src = self.local
+            if isinstance(src, LocalStorage):
+                src = pin_step(src, step)
+            committed = load_manifest(src, step).created_unix
+            nbytes = copy_step(src, self.remote, step)
             seconds = time.perf_counter() - t0
             self.uploaded = step
             lag = max(0.0, time.time() - committed)
             self.on_commit(TierCommit(self.remote.url, step, seconds, lag, nbytes))
             if self.retention is not None:  # the bucket's own retention
                 collect_garbage(self.remote, self.retention)
+        except (CheckpointNotFoundError, FileNotFoundError):
+            return  # deleted locally before it was pinned: the next round takes a newer one
         except (CheckpointError, OSError, EOFError) as err:
             self.on_error(f"{type(err).__name__}: {err}".splitlines()[0])
+        finally:
+            if isinstance(self.local, LocalStorage):
+                shutil.rmtree(os.path.join(self.local.root, STAGING), ignore_errors=True)
 
     def close(self) -> None:
         """Upload what is committed locally and not yet in the bucket, then stop."""
