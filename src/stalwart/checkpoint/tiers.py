@@ -6,8 +6,9 @@ verifiable or invisible on its own: the packs the step references that the targe
 (streamed, ``piece_bytes`` at a time: memory stays bounded whatever a pack's size), then
 each rank's index, then the manifest, last. A checkpoint root may hold nested checkpoint
 roots (a DDP job's per-rank parts, ``per-rank/rank<N>``): they are copied the same way,
-before the root's own manifest. A local step being uploaded is pinned first (hard links under ``.tier-upload``), so the
-local retention can go on deleting it meanwhile. Each tier's commit is recorded on its own:
+before the root's own manifest. A local step being uploaded is pinned first (hard links
+under ``.tier-upload``), so the local retention can go on deleting it meanwhile. Each
+tier's commit is recorded on its own:
 :class:`TierUploader` reports a step's upload time and its lag behind the local commit.
 
 :func:`hydrate` fills an empty (or older) local root from the bucket's newest step, so a
