@@ -120,8 +120,8 @@ def test_job_resumes_from_the_bucket_alone(moto: MotoServer, tmp_path: Path) -> 
     steps = 300
     with s3_env(moto.url):
         url = f"s3://{new_bucket(moto.url)}/job"
-        tier = ["--ckpt-tier", url, "--persist-every", "4", "--nproc-per-node", "2"]
-        train = [str(EXAMPLE), "--steps", str(steps), *ARGS]
+        tier = ["--ckpt-tier", url, "--persist-every", "4"]
+        train = ["--nproc-per-node", "2", str(EXAMPLE), "--steps", str(steps), *ARGS]
         first = tmp_path / "first"
         first.mkdir()
         job = f"test-{uuid.uuid4().hex[:8]}"

@@ -49,7 +49,6 @@ from stalwart.agent._restart import RestartAll
 from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import Standbys
 from stalwart.agent._steps import StepRecords
-from stalwart.agent._tier import start_tier
 from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
@@ -97,8 +96,6 @@ class Agent:
         stack.callback(serve_health(cfg.health, self.node_status, _say))
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
-        if (end_tier := start_tier(cfg, self.run_dir, self.events, _say)) is not None:
-            stack.callback(quietly(end_tier))  # after the workers: their last step too
         up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
         self.gen.use_port(up.c10d.master_port)
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
