@@ -23,6 +23,7 @@ from stalwart.checkpoint import CheckpointConfig, CheckpointManager, committed_s
 from stalwart.checkpoint.storage import LocalStorage, S3Config, S3Storage
 from stalwart.checkpoint.tiers import TierCommit, TierUploader, copy_step, hydrate
 from stalwart.metrics.events import read_events
+from stalwart.metrics.report import load_run
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
 ARGS = ["--dim", "32", "--layers", "1", "--seq", "16", "--batch", "4"]
@@ -163,4 +164,6 @@ def test_job_resumes_from_the_bucket_alone(moto: MotoServer, tmp_path: Path) -> 
     want = torch.load(tmp_path / "c.pt", weights_only=True)
     assert resumed.keys() == want.keys()
     assert all(torch.equal(resumed[k], want[k]) for k in resumed)
-    assert any(k == "tier_commit" for k, _ in events)
+    tiers = load_run(str(fresh)).to_dict()["checkpoint"]["tiers"]  # the report's figures
+    assert tiers[url]["last_step"] == steps  # the job's last step, uploaded at its end
+    assert tiers[url]["lag_s_max"] >= tiers[url]["lag_s_mean"] >= 0
