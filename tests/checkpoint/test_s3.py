@@ -9,6 +9,7 @@ unreachable endpoint, no boto3). After every failed upload no multipart upload i
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -26,6 +27,7 @@ from stalwart.checkpoint import (
     verify_step,
 )
 from stalwart.checkpoint.storage import S3Config, S3Storage
+from stalwart.cli.main import main
 from stalwart.errors import ConfigError, StepCommittedError, StorageUnavailableError
 
 MIB = 1 << 20
@@ -228,3 +230,30 @@ def test_parallel_streams_share_a_storage(bucket: Bucket) -> None:
     assert errors == []
     assert {n: st.read(n) for n in datas} == datas
     assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
+
+
+def test_cli_ls_verify_and_one_line_errors(
+    bucket: Bucket,
+    shm_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"s3://{bucket.name}/cli"
+    endpoint = bucket.server.url
+    mgr = CheckpointManager(CheckpointConfig(url, namespace=shm_namespace, s3=S3Config(endpoint)))
+    try:
+        mgr.save({"w": torch.ones(1000)}, 3)
+    finally:
+        mgr.close()
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    assert main(["ckpt", "ls", url, "--s3-endpoint", endpoint, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in doc["checkpoints"]] == [3]
+    assert main(["ckpt", "verify", url, "--s3-endpoint", endpoint]) == 0
+    assert "step 3: ok" in capsys.readouterr().out
+    assert main(["ckpt", "ls", "s3://no-such-bucket-x/y", "--s3-endpoint", endpoint]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist: create it" in err
+    assert main(["ckpt", "ls", url, "--s3-endpoint", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach the S3 endpoint" in err
