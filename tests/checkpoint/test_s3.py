@@ -257,3 +257,21 @@ def test_cli_ls_verify_and_one_line_errors(
     assert main(["ckpt", "ls", url, "--s3-endpoint", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot reach the S3 endpoint" in err
+
+
+def test_pending_manifest_renamed_conditionally(bucket: Bucket) -> None:
+    """The fenced commit's last move (publish_step with a coordinator): a pending manifest
+    becomes MANIFEST.json once; a second one for the same step is refused."""
+    st = bucket.storage()
+    st.write_atomic("step_000000000007/MANIFEST.pending-g1.ab.json", b"m1")
+    st.rename("step_000000000007/MANIFEST.pending-g1.ab.json", "step_000000000007/MANIFEST.json")
+    assert st.read("step_000000000007/MANIFEST.json") == b"m1"
+    assert st.listdir("step_000000000007") == ["MANIFEST.json"]
+    st.write_atomic("step_000000000007/MANIFEST.pending-g2.cd.json", b"m2")
+    with pytest.raises(StepCommittedError):
+        st.rename(
+            "step_000000000007/MANIFEST.pending-g2.cd.json", "step_000000000007/MANIFEST.json"
+        )
+    assert st.read("step_000000000007/MANIFEST.json") == b"m1"
+    with pytest.raises(NotImplementedError):  # no directory moves on an object store
+        st.rename("step_000000000007", "quarantine/step_000000000007")
