@@ -7,9 +7,9 @@ persisted by the persister process to ``s3://bench-.../run`` (streamed multipart
 first a warm-up, left out of the medians) with boto3's managed upload (``upload_fileobj``:
 multipart, the same part size and concurrency) of the same bytes; each rep is a fresh step
 with new bytes (no deduplication). Restore reads the newest step back from the bucket,
-against boto3's ``download_fileobj`` of the same bytes. The persister's peak private memory
-(RSS less the shared-memory snapshot it maps, sampled every 10 ms) is reported against the
-bound ``(parallel + 1) x part`` per stream plus the pack writer's 16 MiB of bounce buffers,
+against boto3's ``download_fileobj`` of the same bytes (as many requests in flight). The
+persister's peak private memory (RSS less the shared-memory snapshot it maps, sampled every
+10 ms) is reported against the bound ``(parallel + 1) x part`` per stream plus the pack writer's 16 MiB of bounce buffers,
 above its size before the persist. DCP's fsspec writer needs s3fs: measured when it is
 installed, else reported as not measured.
 
@@ -158,7 +158,7 @@ def client_get(endpoint: str, bucket: str, key: str, cfg: S3Config) -> float:
     from boto3.s3.transfer import TransferConfig
 
     c = boto3.session.Session().client("s3", endpoint_url=endpoint)
-    tc = TransferConfig(multipart_chunksize=cfg.part_bytes, max_concurrency=cfg.parallel_parts)
+    tc = TransferConfig(multipart_chunksize=cfg.part_bytes, max_concurrency=cfg.read_threads)
     out = io.BytesIO()
     t0 = time.perf_counter()
     c.download_fileobj(bucket, key, out, Config=tc)

@@ -38,6 +38,10 @@ class S3Config:
     part buffers: memory is bounded by ``(parallel_parts + 1) * part_bytes`` per open
     stream, whatever the shard's size."""
 
+    read_threads: int = 16
+    """Ranged reads in flight during a restore (each lands in its destination tensor: more
+    of them cost connections, not memory)."""
+
     max_attempts: int = 5
     """Tries per request (botocore's standard retry mode, exponential backoff with jitter)
     on transient errors: 5xx, throttling (``SlowDown``), dropped connections."""
@@ -53,8 +57,8 @@ class S3Config:
             raise ConfigError(
                 f"S3 part size {self.part_bytes} is below S3's minimum of 5 MiB; use >= 5242880"
             )
-        if self.parallel_parts < 1 or self.max_attempts < 1:
-            raise ConfigError("S3 parallel_parts and max_attempts must be >= 1")
+        if min(self.parallel_parts, self.max_attempts, self.read_threads) < 1:
+            raise ConfigError("S3 parallel_parts, read_threads and max_attempts must be >= 1")
 
 
 def make_client(config: S3Config, url: str) -> Any:
@@ -70,7 +74,7 @@ def make_client(config: S3Config, url: str) -> Any:
         retries={"mode": "standard", "max_attempts": config.max_attempts},
         connect_timeout=config.connect_timeout_s,
         read_timeout=config.read_timeout_s,
-        max_pool_connections=config.parallel_parts * 2 + 4,
+        max_pool_connections=max(config.parallel_parts * 2, config.read_threads) + 4,
     )
     session = boto3.session.Session()
     return session.client("s3", endpoint_url=config.endpoint_url, config=bc)

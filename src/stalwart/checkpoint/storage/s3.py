@@ -55,6 +55,7 @@ class S3Storage:
         self._client: Any = make_client(self.config, self.url)
         self.endpoint = str(self._client.meta.endpoint_url)
         self._conditional = True  # the store accepts If-None-Match on PutObject
+        self.read_threads = self.config.read_threads  # restore's reads in flight
 
     # -- helpers ---------------------------------------------------------------------------
 
