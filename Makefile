@@ -11,9 +11,10 @@ $(STAMP): pyproject.toml
 	# torch is pinned here (not in pyproject): 2.13.0 is the CPU build on this machine's disk;
 	# an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
+	# s3: the S3 storage (boto3); the tests run it against moto's server (test extra)
 	# the integrations' frameworks too (extras of the package, not of its core install):
 	# mypy checks stalwart.integrations against them and their tests run
-	$(PY) -m pip install -q -e '.[test,hf,lightning,bench]'
+	$(PY) -m pip install -q -e '.[test,s3,hf,lightning,bench]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -41,6 +41,8 @@ _OS_STARTS = frozenset({"fork", "forkpty", "posix_spawn", "posix_spawnp", "syste
 PROCESS_PARAMS: dict[str, frozenset[str]] = {
     # tests/coordinator/conftest.py: only the etcd backends start a server process
     "backend": frozenset({"etcd", "etcd-tls"}),
+    # tests/checkpoint/test_storage.py: only the s3 storage starts a server (moto)
+    "storage": frozenset({"s3"}),
 }
 """A parametrized fixture that starts a process for some of its parameters only."""
 

@@ -24,6 +24,7 @@ __all__ = [
     "StateMismatchError",
     "StepCommittedError",
     "StepFailedError",
+    "StorageUnavailableError",
     "UnsafePathError",
     "UnsupportedStateError",
 ]
@@ -79,6 +80,13 @@ class UnsupportedStateError(CheckpointError, TypeError):
 
 class DiskFullError(CheckpointError, OSError):
     """The storage ran out of space (ENOSPC) during a save."""
+
+
+class StorageUnavailableError(CheckpointError):
+    """The checkpoint storage cannot be used right now: an object store whose endpoint is
+    unreachable, whose bucket is missing, that refused the credentials, or that kept failing
+    after the retries. Not an ``OSError`` on purpose: a step read while the store is down is
+    not damaged and is never quarantined for it."""
 
 
 class SnapshotWontFitError(CheckpointError):

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _s3_server import MotoServer, running_moto
 
 
 @pytest.fixture
@@ -27,3 +28,10 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[MotoServer]:
+    """One moto S3 server for the session (tests/checkpoint/_s3_server.py)."""
+    with running_moto() as server:
+        yield server

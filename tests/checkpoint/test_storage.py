@@ -7,13 +7,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _s3_server import CREDENTIALS, new_bucket, server_of
 
-from stalwart.checkpoint.storage import FsspecStorage, LocalStorage, Storage, open_storage
+from stalwart.checkpoint.storage import (
+    FsspecStorage,
+    LocalStorage,
+    S3Config,
+    S3Storage,
+    Storage,
+    open_storage,
+)
 
 
-@pytest.fixture(params=["local", "fsspec-memory", "fsspec-file"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
-    if request.param == "local":
+@pytest.fixture(params=["local", "fsspec-memory", "fsspec-file", "s3"])
+def storage(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Storage]:
+    if request.param == "s3":  # moto's real S3 server on loopback (tests/_tiers.py: e2e)
+        server = server_of(request)
+        for k, v in CREDENTIALS.items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://{new_bucket(server.url)}/run/ck"
+        yield S3Storage(url, S3Config(endpoint_url=server.url))
+    elif request.param == "local":
         yield LocalStorage(str(tmp_path / "ck"))
     elif request.param == "fsspec-memory":
         url = f"memory://stalwart-{uuid.uuid4().hex}"
@@ -83,3 +99,4 @@ def test_open_storage_picks_backend(tmp_path: Path) -> None:
     assert isinstance(open_storage(str(tmp_path)), LocalStorage)
     assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)
     assert isinstance(open_storage("memory://x"), FsspecStorage)
+    assert isinstance(open_storage("s3://bucket/a/b"), S3Storage)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
 from stalwart.agent._generation import JobGeneration, free_port
+from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
 from stalwart.agent._zygote_client import ZygoteClient
@@ -145,6 +146,10 @@ def launch(
     start the zygote and agree on the c10d record; each part's end goes on ``stack``
     (``goodbye``: whether this node says one when it leaves)."""
     cfg, run_dir = ctx.cfg, ctx.run_dir
+    # the bucket tier (--ckpt-tier): ckpt/ filled from the bucket before anything starts;
+    # its uploader ends last, after the workers, with their last step uploaded
+    if (end_tier := start_tier(cfg, run_dir, ctx.events, ctx.say)) is not None:
+        stack.callback(end_tier)
     cluster.start()  # (it agrees the run id of the /dev/shm names)
     stack.callback(lambda: cluster.close(goodbye=goodbye()))
     joined()

@@ -163,6 +163,13 @@ class LaunchConfig:
     node_lease_s: float = 3.0
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
+    ckpt_tier: str | None = None
+    """A bucket (``s3://bucket/prefix``) that RUN_DIR/ckpt's steps are copied to in the
+    background, and that an empty or older RUN_DIR/ckpt is filled from at start (node 0;
+    agent/_tier.py, docs/checkpoint-storage.md)."""
+    s3_endpoint: str | None = None
+    """The S3 endpoint of ``ckpt_tier`` (None: boto3's own, AWS_ENDPOINT_URL or the AWS
+    config file, else AWS)."""
     replica_host: str = ""
     """The address this node's peer watch and replica receiver bind and advertise to the
     other nodes (empty: the local address of the route to the rendezvous, 127.0.0.1 when

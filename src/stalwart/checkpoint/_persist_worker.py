@@ -16,7 +16,8 @@ persist cut short that way is a kill -9 mid-save, which the commit protocol surv
 
 Protocol: one JSON object per line on stdin, one reply per line on stdout.
 ``{"op": "persist", "id", "storage", "slot_dir", "slot", "rank", "world_size",
-"commit", "chunk_bytes", "keep_last", "keep_every", "generation"}`` (optionally
+"commit", "chunk_bytes", "keep_last", "keep_every", "generation", "s3"}`` (``s3``: an
+S3Config as a dict, or null; optionally
 ``"only": [names]``: write only those top-level entries of the slot) ->
 ``{"id", "ok": true, "step", "written_bytes", "total_bytes", "seconds", "committed"}``
 (plus ``"skipped": "committed"`` when the step was already committed: nothing written) or
@@ -101,10 +102,26 @@ class _SlotMaps:
 _MAPS = _SlotMaps()
 
 
+_STORAGES: dict[str, Storage] = {}
+
+
+def _open(req: dict[str, Any]) -> Storage:
+    """The storage of a request, kept between persists (an S3 client and its pool of
+    connections are worth reusing); ``s3``: the manager's S3Config, as a dict."""
+    url, options = str(req["storage"]), req.get("s3")
+    key = json.dumps([url, options], sort_keys=True)
+    if key not in _STORAGES:
+        from stalwart.checkpoint.storage import S3Config
+
+        s3 = S3Config(**options) if isinstance(options, dict) else None
+        _STORAGES[key] = open_storage(url, s3=s3)
+    return _STORAGES[key]
+
+
 def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     cpu0 = os.times()
-    storage = open_storage(str(req["storage"]))
+    storage = _open(req)
     slot = SlotFiles(str(req["slot_dir"]), int(req["slot"]))
     meta = slot.read_meta()
     if meta is None:

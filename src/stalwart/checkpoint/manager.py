@@ -17,15 +17,18 @@ import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.commit import CommitResult, FencedCommit, StepCommitter
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
 from stalwart.checkpoint.retention import RetentionPolicy
 from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
-from stalwart.checkpoint.storage import Storage, open_storage
+from stalwart.checkpoint.storage import Storage, open_storage, storage_options
 from stalwart.errors import CheckpointError, CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint.storage import S3Config
 
 __all__ = ["CheckpointConfig", "CheckpointManager"]
 
@@ -43,12 +46,15 @@ class CheckpointConfig:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     persist: PersistConfig = field(default_factory=PersistConfig)
     replicated: bool = False  # DDP: every rank holds the same state
+    s3: S3Config | None = None
+    """For an ``s3://`` root: endpoint, part size, parallel parts, retries (``None``: the
+    defaults, and boto3's own endpoint settings); the persister process gets the same."""
 
 
 class CheckpointManager:
     def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
-        self.storage: Storage = open_storage(config.root)
+        self.storage: Storage = open_storage(config.root, s3=config.s3)
         self.snapshots = Snapshotter(SnapshotConfig(config.namespace, config.slots, config.shm_dir))
         self.persister = Persister(config.persist)
         self._inflight: Future[PersistResult] | None = None
@@ -78,6 +84,7 @@ class CheckpointManager:
         fut = self._hand_over(
             {
                 "storage": self.storage.url,
+                "s3": storage_options(self.storage),
                 "rank": cfg.rank,
                 "world_size": cfg.world_size,
                 "commit": cfg.world_size == 1 if commit is None else commit,
@@ -104,6 +111,7 @@ class CheckpointManager:
         ``keep_last`` steps by the persister; the request queues behind :meth:`persist`'s
         in the same process and never waits for it."""
         request = {"storage": storage.url, "rank": 0, "world_size": 1, "commit": True}
+        request["s3"] = storage_options(storage)
         request.update(only=list(names), keep_last=keep_last, keep_every=keep_every)
         return self._hand_over(request)
 

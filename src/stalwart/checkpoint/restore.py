@@ -141,7 +141,8 @@ def _restore_step(
         for pack in sorted(primary.packs):
             prefetch(pack)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    # an object store hides its per-request latency with more reads in flight (S3Config)
+    with ThreadPoolExecutor(max_workers=int(getattr(storage, "read_threads", 4))) as pool:
         pending: list[Future[None]] = []
 
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:

@@ -25,6 +25,19 @@ from stalwart.errors import CheckpointError, ConfigError
 __all__ = ["register"]
 
 
+def _storage(args: argparse.Namespace) -> Storage:
+    """The storage of ``args.dir``; ``--s3-endpoint`` for an ``s3://`` URL (else boto3's
+    own settings: AWS_ENDPOINT_URL, the AWS config file)."""
+    endpoint = getattr(args, "s3_endpoint", None)
+    if endpoint is None:
+        return open_storage(args.dir)
+    if not args.dir.startswith("s3://"):
+        raise ConfigError(f"--s3-endpoint is for s3:// URLs, not {args.dir!r}")
+    from stalwart.checkpoint.storage import S3Config
+
+    return open_storage(args.dir, s3=S3Config(endpoint_url=endpoint))
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -41,7 +54,7 @@ def _emit(args: argparse.Namespace, doc: Any, lines: list[str]) -> None:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    storage = open_storage(args.dir)
+    storage = _storage(args)
     steps = require_checkpoint_root(storage)
     rows: list[dict[str, Any]] = []
     for step in steps:
@@ -93,7 +106,7 @@ def _pending(storage: Storage) -> list[str]:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    storage = open_storage(args.dir)
+    storage = _storage(args)
     steps = require_checkpoint_root(storage)
     if args.step is not None:
         if args.step not in steps:
@@ -132,7 +145,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    storage = open_storage(args.dir)
+    storage = _storage(args)
     steps = require_checkpoint_root(storage)
     step = args.step if args.step is not None else steps[-1]
     m = load_manifest(storage, step)
@@ -179,7 +192,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    storage = open_storage(args.dir)
+    storage = _storage(args)
     require_checkpoint_root(storage)
     report = collect_garbage(storage, RetentionPolicy(args.keep_last, args.keep_every))
     print(
@@ -210,13 +223,23 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _endpoint_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="S3 endpoint for an s3:// DIR (MinIO, Ceph, a test server); default: boto3's "
+        "own (AWS_ENDPOINT_URL, the AWS config file, else AWS)",
+    )
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("ckpt", help="list, verify, inspect, export, import and clean checkpoints")
     cmds = p.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
 
     ls = cmds.add_parser("ls", help="list committed checkpoints")
-    ls.add_argument("dir", help="checkpoint directory (or URL)")
+    ls.add_argument("dir", help="checkpoint directory or URL (s3://bucket/prefix)")
     ls.add_argument("--json", action="store_true", help="print JSON")
+    _endpoint_flag(ls)
     ls.set_defaults(func=_ls)
 
     v = cmds.add_parser("verify", help="check manifests, indexes and every chunk's checksum")
@@ -225,6 +248,7 @@ def register(sub: Any) -> None:
     v.add_argument("--all", action="store_true", help="verify every committed step")
     v.add_argument("--quick", action="store_true", help="skip reading chunks")
     v.add_argument("--json", action="store_true", help="print JSON")
+    _endpoint_flag(v)
     v.set_defaults(func=_verify)
 
     i = cmds.add_parser("inspect", help="show the tensors of a checkpoint")
@@ -232,6 +256,7 @@ def register(sub: Any) -> None:
     i.add_argument("--step", type=int, help="default: the newest")
     i.add_argument("--rank", type=int, help="default: every rank")
     i.add_argument("--json", action="store_true", help="print JSON")
+    _endpoint_flag(i)
     i.set_defaults(func=_inspect)
 
     e = cmds.add_parser("export", help="write a checkpoint in another format (DCP)")
@@ -257,4 +282,5 @@ def register(sub: Any) -> None:
     g.add_argument("dir")
     g.add_argument("--keep-last", type=int, default=3)
     g.add_argument("--keep-every", type=int, default=None)
+    _endpoint_flag(g)
     g.set_defaults(func=_gc)

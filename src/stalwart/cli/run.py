@@ -262,6 +262,14 @@ def register(sub: Any) -> None:
         "the other nodes (default: this node's address on the route to the rendezvous "
         "endpoint; 127.0.0.1 when every node is on one host)",
     )
+    p.add_argument(
+        "--ckpt-tier",
+        metavar="URL",
+        default=None,
+        help="a bucket (s3://bucket/prefix) that RUN_DIR/ckpt's checkpoints are uploaded to "
+        "in the background, and restored from on a fresh run dir (docs/checkpoint-storage.md)",
+    )
+    p.add_argument("--s3-endpoint", metavar="URL", default=None, help="the bucket's S3 endpoint")
     node_flags(p)
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -282,6 +290,8 @@ def _run(args: argparse.Namespace) -> int:
     from stalwart.coordinator.errors import BlocklistedError
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
+    if args.s3_endpoint and not args.ckpt_tier:
+        raise ConfigError("--s3-endpoint is the endpoint of --ckpt-tier: pass --ckpt-tier too")
     min_nodes, nnodes = _range(args.nnodes, "--nnodes")
     min_procs, nprocs = _range(args.nproc_per_node, "--nproc-per-node")
     if args.standalone and nnodes > 1:
@@ -323,6 +333,8 @@ def _run(args: argparse.Namespace) -> int:
         replica_rate_mb_s=args.replica_rate,
         standby=args.standby,
         replica_host=args.replica_host,
+        ckpt_tier=args.ckpt_tier,
+        s3_endpoint=args.s3_endpoint,
         **node_options(args),
         **kwargs,
     )

@@ -106,6 +106,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
     "metric": {"name": _STR, "step": _INT, "value": _NUM, "generation": _INT},
     "route": {"route": _STR, "recovery": _STR},
     "note": {"message": _STR},
+    "tier_commit": {"tier": _STR, "step": _INT, "seconds": _NUM, "lag_s": _NUM, "bytes": _INT},
     "probe": {
         "probe": _STR,
         "ok": _BOOL,
@@ -218,6 +219,7 @@ REQUIRED: dict[str, set[str]] = {
     "metric": {"name", "step", "value"},
     "route": {"route"},
     "note": {"message"},
+    "tier_commit": {"tier", "step", "seconds", "lag_s"},
     "probe": {"probe", "ok", "detail"},
     "preflight": {"member", "ok", "verdict"},
     "straggler": {"domain", "compute_s", "median_s", "score", "windows", "action"},

@@ -43,7 +43,7 @@ SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 """Versions this reader reads: 2 added ``probe``, ``preflight``, ``straggler``,
 ``sdc_check``, ``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log
-without them); 3 added ``link_degraded`` and ``link_recovered``."""
+without them); 3 added ``link_degraded``, ``link_recovered`` and ``tier_commit``."""
 EVENTS_FILE = "events.jsonl"
 
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}

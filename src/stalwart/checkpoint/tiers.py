@@ -1,0 +1,231 @@
+"""Tiered persistence: a fast tier (local disk, acknowledged first) copied to a durable one
+(a bucket) in the background, and a fresh node filled from the durable one.
+
+A step is copied with the same order of writes as a persist, so the copy is committed and
+verifiable or invisible on its own: the packs the step references that the target lacks
+(streamed, ``piece_bytes`` at a time: memory stays bounded whatever a pack's size), then
+each rank's index, then the manifest, last. A checkpoint root may hold nested checkpoint
+roots (a DDP job's per-rank parts, ``per-rank/rank<N>``): they are copied the same way,
+before the root's own manifest. A local step being uploaded is pinned first (hard links
+under ``.tier-upload``), so the local retention can go on deleting it meanwhile. Each
+tier's commit is recorded on its own:
+:class:`TierUploader` reports a step's upload time and its lag behind the local commit.
+
+:func:`hydrate` fills an empty (or older) local root from the bucket's newest step, so a
+restart on a fresh run directory restores exactly what a restart on the old disk would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stalwart.checkpoint.catalog import committed_steps, load_manifest
+from stalwart.checkpoint.format import manifest_path
+from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
+from stalwart.checkpoint.storage import (
+    LocalStorage,
+    S3Config,
+    Storage,
+    open_storage,
+    storage_options,
+)
+from stalwart.checkpoint.storage.local import split_relpath
+from stalwart.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = [
+    "NESTED_ROOTS",
+    "STAGING",
+    "TierCommit",
+    "TierUploader",
+    "copy_step",
+    "hydrate",
+    "pin_step",
+]
+
+NESTED_ROOTS = "per-rank"
+"""A directory of a checkpoint root whose subdirectories are checkpoint roots themselves."""
+
+STAGING = ".tier-upload"
+"""Where a local step being uploaded is pinned by hard links (ignored by retention)."""
+
+_PIECE = 16 << 20
+
+
+@dataclass(frozen=True)
+class TierCommit:
+    """A step committed on a tier: ``seconds`` to copy it, ``lag_s`` after its commit on
+    the tier before (the local manifest's time), ``bytes`` copied (new packs only)."""
+
+    tier: str
+    step: int
+    seconds: float
+    lag_s: float
+    bytes: int
+
+
+def _copy_file(src: Storage, dst: Storage, path: str, piece_bytes: int) -> int:
+    size = src.size(path)
+    stream = dst.open_stream(path)
+    buf = bytearray(min(piece_bytes, max(size, 1)))
+    try:
+        at = 0
+        while at < size:
+            n = min(len(buf), size - at)
+            view = memoryview(buf)[:n]
+            src.read_into(path, at, view)
+            stream.write(view)
+            at += n
+        stream.commit()
+    except BaseException:
+        stream.abort()
+        raise
+    return size
+
+
+def _nested(src: Storage) -> list[str]:
+    return [f"{NESTED_ROOTS}/{n}" for n in src.listdir(NESTED_ROOTS)]
+
+
+def _sub(storage: Storage, prefix: str) -> Storage:
+    """The nested checkpoint root ``prefix`` of ``storage``, on the same backend."""
+    options = storage_options(storage)
+    s3 = S3Config(**options) if options is not None else None  # type: ignore[arg-type]
+    return open_storage(f"{storage.url.rstrip('/')}/{prefix}", s3=s3)
+
+
+def copy_step(src: Storage, dst: Storage, step: int, piece_bytes: int = _PIECE) -> int:
+    """Copy committed ``step`` of ``src`` (and of its nested roots, where they committed
+    it) to ``dst``, manifest last; returns the bytes copied. Already there: nothing."""
+    if dst.exists(manifest_path(step)):
+        return 0
+    total = 0
+    for prefix in _nested(src):
+        sub_src = _sub(src, prefix)
+        if step in committed_steps(sub_src):
+            total += copy_step(sub_src, _sub(dst, prefix), step, piece_bytes)
+    manifest = load_manifest(src, step)
+    for pack in manifest.packs:
+        if dst.kind(pack) != "file" or dst.size(pack) != src.size(pack):
+            total += _copy_file(src, dst, pack, piece_bytes)
+    for ref in manifest.indexes:
+        dst.write_atomic(ref.path, src.read(ref.path))
+    dst.write_atomic(manifest_path(step), src.read(manifest_path(step)))
+    return total
+
+
+def _link(src_root: str, dst_root: str, rel: str) -> None:
+    split_relpath(rel)
+    dst = os.path.join(dst_root, rel)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.link(os.path.join(src_root, rel), dst, follow_symlinks=False)
+
+
+def _link_step(src_root: str, dst_root: str, step: int) -> None:
+    _link(src_root, dst_root, manifest_path(step))  # first: missing means superseded
+    manifest = load_manifest(LocalStorage(dst_root), step)
+    for rel in [r.path for r in manifest.indexes] + list(manifest.packs):
+        _link(src_root, dst_root, rel)
+
+
+def pin_step(local: LocalStorage, step: int) -> LocalStorage:
+    """Hard links of ``step``'s files (its nested roots' too) under ``local/.tier-upload``:
+    the local retention may then delete the step while it uploads. FileNotFoundError or
+    CheckpointNotFoundError: the step was deleted first (a newer one superseded it)."""
+    root = os.path.join(local.root, STAGING)
+    shutil.rmtree(root, ignore_errors=True)
+    _link_step(local.root, root, step)
+    for prefix in _nested(local):
+        sub = os.path.join(local.root, prefix)
+        if os.path.isfile(os.path.join(sub, manifest_path(step))):
+            _link_step(sub, os.path.join(root, prefix), step)
+    return LocalStorage(root)
+
+
+def hydrate(remote: Storage, local: Storage) -> int | None:
+    """Copy ``remote``'s newest committed step into ``local`` when ``local`` has no step
+    that new; returns that step, or None when nothing was copied."""
+    steps = committed_steps(remote)
+    if not steps:
+        return None
+    newest = steps[-1]
+    have = committed_steps(local)
+    if have and have[-1] >= newest:
+        return None
+    copy_step(remote, local, newest)
+    return newest
+
+
+class TierUploader:
+    """A thread that copies each step newly committed in ``local`` to ``remote`` (the
+    newest one only, when it falls behind: a step superseded before its upload is
+    skipped) and calls ``on_commit`` with its :class:`TierCommit`, or ``on_error`` with
+    a one-line reason (the next step tries again). ``retention``: the bucket's own,
+    applied after each upload (None: the bucket keeps every step)."""
+
+    def __init__(
+        self,
+        local: Storage,
+        remote: Storage,
+        on_commit: Callable[[TierCommit], None],
+        on_error: Callable[[str], None],
+        interval_s: float = 0.5,
+        retention: RetentionPolicy | None = None,
+    ) -> None:
+        self.local, self.remote = local, remote
+        self.retention = retention
+        self.on_commit, self.on_error = on_commit, on_error
+        self.interval_s = interval_s
+        self.uploaded: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stalwart-tier-upload", daemon=True)
+
+    def start(self) -> TierUploader:
+        with contextlib.suppress(CheckpointError, OSError):
+            steps = committed_steps(self.remote)
+            self.uploaded = steps[-1] if steps else None
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.upload_newest()
+            self._stop.wait(self.interval_s)
+        self.upload_newest()  # what the job committed last, before it ended
+
+    def upload_newest(self) -> None:
+        try:
+            steps = committed_steps(self.local)
+            if not steps or (self.uploaded is not None and steps[-1] <= self.uploaded):
+                return
+            step = steps[-1]
+            t0 = time.perf_counter()
+            src = self.local
+            if isinstance(src, LocalStorage):
+                src = pin_step(src, step)
+            committed = load_manifest(src, step).created_unix
+            nbytes = copy_step(src, self.remote, step)
+            seconds = time.perf_counter() - t0
+            self.uploaded = step
+            lag = max(0.0, time.time() - committed)
+            self.on_commit(TierCommit(self.remote.url, step, seconds, lag, nbytes))
+            if self.retention is not None:  # the bucket's own retention
+                collect_garbage(self.remote, self.retention)
+        except (CheckpointNotFoundError, FileNotFoundError):
+            return  # deleted locally before it was pinned: the next round takes a newer one
+        except (CheckpointError, OSError, EOFError) as err:
+            self.on_error(f"{type(err).__name__}: {err}".splitlines()[0])
+        finally:
+            if isinstance(self.local, LocalStorage):
+                shutil.rmtree(os.path.join(self.local.root, STAGING), ignore_errors=True)
+
+    def close(self) -> None:
+        """Upload what is committed locally and not yet in the bucket, then stop."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
