@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from stalwart.cli._async_flags import async_flags, outer_settings
+from stalwart.cli._detect_flags import detection, detection_flags
 from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdzv, with_security
 from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.cli._node_flags import node_flags, node_options
@@ -145,47 +146,7 @@ def register(sub: Any) -> None:
         default=None,
         help="job token file (nodes > 0; with --rdzv etcd: the same file on every node)",
     )
-    p.add_argument(
-        "--hang-floor",
-        type=float,
-        default=1.0,
-        help="seconds a stopped worker (SIGSTOP, state T) may stay stopped before it is "
-        "killed as hung, at least (default 1; the limit is max(floor, k x p99 step))",
-    )
-    p.add_argument("--hang-k", type=float, default=3.0, help="x p99 step time (default 3)")
-    p.add_argument(
-        "--hang-idle",
-        type=float,
-        default=300.0,
-        help="seconds without CPU progress on any worker (none computing, none in "
-        "sess.pause) before an idle worker is killed as stuck (default 300). A busy "
-        "worker, and a worker waiting for it, is never killed",
-    )
-    p.add_argument(
-        "--exit-grace",
-        type=float,
-        default=60.0,
-        help="once a rank finished the job (exited 0), seconds another may make no "
-        "progress (no CPU, no step) before it is ended as hung at exit (default 60); the "
-        "job ends with its result (rc 0), never restarted",
-    )
-    p.add_argument(
-        "--on-straggler",
-        choices=("report", "evict"),
-        default="report",
-        help="a rank computing persistently slower than the others (stalwart.init() "
-        "scripts): report it (default: an event, the report's section, a metric) or "
-        "evict it (replaced by the strategy's means: spare, flash, restart, elastic)",
-    )
-    p.add_argument(
-        "--on-degraded",
-        choices=("report", "evict"),
-        default="report",
-        help="a degraded link between nodes (the step rate collapses while every rank "
-        "computes as before: loss or delay): report it (default: a link_degraded event "
-        "and a line, then link_recovered) or evict the node behind it (fenced and "
-        "recovered as a lost node)",
-    )
+    detection_flags(p)
     p.add_argument(
         "--collective-timeout",
         type=float,
@@ -283,9 +244,7 @@ node's pod or task as done while the job trains on (docs/launch.md, exit codes).
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stalwart.agent import HangConfig, LaunchConfig, ZygoteStart, run_agent
-    from stalwart.agent.degraded import DegradedAction, DegradedConfig
-    from stalwart.agent.straggler import StragglerAction, StragglerConfig
+    from stalwart.agent import LaunchConfig, ZygoteStart, run_agent
     from stalwart.chaos import FaultPlan
     from stalwart.coordinator.errors import BlocklistedError
 
@@ -319,14 +278,7 @@ def _run(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         crash_loop_limit=args.crash_loop_limit,
         blocklist_after=args.blocklist_after,
-        hang=HangConfig(
-            floor_s=args.hang_floor,
-            k=args.hang_k,
-            idle_s=args.hang_idle,
-            exit_grace_s=args.exit_grace,
-        ),
-        straggler=StragglerConfig(action=StragglerAction.parse(args.on_straggler)),
-        degraded=DegradedConfig(action=DegradedAction.parse(args.on_degraded)),
+        **detection(args),
         runtime=knobs,
         node_lease_s=args.node_lease,
         zygote=ZygoteStart(cpu_s=args.zygote_ready_cpu, stall_s=args.zygote_stall),

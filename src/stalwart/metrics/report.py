@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stalwart.errors import StalwartError
+from stalwart.metrics._bucket_tiers import tier_lines, tier_section
 from stalwart.metrics._health import health_lines, health_section
 from stalwart.metrics._integrity import integrity_lines, integrity_section
 from stalwart.metrics._stragglers import straggler_lines, straggler_rows
@@ -158,25 +159,8 @@ class RunReport:
             "restores": [
                 {"step": e["step"], "tier": e["tier"], "seconds": e["seconds"]} for e in restores
             ],
-            "tiers": _tiers([e for e in self.events if e.kind == "tier_commit"]),
+            "tiers": tier_section(self.events),
         }
-
-
-def _tiers(commits: list[Event]) -> dict[str, dict[str, float | int]]:
-    """Per bucket tier (``tier_commit``): steps committed there, the newest, the mean
-    upload time, the mean and largest lag behind the local commit."""
-    out: dict[str, dict[str, float | int]] = {}
-    for tier in sorted({str(e["tier"]) for e in commits}):
-        mine = [e for e in commits if e["tier"] == tier]
-        lags = [float(e["lag_s"]) for e in mine]
-        out[tier] = {
-            "commits": len(mine),
-            "last_step": max(int(e["step"]) for e in mine),
-            "upload_s_mean": sum(float(e["seconds"]) for e in mine) / len(mine),
-            "lag_s_mean": sum(lags) / len(lags),
-            "lag_s_max": max(lags),
-        }
-    return out
 
 
 def _persist_interference(
@@ -383,12 +367,7 @@ def format_summary(d: dict[str, Any]) -> str:
         f"{_f(c['persist_overhead_pct'], '.2f', '%')})  "
         f"failed persists {c['persists_failed']}"
     )
-    for tier, x in c["tiers"].items():
-        lines.append(
-            f"  tier {t(tier)}: {x['commits']} step(s) committed, newest {x['last_step']}, "
-            f"upload {x['upload_s_mean']:.2f} s mean, lag {x['lag_s_mean']:.2f} s mean "
-            f"{x['lag_s_max']:.2f} s max"
-        )
+    lines += tier_lines(c["tiers"], t)
     for i in d["incidents"]:
         lines.append(t(incident_line(i)))
     lines += [t(line) for line in _detector_lines(d)]
