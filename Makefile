@@ -37,9 +37,14 @@ check: lint typecheck
 	$(VENV)/bin/pytest -m "not e2e"
 
 # before landing (CI's command): everything but the multi-host matrix (tests/hosts keeps
-# one partition cell per backend here), with the line coverage of src/
+# one partition cell per backend here), with the line coverage of src/. TEST_WORKERS
+# pytest-xdist workers run it (a job test mostly waits: leases, detection bounds, start-up);
+# tests/_workers.py keeps a test file's jobs, or a corpus script's cells, on one worker.
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 3
 test: lint typecheck
-	$(VENV)/bin/pytest -m "not hosts_matrix" --cov=stalwart --cov-report=term:skip-covered
+	$(VENV)/bin/pytest -m "not hosts_matrix" -n $(TEST_WORKERS) --dist loadgroup \
+		--cov=stalwart --cov-report=term:skip-covered
 
 # the rest of the multi-host matrix: jobs across network namespaces with network faults
 # (root, iproute2 and nftables; tests/hosts/conftest.py)
