@@ -1,9 +1,11 @@
-"""How ``make test`` spreads the suite over pytest-xdist workers (``-n N --dist
-loadgroup``) without two tests that share something running at once.
+"""How ``make test TEST_WORKERS=N`` spreads the suite over pytest-xdist workers (``-n N
+--dist loadgroup``) without two tests that share something running at once.
 
-A job test spends much of its wall time waiting (a lease to lapse, a detection bound,
-a hung rank's deadline), time another worker's tests can use. What runs where
-(``group_for_workers``, when xdist is in use):
+A job test waits part of its wall time (a lease to lapse, a detection bound, a hung
+rank's deadline), time another worker's tests can use on a machine with cores to spare;
+on 2 cores the jobs are CPU-bound and each worker collects the suite again, so the
+Makefile's default is one process. What runs where (``group_for_workers``, when xdist
+is in use):
 
 - **A test file runs on one worker** (an ``xdist_group`` per file, what ``--dist
   loadfile`` does): a module's fixtures (a Slurm cluster, an etcd server, a fault-free
