@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from _load import load_factor
 from _tiers import PROCESS_PARAMS, ProcessGuard, starts_process
+from _workers import group_for_workers
 
 
 def _is_e2e(item: pytest.Function) -> bool:
@@ -29,12 +30,14 @@ def _is_e2e(item: pytest.Function) -> bool:
     return False
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark, before xdist reads groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         unmarked = isinstance(item, pytest.Function) and not item.get_closest_marker("e2e")
         if unmarked and _is_e2e(item):  # type: ignore[arg-type]
             item.add_marker(pytest.mark.e2e)
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        group_for_workers(items)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

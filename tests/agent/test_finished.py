@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.agent import RuntimeKnobs
 from stalwart.agent._detectors import HangDetector, HangWatch
@@ -94,7 +95,7 @@ def test_a_rank_stuck_after_its_peer_exited_0_is_ended_not_restarted(tmp_path: P
         assert ended.poll() is None
         # past the grace: no incident (nothing to recover), rank 0 ended, one line
         assert detector.check(t0 + 6.0, generation=0, slowed=frozenset()) == []
-        assert ended.wait(timeout=60) == -9
+        assert ended.wait(timeout=scaled(60)) == -9
         (line,) = said
         assert line.startswith("rank 0 hung at exit") and "rank 1 finished the job" in line
         assert events.of("note") == [{"message": line}]

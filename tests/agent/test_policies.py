@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.agent import RuntimeKnobs
 from stalwart.agent._async import ReplicaGroups
@@ -307,7 +308,7 @@ def test_async_restarts_a_group_of_two_as_one(tmp_path: Path) -> None:
         assert policy.worker_env(parts.workers[0]) == {"incarnation": "0"}
         before = len(_sent(parts))
         policy.on_incident(_failed(parts, 1))
-        assert peer.wait(timeout=30) == -signal.SIGKILL
+        assert peer.wait(timeout=scaled(30)) == -signal.SIGKILL
     finally:
         peer.kill()
     assert parts.events.of("replica_drop") == [{"group": 0, "rank": 1, "cause": "crash"}]  # type: ignore[attr-defined]

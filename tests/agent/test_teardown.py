@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from _load import scaled
+
 SCRIPT = textwrap.dedent(
     """
     import torch.distributed as dist
@@ -33,7 +35,7 @@ SCRIPT = textwrap.dedent(
 
 def test_groups_the_script_destroys_are_held_not_destructed() -> None:
     run = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=scaled(300)
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("held "), run.stdout

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from typing import Any
 
+from _load import scaled
+
 from stalwart.chaos import FaultPlan
 from stalwart.chaos.inject import inject
 
@@ -40,7 +42,9 @@ def test_kill_is_a_sigkill_of_this_process() -> None:
         "say = lambda *a, **k: print(*a, flush=True); "
         "inject(f, {'rank': 0, 'node': 0}, say, say); print('survived', flush=True)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(60)
+    )
     assert proc.returncode == -9 and "survived" not in proc.stdout
     assert "fault_injected" in proc.stdout  # recorded before it fired
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+from _load import scaled
 
 from stalwart.chaos.proctree import descendants
 
@@ -24,5 +25,5 @@ def test_a_grandchild_in_its_own_session_is_below_the_launcher_and_the_caller_is
     finally:
         for pid in descendants(launcher.pid):
             os.kill(pid, 9)
-        launcher.wait(timeout=30)
+        launcher.wait(timeout=scaled(30))
     assert descendants(launcher.pid) == []  # reaped: nothing left below it

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _load import scaled
 from _s3_server import MotoServer, running_moto
 
 
@@ -20,14 +21,14 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=scaled(30),
     )
     if r.returncode != 0:
         pytest.skip(f"cannot mount an 8 MB tmpfs here ({r.stderr.strip()}); needs root")
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=30)
+        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=scaled(30))
 
 
 @pytest.fixture(scope="session")

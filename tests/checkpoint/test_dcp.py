@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from _load import scaled
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -150,7 +151,7 @@ def test_export_loads_with_plain_torch_bit_exact(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=90,
+        timeout=scaled(90),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = torch.load(result, weights_only=True)

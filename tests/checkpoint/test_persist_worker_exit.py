@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from _load import scaled
 
 
 @pytest.mark.timeout(60)
@@ -31,7 +32,7 @@ def test_a_reply_to_a_parent_that_is_gone_ends_the_worker_without_a_traceback() 
         proc.stdin.write('{"op": "persist", "id": 1}\n')  # answered (an error reply)
         proc.stdin.close()
         err = proc.stderr.read()
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=scaled(30)) == 0
         assert err == ""
     finally:
         if proc.poll() is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _load import scaled
 from _models import assert_same, make_state, params, train_step
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
@@ -132,7 +133,7 @@ def test_snapshot_survives_the_process_that_wrote_it(shm_namespace: str, tmp_pat
         os._exit(0)  # no cleanup, like a crash
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=scaled(60))
     state = make_state(seed=4)
     snap = Snapshotter(SnapshotConfig(shm_namespace))
     try:

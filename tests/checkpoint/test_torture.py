@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
 from stalwart.checkpoint.format import manifest_path, pack_step
@@ -175,7 +176,7 @@ def test_cli_prints_summary_json(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=scaled(90),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])

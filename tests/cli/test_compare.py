@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 from stalwart.chaos.trace import TraceFault, compile_trace
 from stalwart.cli._compare_run import Route, RunSettings, _command, _Injector
@@ -93,7 +94,8 @@ def test_torchruns_signal_strikes_the_ranks_process_at_the_instant(tmp_path: Pat
         inj.start()
         inj.join(timeout=30)
         assert not inj.is_alive() and len(inj.fired) == 1 and inj.fired[0] >= t0 + 0.3
-        assert launcher.wait(timeout=30) is not None  # its child was killed: `wait` returned
+        # its child was killed: `wait` returned
+        assert launcher.wait(timeout=scaled(30)) is not None
     finally:
         launcher.kill()
         launcher.wait()

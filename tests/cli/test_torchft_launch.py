@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 from stalwart.cli import _torchft_launch
 
@@ -53,7 +54,7 @@ def test_groups_get_their_ids_and_the_lighthouse_and_the_job_ends_with_group_0(
     cmd += ["--grace", "1", "--lighthouse", str(lighthouse), "--", str(script), str(tmp_path)]
     env = {"PATH": "/usr/bin:/bin", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=scaled(150))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.monotonic() - t0 < 150  # group 1 did not hold the job for its 300 s
     seen = [json.loads((tmp_path / f"g{g}.json").read_text()) for g in range(3)]
@@ -93,7 +94,7 @@ def test_nothing_it_started_outlives_a_launcher_killed_by_sigkill(tmp_path: Path
         keeper = int((tmp_path / "lighthouse.pid").read_text())
     finally:
         proc.kill()  # no handler runs: the children learn it from the kernel
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
     assert _gone(keeper, 30), "the lighthouse outlived its launcher"
     assert _gone(group1, 60), "a replica group's worker outlived the launcher"
 

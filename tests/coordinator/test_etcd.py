@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.coordinator import (
     CompactedError,
@@ -249,7 +250,10 @@ def test_outage_beyond_the_deadline_raises_then_recovers(etcd: EtcdServer) -> No
 def test_expired_member_is_fenced_across_coordinators(etcd: EtcdServer) -> None:
     """Two coordinators on one etcd: a member that stops heartbeating loses its lease,
     the other bumps the generation, and the stale member's commits are refused."""
-    cfg = CoordinatorConfig(job_id="job", lease_ttl=1.0, heartbeat_interval=0.2)
+    # the lease sized for the load (a starved etcd or heartbeat thread loses a 1 s lease
+    # that is alive: tests/_load.py)
+    ttl = scaled(1.0)
+    cfg = CoordinatorConfig(job_id="job", lease_ttl=ttl, heartbeat_interval=0.2)
     store_a, store_b = connect(etcd), connect(etcd)
     a, b = Coordinator(store_a, cfg), Coordinator(store_b, cfg)
     gen = a.advance_generation(0, "start").generation
@@ -258,13 +262,13 @@ def test_expired_member_is_fenced_across_coordinators(etcd: EtcdServer) -> None:
     member_b.start_heartbeat()
     a.commit_step(gen, 1, by="a")
     with b.watch_members(store_b.range("").revision + 1) as members:
-        until = time.monotonic() + 2.0
+        until = time.monotonic() + 2 * ttl
         while time.monotonic() < until:  # alive past its TTL while it heartbeats
             member_a.heartbeat()
             time.sleep(0.2)
         assert set(a.members()) == {"a", "b"}
         # "a" stops heartbeating (a partition); its lease expires in etcd
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + ttl + scaled(9.0)
         events: list[Any] = []
         while not any(e.kind == "left" and e.member_id == "a" for e in events):
             assert time.monotonic() < deadline, "lease of 'a' never expired"

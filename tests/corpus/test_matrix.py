@@ -266,6 +266,9 @@ def _params(cells: list[Cell]) -> list[object]:
     out: list[object] = []
     for cell in cells:
         marks: list[pytest.MarkDecorator] = [pytest.mark.timeout(cell.timeout + 240)]
+        # under xdist, a script's cells run on one worker: they share its references
+        # (tests/_workers.py)
+        marks.append(pytest.mark.xdist_group(f"corpus-{REFS[cell.ref].script}"))
         if cell.slow:
             marks.append(pytest.mark.slow)
         if cell.pending:

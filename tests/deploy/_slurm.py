@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 __all__ = ["SlurmCluster", "require_slurm", "running_slurm"]
 
@@ -99,7 +100,7 @@ class SlurmCluster:
 
     def scontrol(self, *args: str) -> str:
         out = subprocess.run(
-            ["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=30
+            ["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=scaled(30)
         )
         if out.returncode != 0:
             raise AssertionError(f"scontrol {' '.join(args)}: {out.stderr.strip()}")
@@ -111,7 +112,7 @@ class SlurmCluster:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=scaled(30),
         )
         if out.returncode != 0:
             raise AssertionError(f"sbatch failed: {out.stderr.strip()}")
@@ -135,14 +136,14 @@ class SlurmCluster:
 
     def cancel(self, job: int) -> None:
         with contextlib.suppress(Exception):
-            subprocess.run(["scancel", str(job)], env=self.env, timeout=30, check=False)
+            subprocess.run(["scancel", str(job)], env=self.env, timeout=scaled(30), check=False)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -208,11 +209,15 @@ def _cancel_all(cluster: SlurmCluster) -> None:
     job still running when the daemons stop would keep its processes."""
     env = cluster.env
     with contextlib.suppress(Exception):
-        subprocess.run(["scancel", "--full", "--partition", "debug"], env=env, timeout=30)
+        subprocess.run(["scancel", "--full", "--partition", "debug"], env=env, timeout=scaled(30))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             left = subprocess.run(
-                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=30
+                ["squeue", "-h", "-o", "%i"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=scaled(30),
             )
             if left.returncode != 0 or not left.stdout.strip():
                 return

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.cli.main import build_parser
 from stalwart.cli.run import EXIT_NOT_ADMITTED
@@ -182,7 +183,10 @@ def test_the_pods_shell_line_maps_not_admitted_to_done(
     command = _trainer()["command"]
     assert command[:2] == ["sh", "-c"]
     done = subprocess.run(
-        [*command, "--x"], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30, check=False
+        [*command, "--x"],
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        timeout=scaled(30),
+        check=False,
     )
     assert done.returncode == expected
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from ._slurm import SlurmCluster, running_slurm
 
@@ -46,7 +47,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [*cmd, str(SCRIPT), "--steps", str(STEPS), "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=scaled(240),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return dict(torch.load(out))
@@ -61,7 +62,7 @@ def _submit(slurm: SlurmCluster, root: Path, *launch: str) -> int:
     args += ["--run-dir", str(root / "run"), *launch]
     args += [str(SCRIPT), "--steps", str(STEPS), "--out", str(root / "final.pt")]
     out = subprocess.run(
-        ["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, timeout=30
+        ["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, timeout=scaled(30)
     )
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from _load import scaled
+
 from ._lab import Lab
 
 __all__ = ["CLIENT_PORT", "etcd_on"]
@@ -44,7 +46,7 @@ def etcd_on(lab: Lab, host: int, binary: str, data: Path) -> Iterator[str]:
         check = f"import urllib.request as u; print(u.urlopen('{url}/health', timeout=2).read())"
         probe = lab.cmd(host, [sys.executable, "-c", check])
         while True:
-            out = subprocess.run(probe, capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(probe, capture_output=True, text=True, timeout=scaled(10)).stdout
             if '"true"' in out:
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -54,7 +56,7 @@ def etcd_on(lab: Lab, host: int, binary: str, data: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=scaled(20))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from _load import scaled
+
 from ._net import NetFault
 
 if TYPE_CHECKING:
@@ -50,14 +52,16 @@ class Forwarder:
             f"add chain ip {self.table} out {{ type nat hook output priority -100; }}",
             rule,
         ):
-            subprocess.run([*nft, line], check=True, capture_output=True, timeout=30)
+            subprocess.run([*nft, line], check=True, capture_output=True, timeout=scaled(30))
 
     def stop(self) -> None:
         if self.proc is None:
             return
         nft = self.lab.cmd(self.fault.src, ["nft"])
-        subprocess.run([*nft, f"delete table ip {self.table}"], capture_output=True, timeout=30)
+        subprocess.run(
+            [*nft, f"delete table ip {self.table}"], capture_output=True, timeout=scaled(30)
+        )
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.communicate(timeout=10)
+        self.proc.communicate(timeout=scaled(10))
         self.proc = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _load import scaled
+
 from ._lab import Lab
 
 __all__ = [
@@ -131,7 +133,7 @@ class HostJob:
         if p.poll() is None:
             p.terminate()
         try:
-            _, err = p.communicate(timeout=30)
+            _, err = p.communicate(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             p.kill()
             _, err = p.communicate()
@@ -228,7 +230,7 @@ def newest_checkpoint(run_dir: Path, rank: int) -> int | None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     if proc.returncode != 0:
         return None

@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _load import scaled
+
 from ._forward import Forwarder
 from ._net import NetFault, nft_rules, parse_net
 
@@ -40,7 +42,7 @@ def lab_missing() -> str | None:
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(30))
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
     return proc
@@ -147,7 +149,7 @@ class Lab:
         line = h.holder.stdout.readline()  # the holder exits (EOF) if a step failed
         if line.strip() != "ready":
             h.holder.kill()
-            _, err = h.holder.communicate(timeout=10)
+            _, err = h.holder.communicate(timeout=scaled(10))
             raise RuntimeError(f"host {h.name} did not start: {err.strip()}")
 
     def cmd(self, host: int, argv: list[str], cwd: str | None = None) -> list[str]:
@@ -218,7 +220,7 @@ class Lab:
                 h.holder.kill()
             if h.holder is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    h.holder.communicate(timeout=10)
+                    h.holder.communicate(timeout=scaled(10))
         _sh("nft", "delete", "table", "bridge", self.table, check=False)
         left = []
         for h in self.hosts:

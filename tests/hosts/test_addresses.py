@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 from ._job import HostJob
 from ._lab import Lab
@@ -39,7 +40,10 @@ check_host_name(node_address("", ("h0", 29400)))
 
 def _on(lab: Lab, host: int, code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        lab.cmd(host, [sys.executable, "-c", code]), capture_output=True, text=True, timeout=120
+        lab.cmd(host, [sys.executable, "-c", code]),
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
     )
 
 
@@ -66,7 +70,7 @@ def test_a_host_name_on_loopback_is_refused_naming_the_fix(
     assert "GLOO_SOCKET_IFNAME=eth0" in out.stderr and "127.0.1.1" in out.stderr
     job = jobs(lab, tmp_path, [0, 1], ["--steps", "5"])
     node1 = job.procs[1]  # (node 0, left waiting for it, is stopped by the fixture)
-    _, err = node1.communicate(timeout=120)
+    _, err = node1.communicate(timeout=scaled(120))
     assert node1.returncode == 2, err[-2000:]
     lines = [line for line in err.splitlines() if "GLOO_SOCKET_IFNAME" in line]
     assert len(lines) == 1 and "h1" in lines[0] and "127.0.1.1" in lines[0], err[-2000:]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from _load import scaled
 
 from ._lab import Lab
 
@@ -57,12 +58,12 @@ def lab(lab_factory: Callable[..., Lab]) -> Iterator[Lab]:
     finally:
         for s in servers:
             s.kill()
-            s.communicate(timeout=10)
+            s.communicate(timeout=scaled(10))
 
 
 def _dial(lab: Lab, src: int, dst: int, port: int = 5001) -> tuple[str, float]:
     argv = [sys.executable, "-c", _CLIENT, f"h{dst}", str(port)]
-    out = subprocess.run(lab.cmd(src, argv), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(lab.cmd(src, argv), capture_output=True, text=True, timeout=scaled(60))
     what, seconds = out.stdout.split()
     return what, float(seconds)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 from stalwart.agent._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.agent.config import LaunchConfig, RuntimeKnobs
@@ -247,4 +248,4 @@ def test_importing_the_contract_imports_no_torch() -> None:
     """The agent imports it, and the agent never imports torch."""
     code = "import sys, stalwart.agent.agent; sys.exit('torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=scaled(60))

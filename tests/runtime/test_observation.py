@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from _load import scaled
+
 from stalwart.runtime.env import CONTRACT_VAR, CONTRACT_VERSION
 
 _SCRIPT = textwrap.dedent(
@@ -48,7 +50,7 @@ def _losses(script: Path, how: str) -> list[float]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("LOSSES "))
