@@ -31,6 +31,7 @@ import struct
 from dataclasses import dataclass
 
 from stalwart.errors import StalwartError
+from stalwart.privfile import open_own
 
 __all__ = [
     "ATTACHED",
@@ -89,8 +90,7 @@ class ProgressBoard:
         self.path = path
         self.slots = slots
         size = _HEADER_SIZE + slots * _SIZE
-        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o600)
+        fd = open_own(path, create=create)  # O_EXCL; a foreign file is refused
         try:
             if create:
                 os.ftruncate(fd, size)

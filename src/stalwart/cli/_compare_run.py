@@ -22,15 +22,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stalwart.chaos.proctree import descendants
+from stalwart.chaos.proctree import descendants, die_with_parent, stop_tree
 from stalwart.chaos.trace import FaultTrace, TraceFault
 from stalwart.metrics.routes import RouteRun, StepRecord, read_step_records, recoveries
 
-__all__ = ["Route", "RunSettings", "load_route", "run_route"]
+__all__ = ["Route", "RunSettings", "load_route", "run_route", "term_exits"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
 
@@ -186,6 +186,41 @@ def _reap(proc: subprocess.Popen[bytes], timeout: float) -> int:
         return -9
 
 
+@contextlib.contextmanager
+def term_exits() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) meanwhile (main thread only), so a terminated compare
+    unwinds through :func:`_finish` and stops the route it is running, as Ctrl-C does."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The route's launcher, in a session of its own (its process group is the route's)
+    that dies with compare even when compare is SIGKILLed (PR_SET_PDEATHSIG)."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float, grace_s: float = 10.0) -> int:
+    """The launcher's exit status; on any way out of compare meanwhile (Ctrl-C, SIGTERM,
+    an error) its whole tree is stopped first."""
+    try:
+        return _reap(proc, timeout)
+    except BaseException:
+        stop_tree(proc, grace_s)
+        raise
+
+
 def run_route(
     route: Route, st: RunSettings, trace: FaultTrace | None, label: str, timeout_s: float
 ) -> RouteRun:
@@ -197,14 +232,7 @@ def run_route(
     chaos = "" if route.injected or trace is None else trace.chaos_spec()
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     launched = time.time()
-    with open(out / "launcher.log", "wb") as log:
-        proc = subprocess.Popen(
-            _command(route, st, out, job, chaos),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    proc = _launch(_command(route, st, out, job, chaos), out / "launcher.log", env)
     injector = _Injector(out / "corpus", proc.pid, faults) if route.injected else None
     fired: Callable[[], tuple[float, ...]] = (
         (lambda: tuple(injector.fired)) if injector else (lambda: _injected_at(out / "run"))
@@ -213,7 +241,12 @@ def run_route(
     for thread in (injector, watcher):
         if thread is not None:
             thread.start()
-    rc = _reap(proc, timeout_s)
+    try:
+        rc = _finish(proc, timeout_s)
+    finally:
+        for thread in (injector, watcher):
+            if thread is not None:
+                thread.stop.set()
     exited = time.time()
     for thread in (injector, watcher):
         if thread is not None:

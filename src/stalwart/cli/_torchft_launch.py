@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import shutil
 import signal
@@ -28,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from stalwart.chaos.proctree import die_with_parent
 
 __all__ = ["lighthouse_binary", "main"]
 
@@ -39,14 +39,6 @@ def lighthouse_binary() -> str | None:
     """The ``torchft_lighthouse`` executable beside this Python, or on PATH; None if absent."""
     beside = Path(sys.executable).parent / "torchft_lighthouse"
     return str(beside) if beside.exists() else shutil.which("torchft_lighthouse")
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when this launcher dies, even by SIGKILL (Linux
-    PR_SET_PDEATHSIG), so no lighthouse or group outlives it."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -99,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     lighthouse = subprocess.Popen(
         [binary, "--bind", f"127.0.0.1:{port}", *_LIGHTHOUSE_FLAGS],
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     groups: list[subprocess.Popen[bytes]] = []
     try:
@@ -112,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher = [torchrun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1000"]
             groups.append(
                 subprocess.Popen(
-                    [*launcher, *cmd], env=env, start_new_session=True, preexec_fn=_die_with_parent
+                    [*launcher, *cmd], env=env, start_new_session=True, preexec_fn=die_with_parent
                 )
             )
         rc = groups[0].wait()

@@ -7,8 +7,10 @@ These commands import no torch except ``export``/``import`` (which need DCP), so
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stalwart.checkpoint.catalog import (
@@ -20,7 +22,7 @@ from stalwart.checkpoint.catalog import (
 from stalwart.checkpoint.format import PENDING_PREFIX, parse_step_dir
 from stalwart.checkpoint.retention import RetentionPolicy, collect_garbage
 from stalwart.checkpoint.storage import Storage, open_storage
-from stalwart.errors import CheckpointError, ConfigError
+from stalwart.errors import CheckpointError, ConfigError, StorageUnavailableError
 
 __all__ = ["register"]
 
@@ -232,6 +234,31 @@ def _endpoint_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _short(path: str, keep: int = 120) -> str:
+    return path if len(path) <= keep else f"{path[:keep]}... ({len(path)} characters)"
+
+
+def _one_line(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A path or URL that cannot be reached (a symlink loop, a name too long, a host that
+    does not answer: OSError, aiohttp's connection errors included) ends the command with
+    one line naming it, not a traceback."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except OSError as err:
+            where = _short(str(getattr(args, "dir", "") or getattr(args, "src", "")))
+            text = str(err).splitlines()
+            why = err.strerror or (text[0] if text else type(err).__name__)
+            raise StorageUnavailableError(
+                f"{where}: cannot read the checkpoint root ({_short(str(why), 200)}); "
+                "check the path or URL and that its host answers"
+            ) from err
+
+    return run
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("ckpt", help="list, verify, inspect, export, import and clean checkpoints")
     cmds = p.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
@@ -240,7 +267,7 @@ def register(sub: Any) -> None:
     ls.add_argument("dir", help="checkpoint directory or URL (s3://bucket/prefix)")
     ls.add_argument("--json", action="store_true", help="print JSON")
     _endpoint_flag(ls)
-    ls.set_defaults(func=_ls)
+    ls.set_defaults(func=_one_line(_ls))
 
     v = cmds.add_parser("verify", help="check manifests, indexes and every chunk's checksum")
     v.add_argument("dir")
@@ -249,7 +276,7 @@ def register(sub: Any) -> None:
     v.add_argument("--quick", action="store_true", help="skip reading chunks")
     v.add_argument("--json", action="store_true", help="print JSON")
     _endpoint_flag(v)
-    v.set_defaults(func=_verify)
+    v.set_defaults(func=_one_line(_verify))
 
     i = cmds.add_parser("inspect", help="show the tensors of a checkpoint")
     i.add_argument("dir")
@@ -257,14 +284,14 @@ def register(sub: Any) -> None:
     i.add_argument("--rank", type=int, help="default: every rank")
     i.add_argument("--json", action="store_true", help="print JSON")
     _endpoint_flag(i)
-    i.set_defaults(func=_inspect)
+    i.set_defaults(func=_one_line(_inspect))
 
     e = cmds.add_parser("export", help="write a checkpoint in another format (DCP)")
     e.add_argument("dir")
     e.add_argument("out", help="output directory")
     e.add_argument("--format", default="dcp", help="output format (dcp)")
     e.add_argument("--step", type=int, help="default: the newest valid")
-    e.set_defaults(func=_export)
+    e.set_defaults(func=_one_line(_export))
 
     im = cmds.add_parser("import", help="turn a DCP checkpoint into a stalwart checkpoint")
     im.add_argument("src", help="DCP checkpoint directory")
@@ -276,11 +303,11 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="import only this top-level name (repeatable; default: all), e.g. model",
     )
-    im.set_defaults(func=_import)
+    im.set_defaults(func=_one_line(_import))
 
     g = cmds.add_parser("gc", help="apply retention and delete unreferenced chunks")
     g.add_argument("dir")
     g.add_argument("--keep-last", type=int, default=3)
     g.add_argument("--keep-every", type=int, default=None)
     _endpoint_flag(g)
-    g.set_defaults(func=_gc)
+    g.set_defaults(func=_one_line(_gc))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace
-from stalwart.cli._compare_run import Route, RunSettings, load_route, run_route
+from stalwart.cli._compare_run import Route, RunSettings, load_route, run_route, term_exits
 from stalwart.cli._compare_sim import simulate_injected, simulate_route
 from stalwart.cli._torchft_launch import lighthouse_binary
 from stalwart.errors import ConfigError
@@ -218,7 +218,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     rows: list[RouteFigures] = []
     curves: dict[str, list[tuple[int, float]]] = {}
     for route in routes:
-        free, hit = _run_pair(route, st, trace, args.reuse)
+        with term_exits():  # SIGTERM stops the route's processes, as Ctrl-C does
+            free, hit = _run_pair(route, st, trace, args.reuse)
         rows.append(route_figures(hit, free))
         curves[route.name] = kept_losses(hit.records)
         curves[f"{route.name}/fault-free"] = kept_losses(free.records)

@@ -16,12 +16,15 @@ The schema (kinds, fields, units) is documented in docs/events.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from stalwart.errors import StalwartError
 from stalwart.metrics._event_kinds import ANY, EVENT_KINDS, REQUIRED
@@ -141,51 +144,126 @@ class EventLog:
 class ReadResult:
     events: list[Event]
     partial: bool  # the log ends in a truncated or unreadable line
-    problems: list[str]
+    problems: list[str]  # the first MAX_PROBLEMS bad lines, then one line with the count
+    bad_lines: int = 0  # every line skipped as unreadable
+    loss_stride: int = 1  # 1: every loss event kept; k: every k-th (LOSS_CAP)
+
+
+MAX_LINE = 1 << 20
+"""Longest line read (bytes); a longer one is skipped as bad without being held whole."""
+MAX_PROBLEMS = 20
+"""Bad lines described one by one in ``problems``; the rest are counted."""
+LOSS_CAP = 100_000
+"""Most ``loss`` events held: past it, every other one kept is dropped (the stride
+doubles), so a log of millions of loss lines is read in bounded memory."""
+
+
+_INT_BOUND = 1 << 63
+
+
+def _int_or_none(d: dict[str, Any], key: str) -> int | None:
+    v = d.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise TypeError(f"envelope field {key!r} = {v!r}: expected an integer or null")
+    if v is not None and not -_INT_BOUND < v < _INT_BOUND:
+        raise ValueError(f"envelope field {key!r}: integer out of range (2^63)")
+    return v
 
 
 def parse_event(line: str | bytes) -> Event:
-    """One line of an event log, its version and its kind's fields checked; raises
-    ``ValueError``, ``KeyError``, ``TypeError`` or :class:`EventLogError` on a bad line."""
+    """One line of an event log, its envelope, version and kind's fields checked; raises
+    ``ValueError``, ``KeyError``, ``TypeError``, ``OverflowError``, ``RecursionError`` or
+    :class:`EventLogError` on a bad line."""
     d = json.loads(line)
     if not isinstance(d, dict):
         raise TypeError(f"an event is a JSON object, not {type(d).__name__}")
     if d.get("v") not in READABLE_VERSIONS:
         raise ValueError(f"schema version {d.get('v')!r}, this reader reads {READABLE_VERSIONS}")
+    kind, t = d["kind"], d["t"]
+    if not isinstance(kind, str):
+        raise TypeError(f"event kind {kind!r}: expected a string")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(float(t)):
+        raise ValueError(f"event time {t!r}: expected a finite number of seconds")
+    host = d.get("host", "")
+    if not isinstance(host, str):
+        raise TypeError(f"envelope field 'host' = {host!r}: expected a string")
     fields = {k: v for k, v in d.items() if k not in _ENVELOPE}
-    _validate(str(d["kind"]), fields)
+    _validate(kind, fields)
+    for name, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"event {kind!r} field {name!r} = {value!r}: not a finite number")
+        if isinstance(value, int) and not -_INT_BOUND < value < _INT_BOUND:
+            raise ValueError(f"event {kind!r} field {name!r}: integer out of range (2^63)")
     return Event(
-        str(d["kind"]),
-        float(d["t"]),
-        str(d.get("host", "")),
-        int(d.get("pid", 0)),
-        d.get("node"),
-        d.get("rank"),
-        fields,
+        kind, float(t), host, _int_or_none(d, "pid") or 0, _int_or_none(d, "node"),
+        _int_or_none(d, "rank"), fields,
     )
 
 
+def _lines(f: BinaryIO) -> Iterator[tuple[bytes, bool]]:
+    """The file's lines, each at most MAX_LINE bytes (a longer one is read past in
+    pieces and given as empty with ``whole`` False); ``whole`` is False for an unended
+    last line too."""
+    while True:
+        line = f.readline(MAX_LINE)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line, True
+            continue
+        if len(line) < MAX_LINE:  # EOF without a newline
+            yield line, False
+            return
+        while line and not line.endswith(b"\n"):  # over-long: skip to its end
+            line = f.readline(MAX_LINE)
+        yield b"", False
+
+
 def read_events(path: str) -> ReadResult:
-    """Every event in ``path`` sorted by time; bad lines are reported, not fatal."""
+    """Every event in ``path`` sorted by time, read as a stream; bad lines are skipped and
+    counted (the first MAX_PROBLEMS described), never fatal; past LOSS_CAP loss events the
+    loss series is thinned (``loss_stride``)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        f = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError as err:
         raise EventLogError(
             f"{path}: no event log here; pass the run directory of a `stalwart run`"
         ) from err
+    except OSError as err:
+        raise EventLogError(f"{path}: cannot read the event log: {err.strerror or err}") from err
     events: list[Event] = []
+    losses: list[tuple[int, Event]] = []
+    n_loss, stride = 0, 1
     problems: list[str] = []
-    lines = raw.split(b"\n")
-    partial = bool(lines and lines[-1])  # no final newline: the writer was cut off
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            events.append(parse_event(line))
-        except (ValueError, KeyError, TypeError, EventLogError) as err:
-            problems.append(f"{path}:{n}: {err}")
-            if n == len(lines):
-                partial = True
+    bad, partial = 0, False
+    with f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise EventLogError(f"{path}: not a regular file; pass a run's events.jsonl")
+        for n, (line, whole) in enumerate(_lines(f), 1):
+            if whole and not line.strip():
+                continue
+            try:
+                if not line:
+                    raise ValueError(f"line longer than {MAX_LINE} bytes")
+                ev = parse_event(line)
+            except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError, EventLogError) as err:
+                bad += 1
+                if bad <= MAX_PROBLEMS:
+                    problems.append(f"{path}:{n}: {str(err)[:200]}")
+                partial = partial or not whole
+                continue
+            partial = partial or not whole  # no final newline: the writer was cut off
+            if ev.kind != "loss":
+                events.append(ev)
+                continue
+            if n_loss % stride == 0:
+                losses.append((n_loss, ev))
+                if len(losses) > LOSS_CAP:
+                    stride *= 2
+                    losses = [(i, e) for i, e in losses if i % stride == 0]
+            n_loss += 1
+    if bad > MAX_PROBLEMS:
+        problems.append(f"{path}: {bad} bad lines skipped in all ({MAX_PROBLEMS} shown)")
+    events.extend(e for _, e in losses)
     events.sort(key=lambda e: e.t)
-    return ReadResult(events, partial or bool(problems), problems)
+    return ReadResult(events, partial or bad > 0, problems, bad, stride)

@@ -28,6 +28,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from stalwart.privfile import open_own
+
 __all__ = [
     "EMPTY",
     "OPEN",
@@ -71,7 +73,7 @@ class StepJournal:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = open_own(path, create=True)  # O_EXCL; a foreign file is refused
         try:
             os.ftruncate(fd, _SIZE)
             self._map = mmap.mmap(fd, _SIZE, flags=mmap.MAP_SHARED)
@@ -109,7 +111,9 @@ class StepJournal:
 def read(path: str) -> JournalRecord | None:
     """The record at ``path``; None when absent, empty, torn or out of bounds."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return None  # planted by another user: not this job's record
             raw = f.read(_SIZE)
     except OSError:
         return None

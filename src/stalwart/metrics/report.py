@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -218,11 +219,22 @@ def _incident(i: Any, t0: float) -> dict[str, Any]:
 
 
 def _log_path(run_dir: str) -> str:
-    if os.path.isdir(run_dir):
+    """The event log of ``run_dir`` (a run directory, or the log itself); one line naming
+    the path (cut to 120 characters) and why when it cannot be reached (a symlink loop, a
+    name too long, a URL: only local paths are read)."""
+    shown = run_dir if len(run_dir) <= 120 else f"{run_dir[:120]}... ({len(run_dir)} characters)"
+    try:
+        mode = os.stat(run_dir).st_mode
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        why = getattr(err, "strerror", None) or "not a usable path"
+        raise ReportError(
+            f"{shown}: no such run directory ({why}); pass the directory of a `stalwart run`"
+        ) from err
+    if stat.S_ISDIR(mode):
         return os.path.join(run_dir, EVENTS_FILE)
-    if os.path.isfile(run_dir):
+    if stat.S_ISREG(mode):
         return run_dir
-    raise ReportError(f"{run_dir}: no such run directory; pass the directory of a `stalwart run`")
+    raise ReportError(f"{shown}: not a run directory; pass the directory of a `stalwart run`")
 
 
 def build_report(
@@ -258,6 +270,11 @@ def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.
     run directory) also the loss-convergence figures."""
     res = read_events(_log_path(run_dir))
     rep = build_report(run_dir, res.events, partial=res.partial, problems=res.problems)
+    if res.loss_stride > 1:  # a warning, not a partial log: the loss plot is thinned
+        rep.problems.append(
+            f"loss series thinned to every {res.loss_stride}th loss event (the log holds "
+            "more than the report keeps in memory)"
+        )
     if reference is not None:
         ref = loss_curve(read_events(_log_path(reference)).events)
         if not ref:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
 from stalwart.errors import ContractError
-from stalwart.runtime._field_check import check_field
+from stalwart.runtime._field_check import INTEGER, check_field, check_names
 from stalwart.runtime.strategy import STRATEGIES, Strategy, replica_group_size
 
 __all__ = [
@@ -196,6 +196,7 @@ class WorkerEnv:
             where = f.metadata["var"] or f"{CONTRACT_VAR}.{f.name}"
             fix = f"set {f.metadata['flag']}" if f.metadata["flag"] else _AGENT_FIX
             check_field(f.name, f.metadata, f.default, getattr(self, f.name), where, fix)
+        check_names(self.job, self.shm_run, _AGENT_FIX)
         if self.rank >= self.world_size:
             raise ContractError(
                 f"RANK={self.rank} is outside 0..{self.world_size - 1} (WORLD_SIZE="
@@ -301,7 +302,7 @@ class WorkerFields(TypedDict, total=False):
 
 def _addr(text: str) -> tuple[str, int] | None:
     host, sep, port = text.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+    if not (sep and host and INTEGER.fullmatch(port) and 0 < int(port) < 65536):
         return None
     return host, int(port)
 
@@ -311,13 +312,12 @@ def _parse_var(var: str, text: str, default: object) -> Any:
     if isinstance(default, bool):
         return text == "True"
     if isinstance(default, int):
-        try:
+        if INTEGER.fullmatch(text) and len(text) <= 19:
             return int(text)
-        except ValueError:
-            raise ContractError(
-                f"{var}={text!r} is not an integer: the launcher (torchrun or `stalwart "
-                f"run`) sets it; unset {var} or give a whole number"
-            ) from None
+        raise ContractError(
+            f"{var}={text[:40]!r} is not an integer (ASCII digits): the launcher (torchrun "
+            f"or `stalwart run`) sets it; unset {var} or give a whole number"
+        )
     return text
 
 
