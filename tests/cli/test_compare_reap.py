@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests._load import wait_until
+from _load import wait_until
 
 _LAUNCHER = """
 import signal, subprocess, sys, time
@@ -83,7 +82,7 @@ def _compare(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int
         proc.wait()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_terminated_compare_stops_its_launcher_and_the_workers_it_started(
     tmp_path: Path, sig: int
 ) -> None:

@@ -125,9 +125,7 @@ def test_a_long_loss_series_is_thinned_not_held_whole(
         ("http://127.0.0.1:9/run", "No such file or directory"),
     ],
 )
-def test_an_unreachable_path_is_one_line(
-    tmp_path: Path, capsys: Any, path: str, why: str
-) -> None:
+def test_an_unreachable_path_is_one_line(tmp_path: Path, capsys: Any, path: str, why: str) -> None:
     if path == "loop":
         (tmp_path / "a").symlink_to(tmp_path / "b")
         (tmp_path / "b").symlink_to(tmp_path / "a")

@@ -195,8 +195,13 @@ def parse_event(line: str | bytes) -> Event:
         if isinstance(value, int) and not -_INT_BOUND < value < _INT_BOUND:
             raise ValueError(f"event {kind!r} field {name!r}: integer out of range (2^63)")
     return Event(
-        kind, float(t), host, _int_or_none(d, "pid") or 0, _int_or_none(d, "node"),
-        _int_or_none(d, "rank"), fields,
+        kind,
+        float(t),
+        host,
+        _int_or_none(d, "pid") or 0,
+        _int_or_none(d, "node"),
+        _int_or_none(d, "rank"),
+        fields,
     )
 
 
@@ -246,7 +251,14 @@ def read_events(path: str) -> ReadResult:
                 if not line:
                     raise ValueError(f"line longer than {MAX_LINE} bytes")
                 ev = parse_event(line)
-            except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError, EventLogError) as err:
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                ArithmeticError,
+                RecursionError,
+                EventLogError,
+            ) as err:
                 bad += 1
                 if bad <= MAX_PROBLEMS:
                     problems.append(f"{path}:{n}: {str(err)[:200]}")
