@@ -95,3 +95,27 @@ def test_bad_input_gets_one_line(
     assert "not valid JSON" in _one_line_error(capsys, "ckpt", "inspect", str(ckpt_dir))
     rc, out, _ = _run(capsys, "ckpt", "verify", str(ckpt_dir))
     assert rc == 1 and "not valid JSON" in out
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("loop", "Too many levels of symbolic links"),
+        ("long", "File name too long"),
+        ("http://127.0.0.1:9/ckpt", "cannot read the checkpoint root"),
+    ],
+)
+@pytest.mark.parametrize("action", ["ls", "verify", "inspect", "gc"])
+def test_an_unreachable_root_gets_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, where: str, why: str
+) -> None:
+    """issue 27: a symlink loop, a 5,000-character path and an http:// root nothing
+    listens at (port 9, discard: refused on loopback) each end in one line naming it."""
+    if where == "loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        where = str(tmp_path / "a")
+    elif where == "long":
+        where = str(tmp_path / ("x" * 5000))
+    line = _one_line_error(capsys, "ckpt", action, where)
+    assert why in line and len(line) < 600

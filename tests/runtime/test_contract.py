@@ -167,6 +167,21 @@ def _blob(**fields: object) -> dict[str, str]:
         (_blob(strategy="bogus"), "strategy='bogus' is not a strategy"),
         (_blob(store="nohost"), "store='nohost' is not HOST:PORT"),
         (_blob(c10d_addr="h:99999"), "c10d_addr='h:99999' is not HOST:PORT"),
+        # issue 27: int() takes non-ASCII digits, spaces and underscores; the contract not
+        ({"RANK": "\u0663"}, "RANK='\u0663' is not an integer"),
+        ({"RANK": " 3"}, "RANK=' 3' is not an integer"),
+        ({"WORLD_SIZE": "1_0"}, "WORLD_SIZE='1_0' is not an integer"),
+        ({"MASTER_PORT": "\u0968\u0969"}, "is not an integer"),
+        ({"RANK": "9" * 5000}, "is not an integer"),
+        (_blob(c10d_addr="h:\u0663\u0663"), "is not HOST:PORT"),
+        ({"TORCHELASTIC_RUN_ID": "a/b"}, "TORCHELASTIC_RUN_ID='a/b' is not a job id"),
+        ({"TORCHELASTIC_RUN_ID": "../../etc"}, "is not a job id"),
+        ({"TORCHELASTIC_RUN_ID": "a\x00b"}, "is not a job id"),
+        ({"TORCHELASTIC_RUN_ID": "j\u00f6b"}, "is not a job id"),
+        ({"TORCHELASTIC_RUN_ID": "a b"}, "is not a job id"),
+        ({"TORCHELASTIC_RUN_ID": "j" * 201}, "is not a job id"),
+        (_blob(shm_run="../x"), "shm_run='../x' is not a run id"),
+        (_blob(shm_run="ab\x00"), "is not a run id"),
     ],
 )
 def test_each_bound_is_refused_naming_the_variable(env: dict[str, str], names: str) -> None:
