@@ -45,7 +45,9 @@ class EventFollower:
                 continue
             try:
                 out.append(parse_event(line))
-            except (ValueError, KeyError, TypeError, EventLogError) as err:
+            except (
+                ValueError, KeyError, TypeError, ArithmeticError, RecursionError, EventLogError
+            ) as err:  # fmt: skip
                 self.problems.append(f"{self.path}: {err}")  # live display: skip, go on
         return out
 
