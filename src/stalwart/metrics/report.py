@@ -272,7 +272,7 @@ def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.
     rep = build_report(run_dir, res.events, partial=res.partial, problems=res.problems)
     if res.loss_stride > 1:  # a warning, not a partial log: the loss plot is thinned
         rep.problems.append(
-            f"loss series thinned to every {res.loss_stride}th loss event (the log holds "
+            f"loss series thinned to one in {res.loss_stride} loss events (the log holds "
             "more than the report keeps in memory)"
         )
     if reference is not None:
