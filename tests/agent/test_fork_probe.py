@@ -96,9 +96,7 @@ def test_a_script_importing_transformers_and_accelerate_gets_them_preloaded(
         pre = ready["preload"]
         assert pre["note"] == "", pre
         assert pre["failed"] == [], pre
-        assert {"transformers", "accelerate", "transformers.trainer_utils"} <= set(
-            pre["imported"]
-        )
+        assert {"transformers", "accelerate", "transformers.trainer_utils"} <= set(pre["imported"])
         spec = {"env": env, "argv": [str(script)], "cwd": str(tmp_path), "log": None}
         zygote.send({"op": "spawn", "id": "w", "spec": spec})
         assert zygote.wait_for("exit", 120)["rc"] == 0  # forked with Trainer loaded
