@@ -65,6 +65,24 @@ def test_the_scripts_own_modules_are_never_imported(tmp_path: Path, monkeypatch:
     assert res.skipped == ["ux_missing_module_xyz"] and not res.failed
 
 
+def test_installed_packages_in_a_venv_inside_the_working_directory_are_preloaded(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``python -m venv .venv`` in the project: its site-packages lies under the working
+    directory, yet holds installed packages (transformers was never preloaded so)."""
+    from stalwart.agent import _preload
+
+    proj = tmp_path / "proj"
+    site = proj / ".venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "ux_venv_pkg.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(_preload, "_installed_roots", lambda: [os.path.realpath(site)])
+    res = preload([("ux_venv_pkg", ())], local_roots=[str(proj)])
+    assert res.imported == ["ux_venv_pkg"] and not res.skipped
+    assert _preload._local(str(proj / "own.py"), [os.path.realpath(proj)], [str(site)])
+
+
 def test_installed_modules_load_failures_and_slow_ones_are_reported(
     tmp_path: Path, monkeypatch: Any
 ) -> None:

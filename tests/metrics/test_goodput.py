@@ -275,3 +275,26 @@ def test_run_end_before_run_start_is_a_problem_not_a_negative_wall(synth: Any) -
     synth.start(10.0).end(9.0)
     g = _account(synth.close())
     assert g.wall_s == 0 and g.problems and "clock skew" in g.problems[0]
+
+
+def test_wall_time_runs_from_the_launch_and_the_agents_start_up_is_startup(
+    synth: Any,
+) -> None:
+    """run_start comes once the zygote is ready (12-20 s of imports for a transformers
+    script): the wall time starts at its launch_t, and that time is startup."""
+    s = synth.emit("run_start", 10.0, job="j", world_size=4, strategy="flash", launch_t=4.0)
+    g = account(
+        read_events(str(s.steps(12.0, 20.0, 1, 8, 8.0).end(20.0).close() / "events.jsonl")).events
+    )
+    assert g.t_start == 4.0 and g.wall_s == 16.0
+    assert g.buckets["startup"] == 8.0 and g.buckets["productive"] == 8.0
+    assert math.fsum(g.buckets.values()) == g.wall_s
+    assert g.ettr == 0.5  # productive over the wall time from the launch
+
+
+def test_a_launch_time_after_run_start_is_not_believed(synth: Any) -> None:
+    s = synth.emit("run_start", 10.0, job="j", world_size=4, strategy="flash", launch_t=11.0)
+    g = account(
+        read_events(str(s.steps(12.0, 20.0, 1, 8, 8.0).end(20.0).close() / "events.jsonl")).events
+    )
+    assert g.t_start == 10.0 and g.wall_s == 10.0

@@ -83,11 +83,14 @@ def test_real_run_figures_match_wall_clock(tmp_path: Path, capsys: Any) -> None:
     assert not events.partial, events.problems
     rep = load_run(str(run))
     d, g = rep.to_dict(), rep.goodput
-    start = next(e.t for e in events.events if e.kind == "run_start")
+    start_ev = next(e for e in events.events if e.kind == "run_start")
+    start, launch = start_ev.t, float(start_ev["launch_t"])
     end = next(e.t for e in events.events if e.kind == "run_end")
-    # The log's wall time lies inside the wall time measured around the launcher ...
-    assert t_before <= start <= end <= t_after
-    assert g.wall_s == end - start
+    # The log's wall time lies inside the wall time measured around the launcher, and
+    # runs from the agent's launch (its zygote's imports come before run_start) ...
+    assert t_before <= launch < start <= end <= t_after
+    assert g.wall_s == end - launch and d["launch_s"] == pytest.approx(start - launch)
+    assert g.buckets["startup"] >= start - launch
     # ... and every second of it is in exactly one bucket.
     assert math.fsum(d["buckets_s"].values()) == pytest.approx(d["wall_s"], rel=1e-9)
     # Productive time is the sum of the durations of the steps that were kept (the last

@@ -166,3 +166,15 @@ def test_persist_cost_is_the_slowdown_of_steps_while_persisting(synth: Any, caps
 def test_persist_cost_unknown_without_a_baseline(make_run: Any, capsys: Any) -> None:
     c = _json(make_run("never_failed"), capsys)["checkpoint"]  # the persist covers < half
     assert c["persist_slowdown"] is None and c["persist_overhead_pct"] is None
+
+
+def test_the_agents_start_up_is_named_in_the_startup_bucket(synth: Any, capsys: Any) -> None:
+    s = synth.emit("run_start", 10.0, job="j", world_size=2, strategy="flash", launch_t=4.0)
+    run = s.steps(12.0, 20.0, 1, 8, 8.0).end(20.0).close()
+    d = _json(run, capsys)
+    assert d["wall_s"] == 16.0 and d["launch_s"] == 6.0 and d["buckets_s"]["startup"] == 8.0
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "wall 16.0s" in out and "ETTR 50.0%" in out
+    (line,) = [x for x in out.splitlines() if x.strip().startswith("startup")]
+    assert "6.00s of it before the workers started" in line

@@ -70,10 +70,17 @@ def preload_note(cfg: LaunchConfig, ready: dict[str, Any], say: Say) -> None:
 
 
 def emit_run_start(
-    events: EventSink, cfg: LaunchConfig, ready: dict[str, Any], generation: int
+    events: EventSink,
+    cfg: LaunchConfig,
+    ready: dict[str, Any],
+    generation: int,
+    launch_t: float,
 ) -> None:
+    """``launch_t``: when this agent was launched; the report's wall time starts there,
+    the zygote's imports and the rendezvous before this event included (docs/goodput.md)."""
     events.emit(
         "run_start",
+        launch_t=launch_t,
         job=cfg.job,
         world_size=cfg.world_size,
         nnodes=cfg.nnodes,

@@ -31,13 +31,15 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
+from stalwart.agent._proc import read_cpu
+
 __all__ = [
     "PreloadResult",
     "fork_probe",
     "local_roots",
     "preload",
     "script_imports",
-    "thread_count",
+    "threads",
 ]
 
 _PER_IMPORT_S = 20.0  # one import that takes longer is abandoned (a network call...)
@@ -102,11 +104,31 @@ def _forget(before: set[str]) -> None:
         sys.modules.pop(name, None)
 
 
-def _local(origin: str | None, roots: list[str]) -> bool:
+def _installed_roots() -> list[str]:
+    """Where installed packages and the standard library live (site-packages, the
+    interpreter's library directories)."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = [paths.get(k, "") for k in ("purelib", "platlib", "stdlib", "platstdlib")]
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site.py lacks them
+        found += [*site.getsitepackages(), site.getusersitepackages()]
+    return [os.path.realpath(p) for p in found if p]
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+def _local(origin: str | None, roots: list[str], installed: list[str]) -> bool:
+    """The module at ``origin`` is the script's own: under ``roots`` and not installed (a
+    virtual environment inside the working directory, as ``python -m venv .venv`` in a
+    project makes, holds installed packages, not the script's code)."""
     if not origin or origin in ("built-in", "frozen"):
         return False
     path = os.path.realpath(origin)
-    return any(path == r or path.startswith(r + os.sep) for r in roots)
+    return _under(path, roots) and not _under(path, installed)
 
 
 def preload(
@@ -120,6 +142,7 @@ def preload(
     modules found under ``local_roots`` (the script's own code). Runs in the zygote's
     main thread (the time limit is a SIGALRM)."""
     roots = [os.path.realpath(r) for r in local_roots if r]
+    installed = _installed_roots()
     res = PreloadResult()
     t0 = time.monotonic()
     old = signal.signal(signal.SIGALRM, _alarm)
@@ -133,7 +156,7 @@ def preload(
                 spec = importlib.util.find_spec(top)
             except (ImportError, ValueError):
                 spec = None
-            if spec is None or _local(spec.origin, roots) or top == "__main__":
+            if spec is None or _local(spec.origin, roots, installed) or top == "__main__":
                 res.skipped.append(mod)
                 continue
             if mod in sys.modules and not names:
@@ -161,36 +184,68 @@ def preload(
     return res
 
 
-def thread_count() -> int:
-    """OS threads of this process (an OpenMP pool or a library's thread shows here)."""
+def threads() -> dict[str, str]:
+    """This process's OS threads, id to name (an OpenMP pool or a library's thread shows
+    here, named as the library named it)."""
+    out: dict[str, str] = {}
     try:
-        return len(os.listdir("/proc/self/task"))
+        tids = os.listdir("/proc/self/task")
     except OSError:
         import threading
 
-        return threading.active_count()
+        return {str(t.ident): t.name for t in threading.enumerate()}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                out[tid] = f.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+    return out
 
 
-def fork_probe(threads: int, timeout_s: float = 10.0) -> bool:
+def _probe_op(threads: int) -> bool:
+    """In the probe's child: a small torch op on ``threads`` intra-op threads."""
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    a = torch.ones(256, 256)
+    return float((a @ a).sum()) > 0
+
+
+def fork_probe(
+    threads: int, *, stall_s: float = 5.0, cpu_s: float = 10.0, wall_s: float = 600.0
+) -> bool:
     """Fork a child that runs a small torch op with ``threads`` intra-op threads: False
-    when it does not finish in ``timeout_s`` (this process ran a torch op: forked workers
-    would deadlock). The zygote itself never runs the op."""
+    when it deadlocks (this process ran a torch op: forked workers would deadlock too).
+    The zygote itself never runs the op.
+
+    Deadlocked means asleep, its CPU time standing still for ``stall_s`` (the child waits
+    for an OpenMP pool that was not forked with it), or ``cpu_s`` of CPU spent without
+    finishing, or ``wall_s`` passed. A child that is only slow (a loaded machine: runnable,
+    or its CPU time growing) is waited for: a wall-clock limit alone (10 s before) judged
+    slow children deadlocked under load, and the zygote then dropped a safe preload."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            import torch
-
-            torch.set_num_threads(max(1, threads))
-            a = torch.ones(256, 256)
-            code = 0 if float((a @ a).sum()) > 0 else 1
+            code = 0 if _probe_op(threads) else 1
         finally:
             os._exit(code)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    t0 = last = time.monotonic()
+    cpu0 = -1.0
+    while time.monotonic() - t0 < wall_s:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        now, seen = time.monotonic(), read_cpu(pid)
+        if seen is not None:
+            state, cpu = seen
+            if cpu > cpu_s:
+                break
+            if cpu != cpu0 or state != "S":  # computing, runnable or in I/O: progress
+                cpu0, last = cpu, now
+            elif now - last > stall_s:
+                break
         time.sleep(0.01)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)

@@ -277,7 +277,7 @@ def _preload_script(script: str) -> dict[str, Any]:
     """Import the script's top-level imports (agent/_preload.py); ``note``: why not."""
     from stalwart.agent import _local_preload, _preload
 
-    before = _preload.thread_count()
+    before = _preload.threads()
     items = _preload.script_imports(script)
     res = _preload.preload(items, local_roots=_preload.local_roots(script))
     local = _local_preload.preload_local(items, script)  # the script's own modules
@@ -292,8 +292,9 @@ def _preload_script(script: str) -> dict[str, Any]:
     if res.imported or local.imported:
         threads = os.environ.get("OMP_NUM_THREADS", "1")
         n = int(threads) if threads.isdigit() else 1
-        if _preload.thread_count() > before:
-            out["note"] = "they started threads"
+        started = [n for t, n in _preload.threads().items() if t not in before]
+        if started:
+            out["note"] = f"they started threads ({', '.join(sorted(started))})"
         elif not _preload.fork_probe(n):
             out["note"] = "they ran a torch op (a forked worker would deadlock)"
     return out

@@ -70,6 +70,7 @@ class Agent:
     specs: WorkerSpecs  # what the zygote is told to start a worker with
 
     def __init__(self, config: LaunchConfig) -> None:
+        self._launch_t = time.time()  # the report's wall time starts here (run_start)
         self.cfg = config
         self.run_dir = os.path.abspath(config.run_dir or os.path.join("runs", config.job))
         moved = claim_run_dir(self.run_dir, config.job)  # a reused --run-dir: rotated
@@ -101,7 +102,7 @@ class Agent:
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
         self._ranks = workers.ranks
         if cfg.node_rank == 0:
-            emit_run_start(self.events, cfg, up.ready, self.gen.current)
+            emit_run_start(self.events, cfg, up.ready, self.gen.current, self._launch_t)
             stack.callback(quietly(start_live(cfg, self.run_dir, _say)))  # after run_end
             write_agent_json(self.run_dir, cfg.job, cluster.address)
         spec = lambda w, extra: self.specs(w, extra)  # noqa: E731 (built below)

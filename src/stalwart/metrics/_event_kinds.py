@@ -23,6 +23,7 @@ EVENT_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "nnodes": _INT,
         "strategy": _STR,
         "config": (dict,),
+        "launch_t": _NUM,
     },
     "run_end": {"status": _STR, "last_step": _OPT_INT, "reason": _STR},
     "member_join": {

@@ -42,11 +42,12 @@ __all__ = [
     "read_events",
 ]
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 """Versions this reader reads: 2 added ``probe``, ``preflight``, ``straggler``,
 ``sdc_check``, ``sdc_detected`` and ``numeric_fault`` (a version-1 log is a version-2 log
-without them); 3 added ``link_degraded``, ``link_recovered`` and ``tier_commit``."""
+without them); 3 added ``link_degraded``, ``link_recovered`` and ``tier_commit``; 4 added
+``run_start``'s ``launch_t``."""
 EVENTS_FILE = "events.jsonl"
 
 _ENVELOPE = {"v", "t", "kind", "host", "pid", "node", "rank"}

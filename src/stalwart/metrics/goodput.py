@@ -20,7 +20,7 @@ from stalwart.metrics.events import Event
 from stalwart.metrics.incidents import Incident, find_incidents, resume_after
 from stalwart.metrics.intervals import Interval, covers, measure, union
 
-__all__ = ["BUCKETS", "Goodput", "Resume", "Segment", "Window", "account"]
+__all__ = ["BUCKETS", "Goodput", "Resume", "Segment", "Window", "account", "launch_time"]
 
 BUCKETS: tuple[str, ...] = (
     "productive",
@@ -131,11 +131,22 @@ def _shift(e: Event, dt: float) -> Event:
     return Event(e.kind, e.t + dt, e.host, e.pid, e.node, e.rank, f)
 
 
+def launch_time(events: Sequence[Event]) -> float:
+    """When the run was launched: the first ``run_start``'s ``launch_t`` (not after the
+    event itself), or the event's time, or the first event's in a log without one."""
+    start = next((e for e in events if e.kind == "run_start"), None)
+    if start is None:
+        return events[0].t
+    return min(float(start.get("launch_t", start.t)), start.t)
+
+
 def account(
     events: Sequence[Event], *, t_start: float | None = None, t_end: float | None = None
 ) -> Goodput:
-    """Partition ``[t_start, t_end]`` (default: first ``run_start`` to last ``run_end``,
-    else the first and last event) into :data:`BUCKETS`. ``events`` sorted by time.
+    """Partition ``[t_start, t_end]`` (default: the launch to the last ``run_end``, else
+    the first and last event) into :data:`BUCKETS`. ``events`` sorted by time. The launch:
+    the first ``run_start``'s ``launch_t`` (its agent's start: the zygote's imports and the
+    rendezvous come before the event), or its time in a log without it.
 
     Why the arithmetic runs on times relative to the start: wall-clock timestamps near
     1.8e9 s carry only ~2e-7 s of precision, enough to make the buckets miss the wall
@@ -143,11 +154,7 @@ def account(
     """
     if not events:
         raise ValueError("no events to account")
-    base = (
-        t_start
-        if t_start is not None
-        else next((e.t for e in events if e.kind == "run_start"), events[0].t)
-    )
+    base = t_start if t_start is not None else launch_time(events)
     g = _account([_shift(e, -base) for e in events], None if t_end is None else t_end - base)
     for inc in g.incidents:
         inc.t_fault += base

@@ -120,8 +120,9 @@ class LiveFigures:
     def emit(self, kind: str, *, t: float | None = None, rank: int | None = None, **f: Any) -> None:
         """Take one event (same arguments as :meth:`EventLog.emit`)."""
         t = time.time() if t is None else t
-        if kind == "run_start":
-            self.t_start = t if self.t_start is None else min(self.t_start, t)
+        if kind == "run_start":  # the wall time runs from the launch (docs/goodput.md)
+            t0 = min(float(f.get("launch_t", t)), t)
+            self.t_start = t0 if self.t_start is None else min(self.t_start, t0)
         elif self.t_start is None:
             self.t_start = t
         self.t_last = t if self.t_last is None else max(self.t_last, t)

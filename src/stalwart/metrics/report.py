@@ -74,6 +74,8 @@ class RunReport:
             "problems": self.problems,
             "t_start": t0,
             "wall_s": wall,
+            # of the startup bucket, the agent's start before the workers (zygote, rendezvous)
+            "launch_s": None if start is None else max(start.t - t0, 0.0),
             "ettr": g.ettr,
             "capacity_ettr": g.capacity_ettr,
             "buckets_s": dict(g.buckets),
@@ -367,7 +369,10 @@ def format_summary(d: dict[str, Any]) -> str:
     for k in BUCKETS:
         v = d["buckets_s"][k]
         frac = d["buckets_fraction"][k]
-        lines.append(f"  {k:<17}{v:10.2f}s {_f(None if frac is None else 100 * frac, '6.2f', '%')}")
+        pct = _f(None if frac is None else 100 * frac, "6.2f", "%")
+        launch = d.get("launch_s") if k == "startup" else None
+        more = f"  ({launch:.2f}s of it before the workers started)" if launch else ""
+        lines.append(f"  {k:<17}{v:10.2f}s {pct}{more}")
     r, lat, m = d["rto_s"], d["detection_latency_s"], d["mtbf"]
     lines.append(
         f"failures {d['failures']}  RTO p50 {_f(r['p50'], '.2f')} p95 {_f(r['p95'], '.2f')} "
