@@ -7,19 +7,17 @@ report must never disagree, so all three are views of :meth:`RunReport.to_dict`.
 from __future__ import annotations
 
 import math
-import os
-import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stalwart.errors import StalwartError
 from stalwart.metrics._bucket_tiers import tier_lines, tier_section
 from stalwart.metrics._health import health_lines, health_section
 from stalwart.metrics._integrity import integrity_lines, integrity_section
+from stalwart.metrics._run_log import ReportError, log_path
 from stalwart.metrics._stragglers import straggler_lines, straggler_rows
 from stalwart.metrics.console import domain_text
 from stalwart.metrics.convergence import Convergence, convergence, loss_curve
-from stalwart.metrics.events import EVENTS_FILE, Event, read_events
+from stalwart.metrics.events import Event, read_events
 from stalwart.metrics.goodput import BUCKETS, Goodput, account
 from stalwart.metrics.intervals import measure, union
 from stalwart.metrics.stats import distribution, mtbf, percentile
@@ -35,10 +33,6 @@ __all__ = [
 ]
 
 REPORT_VERSION = 1
-
-
-class ReportError(StalwartError):
-    """The run directory holds no usable event log."""
 
 
 @dataclass
@@ -220,25 +214,6 @@ def _incident(i: Any, t0: float) -> dict[str, Any]:
     }
 
 
-def _log_path(run_dir: str) -> str:
-    """The event log of ``run_dir`` (a run directory, or the log itself); one line naming
-    the path (cut to 120 characters) and why when it cannot be reached (a symlink loop, a
-    name too long, a URL: only local paths are read)."""
-    shown = run_dir if len(run_dir) <= 120 else f"{run_dir[:120]}... ({len(run_dir)} characters)"
-    try:
-        mode = os.stat(run_dir).st_mode
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        why = getattr(err, "strerror", None) or "not a usable path"
-        raise ReportError(
-            f"{shown}: no such run directory ({why}); pass the directory of a `stalwart run`"
-        ) from err
-    if stat.S_ISDIR(mode):
-        return os.path.join(run_dir, EVENTS_FILE)
-    if stat.S_ISREG(mode):
-        return run_dir
-    raise ReportError(f"{shown}: not a run directory; pass the directory of a `stalwart run`")
-
-
 def build_report(
     run_dir: str, events: list[Event], *, partial: bool = False, problems: list[str] | None = None
 ) -> RunReport:
@@ -270,7 +245,7 @@ def build_report(
 def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.05) -> RunReport:
     """Read ``RUN_DIR/events.jsonl`` and compute every figure; with ``reference`` (another
     run directory) also the loss-convergence figures."""
-    res = read_events(_log_path(run_dir))
+    res = read_events(log_path(run_dir))
     rep = build_report(run_dir, res.events, partial=res.partial, problems=res.problems)
     if res.loss_stride > 1:  # a warning, not a partial log: the loss plot is thinned
         rep.problems.append(
@@ -278,7 +253,7 @@ def load_run(run_dir: str, *, reference: str | None = None, rel_band: float = 0.
             "more than the report keeps in memory)"
         )
     if reference is not None:
-        ref = loss_curve(read_events(_log_path(reference)).events)
+        ref = loss_curve(read_events(log_path(reference)).events)
         if not ref:
             raise ReportError(
                 f"{reference}: the reference run logged no loss; it needs `loss` events "
