@@ -38,7 +38,12 @@ HF_JOB = HERE / "_hf_job.py"  # imports transformers (pip install '.[bench]')
 CORPUS = HERE.parent / "examples" / "corpus"
 # corpus scripts whose flash and spare RTO stand beside the minimal job's (`--only real`);
 # their rank-0 trace (examples/corpus/_record.py: step, wall clock) is the step log
-CORPUS_JOBS = {"titan": "titan_fsdp.py", "mingpt": "mingpt_ddp.py"}
+# name -> (corpus script, its flag for the number of steps)
+CORPUS_JOBS = {
+    "titan": ("titan_fsdp.py", "--steps"),
+    "mingpt": ("mingpt_ddp.py", "--steps"),
+    "trainer": ("hf_trainer.py", "--max_steps"),  # an HF Trainer script (issue 29)
+}
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -334,7 +339,7 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
     """Flash and spare RTO of real-style scripts beside the minimal job, in the same run:
     one that imports transformers (a GPT-2 from a config, bench/_hf_job.py; a replacement
     forked from the zygote must not import transformers again) and the corpus's
-    torchtitan-style and minGPT-style scripts where examples/corpus has them (their own
+    torchtitan-style, minGPT-style and HF Trainer scripts where examples/corpus has them (their own
     modules, such as ``_record``, are preloaded too: agent/_local_preload.py)."""
     steps = ["--steps", str(args.steps)]
     jobs: dict[str, tuple[Path, list[str], bool]] = {
@@ -346,9 +351,11 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
         jobs["hf"] = (HF_JOB, steps, False)
     except ImportError:
         result["real_note"] = "transformers is not installed: pip install '.[bench]'"
-    for name, script in CORPUS_JOBS.items():
+    for name, (script, flag) in CORPUS_JOBS.items():
+        if name == "trainer" and "hf" not in jobs:
+            continue  # transformers is not installed (said above)
         if (CORPUS / script).exists():
-            jobs[name] = (CORPUS / script, steps, True)
+            jobs[name] = (CORPUS / script, [flag, str(args.steps)], True)
         else:
             result[f"{name}_note"] = f"examples/corpus/{script} does not exist"
     for strategy in ("flash", "spare"):
