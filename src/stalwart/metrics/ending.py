@@ -1,7 +1,8 @@
 """The few lines ``stalwart run`` prints when the job has ended: its status, how far it
 trained, the faults it met and recovered from, ETTR, and where the run directory and its
-report are (a newcomer otherwise finds ``runs/job-<id>`` by chance); a run that did not
-end ok ends them with why (its verdict), so the cause stays the last line.
+report are (a newcomer otherwise finds ``runs/job-<id>`` by chance). A run that did not
+end ok has had its verdict printed once, by the agent, just above these lines: the
+summary does not repeat it (a verdict printed twice reads as two failures).
 
 Computed from ``RUN_DIR/events.jsonl`` alone, by the same code as ``stalwart report``
 (metrics/report.py), so the two never disagree."""
@@ -25,9 +26,7 @@ def end_lines(run_dir: str) -> list[str]:
     from stalwart.metrics.report import load_run
 
     rep = load_run(run_dir)
-    end = next((e for e in reversed(rep.events) if e.kind == "run_end"), None)
-    reason = str(end.get("reason") or "") if end is not None else ""
-    return format_end(rep.to_dict(), reason=reason)
+    return format_end(rep.to_dict())
 
 
 def print_end(run_dir: str) -> None:
@@ -38,10 +37,8 @@ def print_end(run_dir: str) -> None:
             print(f"stalwart: {line}", file=sys.stderr, flush=True)
 
 
-def format_end(d: dict[str, Any], *, reason: str = "") -> list[str]:
-    """The summary lines of a report document (``RunReport.to_dict``); a run that did
-    not end ok ends them with its ``reason`` (its verdict: the cause stays the last line
-    a user reads)."""
+def format_end(d: dict[str, Any]) -> list[str]:
+    """The summary lines of a report document (``RunReport.to_dict``)."""
     status = d.get("status") or "unknown (no run_end)"
     steps = d["steps"]
     last = steps.get("last")
@@ -61,8 +58,6 @@ def format_end(d: dict[str, Any], *, reason: str = "") -> list[str]:
         f"run dir {run_dir} (events.jsonl, logs, checkpoints); report: stalwart report "
         f"{quoted} (--html {shlex.quote(os.path.join(run_dir, 'report.html'))})",
     ]
-    if reason and d.get("status") != "ok":
-        lines.append(f"why: {reason.splitlines()[0]}")
     return [terminal_safe(line) for line in lines]
 
 
