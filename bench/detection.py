@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 import tempfile
 import time
@@ -69,19 +70,30 @@ def main() -> int:
             return result
 
         summary = repeat(measure, args.reps)
-    print(json.dumps(summary.document(_rates(summary))))
+    print(json.dumps(summary.document(straggler_rates(summary))))
     return 0
 
 
-def _rates(summary: Summary) -> dict[str, Any]:
-    """Straggler detection as a rate over the repetitions (k/n found within the timeout)
-    beside the median latency: a None latency is a straggler never declared."""
+def straggler_rates(summary: Summary) -> dict[str, Any]:
+    """Straggler detection as a distribution over the repetitions: the rate found within
+    the timeout (k/n; a None latency is a straggler never declared), the latency's p95
+    (nearest rank) beside its median, and the false positives per hour of fault-free
+    running, pooled over the repetitions."""
     out: dict[str, Any] = {}
     n = len(summary.reps)
     for factor in ("3x", "1p5x"):
         key = f"straggler_detect_s_{factor}"
         if any(key in r.figures for r in summary.reps):
-            out[f"straggler_detected_{factor}"] = f"{len(summary.values(key))}/{n}"
+            vals = sorted(summary.values(key))
+            out[f"straggler_detected_{factor}"] = f"{len(vals)}/{n}"
+            if vals:
+                out[f"{key}_p95"] = vals[math.ceil(0.95 * len(vals)) - 1]
+    fps, spans = (
+        summary.values("straggler_false_positives"),
+        summary.values("straggler_fault_free_s"),
+    )
+    if fps and spans and len(fps) == len(spans) and sum(spans) > 0:
+        out["straggler_false_positives_per_hour"] = 3600 * sum(fps) / sum(spans)
     return out
 
 
