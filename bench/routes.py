@@ -52,7 +52,7 @@ from stalwart.metrics.routes import read_step_records  # noqa: E402
 
 SCRIPT = HERE.parent / "examples" / "corpus" / "nanogpt.py"
 WORKERS = 4
-HORIZON_S = 86400.0  # seconds of trace compiled: more than any route runs
+DAY_S = 86400.0  # the trace compiled over a day to find its F-th fault
 SAFETY = 1.5  # the job's planned span over the F-th fault's instant (routes differ in pace)
 PEERS = ("torchrun", "torchft")
 KEYS = (
@@ -83,17 +83,31 @@ def warm_up(steps: int, work: Path) -> float:
 
 def size_steps(spec: str, seed: int, faults: int, step_s: float) -> tuple[int, FaultTrace]:
     """(steps, the trace every route replays): the steps that take ``SAFETY`` x the F-th
-    fault's instant at ``step_s`` per step; the trace is compiled over a day (longer than
-    any route may run: compare's --timeout stops it first) and handed to compare as a
-    file, so the instants sized here are the ones every route meets."""
-    trace = compile_trace(spec, seed=seed, ranks=WORKERS, horizon_s=HORIZON_S)
-    instants = sorted(f.t_s for f in trace.faults)
-    if len(instants) < faults:
-        raise SizingError(
-            f"the trace {spec!r} has {len(instants)} faults in a day, fewer than --faults "
-            f"{faults}; give a repeating trace (kill every=20s) or lower --faults"
-        )
-    return max(50, math.ceil(SAFETY * instants[faults - 1] / step_s)), trace
+    fault's instant at ``step_s`` per step, found on the trace compiled over a day; the
+    trace replayed is compiled again over the horizon such a job needs (:func:`horizon_s`,
+    as compare would) and handed to compare as a file, so the instants sized here are
+    the ones every route meets (a multi-clause trace's depend on its horizon: sized on
+    both, the larger kept)."""
+
+    def steps_for(trace: FaultTrace, over: str) -> int:
+        instants = sorted(f.t_s for f in trace.faults)
+        if len(instants) < faults:
+            raise SizingError(
+                f"the trace {spec!r} has {len(instants)} faults in {over}, fewer than "
+                f"--faults {faults}; give a repeating trace (kill every=20s) or lower --faults"
+            )
+        return max(50, math.ceil(SAFETY * instants[faults - 1] / step_s))
+
+    steps = steps_for(compile_trace(spec, seed=seed, ranks=WORKERS, horizon_s=DAY_S), "a day")
+    horizon = horizon_s(steps, step_s)
+    trace = compile_trace(spec, seed=seed, ranks=WORKERS, horizon_s=horizon)
+    return max(steps, steps_for(trace, f"{horizon:.0f} s")), trace
+
+
+def horizon_s(steps: int, step_s: float) -> float:
+    """Seconds of trace for a job of ``steps``: 8x its fault-free span (faults and a
+    loaded machine lengthen it), 600 at least."""
+    return max(600.0, 8 * steps * step_s)
 
 
 def run_compare(cmd: list[str]) -> dict[str, Any]:
@@ -221,7 +235,8 @@ def _run(args: argparse.Namespace, out: Path, step_s: float) -> int:
     sized: dict[str, Any] = {"step_s": round(step_s, 4), "faults_asked": args.faults}
     if args.steps:
         steps, by = args.steps, "--steps"
-        trace = compile_trace(args.trace, seed=args.seed, ranks=WORKERS, horizon_s=HORIZON_S)
+        horizon = horizon_s(steps, step_s)
+        trace = compile_trace(args.trace, seed=args.seed, ranks=WORKERS, horizon_s=horizon)
     else:
         steps, trace = size_steps(args.trace, args.seed, args.faults, step_s)
         by = "faults"

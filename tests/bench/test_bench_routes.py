@@ -112,6 +112,7 @@ def test_sized_by_the_trace_fth_fault(routes: ModuleType) -> None:
     assert steps * 0.1 >= routes.SAFETY * fifth - 0.1
     same = compile_trace("kill every=20s", seed=0, ranks=4, horizon_s=trace.horizon_s)
     assert same.faults == trace.faults  # compare replays exactly this trace
+    assert trace.horizon_s >= 8 * steps * 0.1  # over the job's span, not a day of faults
     slower, _ = routes.size_steps("kill every=20s", 0, 5, 0.2)
     assert slower < steps  # a slower machine needs fewer steps for the same faults
 
