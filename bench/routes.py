@@ -21,10 +21,12 @@ the reason and left out of "best"; a run none of whose routes is valid prints
 Per route the final JSON line keeps compare's figures (``ettr``, ``time_to_target_s``,
 ``fault_free_s``, ``rto_p50_s``, ``rto_p95_s``: the per-fault RTO over the >= F faults,
 ``utilisation``, ``loss_gap``, ``faults``, ...: docs/routes.md) and adds ``badput`` (1 -
-ETTR), ``lost_s`` (time to target less the fault-free run's: the time lost to faults),
-``lost_per_fault_s``, and ``lost_vs_torchrun`` / ``lost_vs_torchft`` (its lost time over
-the peer's, same run): total time against torchrun's depends mostly on how fast torchrun
-restarts on the machine, the lost time on the route itself. The harness (bench/_harness.py)
+ETTR), ``lost_s`` (the time lost to faults: (1 - ETTR) x time to target, from the faulted
+run alone), ``extra_vs_fault_free_s`` (time to target less the fault-free run's: two runs,
+so it moves with the load), ``lost_per_fault_s``, and ``lost_vs_torchrun`` /
+``lost_vs_torchft`` (its lost time over the peer's, same comparison): total time against
+torchrun's depends mostly on how fast torchrun restarts on the machine, the lost time on
+the route itself. The harness (bench/_harness.py)
 adds ``spread``, ``valid``, the load, versions and machine; ``--reps`` repeats the whole
 comparison (default 1: the spread of a route comes from its faults, p50 and p95).
 """
@@ -126,6 +128,15 @@ def run_compare(cmd: list[str]) -> dict[str, Any]:
 
 
 def _lost(row: dict[str, Any]) -> float | None:
+    """Time lost to faults, from the faulted run alone (as ETTR, so the load drifting
+    between a route's two runs does not move it): (1 - ETTR) x its time to target, its
+    startup counted in (a small overestimate: (1 - ETTR) x the startup)."""
+    ttt, ettr = row.get("time_to_target_s"), row.get("ettr")
+    return None if ttt is None or ettr is None else float((1.0 - ettr) * ttt)
+
+
+def _extra(row: dict[str, Any]) -> float | None:
+    """Time to target less the fault-free run's (two runs: moves with the load)."""
     ttt, free = row.get("time_to_target_s"), row.get("fault_free_s")
     return None if ttt is None or free is None else float(ttt - free)
 
@@ -145,6 +156,7 @@ def route_rows(doc: dict[str, Any], faults: int) -> dict[str, Any]:
         ettr, lost = row.get("ettr"), _lost(row)
         out["badput"] = None if ettr is None else 1.0 - ettr
         out["lost_s"] = lost
+        out["extra_vs_fault_free_s"] = _extra(row)
         out["lost_per_fault_s"] = _ratio(lost, row.get("faults"))
         out["note"] = row.get("note", "")
         rows[name] = out

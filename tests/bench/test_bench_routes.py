@@ -84,9 +84,10 @@ def test_a_route_short_of_faults_is_left_out_of_best(
     doc = _main(routes, capsys, tmp_path)
     assert doc["best"] == "restart"
     assert doc["best_vs_torchrun"] == pytest.approx(0.9)
-    assert doc["best_lost_vs_torchrun"] == pytest.approx(30.0 / 40.0)
+    assert doc["best_lost_vs_torchrun"] == pytest.approx((0.25 * 90.0) / (0.3 * 100.0))
     assert doc["routes"]["restart"]["badput"] == pytest.approx(0.25)
-    assert doc["routes"]["restart"]["lost_per_fault_s"] == pytest.approx(6.0)
+    assert doc["routes"]["restart"]["lost_per_fault_s"] == pytest.approx(0.25 * 90.0 / 5)
+    assert doc["routes"]["restart"]["extra_vs_fault_free_s"] == pytest.approx(30.0)
     assert doc["valid"] is False and doc["spread"]["routes.flash.ettr"]["valid"] is False
     assert doc["spread"]["routes.restart.ettr"]["valid"] is True
 
