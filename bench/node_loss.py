@@ -262,7 +262,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else NAN
 
 
-def _figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def repetition_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One repetition's figures (NaN: a run skipped or a figure not measured)."""
     mem, disk, cold = runs.get("loss-memory"), runs.get("loss-disk"), runs.get("loss-mem-cold")
     off = _get(runs.get("steady-off"), "step_s")
@@ -291,7 +291,7 @@ def _figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _check(name: str, run: dict[str, Any]) -> list[Invalid]:
+def check_run(name: str, run: dict[str, Any]) -> list[Invalid]:
     """A job that failed, or a loss run whose node was never killed, vouches for nothing."""
     out = []
     if any(c not in (0, 137) for c in run["codes"]):
@@ -334,10 +334,10 @@ def main() -> None:
         for name, extra, bounce in interleaved(plan, rep):  # steady on/off, memory/disk pairs
             runs[name] = run_job(etcd, root, f"{name}.r{rep}", args, extra, bounce)
             print(f"  {name}.r{rep}: {runs[name]}", file=sys.stderr, flush=True)
-            invalid += _check(name, runs[name])
+            invalid += check_run(name, runs[name])
         kept = kept or bool(invalid)
         _table(runs)
-        return _figures(runs) | {"_invalid": invalid}
+        return repetition_figures(runs) | {"_invalid": invalid}
 
     try:
         summary = repeat(measure, args.reps)
