@@ -171,6 +171,10 @@ class Summary:
         got = (rep.figures.get(path) for rep in self.reps)
         return [float(v) for v in got if _number(v)]
 
+    def _counts(self, path: str) -> bool:
+        got = [rep.figures.get(path) for rep in self.reps]
+        return all(isinstance(v, int) for v in got if _number(v))
+
     def invalid_reason(self, path: str) -> str | None:
         """Why ``path`` is invalid (the first reason), None when it is valid."""
         for inv in self._reasons():
@@ -194,6 +198,8 @@ class Summary:
             vals = self.values(path)
             if vals:
                 med = float(statistics.median(vals))
+                if self._counts(path) and med.is_integer():
+                    med = int(med)  # a count stays a count (faults, steps)
                 _set(doc, path, med)
                 spread[path] = {
                     "median": med,

@@ -42,6 +42,8 @@ def test_median_min_max_per_nested_figure(harness: ModuleType) -> None:
     assert doc["spread"]["rto_s"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3, "valid": True}
     assert doc["spread"]["routes.flash.ettr"]["min"] == 0.7
     assert doc["note"] == "c"  # not a number: the last repetition's
+    counts = _run(harness, [{"faults": 5}, {"faults": 7}, {"faults": 6}]).document()
+    assert counts["faults"] == 6 and isinstance(counts["faults"], int)
     assert doc["valid"] is True and doc["invalid"] == [] and doc["reps"] == 3
     assert [x["rep"] for x in doc["load"]] == [0, 1, 2]
     assert doc["versions"]["etcd"] == "3.5-test" and "torch" in doc["versions"]
