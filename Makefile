@@ -53,8 +53,11 @@ test: lint typecheck
 test-hosts: setup
 	$(VENV)/bin/pytest tests/hosts -m hosts_matrix
 
+# every benchmark on the harness (bench/_harness.py: medians and spread over repetitions),
+# results in bench/results/latest.json, the table in docs/benchmarks.md (issue 34).
+# QUICK=1: one repetition at small sizes, a look that it all runs (not the documented figures)
 bench: setup
-	$(PY) bench/checkpoint.py
+	$(PY) bench/report.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

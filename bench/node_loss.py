@@ -18,8 +18,11 @@ Runs (each a fresh job):
                           their own snapshot of the agreed step when they hold it)
   loss-mem-cold           loss-memory without --standby: the lost ranks start as new
                           processes (both loss variants above run with --standby)
-Each loss variant runs --repeat times (default 3); the run with the median RTO is
-reported, every RTO alongside.
+Every run of the plan runs once per repetition (``--reps``, default 3; bench/_harness.py),
+in an order reversed on every other repetition, and each figure is the median over the
+repetitions with its spread (the ratios, memory vs disk and on vs off, taken within a
+repetition); a repetition whose job failed or whose node was never killed makes the line
+``valid: false``.
   etcd-bounce             etcd SIGKILLed and restarted on its data dir mid-run
 
 Snapshots every `--snapshot-every` steps, longer than one replication round (size / rate):
@@ -56,11 +59,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _harness import Invalid, add_arguments, fault_shortfall, interleaved, repeat
 from _two_nodes import TwoNodes, free_port, read_jsonl
 from _two_nodes import events as job_events
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE.parent / "examples" / "train_sharded.py"
+NAN = float("nan")
 
 
 class Etcd:
@@ -207,20 +212,23 @@ def run_job(
     return res
 
 
-def _median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run whose RTO is the median of ``tries`` (its own figures, consistent with
-    each other), with every try's RTO alongside."""
-    if len(tries) == 1 or "rto_s" not in tries[0]:
-        return tries[0]
-    ranked = sorted(tries, key=lambda r: r.get("rto_s", float("inf")))
-    out = dict(ranked[len(ranked) // 2])
-    out["rto_all_s"] = [round(r.get("rto_s", float("nan")), 3) for r in tries]
-    out["codes"] = sorted({c for r in tries for c in r["codes"]})
-    return out
+def _plan(args: argparse.Namespace) -> list[tuple[str, list[str], bool]]:
+    kill = ["--chaos", f"kill node=1 at=step:{args.kill_step}"]
+    rep = ["--replica-rate", str(args.replica_rate)]
+    standby = ["--standby"]
+    return [
+        ("steady-off", [], False),
+        ("steady-on", rep, False),
+        ("steady-standby", [*rep, *standby], False),
+        ("loss-memory", [*rep, *standby, *kill], False),
+        ("loss-disk", ["--persist-every", str(args.persist_every), *standby, *kill], False),
+        ("loss-mem-cold", [*rep, *kill], False),
+        ("etcd-bounce", [], True),
+    ]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--size-mb", type=float, default=512.0, help="state per node (MB)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--step-ms", type=float, default=100.0)
@@ -242,97 +250,111 @@ def main() -> None:
         "loss-disk,loss-mem-cold,etcd-bounce); figures that need a skipped run are null",
     )
     p.add_argument("--keep", action="store_true", help="keep the run dirs and logs")
-    p.add_argument(
-        "--repeat", type=int, default=3, help="runs of each node-loss variant (median RTO)"
-    )
-    args = p.parse_args()
-    if shutil.which("etcd") is None:
-        sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
-    kill = ["--chaos", f"kill node=1 at=step:{args.kill_step}"]
-    rep = ["--replica-rate", str(args.replica_rate)]
-    standby = ["--standby"]
-    root = Path(tempfile.mkdtemp(prefix="stalwart-node-loss-"))
-    etcd = Etcd(root)
-    etcd.start()
-    runs: dict[str, dict[str, Any]] = {}
-    try:
-        plan = [
-            ("steady-off", [], False),
-            ("steady-on", rep, False),
-            ("steady-standby", [*rep, *standby], False),
-            ("loss-memory", [*rep, *standby, *kill], False),
-            ("loss-disk", ["--persist-every", str(args.persist_every), *standby, *kill], False),
-            ("loss-mem-cold", [*rep, *kill], False),
-            ("etcd-bounce", [], True),
-        ]
-        only = {x for x in args.only.split(",") if x}
-        unknown = only - {name for name, _, _ in plan}
-        if unknown:
-            sys.exit(f"--only: unknown run(s) {sorted(unknown)}")
-        for name, extra, bounce in plan:
-            if only and name not in only:
-                continue
-            reps = args.repeat if name.startswith("loss") else 1
-            tries = []
-            for i in range(reps):  # interleaved runs would not help: one job at a time
-                tag = name if i == 0 else f"{name}.{i}"
-                tries.append(run_job(etcd, root, tag, args, extra, bounce))
-                print(f"  {tag}: {tries[-1]}", file=sys.stderr, flush=True)
-            runs[name] = _median_run(tries)
-    finally:
-        etcd.stop()
-        failed = any(c not in (0, 137) for r in runs.values() for c in r["codes"])
-        if failed or args.keep:  # keep the agents' stderr
-            print(f"logs kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    nan = float("nan")
-    empty: dict[str, Any] = {"step_s": nan}
-    mem, disk = runs.get("loss-memory", empty), runs.get("loss-disk", empty)
-    on, off = runs.get("steady-on", empty), runs.get("steady-off", empty)
-    load = os.getloadavg()
-    out = {
-        "node_loss_rto_memory_s": round(mem.get("rto_s", float("nan")), 3),
-        "node_loss_rto_disk_s": round(disk.get("rto_s", float("nan")), 3),
-        "node_loss_restore_memory_s": round(mem.get("restore_s", float("nan")), 3),
-        "node_loss_restore_disk_s": round(disk.get("restore_s", float("nan")), 3),
-        "node_loss_progress_memory_s": round(mem.get("progress_s", float("nan")), 3),
-        "node_loss_progress_disk_s": round(disk.get("progress_s", float("nan")), 3),
-        "node_loss_detect_s": round(mem.get("detect_s", float("nan")), 3),
-        "node_loss_rto_memory_all_s": mem.get("rto_all_s", []),
-        "node_loss_rto_disk_all_s": disk.get("rto_all_s", []),
-        "node_loss_rto_memory_no_standby_s": round(
-            runs.get("loss-mem-cold", empty).get("rto_s", nan), 3
-        ),
-        "standbys_used": [mem.get("standbys_used"), disk.get("standbys_used")],
+    add_arguments(p)  # --reps: every run of the plan once per repetition, order interleaved
+    return p
+
+
+def _get(run: dict[str, Any] | None, key: str) -> float:
+    return float(run.get(key, NAN)) if run is not None else NAN
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else NAN
+
+
+def repetition_figures(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One repetition's figures (NaN: a run skipped or a figure not measured)."""
+    mem, disk, cold = runs.get("loss-memory"), runs.get("loss-disk"), runs.get("loss-mem-cold")
+    off = _get(runs.get("steady-off"), "step_s")
+    return {
+        "node_loss_rto_memory_s": _get(mem, "rto_s"),
+        "node_loss_rto_disk_s": _get(disk, "rto_s"),
+        # the issue-7 figure, per pair: peer memory's RTO over the disk path's
+        "node_loss_rto_memory_vs_disk": _ratio(_get(mem, "rto_s"), _get(disk, "rto_s")),
+        "node_loss_restore_memory_s": _get(mem, "restore_s"),
+        "node_loss_restore_disk_s": _get(disk, "restore_s"),
+        "node_loss_progress_memory_s": _get(mem, "progress_s"),
+        "node_loss_progress_disk_s": _get(disk, "progress_s"),
+        "node_loss_detect_s": _get(mem, "detect_s"),
+        "node_loss_rto_memory_no_standby_s": _get(cold, "rto_s"),
+        "standbys_used": [None if r is None else r.get("standbys_used") for r in (mem, disk)],
         # lost ranks whose standby already held the agreed replica (no copy at restore)
-        "replica_restores_preloaded": mem.get("preloaded"),
+        "replica_restores_preloaded": None if mem is None else mem.get("preloaded"),
         # RTO less the detection of the loss (the same for both variants)
-        "node_loss_rto_after_detect_memory_s": round(
-            mem.get("rto_s", float("nan")) - mem.get("detect_s", float("nan")), 3
-        ),
-        "node_loss_rto_after_detect_disk_s": round(
-            disk.get("rto_s", float("nan")) - disk.get("detect_s", float("nan")), 3
-        ),
-        "memory_restore_tiers": mem.get("tiers", []),
-        "disk_restore_tiers": disk.get("tiers", []),
-        "replication_overhead_ratio": round(on["step_s"] / off["step_s"], 4),
-        "standby_overhead_ratio": round(
-            runs.get("steady-standby", empty)["step_s"] / off["step_s"], 4
-        ),
-        "etcd_failover_pause_s": round(runs.get("etcd-bounce", empty).get("pause_s", nan), 3),
-        "size_mb_per_node": args.size_mb,
-        "replica_rate_mb_s": args.replica_rate,
-        "loadavg_1m": round(load[0], 2),
+        "node_loss_rto_after_detect_memory_s": _get(mem, "rto_s") - _get(mem, "detect_s"),
+        "node_loss_rto_after_detect_disk_s": _get(disk, "rto_s") - _get(disk, "detect_s"),
+        "memory_restore_tiers": [] if mem is None else mem.get("tiers", []),
+        "disk_restore_tiers": [] if disk is None else disk.get("tiers", []),
+        "replication_overhead_ratio": _ratio(_get(runs.get("steady-on"), "step_s"), off),
+        "standby_overhead_ratio": _ratio(_get(runs.get("steady-standby"), "step_s"), off),
+        "etcd_failover_pause_s": _get(runs.get("etcd-bounce"), "pause_s"),
     }
+
+
+def check_run(name: str, run: dict[str, Any]) -> list[Invalid]:
+    """A job that failed, or a loss run whose node was never killed, vouches for nothing."""
+    out = []
+    if any(c not in (0, 137) for c in run["codes"]):
+        out.append(Invalid("", f"{name}: an agent exited {run['codes']} (0 or 137 expected)"))
+    if name.startswith("loss"):
+        short = fault_shortfall(name, 1 if "rto_s" in run else 0, 1)
+        out += [Invalid("", short.reason)] if short else []
+    return out
+
+
+def _table(runs: dict[str, dict[str, Any]]) -> None:
     head = ["run", "codes", "step ms", "RTO s", "restore s", "progress s", "tiers"]
     print(f"{head[0]:<12} {head[1]:<10} " + " ".join(f"{h:>10}" for h in head[2:6]) + "  tiers")
     for name, r in runs.items():
-        cells = [r["step_s"] * 1000, r.get("rto_s", nan), r.get("restore_s", nan)]
-        cells.append(r.get("progress_s", nan))
+        cells = [r["step_s"] * 1000, r.get("rto_s", NAN), r.get("restore_s", NAN)]
+        cells.append(r.get("progress_s", NAN))
         line = f"{name:<12} {r['codes']!s:<10} " + " ".join(f"{c:>10.3f}" for c in cells)
-        print(f"{line}  {','.join(r.get('tiers', []))}")
-    print(json.dumps(out))
+        print(f"{line}  {','.join(r.get('tiers', []))}", flush=True)
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if shutil.which("etcd") is None:
+        sys.exit("bench/node_loss.py needs the etcd server binary on PATH (etcd-server)")
+    plan = _plan(args)
+    only = {x for x in args.only.split(",") if x}
+    unknown = only - {name for name, _, _ in plan}
+    if unknown:
+        sys.exit(f"--only: unknown run(s) {sorted(unknown)}")
+    plan = [x for x in plan if not only or x[0] in only]
+    root = Path(tempfile.mkdtemp(prefix="stalwart-node-loss-"))
+    etcd = Etcd(root)
+    etcd.start()
+    kept = args.keep
+
+    def measure(rep: int) -> dict[str, Any]:
+        nonlocal kept
+        runs: dict[str, dict[str, Any]] = {}
+        invalid: list[Invalid] = []
+        for name, extra, bounce in interleaved(plan, rep):  # steady on/off, memory/disk pairs
+            runs[name] = run_job(etcd, root, f"{name}.r{rep}", args, extra, bounce)
+            print(f"  {name}.r{rep}: {runs[name]}", file=sys.stderr, flush=True)
+            invalid += check_run(name, runs[name])
+        kept = kept or bool(invalid)
+        _table(runs)
+        return repetition_figures(runs) | {"_invalid": invalid}
+
+    try:
+        summary = repeat(measure, args.reps)
+    finally:
+        etcd.stop()
+        if kept:  # keep the agents' stderr
+            print(f"logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    extra = {
+        "node_loss_rto_memory_all_s": summary.values("node_loss_rto_memory_s"),
+        "node_loss_rto_disk_all_s": summary.values("node_loss_rto_disk_s"),
+        "size_mb_per_node": args.size_mb,
+        "replica_rate_mb_s": args.replica_rate,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(summary.document(extra)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""bench/regress.py and bench/report.py's page, in process on bench lines the harness
+wrote from scripted repetitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+def _line(harness: ModuleType, values: list[float], invalid: bool = False) -> dict[str, Any]:
+    def measure(rep: int) -> dict[str, Any]:
+        bad = [harness.Invalid("rto_s", "rto_s: met 0 faults")] if invalid else []
+        return {"rto_s": values[rep], "_invalid": bad}
+
+    doc: dict[str, Any] = harness.repeat(
+        measure, len(values), load=lambda: 3.0, log=lambda line: None
+    ).document()
+    return doc
+
+
+@pytest.fixture
+def regress(harness: ModuleType) -> ModuleType:
+    import regress as mod
+
+    return mod
+
+
+def _write(path: Path, doc: dict[str, Any]) -> str:
+    path.write_text("a progress line\n" + json.dumps(doc) + "\n")
+    return str(path)
+
+
+def test_a_median_outside_the_old_spread_is_flagged(
+    harness: ModuleType, regress: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _write(tmp_path / "old.json", _line(harness, [1.0, 1.2, 1.4]))
+    same = _write(tmp_path / "same.json", _line(harness, [1.1, 1.3, 1.35]))
+    worse = _write(tmp_path / "worse.json", _line(harness, [2.0, 2.1, 2.2]))
+    assert regress.main([old, same]) == 0
+    assert regress.main([old, worse]) == 1
+    assert "rto_s median 1.2 [1..1.4] -> 2.1" in capsys.readouterr().out
+    assert regress.main([old, worse, "--slack", "1.0"]) == 0
+
+
+def test_an_invalid_figure_is_skipped_not_compared(
+    harness: ModuleType, regress: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _write(tmp_path / "old.json", _line(harness, [1.0, 1.2]))
+    new = _write(tmp_path / "new.json", _line(harness, [9.0, 9.0], invalid=True))
+    assert regress.main([old, new]) == 0
+    assert "1 skipped" in capsys.readouterr().out
+
+
+def test_a_line_without_spread_is_refused(
+    regress: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _write(tmp_path / "old.json", {"rto_s": 1.0})
+    assert regress.main([old, old]) == 2
+    assert "no 'spread'" in capsys.readouterr().out
+
+
+def test_the_page_shows_median_spread_and_validity(harness: ModuleType, tmp_path: Path) -> None:
+    import report
+
+    results = {
+        "date": "2026-12-02 20:00 UTC",
+        "commit": "abc1234",
+        "quick": True,
+        "benches": {
+            "node_loss": _line(harness, [0.4, 0.5, 0.45]),
+            "routes": _line(harness, [1.0], invalid=True),
+        },
+    }
+    page = report.render(results)
+    assert "commit abc1234" in page and "quick" in page
+    assert "| rto_s | 0.45 | 0.4 | 0.5 | 3 | yes |" in page
+    assert "| rto_s | 1 | 1 | 1 | 1 | **no** |" in page
+    assert "- invalid: rto_s: met 0 faults" in page
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    page_path = tmp_path / "benchmarks.md"
+    argv = ["--render-only", "--results", str(path), "--page", str(page_path)]
+    assert report.main(argv) == 0 and page_path.read_text() == page
