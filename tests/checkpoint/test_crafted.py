@@ -4,6 +4,7 @@ falls back to the previous good step and moves the bad one aside."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -160,12 +161,9 @@ def test_crafted_step_gets_one_line_and_restore_falls_back(
             assert rc != 0, (verb, case, text)
     storage = LocalStorage(str(root))
     state = make_state(seed=9)
+    # into the same layout too: the step's layout is checked across every rank's index
+    # before a byte is read, whether or not this rank reads another's pieces
     result = restore_state(storage, state, quarantine_damaged=True)
-    if case == "global shape 2^36 rows":
-        # restore into a same-layout target reads that piece's own verified bytes and
-        # allocates nothing by the claim (a reshard checks the layout: test_layout.py)
-        assert result.step == 2
-        return
     assert result.step == 1 and result.skipped
     assert result.quarantined and result.quarantined[0].startswith("quarantine/step_000000000002")
     assert (root / result.quarantined[0]).is_dir()
@@ -184,3 +182,46 @@ def test_linked_data_dir_is_refused_not_followed(
     assert rc != 0 and "symbolic link" in text and "Traceback" not in text
     with pytest.raises(CheckpointCorruptError, match="loads"):
         restore_state(LocalStorage(str(root)), make_state())
+
+
+def _second_rank_overlapping(root: Path, step: int) -> None:
+    """Make ``step`` a two-rank step whose rank 0 is intact (its piece: the top half of a
+    tensor twice its rows) and whose rank 1 claims a box overlapping rank 0's."""
+    mdoc = json.loads((root / manifest_path(step)).read_bytes())
+    idx0 = json.loads((root / index_path(step, 0)).read_bytes())
+    t = next(t for t in idx0["tensors"] if len(t["shape"]) == 2 and t["shape"][0] >= 2)
+    rows = t["shape"][0]
+    t["shard"] = {"global_shape": [2 * rows, t["shape"][1]], "offsets": [0, 0]}
+    idx0["world_size"] = 2
+    idx1 = copy.deepcopy(idx0)
+    idx1["rank"] = 1
+    t1 = next(x for x in idx1["tensors"] if x["id"] == t["id"])
+    t1["shard"]["offsets"] = [rows // 2, 0]  # rows/2 .. rows overlap rank 0's piece
+    mdoc["world_size"] = 2
+    mdoc["indexes"].append(dict(mdoc["indexes"][0], rank=1, path=index_path(step, 1)))
+    for rank, doc in ((0, idx0), (1, idx1)):
+        raw = json.dumps(doc).encode()
+        (root / index_path(step, rank)).write_bytes(raw)
+        mdoc["indexes"][rank].update(checksum=checksum(raw), nbytes=len(raw))
+    del mdoc["checksum"]
+    canon = json.dumps(mdoc, sort_keys=True, separators=(",", ":"))
+    mdoc["checksum"] = checksum(canon.encode())
+    (root / manifest_path(step)).write_text(json.dumps(mdoc))
+
+
+def test_a_same_layout_restore_checks_the_other_ranks_boxes(
+    saved: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 restores into its own layout and reads only its own piece, which is intact;
+    rank 1's box overlaps it. Every rank must reach the same verdict on the step (else
+    rank 0 resumes from it and rank 1 from an older one): rank 0 skips it too."""
+    root, want = saved
+    _second_rank_overlapping(root, 2)
+    rc, text = _cli(["ckpt", "verify", str(root), "--step", "2"], capsys)
+    assert rc != 0 and "overlap" in text, text
+    for rank in (0, 1):
+        state = make_state(seed=9)
+        result = restore_state(LocalStorage(str(root)), state, rank=rank, world_size=2)
+        assert result.step == 1 and "overlap" in result.skipped[0], result.skipped
+        got = params(state)
+        assert all((got[k] == want[k]).all() for k in want)

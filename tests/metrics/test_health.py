@@ -106,12 +106,13 @@ def test_prometheus_shows_probe_state_failures_and_preflight() -> None:
     live.emit("probe", t=1.0, probe="disk", ok=True, skipped=False, detail="", domain=dom)
     live.emit("probe", t=1.0, probe="nvml", ok=True, skipped=True, detail="", domain=dom)
     text = render_metrics(live.snapshot())
-    assert 'stalwart_probe_ok{node="1",probe="disk",device=""} 1' in text
+    # prometheus_client writes the labels sorted by name
+    assert 'stalwart_probe_ok{device="",node="1",probe="disk"} 1.0' in text
     assert 'probe="nvml"' not in text  # skipped: no reading
     live.emit("probe", t=2.0, probe="disk", ok=False, skipped=False, detail="", domain=dom)
     live.emit("preflight", t=3.0, member="node1", ok=False, verdict="slow link", seconds=4.5)
     text = render_metrics(live.snapshot(), labels={"job": "j"})
-    assert 'stalwart_probe_ok{job="j",node="1",probe="disk",device=""} 0' in text
+    assert 'stalwart_probe_ok{device="",job="j",node="1",probe="disk"} 0.0' in text
     assert 'stalwart_probe_failures_total{job="j"} 1' in text
     assert 'stalwart_preflight_seconds{job="j"} 4.5' in text
     assert 'stalwart_preflight_ok{job="j",node="1"} 0' in text

@@ -31,6 +31,7 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import error_line_path
 from stalwart.chaos import FaultPlan
+from stalwart.checkpoint.slots import SlotNames, sweep_stale
 from stalwart.logs import get_logger
 from stalwart.runtime.env import WorkerFields
 
@@ -44,6 +45,7 @@ __all__ = [
     "launch",
     "preload_note",
     "start_live",
+    "sweep_shm",
     "write_agent_json",
 ]
 
@@ -159,6 +161,8 @@ def launch(
         stack.callback(end_tier)
     cluster.start()  # (it agrees the run id of the /dev/shm names)
     stack.callback(lambda: cluster.close(goodbye=goodbye()))
+    sweep_shm(cluster.names, ctx)
+    stack.callback(cluster.names.owner().remove)
     joined()
     board_path = cluster.names.progress_board(cfg.node_rank)
     # room for every rank: a node may adopt the ranks of a lost node
@@ -263,6 +267,18 @@ class WorkerSpecs:
             "log": log,
             "error_dir": error_dir(self._run_dir),
         }
+
+
+def sweep_shm(names: SlotNames, ctx: NodeContext) -> None:
+    """Claim this run's /dev/shm names (the owner record), then remove what this user's
+    dead runs left on this host (a SIGKILLed agent runs no teardown): only runs whose
+    every owner is gone, never another user's (checkpoint/_stale.py)."""
+    names.owner().write()
+    removed = sweep_stale(names.shm_dir)
+    if removed:
+        why = f"removed {len(removed)} /dev/shm entries of dead runs of this user's"
+        ctx.say(f"{why} (their agents ended without cleaning up)")
+        ctx.events.emit("note", message=why)
 
 
 def write_agent_json(run_dir: str, job: str, store: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from stalwart.chaos.spec import MAX_DURATION_S, MAX_FAULTS, parse_duration
 from stalwart.errors import ConfigError
+from stalwart.userfile import open_regular
 
 __all__ = [
     "TRACE_KINDS",
@@ -187,8 +188,10 @@ def load_trace(path: str | Path) -> FaultTrace:
     """Read a recorded trace file (every field validated; TraceSpecError names the fix)."""
     where = str(path)
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
+        fix = "pass a trace file that `stalwart compare` recorded (OUT/trace.json)"
+        with open_regular(path, what="the trace file", fix=fix) as f:
+            raw = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
         raise TraceSpecError(f"cannot read trace file {where}: {err}") from err
     if not isinstance(raw, dict) or raw.get("version") != TRACE_VERSION:
         raise TraceSpecError(f"{where}: not a version {TRACE_VERSION} trace file")

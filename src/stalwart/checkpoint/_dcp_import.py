@@ -35,6 +35,7 @@ from stalwart.checkpoint._writer import publish_step, write_rank
 from stalwart.checkpoint.format import step_dir
 from stalwart.checkpoint.storage import Storage
 from stalwart.errors import CheckpointFormatError, ConfigError, UnsupportedStateError
+from stalwart.userfile import open_regular
 
 __all__ = ["METADATA_FILE", "Loaded", "load_nested", "read_metadata", "remove_written", "write"]
 
@@ -79,7 +80,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_metadata(src: str) -> Metadata:
     path = os.path.join(src, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
+        fix = "pass a checkpoint written by torch.distributed.checkpoint.save"
+        with open_regular(path, what="DCP's metadata", fix=fix) as f:
             metadata = _MetadataUnpickler(f).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
         raise CheckpointFormatError(

@@ -27,6 +27,7 @@ from stalwart.checkpoint.catalog import committed_steps, load_index, load_manife
 from stalwart.checkpoint.format import (
     QUARANTINE_DIR,
     QUARANTINE_NAME,
+    Manifest,
     RankIndex,
     TensorEntry,
     manifest_path,
@@ -133,8 +134,8 @@ def _restore_step(
 ) -> tuple[int, int]:
     manifest = load_manifest(storage, step)
     src_rank = rank if rank < manifest.world_size else rank % manifest.world_size
-    primary = load_index(storage, manifest, src_rank)
-    others: list[RankIndex] | None = None
+    indexes = _step_indexes(storage, manifest, step)
+    primary = indexes[src_rank]
     by_id = {t.id: t for t in primary.tensors}
     prefetch = getattr(storage, "prefetch", None)
     if prefetch is not None:
@@ -146,16 +147,9 @@ def _restore_step(
         pending: list[Future[None]] = []
 
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
-            nonlocal others
-            if others is None:
-                loaded = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
-                problems = layout_problems(loaded)  # copies resolve; boxes tile exactly
-                if problems:
-                    raise CheckpointCorruptError(f"step {step}: {problems[0]}", problems)
-                others = loaded
             pieces = [
                 t
-                for idx in others
+                for idx in indexes
                 for t in idx.tensors
                 if t.path == entry.path and t.copy_of is None  # a copy has no bytes
             ]
@@ -180,6 +174,19 @@ def _restore_step(
         finally:
             _drain_quietly(pending)
     return primary.nbytes, src_rank
+
+
+def _step_indexes(storage: Storage, manifest: Manifest, step: int) -> list[RankIndex]:
+    """Every rank's index of ``step``, its layout checked across them (copies resolve,
+    boxes tile exactly: checkpoint/_layout.py) before any byte is read. Checked whether
+    or not this rank reads another's pieces: in the same layout each rank reads only its
+    own, and a step damaged in another rank's boxes would otherwise load here and be
+    skipped there (ranks resuming from different steps)."""
+    indexes = [load_index(storage, manifest, r) for r in range(manifest.world_size)]
+    problems = layout_problems(indexes)
+    if problems:
+        raise CheckpointCorruptError(f"step {step}: {problems[0]}", problems)
+    return indexes
 
 
 def _fill_box(

@@ -52,6 +52,7 @@ from stalwart.checkpoint._shm import (
     slot_dir,
     unpin_slot,
 )
+from stalwart.checkpoint._stale import OwnerRecord, sweep_stale
 from stalwart.errors import ConfigError
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "SHM_DIR",
     "SLOT_FORMAT",
     "SLOT_VERSION",
+    "OwnerRecord",
     "SlotFiles",
     "SlotMeta",
     "SlotNames",
@@ -72,6 +74,7 @@ __all__ = [
     "read_replica_marker",
     "slot_count",
     "slot_dir",
+    "sweep_stale",
     "unpin_slot",
     "write_replica_marker",
 ]
@@ -161,6 +164,11 @@ class SlotNames:
         """The activation file of a parked standby of ``rank`` (agent/_standby.py);
         ``nonce`` is the standby process's own, so a stale file never wakes the next."""
         return os.path.join(self.shm_dir, f"stalwart-{self._stem}-standby-r{rank}-{nonce}")
+
+    def owner(self) -> OwnerRecord:
+        """This process's owner record of the run (checkpoint/_stale.py): what tells
+        a later agent's startup sweep that the run's names are still in use."""
+        return OwnerRecord(self.shm_dir, self._stem)
 
     # -- teardown -----------------------------------------------------------------
     def everything(self) -> list[str]:

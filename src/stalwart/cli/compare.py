@@ -140,7 +140,7 @@ def _routes(args: argparse.Namespace) -> tuple[list[Route], dict[str, str]]:
 
 
 def _trace(args: argparse.Namespace) -> FaultTrace:
-    if os.path.isfile(args.trace):
+    if os.path.exists(args.trace):  # a FIFO or device too: load_trace refuses it
         return load_trace(args.trace)
     return compile_trace(
         args.trace, seed=args.seed, ranks=args.nproc_per_node, horizon_s=args.horizon

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -57,7 +58,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from stalwart.metrics.html import render_html
 
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            # O_NONBLOCK: a FIFO no one reads is refused (ENXIO), not waited on forever
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(args.html, flags, 0o666)  # (the umask applies, as before)
+            os.set_blocking(fd, True)
+            with open(fd, "w", encoding="utf-8") as f:
                 f.write(render_html(doc))
         except OSError as err:
             raise ConfigError(

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from typing import Any, BinaryIO
 
 from stalwart.errors import StalwartError
 from stalwart.metrics._event_kinds import ANY, EVENT_KINDS, REQUIRED
+from stalwart.userfile import NotRegularFileError, open_regular
 
 __all__ = [
     "EVENTS_FILE",
@@ -225,12 +225,17 @@ def _lines(f: BinaryIO) -> Iterator[tuple[bytes, bool]]:
         yield b"", False
 
 
+_LOG_FIX = "pass a run directory or its events.jsonl"
+
+
 def read_events(path: str) -> ReadResult:
     """Every event in ``path`` sorted by time, read as a stream; bad lines are skipped and
     counted (the first MAX_PROBLEMS described), never fatal; past LOSS_CAP loss events the
     loss series is thinned (``loss_stride``)."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below
+        f = open_regular(path, what="the event log", fix=_LOG_FIX)
+    except NotRegularFileError as err:
+        raise EventLogError(str(err)) from err
     except FileNotFoundError as err:
         raise EventLogError(
             f"{path}: no event log here; pass the run directory of a `stalwart run`"
@@ -243,8 +248,6 @@ def read_events(path: str) -> ReadResult:
     problems: list[str] = []
     bad, partial = 0, False
     with f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise EventLogError(f"{path}: not a regular file; pass a run's events.jsonl")
         for n, (line, whole) in enumerate(_lines(f), 1):
             if whole and not line.strip():
                 continue

@@ -1,9 +1,13 @@
-"""A small Prometheus exporter: the live figures over HTTP in the text exposition format.
+"""A Prometheus exporter: the live figures over HTTP in the text exposition format.
 
-Why hand-written rather than prometheus_client: a dozen gauges and counters in the text
-format (version 0.0.4) is a page of code with no dependency and no global registry, so
-several exporters (one per agent in a test) never collide. It binds 127.0.0.1 unless
-told otherwise (the design's rule: servers bind loopback by default).
+The exposition is prometheus_client's (``generate_latest`` over a
+:class:`CollectorRegistry` of the exporter's own, with a custom collector that turns a
+:class:`LiveSnapshot` into metric families): its escaping and number formatting are the
+reference ones, and no global registry is used, so several exporters (one per agent in a
+test) never collide. The HTTP server is stalwart's bounded one (metrics/serve.py: a cap
+on header bytes, a total deadline per request, a connection cap), not
+prometheus_client's ``start_http_server``, which has none of them. It binds 127.0.0.1
+unless told otherwise (the design's rule: servers bind loopback by default).
 
 Names follow Prometheus conventions: ``stalwart_`` prefix, base units (seconds, bytes),
 ``_total`` on counters, ``_ratio`` on ratios. docs/goodput.md lists every metric.
@@ -11,16 +15,22 @@ Names follow Prometheus conventions: ``stalwart_`` prefix, base units (seconds, 
 
 from __future__ import annotations
 
-import math
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from stalwart.metrics.live import LiveFigures, LiveSnapshot
 from stalwart.metrics.serve import PathServer
 
-__all__ = ["CONTENT_TYPE", "METRICS", "MetricsExporter", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "METRICS", "MetricsExporter", "metrics_registry", "render_metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""What :func:`generate_latest` writes: the text format 0.0.4 (newer prometheus_client
+releases name 1.0.0 in ``CONTENT_TYPE_LATEST``, which is negotiated; this is not)."""
 
 # name, type, help, LiveSnapshot attribute (None-valued samples are left out)
 METRICS: tuple[tuple[str, str, str, str], ...] = (
@@ -80,52 +90,60 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
 )  # fmt: skip
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _SnapshotCollector(Collector):
+    """The metric families of one snapshot (a custom collector: prometheus_client writes
+    the exposition; the figures are computed by :class:`LiveFigures`, not by its
+    instruments). ``source`` is read at each collection; None: no figures yet."""
+
+    def __init__(
+        self, source: Callable[[], LiveSnapshot | None], labels: dict[str, str] | None
+    ) -> None:
+        self._source = source
+        self._names = sorted(labels or {})
+        self._values = [(labels or {})[k] for k in self._names]
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._source()
+        if s is None:
+            return
+        for name, kind, help_, attr in METRICS:
+            extra, samples = _samples(s, attr)
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            metric = family(name, help_, labels=[*self._names, *extra])
+            for values, v in samples:
+                metric.add_metric([*self._values, *values], v)
+            yield metric
 
 
-def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v)) if isinstance(v, float) else str(v)
-
-
-def _labelled(s: LiveSnapshot, attr: str) -> list[tuple[tuple[str, ...], int]]:
-    """The per-node samples: (labels, value) of the probes' or the preflight's state."""
+def _samples(s: LiveSnapshot, attr: str) -> tuple[list[str], list[tuple[list[str], float]]]:
+    """A metric's own label names and its (label values, value) samples in ``s``
+    (None-valued figures have none)."""
+    if attr == "persists":
+        return ["result"], [(["ok"], s.persists_ok), (["failed"], s.persists_failed)]
+    if attr == "recovering":
+        return [], [([], 1 if s.status == "recovering" else 0)]
     if attr == "probes":
-        return [
-            ((f'node="{_escape(n)}"', f'probe="{_escape(p)}"', f'device="{_escape(d)}"'), v)
-            for n, p, d, v in s.probes
-        ]
-    return [((f'node="{_escape(m)}"',), v) for m, v in s.preflight]
+        return ["node", "probe", "device"], [([n, p, d], v) for n, p, d, v in s.probes]
+    if attr == "preflight":
+        return ["node"], [([m], v) for m, v in s.preflight]
+    v = getattr(s, attr)
+    return [], [] if v is None else [([], v)]
+
+
+def metrics_registry(
+    source: Callable[[], LiveSnapshot | None], labels: dict[str, str] | None = None
+) -> CollectorRegistry:
+    """A registry of its own (never prometheus_client's global one: several exporters in
+    one process, one per agent in a test, do not collide) that collects ``source``'s
+    snapshot at each scrape; ``labels`` are added to every sample."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(source, labels))
+    return registry
 
 
 def render_metrics(s: LiveSnapshot, labels: dict[str, str] | None = None) -> str:
     """The exposition text for one snapshot; ``labels`` are added to every sample."""
-    base = [f'{k}="{_escape(v)}"' for k, v in sorted((labels or {}).items())]
-
-    def sample(name: str, value: float, extra: tuple[str, ...] = ()) -> str:
-        lab = ",".join([*base, *extra])
-        return f"{name}{{{lab}}} {_fmt(value)}" if lab else f"{name} {_fmt(value)}"
-
-    out: list[str] = []
-    for name, kind, help_, attr in METRICS:
-        if attr == "persists":
-            samples = [
-                sample(name, s.persists_ok, ('result="ok"',)),
-                sample(name, s.persists_failed, ('result="failed"',)),
-            ]
-        elif attr == "recovering":
-            samples = [sample(name, 1 if s.status == "recovering" else 0)]
-        elif attr in ("probes", "preflight"):
-            samples = [sample(name, v, labels) for labels, v in _labelled(s, attr)]
-        else:
-            v = getattr(s, attr)
-            samples = [] if v is None else [sample(name, v)]
-        out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *samples]
-    return "\n".join(out) + "\n"
+    return generate_latest(metrics_registry(lambda: s, labels)).decode()
 
 
 class MetricsExporter:
@@ -137,10 +155,11 @@ class MetricsExporter:
         self, port: int = 0, host: str = "127.0.0.1", labels: dict[str, str] | None = None
     ) -> None:
         self.host, self.port, self.labels = host, port, dict(labels or {})
-        self._body = b"# no figures yet\n"
+        self._snapshot: LiveSnapshot | None = None  # None: no figures yet
         self._lock = threading.Lock()
         self.live = LiveFigures()  # fed by emit(); rendered at the next scrape
         self._fed = False
+        self.registry = metrics_registry(self._current, self.labels)
         self._server: PathServer | None = None
 
     @property
@@ -149,9 +168,8 @@ class MetricsExporter:
 
     def update(self, snapshot: LiveSnapshot) -> None:
         """Serve these figures from now on (for a caller that keeps its own totals)."""
-        body = render_metrics(snapshot, self.labels).encode()
         with self._lock:
-            self._body, self._fed = body, False
+            self._snapshot, self._fed = snapshot, False
 
     def emit(
         self, kind: str, *, t: float | None = None, rank: int | None = None, **fields: Any
@@ -162,12 +180,11 @@ class MetricsExporter:
             self.live.emit(kind, t=t, rank=rank, **fields)
             self._fed = True
 
-    def _current(self) -> bytes:
+    def _current(self) -> LiveSnapshot | None:
         with self._lock:
             if self._fed:
-                self._body = render_metrics(self.live.snapshot(), self.labels).encode()
-                self._fed = False
-            return self._body
+                self._snapshot, self._fed = self.live.snapshot(), False
+            return self._snapshot
 
     def start(self) -> MetricsExporter:
         self._server = PathServer(
@@ -179,7 +196,7 @@ class MetricsExporter:
     def _answer(self, path: str) -> tuple[int, str, bytes]:
         if path.split("?", 1)[0] != "/metrics":
             return 404, "text/plain; charset=utf-8", b"only /metrics is served here\n"
-        return 200, CONTENT_TYPE, self._current()
+        return 200, CONTENT_TYPE, generate_latest(self.registry)
 
     @property
     def serving(self) -> bool:

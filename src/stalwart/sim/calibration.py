@@ -42,6 +42,7 @@ from typing import Any
 from stalwart.errors import ConfigError
 from stalwart.sim.engine import Scenario
 from stalwart.sim.job import JobConfig, RecoveryCosts
+from stalwart.userfile import open_regular
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -287,11 +288,17 @@ def parse_calibration(data: Any, where: str = "calibration") -> Calibration:
     return Calibration(costs=costs, source=dict(source), measured=measured, replay=replay)
 
 
+_CAL_FIX = "pass a JSON file written by `stalwart calibrate`"
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open_regular(p, what="the calibration", fix=_CAL_FIX) as f:
+            text = f.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"calibration file {p} is not UTF-8 text ({err.reason})") from err
     except OSError as err:
         raise ConfigError(
             f"cannot read calibration file {p}: {err.strerror}; check the path"

@@ -75,10 +75,14 @@ def _unsafe(path: str, name: str, what: str) -> UnsafePathError:
     )
 
 
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
 def _check_regular(fd: int, path: str) -> None:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         raise _unsafe(path, path.rsplit("/", 1)[-1], "not a regular file")
+    os.set_blocking(fd, True)
 
 
 class _LocalStream:
@@ -220,7 +224,8 @@ class LocalStorage:
     def _open_file(self, path: str) -> int:
         with self._parent(path) as (dfd, name):
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                # O_NONBLOCK: a planted FIFO must not block the open (refused below)
+                fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
             except OSError as err:
                 if err.errno == errno.ELOOP:
                     raise _unsafe(path, name, "a symbolic link") from err
