@@ -31,7 +31,21 @@ if TYPE_CHECKING:
     from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["TrackedState", "guard_optimizer"]
+__all__ = ["TrackedState", "guard_optimizer", "tier_options"]
+
+
+def tier_options(env: WorkerEnv, run_dir: str, root: str) -> dict[str, Any]:
+    """``CheckpointConfig``'s ``tiers`` and ``tier_s3`` for the checkpoint root ``root``
+    under ``run_dir/ckpt``: the same path under the job's bucket tier (``--ckpt-tier``),
+    which a restore reads directly for the steps ``root`` lacks; none without a tier."""
+    if not env.ckpt_tier:
+        return {}
+    from stalwart.checkpoint.storage import S3Config
+
+    rel = os.path.relpath(root, os.path.join(run_dir, "ckpt")).replace(os.sep, "/")
+    url = env.ckpt_tier.rstrip("/") + ("" if rel == "." else f"/{rel}")
+    s3 = S3Config(endpoint_url=env.s3_endpoint) if env.s3_endpoint else None
+    return {"tiers": (url,), "tier_s3": s3}
 
 
 class TrackedState:
@@ -119,6 +133,7 @@ class TrackedState:
                 rank=rank if multi else 0,
                 world_size=world_size if multi else 1,
                 retention=RetentionPolicy(env.keep_last, env.keep_every or None),
+                **tier_options(env, run_dir, root),
             )
         )
         for value in self.state.values():
@@ -132,10 +147,9 @@ class TrackedState:
             ckpt.persister.start()  # now, not at the first persist (process start)
 
     def disk_step(self) -> int | None:
-        """The newest committed step of this rank's checkpoint directory."""
-        from stalwart.checkpoint.catalog import committed_steps
-
-        steps = committed_steps(self.checkpoints.storage)
+        """The newest committed step of this rank's checkpoint directory, or of the
+        bucket tier it is copied to (``--ckpt-tier``: read from there directly)."""
+        steps = self.checkpoints.steps()
         return steps[-1] if steps else None
 
     def restore_disk(self, step: int) -> int:
