@@ -17,9 +17,9 @@ from stalwart.checkpoint import (
     CheckpointManager,
     RetentionPolicy,
     committed_steps,
-    load_manifest,
     verify_step,
 )
+from stalwart.checkpoint.catalog import load_manifest
 from stalwart.checkpoint.storage import LocalStorage, S3Config, S3Storage
 from stalwart.checkpoint.tiers import TierCommit, TierUploader, behind
 

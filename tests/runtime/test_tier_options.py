@@ -3,7 +3,7 @@ the same path under the tier's prefix, read directly by a restore; none without 
 
 from __future__ import annotations
 
-from stalwart.runtime._tracking import tier_options
+from stalwart.runtime._tier_roots import tier_options
 from stalwart.runtime.env import WorkerEnv
 
 

@@ -53,6 +53,8 @@ class RestoreResult:
     """The saved rank whose index was loaded (tree and unsharded values such as RNG
     states): the restoring rank itself, or ``rank % saved world`` when the checkpoint
     was written by fewer ranks (the caller then derives what must differ per rank)."""
+    tier: str = ""
+    """The URL of the tier the step was read from (the local root, or a bucket)."""
 
 
 def _read_entry(

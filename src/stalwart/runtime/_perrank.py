@@ -29,7 +29,7 @@ import torch
 from stalwart.checkpoint import committed_steps, open_storage, restore_state
 from stalwart.errors import CheckpointError, StorageUnavailableError, UnsupportedStateError
 from stalwart.logs import get_logger
-from stalwart.runtime._tracking import tier_options
+from stalwart.runtime._tier_roots import tier_options
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager

@@ -31,21 +31,7 @@ if TYPE_CHECKING:
     from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
-__all__ = ["TrackedState", "guard_optimizer", "tier_options"]
-
-
-def tier_options(env: WorkerEnv, run_dir: str, root: str) -> dict[str, Any]:
-    """``CheckpointConfig``'s ``tiers`` and ``tier_s3`` for the checkpoint root ``root``
-    under ``run_dir/ckpt``: the same path under the job's bucket tier (``--ckpt-tier``),
-    which a restore reads directly for the steps ``root`` lacks; none without a tier."""
-    if not env.ckpt_tier:
-        return {}
-    from stalwart.checkpoint.storage import S3Config
-
-    rel = os.path.relpath(root, os.path.join(run_dir, "ckpt")).replace(os.sep, "/")
-    url = env.ckpt_tier.rstrip("/") + ("" if rel == "." else f"/{rel}")
-    s3 = S3Config(endpoint_url=env.s3_endpoint) if env.s3_endpoint else None
-    return {"tiers": (url,), "tier_s3": s3}
+__all__ = ["TrackedState", "guard_optimizer"]
 
 
 class TrackedState:
@@ -110,6 +96,7 @@ class TrackedState:
         """The snapshot slots and the persister of ``position``'s rank."""
         from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
         from stalwart.runtime._perrank import open_part
+        from stalwart.runtime._tier_roots import tier_options
 
         env = self.env
         self._events = events
