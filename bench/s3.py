@@ -8,10 +8,11 @@ first a warm-up, left out of the medians) with boto3's managed upload (``upload_
 multipart, the same part size and concurrency) of the same bytes; each rep is a fresh step
 with new bytes (no deduplication). Restore reads the newest step back as a fresh node
 does (an empty local root, the step read from the bucket tier directly: ``restore_state(
-local, ..., slower=[bucket])``), against boto3's ``download_fileobj`` of the same bytes (as many requests in flight). The
-persister's peak private memory (RSS less the shared-memory snapshot it maps, sampled every
-10 ms) is reported against the bound ``(parallel + 1) x part`` per stream plus the pack
-writer's 16 MiB of bounce buffers, above its size before the persist. DCP's fsspec writer
+local, ..., slower=[bucket])``), against boto3's ``download_fileobj`` of the same bytes
+(as many requests in flight). The persister's peak private memory (RSS less the
+shared-memory snapshot it maps, sampled every 10 ms) is reported against the bound
+``(parallel + 1) x part`` per stream plus the pack writer's 16 MiB of bounce buffers,
+above its size before the persist. DCP's fsspec writer
 needs s3fs: measured when it is installed, else reported as not measured.
 
 Prints a table and, last, one JSON line. Needs ``moto[server]`` and boto3 (make setup).
