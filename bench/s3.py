@@ -6,11 +6,13 @@ persisted by the persister process to ``s3://bench-.../run`` (streamed multipart
 ``--part-mb`` parts, ``--parallel`` of them at once), interleaved ``--reps`` times (the
 first a warm-up, left out of the medians) with boto3's managed upload (``upload_fileobj``:
 multipart, the same part size and concurrency) of the same bytes; each rep is a fresh step
-with new bytes (no deduplication). Restore reads the newest step back from the bucket,
-against boto3's ``download_fileobj`` of the same bytes (as many requests in flight). The
-persister's peak private memory (RSS less the shared-memory snapshot it maps, sampled every
-10 ms) is reported against the bound ``(parallel + 1) x part`` per stream plus the pack
-writer's 16 MiB of bounce buffers, above its size before the persist. DCP's fsspec writer
+with new bytes (no deduplication). Restore reads the newest step back as a fresh node
+does (an empty local root, the step read from the bucket tier directly: ``restore_state(
+local, ..., slower=[bucket])``), against boto3's ``download_fileobj`` of the same bytes
+(as many requests in flight). The persister's peak private memory (RSS less the
+shared-memory snapshot it maps, sampled every 10 ms) is reported against the bound
+``(parallel + 1) x part`` per stream plus the pack writer's 16 MiB of bounce buffers,
+above its size before the persist. DCP's fsspec writer
 needs s3fs: measured when it is installed, else reported as not measured.
 
 Prints a table and, last, one JSON line. Needs ``moto[server]`` and boto3 (make setup).
@@ -217,9 +219,14 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
             del data
             print(f"rep {rep}: persist {ours[-1]:.2f} s, boto3 put {theirs[-1]:.2f} s", flush=True)
         target = {k: torch.empty_like(v) for k, v in state.items()}
-        t0 = time.perf_counter()
-        restored = restore_state(open_storage(url, s3=cfg), target)
-        restore_s = time.perf_counter() - t0
+        # a fresh node: an empty local root, the step read from the bucket tier directly
+        with tempfile.TemporaryDirectory() as fresh:
+            t0 = time.perf_counter()
+            restored = restore_state(
+                open_storage(fresh), target, slower=[open_storage(url, s3=cfg)]
+            )
+            restore_s = time.perf_counter() - t0
+        assert restored.tier == url
         get_s = client_get(endpoint, bucket, f"plain/{args.reps - 1}", cfg)
         assert restored.step == args.reps
         assert all(torch.equal(target[k], state[k]) for k in state), "restore differs"
@@ -240,6 +247,7 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
         "dcp_fsspec_note": "measured" if dcp_s is not None else "s3fs not installed: not measured",
         "remote_restore_s": round(restore_s, 3),
         "client_get_s": round(get_s, 3),
+        "restore_vs_client_get_throughput": round(get_s / restore_s, 3),
         "state_bytes": nbytes,
         "persister_idle_rss_bytes": idle,
         "persister_peak_rss_bytes": max(peaks),

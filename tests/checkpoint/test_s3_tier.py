@@ -1,7 +1,8 @@
 """The bucket tier: steps copied local -> bucket (manifest last), a fresh root filled from
 the bucket, and the acceptance job: a job with a local checkpoint dir and a bucket tier is
 killed whole, its run dir deleted, and a job on a fresh run dir resumes from the bucket
-alone and ends bit-identical to a straight run (moto's S3 server; tests/_tiers.py: e2e)."""
+alone (read from the bucket directly, no copy to disk first) and ends bit-identical to a
+straight run (moto's S3 server; tests/_tiers.py: e2e)."""
 
 from __future__ import annotations
 
@@ -157,7 +158,10 @@ def test_job_resumes_from_the_bucket_alone(moto: MotoServer, tmp_path: Path) -> 
 
     events = _kinds(fresh)
     notes = [str(f["message"]) for k, f in events if k == "note"]
-    assert any(f"checkpoint step {uploaded[-1]} copied from the bucket tier" in n for n in notes)
+    assert any(f"as new as step {uploaded[-1]} of the bucket tier" in n for n in notes)
+    # read from the bucket directly: ckpt/ (and each rank's part) never held that step
+    for root in [fresh / "ckpt", *(fresh / "ckpt" / "per-rank").glob("rank*")]:
+        assert uploaded[-1] not in committed_steps(LocalStorage(str(root))), root
     restores = [f for k, f in events if k == "restore"]
     assert restores and all(f["step"] == uploaded[-1] for f in restores)
     resumed = torch.load(tmp_path / "b.pt", weights_only=True)

@@ -55,6 +55,8 @@ def _refused(
         (["--chaos", "kill rank=1 at=step:²"], "'at=step:²'"),
         (["--chaos", "kill rank=5 at=step:3", "--nproc-per-node", "2"], "outside the job"),
         (["--chaos", "kill node=1 at=time:3s"], "node 1 is outside the job"),
+        (["--tier-keep-last", "10"], "apply to --ckpt-tier: pass it too"),
+        (["--ckpt-tier", "s3://b/x", "--tier-keep-last", "0"], "keeps at least 1 checkpoint"),
     ],
 )
 def test_bad_values_are_one_line_and_write_nothing(

@@ -53,6 +53,8 @@ def _full() -> WorkerEnv:
         collective_timeout_s=60.0,
         keep_last=2,
         keep_every=100,
+        ckpt_tier="s3://bucket/j1",
+        s3_endpoint="http://127.0.0.1:9000",
         min_world=2,
         elastic_wait_s=30.0,
         replica_groups=4,

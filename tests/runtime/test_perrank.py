@@ -55,7 +55,7 @@ def part(tmp_path: Path, shm_namespace: str) -> Any:
     state = _state()
     events = _Events()
     ckpt = CheckpointManager(CheckpointConfig(str(tmp_path / "ckpt"), namespace=shm_namespace))
-    env: Any = SimpleNamespace(keep_last=3, keep_every=0)
+    env: Any = SimpleNamespace(keep_last=3, keep_every=0, ckpt_tier="")
     sess = SimpleNamespace(rank=1, state=state, ckpt=ckpt)  # the position, and the parts
     root = str(tmp_path / "ckpt" / "per-rank" / "rank00001")
     p = PerRankPart(ckpt, state, env, events, sess, root, per_rank_names(state))

@@ -85,6 +85,8 @@ def worker_contract(
         hang_ceiling_s=cfg.hang.ceiling_s,
         **cfg.runtime.contract_fields(),
         min_world=cfg.min_world,
+        ckpt_tier=cfg.ckpt_tier or "",
+        s3_endpoint=cfg.s3_endpoint or "",
         elastic_wait_s=cfg.elastic_wait_s,
         **fields,
     )

@@ -1,13 +1,15 @@
 """The job's bucket tier (``stalwart run --ckpt-tier s3://bucket/prefix``), on node 0.
 
 Before the workers start, a run directory whose ``ckpt/`` holds no step as new as the
-bucket's newest is filled from the bucket (a fresh node, a lost disk): the workers then
-restore from local disk as on any restart. While the job runs, an uploader process
-(checkpoint/_tier_worker.py: niced, and off the agent's GIL) copies every step committed in
-``ckpt/`` (the fast, acknowledged tier) to the bucket, manifest last; each is recorded as a
-``tier_commit`` event (its upload time and its lag behind the local commit); the bucket
-keeps ``--keep-last``/``--keep-every`` steps like the local disk. At the job's end the
-uploader copies the newest local step before it exits (the agent waits for it).
+bucket's newest (a fresh node, a lost disk) is noted: the workers read that step from the
+bucket directly (``WorkerEnv.ckpt_tier``; no copy to local disk first), and the bucket's
+retention keeps it for the whole job, whatever ``--tier-keep-last`` says. While the job
+runs, an uploader process (checkpoint/_tier_worker.py: niced, and off the agent's GIL)
+copies every step committed in ``ckpt/`` (the fast, acknowledged tier) to the bucket,
+manifest last; each is recorded as a ``tier_commit`` event (its upload time and its lag
+behind the local commit); the bucket keeps ``--tier-keep-last``/``--tier-keep-every``
+steps (by default ckpt/'s ``--keep-last``/``--keep-every``). At the job's end the uploader
+copies the newest local step before it exits (the agent waits for it).
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint import open_storage
 from stalwart.checkpoint.storage import S3Config, storage_options
-from stalwart.checkpoint.tiers import hydrate
+from stalwart.checkpoint.tiers import behind
 from stalwart.metrics.events import EventLog
 
 __all__ = ["start_tier"]
@@ -35,28 +36,29 @@ _FINAL_UPLOAD_S = 600.0  # the job's last step, at its end: then the uploader is
 def start_tier(
     cfg: LaunchConfig, run_dir: str, events: EventLog, say: Callable[[str], None]
 ) -> Callable[[], None] | None:
-    """Hydrate ``run_dir/ckpt`` from the bucket when it is behind, start the uploader;
+    """Note a ``run_dir/ckpt`` behind the bucket (restored from the bucket), start the uploader;
     returns its close (upload the newest step, then stop), or None without a tier."""
     if cfg.ckpt_tier is None or cfg.node_rank != 0:
         return None
     s3 = S3Config(endpoint_url=cfg.s3_endpoint) if cfg.s3_endpoint else None
     remote = open_storage(cfg.ckpt_tier, s3=s3)
     ckpt = os.path.join(run_dir, "ckpt")
-    t0 = time.perf_counter()
-    step = hydrate(remote, open_storage(ckpt))
+    step = behind(remote, open_storage(ckpt))
     if step is not None:
         why = (
-            f"checkpoint step {step} copied from the bucket tier {remote.url} into ckpt/ "
-            f"in {time.perf_counter() - t0:.1f} s (ckpt/ had no step as new): resuming from it"
+            f"ckpt/ has no checkpoint as new as step {step} of the bucket tier {remote.url}: "
+            "the workers restore it from the bucket directly"
         )
         say(why)
         events.emit("note", message=why)
+    keep_last, keep_every = cfg.tier_retention()
     request = {
         "local": ckpt,
         "remote": remote.url,
         "s3": storage_options(remote),
-        "keep_last": cfg.runtime.keep_last,
-        "keep_every": cfg.runtime.keep_every or None,
+        "keep_last": keep_last,
+        "keep_every": keep_every,
+        "protect": [] if step is None else [step],  # what the workers may be reading
         "interval_s": 0.5,
         "nice": 10,
     }

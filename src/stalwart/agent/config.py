@@ -170,6 +170,10 @@ class LaunchConfig:
     s3_endpoint: str | None = None
     """The S3 endpoint of ``ckpt_tier`` (None: boto3's own, AWS_ENDPOINT_URL or the AWS
     config file, else AWS)."""
+    tier_keep_last: int | None = None
+    """Committed steps the bucket tier keeps (None: ``runtime.keep_last``, as ckpt/)."""
+    tier_keep_every: int | None = None
+    """Milestones the bucket tier keeps (None: ``runtime.keep_every``; 0: none)."""
     replica_host: str = ""
     """The address this node's peer watch and replica receiver bind and advertise to the
     other nodes (empty: the local address of the route to the rendezvous, 127.0.0.1 when
@@ -189,6 +193,12 @@ class LaunchConfig:
     preflight: bool = False
     """Check every node before the first generation (--preflight, agent/_preflight.py):
     a matmul and an allreduce with a partner; slow or failing nodes leave."""
+
+    def tier_retention(self) -> tuple[int, int | None]:
+        """The bucket tier's (keep_last, keep_every): its own flags, else ckpt/'s."""
+        last = self.runtime.keep_last if self.tier_keep_last is None else self.tier_keep_last
+        every = self.runtime.keep_every if self.tier_keep_every is None else self.tier_keep_every
+        return last, every or None
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -228,6 +238,12 @@ class LaunchConfig:
                 raise ConfigError(f"{flag} {low}:{high}: need 1 <= MIN <= MAX")
         if self.elastic_wait_s <= 0:
             raise ConfigError("--elastic-wait must be > 0 seconds")
+        keep_last, keep_every = self.tier_retention()
+        if keep_last < 1 or (keep_every or 0) < 0:
+            raise ConfigError(
+                f"--tier-keep-last {keep_last} / --tier-keep-every {keep_every}: the bucket "
+                "keeps at least 1 checkpoint, and milestones are 0 (off) or a step count"
+            )
         if not self.job or "/" in self.job:
             raise ConfigError(f"--rdzv-id {self.job!r}: use a non-empty name without '/'")
         self.endpoint()  # a bad --rdzv-endpoint fails here, before the run directory exists

@@ -5,7 +5,8 @@ the agent's own threads (its lease, the workers' watch) must keep theirs. It run
 copies each step newly committed in the local root to the bucket (checkpoint/tiers.py), and
 ends, after a last upload of the newest local step, when its stdin closes (the agent's
 close, or the agent gone). Arguments: one JSON object ``{"local", "remote", "s3",
-"keep_last", "keep_every", "interval_s", "nice"}``. Output, one JSON object per line:
+"keep_last", "keep_every", "protect", "interval_s", "nice"}`` (``protect``: steps the
+bucket's retention keeps whatever ``keep_last`` says). Output, one JSON object per line:
 ``{"commit": {"tier", "step", "seconds", "lag_s", "bytes"}}`` or ``{"error": "<one line>"}``.
 """
 
@@ -45,9 +46,9 @@ def main(argv: list[str]) -> int:
     def failed(why: str) -> None:
         _say({"error": why})
 
-    uploader = TierUploader(
-        local, remote, committed, failed, float(req.get("interval_s", 0.5)), keep
-    ).start()
+    protect = [int(s) for s in req.get("protect") or []]
+    interval = float(req.get("interval_s", 0.5))
+    uploader = TierUploader(local, remote, committed, failed, interval, keep, protect).start()
     done = threading.Event()
 
     def watch_stdin() -> None:

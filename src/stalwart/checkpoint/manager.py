@@ -19,13 +19,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stalwart.checkpoint.catalog import committed_steps
 from stalwart.checkpoint.commit import CommitResult, FencedCommit, StepCommitter
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
 from stalwart.checkpoint.retention import RetentionPolicy
 from stalwart.checkpoint.snapshot import SnapshotConfig, SnapshotResult, Snapshotter
 from stalwart.checkpoint.storage import Storage, open_storage, storage_options
-from stalwart.errors import CheckpointError, CheckpointNotFoundError
+from stalwart.errors import CheckpointError, CheckpointNotFoundError, StorageUnavailableError
 
 if TYPE_CHECKING:
     from stalwart.checkpoint.storage import S3Config
@@ -49,12 +50,18 @@ class CheckpointConfig:
     s3: S3Config | None = None
     """For an ``s3://`` root: endpoint, part size, parallel parts, retries (``None``: the
     defaults, and boto3's own endpoint settings); the persister process gets the same."""
+    tiers: tuple[str, ...] = ()
+    """Slower tiers of this checkpoint (``--ckpt-tier``'s bucket prefix that ``root`` is
+    copied to): read directly by :meth:`CheckpointManager.restore` for the steps ``root``
+    lacks (a fresh node, a lost disk); never written here. ``tier_s3``: their options."""
+    tier_s3: S3Config | None = None
 
 
 class CheckpointManager:
     def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
         self.storage: Storage = open_storage(config.root, s3=config.s3)
+        self.tiers: list[Storage] = [open_storage(u, s3=config.tier_s3) for u in config.tiers]
         self.snapshots = Snapshotter(SnapshotConfig(config.namespace, config.slots, config.shm_dir))
         self.persister = Persister(config.persist)
         self._inflight: Future[PersistResult] | None = None
@@ -197,7 +204,17 @@ class CheckpointManager:
             world_size=cfg.world_size,
             step=step,
             quarantine_damaged=cfg.world_size == 1,
+            slower=self.tiers,
         )
+
+    def steps(self) -> list[int]:
+        """The committed steps a restore can read: the root's and its slower tiers' (a
+        tier that cannot be listed, the bucket down, adds none)."""
+        found = set(committed_steps(self.storage))
+        for tier in self.tiers:
+            with contextlib.suppress(StorageUnavailableError):
+                found |= set(committed_steps(tier))
+        return sorted(found)
 
     def restore_from_memory(self, state: Mapping[str, Any]) -> int:
         """Fastest tier: this rank's newest shared-memory snapshot."""

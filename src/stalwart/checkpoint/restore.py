@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,7 @@ from stalwart.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    StorageUnavailableError,
 )
 
 __all__ = ["RestoreResult", "quarantine", "read_into", "read_tensor", "restore_state"]
@@ -53,6 +54,8 @@ class RestoreResult:
     """The saved rank whose index was loaded (tree and unsharded values such as RNG
     states): the restoring rank itself, or ``rank % saved world`` when the checkpoint
     was written by fewer ranks (the caller then derives what must differ per rank)."""
+    tier: str = ""
+    """The URL of the tier the step was read from (the local root, or a bucket)."""
 
 
 def _read_entry(
@@ -256,6 +259,26 @@ _BAD_STEP = (CheckpointCorruptError, CheckpointFormatError, OSError, EOFError)
 error covers unsafe paths too); anything else is a bug or a state that does not fit."""
 
 
+def _candidates(
+    tiers: Sequence[Storage], step: int | None, skipped: list[str]
+) -> list[tuple[int, Storage]]:
+    """Every (step, tier) a restore may read, newest step first and, for one step, the
+    fastest tier holding it first. A slower tier that cannot be listed (the bucket down)
+    is passed over with a line in ``skipped``; the first tier's errors are raised."""
+    held: list[tuple[Storage, set[int]]] = []
+    for i, tier in enumerate(tiers):
+        try:
+            held.append((tier, set(committed_steps(tier))))
+        except StorageUnavailableError as err:
+            if i == 0:
+                raise
+            skipped.append(f"{tier.url}: not listed ({str(err).splitlines()[0]})")
+    steps = sorted({s for _, have in held for s in have}, reverse=True)
+    if step is not None:
+        steps = [s for s in steps if s == step]
+    return [(s, tier) for s in steps for tier, have in held if s in have]
+
+
 def restore_state(
     storage: Storage,
     state: Mapping[str, Any],
@@ -264,33 +287,38 @@ def restore_state(
     world_size: int = 1,
     step: int | None = None,
     quarantine_damaged: bool = False,
+    slower: Sequence[Storage] = (),
 ) -> RestoreResult:
     """Load the newest valid checkpoint (or exactly ``step``) into ``state``.
 
-    A step that is damaged or crafted (any :data:`_BAD_STEP`) is reported in
-    ``skipped`` and the next older one is tried. ``quarantine_damaged`` moves every
-    such step aside (see :func:`quarantine`; listed in ``quarantined``). Only a job's
-    single restorer should set it: ranks restoring in parallel must first agree on the
-    step, or one rank could hide a step another just loaded."""
-    steps = committed_steps(storage)
-    if step is not None:
-        steps = [s for s in steps if s == step]
-    if not steps:
+    ``slower``: further tiers of the same checkpoint (a bucket the local root is copied
+    to), read directly, with no copy to ``storage`` first, for the steps ``storage``
+    lacks (a fresh node, a lost disk); a step several tiers hold is read from the
+    fastest. A step that is damaged or crafted (any :data:`_BAD_STEP`) on one tier is
+    reported in ``skipped`` and the next (tier, step) is tried. ``quarantine_damaged``
+    moves every such step of ``storage`` aside (see :func:`quarantine`; listed in
+    ``quarantined``; a slower tier is only read, never changed). Only a job's single
+    restorer should set it: ranks restoring in parallel must first agree on the step,
+    or one rank could hide a step another just loaded."""
+    skipped: list[str] = []
+    candidates = _candidates([storage, *slower], step, skipped)
+    if not candidates:
         raise CheckpointNotFoundError(
             f"{storage.url}: no committed checkpoint"
             + (f" at step {step}" if step is not None else "")
+            + "".join(f" (nor in {t.url})" for t in slower)
             + "; start from scratch or pass the directory of a run that saved"
         )
-    skipped: list[str] = []
     quarantined: list[str] = []
-    for s in reversed(steps):
+    for s, tier in candidates:
         try:
-            nbytes, source = _restore_step(storage, state, s, rank, world_size)
-            return RestoreResult(s, skipped, nbytes, quarantined, source)
+            nbytes, source = _restore_step(tier, state, s, rank, world_size)
+            return RestoreResult(s, skipped, nbytes, quarantined, source, tier.url)
         except _BAD_STEP as err:
             problems = getattr(err, "problems", None) or [str(err).splitlines()[0]]
-            skipped.extend(f"step {s}: {p}" for p in problems)
-            if quarantine_damaged:
+            where = f" ({tier.url})" if slower else ""
+            skipped.extend(f"step {s}{where}: {p}" for p in problems)
+            if quarantine_damaged and tier is storage:
                 quarantined.append(quarantine(storage, s, problems))
     raise CheckpointCorruptError(
         f"no checkpoint in {storage.url} loads: " + "; ".join(skipped[:5]), skipped

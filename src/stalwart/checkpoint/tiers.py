@@ -11,8 +11,10 @@ under ``.tier-upload``), so the local retention can go on deleting it meanwhile.
 tier's commit is recorded on its own:
 :class:`TierUploader` reports a step's upload time and its lag behind the local commit.
 
-:func:`hydrate` fills an empty (or older) local root from the bucket's newest step, so a
-restart on a fresh run directory restores exactly what a restart on the old disk would.
+:func:`behind` tells that the bucket holds a step newer than the local root's newest (a
+fresh node, a lost disk): a restore then reads it from the bucket directly
+(``restore_state(..., slower=[bucket])``: ranged, checksummed reads straight into the
+tensors, no copy to local disk). :func:`hydrate` copies it to local disk instead.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from stalwart.checkpoint.catalog import committed_steps, load_manifest
@@ -43,6 +45,7 @@ __all__ = [
     "STAGING",
     "TierCommit",
     "TierUploader",
+    "behind",
     "copy_step",
     "hydrate",
     "pin_step",
@@ -147,17 +150,23 @@ def pin_step(local: LocalStorage, step: int) -> LocalStorage:
     return LocalStorage(root)
 
 
+def behind(remote: Storage, local: Storage) -> int | None:
+    """``remote``'s newest committed step when ``local`` has no step that new (a restore
+    then reads it from ``remote``: ``restore_state(..., slower=[remote])``), else None."""
+    steps = committed_steps(remote)
+    have = committed_steps(local)
+    if not steps or (have and have[-1] >= steps[-1]):
+        return None
+    return steps[-1]
+
+
 def hydrate(remote: Storage, local: Storage) -> int | None:
     """Copy ``remote``'s newest committed step into ``local`` when ``local`` has no step
-    that new; returns that step, or None when nothing was copied."""
-    steps = committed_steps(remote)
-    if not steps:
-        return None
-    newest = steps[-1]
-    have = committed_steps(local)
-    if have and have[-1] >= newest:
-        return None
-    copy_step(remote, local, newest)
+    that new; returns that step, or None when nothing was copied. (A restore needs no
+    copy: it reads the bucket directly; this makes a local copy for keeps.)"""
+    newest = behind(remote, local)
+    if newest is not None:
+        copy_step(remote, local, newest)
     return newest
 
 
@@ -166,7 +175,9 @@ class TierUploader:
     newest one only, when it falls behind: a step superseded before its upload is
     skipped) and calls ``on_commit`` with its :class:`TierCommit`, or ``on_error`` with
     a one-line reason (the next step tries again). ``retention``: the bucket's own,
-    applied after each upload (None: the bucket keeps every step)."""
+    applied after each upload (None: the bucket keeps every step); it never deletes the
+    bucket's newest step, a step newer than the last upload (another writer's in
+    flight), nor the ``protect`` steps (one a restore is reading from the bucket)."""
 
     def __init__(
         self,
@@ -176,9 +187,10 @@ class TierUploader:
         on_error: Callable[[str], None],
         interval_s: float = 0.5,
         retention: RetentionPolicy | None = None,
+        protect: Collection[int] = (),
     ) -> None:
         self.local, self.remote = local, remote
-        self.retention = retention
+        self.retention, self.protect = retention, frozenset(protect)
         self.on_commit, self.on_error = on_commit, on_error
         self.interval_s = interval_s
         self.uploaded: int | None = None
@@ -215,7 +227,7 @@ class TierUploader:
             lag = max(0.0, time.time() - committed)
             self.on_commit(TierCommit(self.remote.url, step, seconds, lag, nbytes))
             if self.retention is not None:  # the bucket's own retention
-                collect_garbage(self.remote, self.retention)
+                collect_garbage(self.remote, self.retention, protect=self.protect)
         except (CheckpointNotFoundError, FileNotFoundError):
             return  # deleted locally before it was pinned: the next round takes a newer one
         except (CheckpointError, OSError, EOFError) as err:

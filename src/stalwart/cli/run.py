@@ -231,6 +231,18 @@ def register(sub: Any) -> None:
         "in the background, and restored from on a fresh run dir (docs/checkpoint-storage.md)",
     )
     p.add_argument("--s3-endpoint", metavar="URL", default=None, help="the bucket's S3 endpoint")
+    p.add_argument(
+        "--tier-keep-last",
+        type=int,
+        default=None,
+        help="committed checkpoints kept in the --ckpt-tier bucket (default: --keep-last)",
+    )
+    p.add_argument(
+        "--tier-keep-every",
+        type=int,
+        default=None,
+        help="milestones kept in the --ckpt-tier bucket (default: --keep-every)",
+    )
     node_flags(p)
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -251,6 +263,8 @@ def _run(args: argparse.Namespace) -> int:
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
     if args.s3_endpoint and not args.ckpt_tier:
         raise ConfigError("--s3-endpoint is the endpoint of --ckpt-tier: pass --ckpt-tier too")
+    if (args.tier_keep_last or args.tier_keep_every) is not None and not args.ckpt_tier:
+        raise ConfigError("--tier-keep-last/--tier-keep-every apply to --ckpt-tier: pass it too")
     min_nodes, nnodes = _range(args.nnodes, "--nnodes")
     min_procs, nprocs = _range(args.nproc_per_node, "--nproc-per-node")
     if args.standalone and nnodes > 1:
@@ -287,6 +301,8 @@ def _run(args: argparse.Namespace) -> int:
         replica_host=args.replica_host,
         ckpt_tier=args.ckpt_tier,
         s3_endpoint=args.s3_endpoint,
+        tier_keep_last=args.tier_keep_last,
+        tier_keep_every=args.tier_keep_every,
         **node_options(args),
         **kwargs,
     )

@@ -157,9 +157,7 @@ class AsyncRejoin:
         again when it is a boundary (a boundary's snapshot precedes its round); 0: none."""
         if self.env.persist_every == 0:
             return 0
-        from stalwart.checkpoint.catalog import committed_steps
-
-        held = committed_steps(self.tracked.checkpoints.storage)
+        held = self.tracked.checkpoints.steps()
         common = self.rounds.persisted(held if self.lead else None)
         if not common:
             return 0

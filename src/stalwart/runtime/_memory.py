@@ -10,7 +10,7 @@ from stalwart.checkpoint.slots import SlotNames, read_replica_marker, slot_count
 from stalwart.checkpoint.snapshot import SnapshotConfig, Snapshotter
 
 if TYPE_CHECKING:
-    from stalwart.checkpoint.storage import Storage
+    from stalwart.checkpoint import CheckpointManager
 
 __all__ = [
     "committed_disk_steps",
@@ -35,11 +35,10 @@ def taken_from_replica(snap: Snapshotter) -> bool:
     return read_replica_marker(snap.directory, consume=True)
 
 
-def committed_disk_steps(storage: Storage, keep: int = 8) -> list[int]:
-    """The newest persisted steps of this rank's own storage (its shards)."""
-    from stalwart.checkpoint import committed_steps
-
-    return [int(s) for s in committed_steps(storage)[-keep:]]
+def committed_disk_steps(ckpt: CheckpointManager, keep: int = 8) -> list[int]:
+    """The newest persisted steps of this rank's own checkpoint (its shards): on local
+    disk, or in the bucket tier a restore reads directly (``--ckpt-tier``)."""
+    return [int(s) for s in ckpt.steps()[-keep:]]
 
 
 def memory_steps(snap: Snapshotter) -> list[int]:

@@ -17,6 +17,7 @@ drew; a note event and a line on stderr say so (docs/porting.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -26,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stalwart.checkpoint import committed_steps, open_storage, restore_state
-from stalwart.errors import CheckpointError, UnsupportedStateError
+from stalwart.errors import CheckpointError, StorageUnavailableError, UnsupportedStateError
 from stalwart.logs import get_logger
+from stalwart.runtime._tier_roots import tier_options
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager
@@ -107,6 +109,7 @@ class PerRankPart:
         position: Position,
         root: str,
         names: list[str],
+        run_dir: str = "",
     ) -> None:
         self.ckpt = ckpt
         self.state = state
@@ -114,12 +117,18 @@ class PerRankPart:
         self.events = events
         self.position = position  # the live rank: rank 0's disk copy is its own state
         self.storage = open_storage(root)
+        tier = tier_options(env, run_dir, root)  # the bucket tier: read directly
+        self.tiers = [open_storage(u, s3=tier["tier_s3"]) for u in tier.get("tiers", ())]
         self.names = names
         self.member = position.rank  # the launch rank (under elastic: the member's name)
         self._warned = False
 
     def steps(self) -> list[int]:
-        return [int(s) for s in committed_steps(self.storage)]
+        found = set(committed_steps(self.storage))
+        for tier in self.tiers:  # the bucket tier (down: adds none)
+            with contextlib.suppress(StorageUnavailableError):
+                found |= set(committed_steps(tier))
+        return sorted(int(s) for s in found)
 
     def disk_steps(self, shared: list[int]) -> list[int]:
         """The persisted steps this rank can restore completely: committed in the shared
@@ -158,7 +167,7 @@ class PerRankPart:
         if step in self.steps():
             part = {name: self.state[name] for name in self.names}
             try:
-                restore_state(self.storage, part, step=step)
+                restore_state(self.storage, part, step=step, slower=self.tiers)
                 return
             except CheckpointError as err:
                 why = f"its per-rank part does not load ({str(err).splitlines()[0]})"
@@ -209,4 +218,4 @@ def open_part(
     None when every tracked object is a replica."""
     names = per_rank_names(state)
     root = os.path.join(run_dir, "ckpt", "per-rank", f"rank{position.rank:05d}")
-    return PerRankPart(ckpt, state, env, events, position, root, names) if names else None
+    return PerRankPart(ckpt, state, env, events, position, root, names, run_dir) if names else None

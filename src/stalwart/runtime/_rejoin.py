@@ -116,11 +116,11 @@ class FixedRejoin:
             info["copy"] = tracked.copy_key
         if holds_replica(snap):  # slots a buddy kept for our lost node
             info["replica"] = True
-        storage = tracked.checkpoints.storage
+        ckpt = tracked.checkpoints
         if not tracked.replicated:  # own shards on disk: agree on a step all ranks hold
-            info["disk"] = committed_disk_steps(storage)
+            info["disk"] = committed_disk_steps(ckpt)
         elif tracked.part is not None:  # rank 0's copy and this rank's own part
-            info["disk"] = tracked.part.disk_steps(committed_disk_steps(storage))
+            info["disk"] = tracked.part.disk_steps(committed_disk_steps(ckpt))
         return agree(
             store,
             coord,

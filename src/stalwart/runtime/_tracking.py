@@ -96,6 +96,7 @@ class TrackedState:
         """The snapshot slots and the persister of ``position``'s rank."""
         from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
         from stalwart.runtime._perrank import open_part
+        from stalwart.runtime._tier_roots import tier_options
 
         env = self.env
         self._events = events
@@ -119,6 +120,7 @@ class TrackedState:
                 rank=rank if multi else 0,
                 world_size=world_size if multi else 1,
                 retention=RetentionPolicy(env.keep_last, env.keep_every or None),
+                **tier_options(env, run_dir, root),
             )
         )
         for value in self.state.values():
@@ -132,10 +134,9 @@ class TrackedState:
             ckpt.persister.start()  # now, not at the first persist (process start)
 
     def disk_step(self) -> int | None:
-        """The newest committed step of this rank's checkpoint directory."""
-        from stalwart.checkpoint.catalog import committed_steps
-
-        steps = committed_steps(self.checkpoints.storage)
+        """The newest committed step of this rank's checkpoint directory, or of the
+        bucket tier it is copied to (``--ckpt-tier``: read from there directly)."""
+        steps = self.checkpoints.steps()
         return steps[-1] if steps else None
 
     def restore_disk(self, step: int) -> int:

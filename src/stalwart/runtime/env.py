@@ -154,6 +154,11 @@ class WorkerEnv:
     """Committed checkpoints kept per checkpoint directory (the newest always is)."""
     keep_every: int = _c(0, low=0, flag="--keep-every")
     """Also keep every step divisible by this as a milestone (0: none)."""
+    ckpt_tier: str = _c("", flag="--ckpt-tier")
+    """The bucket prefix ckpt/ is copied to ("": none): a restore reads the steps ckpt/
+    lacks from it directly (checkpoint/manager.py ``tiers``)."""
+    s3_endpoint: str = _c("", flag="--s3-endpoint")
+    """The S3 endpoint of ``ckpt_tier`` ("": boto3's own settings)."""
     min_world: int = _c(1, low=1, flag="--nnodes MIN:MAX")
     """Elastic: the fewest members the job trains with."""
     elastic_wait_s: float = _c(600.0, low=0, gt=True, flag="--elastic-wait")

@@ -12,7 +12,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.checkpoint.storage.local import split_relpath
+from stalwart.checkpoint.storage._keys import KeyRoot
 from stalwart.errors import ConfigError
 
 __all__ = ["FsspecStorage"]
@@ -56,11 +56,11 @@ class FsspecStorage:
             ) from err
         self.url = url
         self.fs, root = fsspec.core.url_to_fs(url)
-        self.root = str(root).rstrip("/")
+        self._keys = KeyRoot(str(root))
+        self.root = self._keys.root
 
     def _p(self, path: str) -> str:
-        split_relpath(path)  # nothing outside the root: no absolute paths, no '..'
-        return f"{self.root}/{path}" if path else self.root
+        return self._keys.key(path)  # nothing outside the root: no absolute paths, no '..'
 
     def write_atomic(self, path: str, data: bytes) -> None:
         _put(self.fs, self._p(path), data)

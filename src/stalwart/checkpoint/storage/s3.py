@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.checkpoint.format import MANIFEST_NAME
+from stalwart.checkpoint.storage._keys import KeyRoot
 from stalwart.checkpoint.storage._s3_client import (
     S3Config,
     error_code,
@@ -23,7 +24,6 @@ from stalwart.checkpoint.storage._s3_client import (
     translate,
 )
 from stalwart.checkpoint.storage._s3_upload import MultipartStream
-from stalwart.checkpoint.storage.local import split_relpath
 from stalwart.errors import ConfigError, StepCommittedError
 
 __all__ = ["S3Config", "S3Storage", "parse_s3_url"]
@@ -51,6 +51,7 @@ class S3Storage:
     def __init__(self, url: str, config: S3Config | None = None) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self._keys = KeyRoot(self.prefix)
         self.config = config if config is not None else S3Config()
         self._client: Any = make_client(self.config, self.url)
         self.endpoint = str(self._client.meta.endpoint_url)
@@ -60,12 +61,10 @@ class S3Storage:
     # -- helpers ---------------------------------------------------------------------------
 
     def _key(self, path: str) -> str:
-        parts = split_relpath(path)
-        return "/".join([self.prefix, *parts] if self.prefix else parts)
+        return self._keys.key(path)
 
     def _dir_prefix(self, path: str) -> str:
-        key = self._key(path)
-        return f"{key}/" if key else ""
+        return self._keys.dir_prefix(path)
 
     def _err(self, err: BaseException, what: str) -> BaseException:
         return translate(err, self.url, self.endpoint, what)
