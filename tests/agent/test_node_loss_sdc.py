@@ -1,8 +1,9 @@
 """A node loss with the replica digest checks on (issue 16): each DDP rank then keeps
 three snapshot slots (the verified one stays pinned), and node 0's adopted ranks restore
 the agreed step from a survivor's slots, wherever of the three it sits. The run ends
-bit-identical to a fault-free run, and the checks after the loss pass on all 4 ranks
-(the adopted ranks' state equals the survivors')."""
+bit-identical to a fault-free run (the checks off: they read the state, they do not
+change it; ``two_node_reference``, tests/agent/conftest.py), and the checks after the
+loss pass on all 4 ranks (the adopted ranks' state equals the survivors')."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import pytest
 import torch
 
 from ._launch import events_of, stalwart_run_nodes
+from .conftest import LM_ARGS, TRAIN_LM
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
-ARGS = ["--steps", "24", "--dim", "32", "--layers", "1", "--seq", "16", "--batch", "4"]
 K = 2  # a check every other step: the pinned slot moves while the job runs
 
 
 def _train(run_dir: Path, chaos: list[str]) -> dict[str, torch.Tensor]:
     out = run_dir.parent / f"{run_dir.name}.pt"
     flags = ["--nproc-per-node", "2", "--node-lease", "2", "--sdc-every", str(K), *chaos]
-    cmd = [*flags, str(EXAMPLE), *ARGS, "--out", str(out)]
+    cmd = [*flags, str(TRAIN_LM), *LM_ARGS, "--out", str(out)]
     codes = stalwart_run_nodes(run_dir, 2, cmd, timeout=280)  # imports alone take minutes
     assert codes[0][0] == 0, codes[0][1][-3000:]
     state: dict[str, torch.Tensor] = torch.load(out, weights_only=True)
@@ -30,9 +30,9 @@ def _train(run_dir: Path, chaos: list[str]) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(600)
 def test_a_node_loss_with_the_digest_checks_on_restores_from_a_survivors_slots(
-    tmp_path: Path,
+    tmp_path: Path, two_node_reference: dict[str, torch.Tensor]
 ) -> None:
-    reference = _train(tmp_path / "ref", [])
+    reference = two_node_reference
     lost = _train(tmp_path / "lost", ["--chaos", "kill node=1 at=step:15"])
     assert reference.keys() == lost.keys()
     for name, tensor in reference.items():

@@ -335,7 +335,7 @@ def test_sigstopped_member_is_fenced_and_rejoins(etcd: EtcdServer) -> None:
         assert child.ask(f"commit {gen} 1") == "ok"
         with coord.watch_members(store.range("").revision + 1) as members:
             os.kill(child.proc.pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 10.0
+            deadline = time.monotonic() + scaled(10.0)
             left = False
             while not left:
                 assert time.monotonic() < deadline, "the stopped member's lease never expired"
@@ -346,7 +346,7 @@ def test_sigstopped_member_is_fenced_and_rejoins(etcd: EtcdServer) -> None:
         coord.commit_step(change.generation, 2, by="survivor")
         os.kill(child.proc.pid, signal.SIGCONT)
         assert child.ask(f"commit {gen} 3").startswith("fenced ")
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + scaled(10.0)
         while child.ask("lost") != "LeaseNotFoundError":
             assert time.monotonic() < deadline, "the resumed member never noticed its lost lease"
         assert child.ask("rejoin") == "ok"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _load import scaled
 
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.etcd_cluster import open_etcd
@@ -198,7 +199,7 @@ def test_expired_auth_token_is_renewed(secure: SecureEtcd) -> None:
         rev = st.put("a", b"3")
         with st.watch("a", start_revision=rev) as watch:
             st._http.auth._token = "expired-token.2"  # the stream opens with it
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             events = []
             while not events and time.monotonic() < deadline:
                 events = watch.get(timeout=1.0)

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from _load import scaled
 
 from stalwart.coordinator._stall import STALL_S
 from stalwart.coordinator.errors import LeaseNotFoundError, StoreClosedError
@@ -24,7 +25,7 @@ def _watcher(store: MemoryStore) -> threading.Thread:
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while time.monotonic() < deadline and not store._stall.sleeping:  # asleep, wake planned
         time.sleep(0.01)
     assert store._stall.sleeping
