@@ -338,7 +338,8 @@ def _run_job(
 
 
 def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
-    """Flash and spare RTO of real-style scripts beside the minimal job, in the same run:
+    """Flash, spare and warm (spare with --standby: spares past the set-up) RTO of
+    real-style scripts beside the minimal job, in the same run:
     one that imports transformers (a GPT-2 from a config, bench/_hf_job.py; a replacement
     forked from the zygote must not import transformers again) and the corpus's
     torchtitan-style, minGPT-style and HF Trainer scripts where examples/corpus has them (their own

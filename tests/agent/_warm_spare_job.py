@@ -17,7 +17,11 @@ import stalwart
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--setups", required=True, help="each set-up appends 'setup RANK PID', each end 'end RANK PID'")
+    p.add_argument(
+        "--setups",
+        required=True,
+        help="each set-up appends 'setup RANK PID', each end 'end RANK PID'",
+    )
     p.add_argument("--release", required=True, help="no pacing once this file exists")
     p.add_argument("--out", required=True, help="rank 0 saves the final parameters here")
     args = p.parse_args()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from _load import wait_job, wait_until
 
-from ._launch import events_of, start_run, stalwart_run, stop_run
+from ._launch import events_of, stalwart_run, start_run, stop_run
 
 JOB = Path(__file__).resolve().parent / "_warm_spare_job.py"
 
@@ -37,7 +37,9 @@ def _args(tmp: Path, name: str) -> list[str]:
 @pytest.mark.timeout(300)
 def test_a_killed_rank_resumes_in_its_warm_standby_bit_identical(tmp_path: Path) -> None:
     (tmp_path / "ref.release").write_text("")
-    ref = stalwart_run(tmp_path / "ref", ["--nproc-per-node", "2", str(JOB), *_args(tmp_path, "ref")])
+    ref = stalwart_run(
+        tmp_path / "ref", ["--nproc-per-node", "2", str(JOB), *_args(tmp_path, "ref")]
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     setups = tmp_path / "warm.setups"
@@ -54,7 +56,7 @@ def test_a_killed_rank_resumes_in_its_warm_standby_bit_identical(tmp_path: Path)
         stop_run(job, proc)
     assert proc.returncode == 0, err[-3000:]
     events = events_of(tmp_path / "warm")
-    joins = [f for k, f in events if k == "member_join" and f.get("rank") == 1]
+    joins = [f for k, f in events if k == "member_join" and f.get("member") == "rank1"]
     assert joins[-1].get("standby") is True and joins[-1]["generation"] >= 1, joins
     # rank 1 ended in the process that had done its set-up before the kill
     assert (1, ones[1]) in _seen(setups, "end"), (ones, _seen(setups, "end"))
