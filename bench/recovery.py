@@ -194,6 +194,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=240.0)
     p.add_argument("--only", choices=["crash", "hang", "overhead", "real", "verdict"], default=None)
     p.add_argument("--eval-s", type=float, default=3.0, help="false_hang_kills' eval")
+    p.add_argument("--jobs", default="", help="--only real: these jobs only (minimal,mingpt)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stalwart-bench-recovery-"))
     result: dict[str, Any] = {"reps": args.reps, "steps": args.steps, "kill_at_step": 50}
@@ -323,11 +324,12 @@ def _run_job(
         "--run-dir",
         str(work / "run"),
         "--strategy",
-        strategy,
+        "spare" if strategy == "warm" else strategy,
+        *(["--standby"] if strategy == "warm" else []),  # spares past the set-up
         "--redirect",
         "--chaos",
         chaos,
-        *(["--spares", "1"] if strategy == "spare" else []),
+        *(["--spares", "1"] if strategy in ("spare", "warm") else []),
         str(job),
         *job_args,
         *(["--out", str(work / "corpus")] if corpus else ["--step-log", str(log)]),
@@ -336,7 +338,8 @@ def _run_job(
 
 
 def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) -> None:
-    """Flash and spare RTO of real-style scripts beside the minimal job, in the same run:
+    """Flash, spare and warm (spare with --standby: spares past the set-up) RTO of
+    real-style scripts beside the minimal job, in the same run:
     one that imports transformers (a GPT-2 from a config, bench/_hf_job.py; a replacement
     forked from the zygote must not import transformers again) and the corpus's
     torchtitan-style, minGPT-style and HF Trainer scripts where examples/corpus has them (their own
@@ -358,7 +361,9 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
             jobs[name] = (CORPUS / script, [flag, str(args.steps)], True)
         else:
             result[f"{name}_note"] = f"examples/corpus/{script} does not exist"
-    for strategy in ("flash", "spare"):
+    if args.jobs:
+        jobs = {k: v for k, v in jobs.items() if k in args.jobs.split(",")}
+    for strategy in ("flash", "spare", "warm"):  # warm: spare with --standby
         for name, (job, job_args, corpus) in jobs.items():
             rtos: list[float | None] = []
             for rep in range(args.reps):
@@ -373,8 +378,10 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
             result[f"{strategy}_rto_s_{name}"] = _median(rtos)
             result[f"{strategy}_rto_s_{name}_all"] = rtos
     for name in jobs:
-        flash, spare = result[f"flash_rto_s_{name}"], result[f"spare_rto_s_{name}"]
-        result[f"spare_vs_flash_{name}"] = spare / flash if spare and flash else None
+        flash = result[f"flash_rto_s_{name}"]
+        for kind in ("spare", "warm"):
+            spare = result[f"{kind}_rto_s_{name}"]
+            result[f"{kind}_vs_flash_{name}"] = spare / flash if spare and flash else None
         if name == "minimal":
             continue
         for strategy in ("flash", "spare"):

@@ -5,7 +5,8 @@ zygote under ``flash``, a pre-forked spare under ``spare``) restores from shared
 and the group re-forms in the next generation. A rank that fails too often is
 blocklisted and the job ends with a verdict (in place, the same slot would fail again);
 a node other than node 0 that fails too often cordons itself and node 0 adopts its
-ranks. A lost node's ranks start on the adopter, in its standbys when ``--standby``.
+ranks. A lost node's ranks start on the adopter, in its standbys when ``--standby``;
+under ``spare`` with ``--standby`` a failed rank resumes in its own parked standby.
 
 A rank that fails after a peer finished the job (exited 0, or passed the runtime's finish
 barrier) is not replaced either: training is over on every rank, and a replacement would
@@ -76,7 +77,11 @@ class InPlace:
             raise Cordoned(f"node {p.cfg.node_rank} cordoned")
         p.generation.bump(f"{ex.cause} of rank {ex.rank}")
         p.begin(self.name, ex.cause)
-        p.spawn(p.workers[ex.rank])
+        w = p.workers[ex.rank]
+        if self.assigns_spares and p.standbys is not None and p.standbys.take(w):
+            p.joined(w, standby=True)  # past its set-up already (agent/_standby.py)
+        else:
+            p.spawn(w)
 
     def _node_lost(self, lost: NodeLost) -> None:
         p = self._p

@@ -165,8 +165,9 @@ def launch(
     stack.callback(cluster.names.owner().remove)
     joined()
     board_path = cluster.names.progress_board(cfg.node_rank)
-    # room for every rank: a node may adopt the ranks of a lost node
-    board = ProgressBoard(board_path, cfg.world_size, create=True)
+    # room for every rank (a node may adopt the ranks of a lost node), and for a parked
+    # standby of each (its own ranks' under --strategy spare, agent/_standby.py)
+    board = ProgressBoard(board_path, 2 * cfg.world_size, create=True)
     stack.callback(board.close, unlink=True)
     os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)
     plan_path = os.path.join(run_dir, "chaos", "plan.json")

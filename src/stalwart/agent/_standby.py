@@ -19,6 +19,14 @@ start once this node's own workers have completed a step (the job's start is not
 and follow the ring: when the ranks this node would adopt change, stale standbys are
 killed and new ones started. Only for workers under the stalwart runtime and the
 ``flash``/``spare`` strategies (the config refuses other combinations).
+
+Under ``--strategy spare`` the node also stands by for **its own ranks** (issue 28):
+a spare pre-forked from the zygote has only the imports done, so a replacement still
+built the model, the data loader and ``sess.track`` after the failure, and a spare's
+RTO was no better than flash's on a script with a real set-up. A parked standby of the
+failed rank has done all of that: the failed rank resumes in it (:meth:`Standbys.take`),
+restoring from the dead worker's snapshot slots like any replacement, and the next
+reconcile parks a new one. Cost: one set-up and the memory of every local rank, twice.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class Workers(Protocol):
     def free_slot(self) -> int: ...
     def spawn_process(self, ident: str, slot: int, spec: dict[str, Any]) -> None: ...
     def adopt(self, rank: int, local: int, slot: int, *, pid: int = 0) -> Worker: ...
+    def run_in(self, w: Worker, pid: int, slot: int) -> None: ...
 
 
 Spec = Callable[[Worker, WorkerFields], dict[str, Any]]
@@ -84,13 +93,16 @@ class Standbys:
         ring: Ring,
         workers: Workers,
         spec: Spec,
+        own: bool = False,
     ) -> None:
-        self._node, self._nproc, self._names = node, nproc, names
+        """``own``: stand by for this node's own ranks too (``--strategy spare``)."""
+        self._node, self._nproc, self._names, self._own = node, nproc, names, own
         self._ring, self._workers, self._spec = ring, workers, spec
         self.by_rank: dict[int, _Standby] = {}
         self._next = 0.0
         self._claimed: dict[int, _Standby] = {}  # pid -> standby claimed, not activated
         self.activated = 0
+        self._quiet_to = 0  # start none until the job passed this step (a recovery's)
 
     @classmethod
     def for_node(
@@ -99,19 +111,23 @@ class Standbys:
         """The node's standbys when ``--standby`` is set (None: off)."""
         if not cfg.standby:
             return None
-        node, nproc = cfg.node_rank, cfg.nproc_per_node
-        return cls(node=node, nproc=nproc, names=names, ring=ring, workers=workers, spec=spec)
+        node, nproc, own = cfg.node_rank, cfg.nproc_per_node, cfg.strategy.uses_spares
+        return cls(
+            node=node, nproc=nproc, names=names, ring=ring, workers=workers, spec=spec, own=own
+        )
 
     # ------------------------------------------------------------ which ranks
     def targets(self) -> set[int]:
-        """The ranks this node would adopt if their node were lost now."""
+        """The ranks this node would adopt if their node were lost now, and its own
+        ranks when it stands by for them (``own``)."""
         cluster, me = self._ring, self._node
         live = cluster.live_nodes()
         out: set[int] = set()
         for node in sorted(live - {me}):
             if cluster.adopter(node, live - {node}) == me:
                 out |= set(cluster.ranks_of(node))
-        return out - set(self._workers.ranks())
+        mine = set(self._workers.ranks())
+        return (out - mine) | (mine if self._own else set())
 
     def used_slots(self) -> set[int]:
         return {s.slot for s in self.by_rank.values()}
@@ -122,7 +138,8 @@ class Standbys:
         if now < self._next:
             return
         self._next = now + _RECONCILE_S
-        if self._workers.last_step() in (None, 0) or not self._workers.attached():
+        step = self._workers.last_step()
+        if step in (None, 0) or not self._workers.attached():
             return  # a plain script never parks: a standby of it would train as a 2nd rank
         try:
             want = self.targets()
@@ -130,6 +147,8 @@ class Standbys:
             return
         for rank in sorted(set(self.by_rank) - want):
             self._stop(self.by_rank.pop(rank))
+        if step is not None and step <= self._quiet_to:
+            return  # a recovery runs: a new standby's set-up would take its cores
         for rank in sorted(want - set(self.by_rank)):
             self._start(rank)
 
@@ -185,6 +204,22 @@ class Standbys:
         del self.by_rank[rank]
         self._claimed[sb.pid] = sb
         return self._workers.adopt(rank, rank % self._nproc, sb.slot, pid=sb.pid)
+
+    def take(self, w: Worker) -> bool:
+        """Resume the failed local rank ``w`` in its parked standby and let it run
+        (False: none runs for it; the caller starts a spare or a fresh process)."""
+        sb = self.by_rank.get(w.rank)
+        if not self._own or sb is None or not sb.pid:
+            return False
+        try:
+            os.kill(sb.pid, 0)
+        except ProcessLookupError:
+            return False
+        del self.by_rank[w.rank]
+        self._quiet_to = self._workers.last_step() or 0  # the step the job failed at
+        self._workers.run_in(w, sb.pid, sb.slot)
+        self._claimed[sb.pid] = sb
+        return self.activate(w)
 
     def activate(self, w: Worker) -> bool:
         """Let the claimed standby of ``w`` run (False: ``w`` is not a claimed standby)."""

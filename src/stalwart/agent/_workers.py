@@ -246,6 +246,11 @@ class LocalWorkers:
         self._workers[rank] = w
         return w
 
+    def run_in(self, w: Worker, pid: int, slot: int) -> None:
+        """``w`` resumes in a parked standby process (``pid``, on board ``slot``)."""
+        w.pid, w.slot, w.state, w.cause = pid, slot, WorkerState.RUNNING, ""
+        w.t_spawn = time.time()
+
     def forget(self, ranks: set[int]) -> None:
         for rank in ranks:
             self._workers.pop(rank, None)

@@ -163,6 +163,7 @@ class LaunchConfig:
     node_lease_s: float = 3.0
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
+    # (and, under --strategy spare, for its own ranks: warm spares past the set-up)
     ckpt_tier: str | None = None
     """A bucket (``s3://bucket/prefix``) that RUN_DIR/ckpt's steps are copied to in the
     background, and that an empty or older RUN_DIR/ckpt is filled from at start (node 0;
@@ -264,8 +265,11 @@ class LaunchConfig:
                 f"--standby needs --strategy flash or spare (got {given!r}): "
                 "only they replace a lost node's ranks in place"
             )
-        if self.standby and self.nnodes < 2:
-            raise ConfigError("--standby needs --nnodes >= 2 (it stands by for another node)")
+        if self.standby and self.nnodes < 2 and not strategy.uses_spares:
+            raise ConfigError(
+                "--standby needs --nnodes >= 2 under flash (it stands by for another node), "
+                "or --strategy spare (it also stands by for this node's own ranks)"
+            )
         if strategy.syncs_replica_groups:
             self._check_async()
 

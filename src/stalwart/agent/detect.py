@@ -3,7 +3,10 @@
 A hang is *no progress*, not a long step. A worker is one of:
 
 - **stopped**: its process is in state ``T``/``t`` (SIGSTOP, a tracer). Nothing it could
-  be doing is useful: it is a hang once it stayed stopped for ``max(floor, k x p99)``.
+  be doing is useful: it is a hang once it stayed stopped for ``floor``, whatever its
+  step time. A stopped process makes no progress, so its step time says nothing about
+  how long to wait; the floor is for a debugger or py-spy attaching (milliseconds).
+  Scaling this bound with the step time found a stopped rank of 5 s steps after 15 s.
 - **busy**: its CPU time (its own and its children's, e.g. data loader workers) advances
   at ``busy_frac`` of a core or more, or it is running (state ``R``): it computes (an
   eval, a save, a long step). Never blamed, and neither is anyone waiting for it.
@@ -39,9 +42,9 @@ __all__ = ["Activity", "CpuTracker", "HangConfig", "HangVerdict", "find_hang"]
 @dataclass(frozen=True)
 class HangConfig:
     floor_s: float = 1.0
-    """Shortest stall that counts for a stopped worker: a debugger or py-spy attaching
-    stops a process for milliseconds, and the goal is to find a SIGSTOP within
-    max(3 x p99 step, 2 s)."""
+    """How long a worker may stay stopped (state T/t) before it is a hang, whatever its
+    step time: a debugger or py-spy attaching stops a process for milliseconds. Also
+    the least bound of the step-time rules (:meth:`threshold`)."""
     k: float = 3.0
     """Safety factor on the job's p99 step time (NVRx learns its timeouts the same way,
     with a factor of 5 over the longest interval seen)."""
@@ -87,7 +90,15 @@ class HangConfig:
             raise ConfigError("hang detection needs 0 < busy_frac < 1 and window_s > 0")
 
     def threshold(self, p99_s: float) -> float:
+        """The bound learned from the step time (``k x p99``, within floor..ceiling):
+        for ranks that still run but wait (a collective of a generation the job left, a
+        cut data plane), where a slow step must not look like a hang."""
         return min(self.ceiling_s, max(self.floor_s, self.k * p99_s))
+
+    def stopped_threshold(self) -> float:
+        """The bound for a stopped process: the floor. It makes no progress whatever
+        its step time, so a job of 5 s steps does not wait 3 x 5 s to find it."""
+        return self.floor_s
 
 
 @dataclass(frozen=True)
@@ -183,10 +194,11 @@ def find_hang(
         for r, s in sampled.items()
         if s.phase in _LIVE and activity[r].t_stopped > 0
     }
-    late = sorted(r for r, d in stopped.items() if d > j.threshold)
+    bound = config.stopped_threshold()
+    late = sorted(r for r, d in stopped.items() if d > bound)
     if late:
         how = "stopped (process state T: SIGSTOP or a tracer)"
-        return HangVerdict(late, min(stopped[r] for r in late), j.threshold, how)
+        return HangVerdict(late, min(stopped[r] for r in late), bound, how)
     # busy and idle are judged only where steps are seen (the runtime's or a plain
     # script's optimizer steps): a script that steps no optimizer is never killed idle
     watched = {r: s for r, s in sampled.items() if s.attached or s.observed}

@@ -17,7 +17,8 @@ def detection_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="seconds a stopped worker (SIGSTOP, state T) may stay stopped before it is "
-        "killed as hung, at least (default 1; the limit is max(floor, k x p99 step))",
+        "killed as hung, whatever its step time (default 1); also the least bound of the "
+        "step-time rules, max(floor, k x p99 step)",
     )
     p.add_argument("--hang-k", type=float, default=3.0, help="x p99 step time (default 3)")
     p.add_argument(

@@ -130,7 +130,8 @@ def register(sub: Any) -> None:
         action="store_true",
         help="keep the ranks this node would adopt if their node were lost running here, "
         "set-up done and parked before their first step, so a lost node's ranks resume "
-        "without starting processes (stalwart.init() scripts; flash or spare)",
+        "without starting processes (stalwart.init() scripts; flash or spare); under "
+        "spare also for this node's own ranks: a failed rank resumes past its set-up",
     )
     p.add_argument(
         "--chaos",
