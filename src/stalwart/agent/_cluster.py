@@ -25,6 +25,7 @@ from typing import Any
 
 from stalwart.agent._fencing import NodeFenced, NodeLease
 from stalwart.agent._link import Waiting, open_link
+from stalwart.agent._members import MemberView
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -72,6 +73,7 @@ class Cluster:
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
         self._names: SlotNames | None = None  # set by start(): the run id is agreed there
+        self._view: MemberView | None = None  # the live members, from a watch
 
     def start(self) -> None:
         cfg = self.cfg
@@ -265,8 +267,12 @@ class Cluster:
         return {int(kv.key[len(prefix) :]) for kv in self.store.range(prefix).kvs}
 
     def live_nodes(self) -> set[int]:
+        """The live nodes, from a watch on the membership (agent/_members.py): every
+        agent asks often, and a range of every member each time is O(N^2) for the job."""
+        if self._view is None:
+            self._view = MemberView(self.store, f"{self._root}/members/")
         live = set()
-        for member_id in self.coord.members():
+        for member_id in self._view.ids():
             if member_id.startswith("node") and member_id[4:].isdigit():
                 live.add(int(member_id[4:]))
         return live
@@ -371,3 +377,5 @@ class Cluster:
         elif self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
+        if self._view is not None:
+            self._view.close()
