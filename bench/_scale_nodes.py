@@ -113,10 +113,16 @@ class Node:
         self.agreed: dict[int, float] = {}  # generation -> when this node's worker agreed
         self.woken = threading.Event()  # a peer's death was seen here: poll now
         self.leader = idx == 0
+        self.bumped_at = 0.0  # when this node (the adopter) moved the generation
         self.step = 0
         self._known: set[int] = set()
         self._last_live: set[int] = set()
-        self._next_ring = 0.0
+        self._next_ring = self._next_verdict = 0.0
+        self.view: Any = None  # agent/_members.py (None: --scan range, the old way)
+        if cfg["scan"] == "view":
+            from stalwart.agent._members import MemberView
+
+            self.view = MemberView(self.store, f"{ROOT}/members/")
         self.thread = threading.Thread(target=self._run, name=f"node{idx}", daemon=True)
 
     # ------------------------------------------------------------ joining
@@ -191,7 +197,9 @@ class Node:
 
     def _poll(self, now: float) -> None:
         """agent.py ``_poll_store``: the store part of it."""
-        self.store.get(f"{ROOT}/launch/verdict")
+        if now >= self._next_verdict:  # agent.py: once a second (every poll before)
+            self._next_verdict = now + float(self.cfg["verdict_s"])
+            self.store.get(f"{ROOT}/launch/verdict")
         if now >= self._next_ring:  # agent/_peerwatch.py tick: the ring successor
             self._next_ring = now + 1.0
             self._live()
@@ -200,7 +208,8 @@ class Node:
         self.gen.follow()
 
     def _live(self) -> set[int]:
-        return {int(m[4:]) for m in self.coord.members() if m.startswith("node")}
+        ids = self.coord.members() if self.view is None else self.view.ids()
+        return {int(m[4:]) for m in ids if m.startswith("node")}
 
     def _lost_nodes(self) -> None:
         """agent/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
@@ -219,6 +228,7 @@ class Node:
             fence = [self.coord.fence.compare()] if self.coord.fence else []
             if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
                 self.gen.bump(f"node {n} lost")
+                self.bumped_at = time.monotonic()
         self._known -= gone
 
     # ------------------------------------------------------------ loss
