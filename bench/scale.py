@@ -21,6 +21,7 @@ line is JSON (docs/scale.md)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -31,8 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _scale_backends import Backend, start_embedded, start_etcd  # noqa: E402
-from _scale_nodes import Counter, Node, wait_until  # noqa: E402
+from _scale_backends import Backend, start_embedded, start_etcd
+from _scale_nodes import Counter, Node, wait_until
 
 
 def _clients(kind: str, backend: Backend, token: bytes, n: int, lease_s: float) -> list[Any]:
@@ -71,7 +72,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "verdict_s": args.verdict_s,
     }
     ops, steps = Counter(), Counter()
-    nodes = [Node(i, c, ops, steps, cfg) for i, c in enumerate(_clients(kind, backend, token, n, args.lease_s))]
+    nodes = [
+        Node(i, c, ops, steps, cfg)
+        for i, c in enumerate(_clients(kind, backend, token, n, args.lease_s))
+    ]
     out: dict[str, Any] = {"n": n, "backend": kind}
     try:
         t0 = time.monotonic()
@@ -105,7 +109,13 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _lose(
-    nodes: list[Node], alive: set[int], victim: int, gen: int, args: argparse.Namespace, *, peer: bool
+    nodes: list[Node],
+    alive: set[int],
+    victim: int,
+    gen: int,
+    args: argparse.Namespace,
+    *,
+    peer: bool,
 ) -> float:
     """Kill ``victim``; seconds until every survivor agreed on generation ``gen``."""
     alive.discard(victim)
@@ -114,7 +124,9 @@ def _lose(
     if peer:  # its ring successor (node 0) sees the connection end
         nodes[0].peer_gone(victim)
     survivors = [node for node in nodes if node.idx in alive]
-    wait_until(f"agreement after losing node {victim}", lambda: _all_agreed(survivors, gen), args.timeout_s)
+    wait_until(
+        f"agreement after losing node {victim}", lambda: _all_agreed(survivors, gen), args.timeout_s
+    )
     took = sorted(node.agreed[gen] - t_loss for node in survivors)
     _LOST_AT[:] = [t_loss, took[len(took) // 2]]
     return took[-1]
@@ -136,10 +148,8 @@ def _close(node: Node) -> None:
     node.thread.join(10)
     if hasattr(node, "genwatch"):
         node.genwatch.close()
-    try:
+    with contextlib.suppress(Exception):  # already closed (killed)
         node.inner.close()
-    except Exception:  # already closed (killed)
-        pass
 
 
 def main() -> None:

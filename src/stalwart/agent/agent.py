@@ -63,7 +63,6 @@ from stalwart.metrics.events import EVENTS_FILE, EventLog
 __all__ = ["Agent", "run_agent"]
 
 _log = get_logger(__name__)
-_VERDICT_S = 1.0  # how often the store is asked whether another node ended the job
 _say: Callable[[str], None] = _log.info  # "stalwart: agent: ..."; the end: _outcome.py
 
 
@@ -72,7 +71,6 @@ class Agent:
 
     def __init__(self, config: LaunchConfig) -> None:
         self._launch_t = time.time()  # the report's wall time starts here (run_start)
-        self._verdict_at = 0.0  # the next poll that reads the published verdict
         self.cfg = config
         self.run_dir = os.path.abspath(config.run_dir or os.path.join("runs", config.job))
         moved = claim_run_dir(self.run_dir, config.job)  # a reused --run-dir: rotated
@@ -219,13 +217,8 @@ class Agent:
     def _poll_store(self, now: float) -> None:
         self.cluster.check_fenced(probe=False)
         self.health.check()
-        # another node ended the job: once a second is soon enough for an ending, and
-        # ten reads a second by every node were 40% of the job's steady store load
-        # (docs/scale.md)
-        if now >= self._verdict_at:
-            self._verdict_at = now + _VERDICT_S
-            if (line := self.cluster.published_verdict()) is not None:
-                raise RunFailed(line)
+        if (line := self.cluster.published_verdict()) is not None:
+            raise RunFailed(line)  # another node ended the job
         for lost in self.detect.lost.check():
             self._recover(lost)
         followed = self.gen.follow()

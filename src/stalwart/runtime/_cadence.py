@@ -8,19 +8,20 @@ flash recovery falls back to disk or to a restart from step 0.
 
 The first ``CALIBRATE`` steps are snapshotted every step while stall and step time are
 measured. Then rank 0 chooses ``every`` (1 if the median stall fits the budget, else the
-smallest k that does) and publishes, once for the whole job, the record
-``{"every": k, "from": F}`` at ``/stalwart/<job>/cadence`` (created only if absent: a
-restarted rank 0 adopts the job's record, it does not choose again). Every step before
-``F`` is snapshotted, every step ``s >= F`` with ``s % k == 0``. Rank 0 sets ``F`` two
-steps after the step it publishes at, and the others read the record without waiting:
-at their first two steps from ``CALIBRATE`` on, then at steps ``2^i`` after the first
-(a bounded number of reads, none per step once it is known or while it is missing for
-long: docs/scale.md counts a rank's store round trips per step). In a job with a collective in every step, a
-member finishing step ``F - 1`` has waited for rank 0 in that step's collective, which
-rank 0 entered after publishing, so every member knows the record before ``F`` and all
-take the same snapshots. (The previous scheme published per generation and switched
-each rank at the step it happened to read the record: ranks disagreed on a few steps
-after the choice, and for good after a restarted rank 0 chose again.)
+smallest k that does) and publishes, once for the whole job, the record ``{"every": k,
+"from": F}`` at ``/stalwart/<job>/cadence`` (created only if absent: a restarted rank 0
+adopts the job's record, it does not choose again). Every step before ``F`` is
+snapshotted, every step ``s >= F`` with ``s % k == 0``. Rank 0 sets ``F`` two steps
+after the step it publishes at, and the others read the record without waiting: at their
+first two steps from ``CALIBRATE`` on, then at steps ``2^i`` after the first (a bounded
+number of reads, none per step once it is known or while it is missing for long:
+docs/scale.md counts a rank's store round trips per step). In a job with a collective in
+every step, a member finishing step ``F - 1`` has waited for rank 0 in that step's
+collective, which rank 0 entered after publishing, so every member knows the record
+before ``F`` and all take the same snapshots. (The previous scheme published per
+generation and switched each rank at the step it happened to read the record: ranks
+disagreed on a few steps after the choice, and for good after a restarted rank 0 chose
+again.)
 
 A member that learns the record only after ``F`` (a job without a collective per step)
 took extra snapshots meanwhile; it says so once, since until two common snapshots have
