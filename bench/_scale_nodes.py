@@ -215,7 +215,7 @@ class Node:
         """agent/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
         the job to the next generation (the adopter's recovery)."""
         live = self._live()
-        if live == self._last_live:
+        if live == self._last_live or not live:  # none: every lease lapsed (overload)
             return
         self._last_live = live
         gone = self._known - live

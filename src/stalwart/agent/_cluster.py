@@ -178,7 +178,7 @@ class Cluster:
     def published_verdict(self) -> str | None:
         """The one-line verdict another node ended the job with, if one did. Read at
         most once a second: soon enough for an ending, and a read at every 0.1 s poll by
-        every node was 40% of the job's steady store load (docs/scale.md)."""
+        every node was 35% of the steady store load (docs/scale.md)."""
         now = time.monotonic()
         if now < self._verdict_at:
             return None
