@@ -83,7 +83,9 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             node.thread.start()
         wait_until(f"{kind} formation of {n}", lambda: _all_agreed(nodes, 0), args.timeout_s)
         out["join_s"] = max(node.agreed[0] for node in nodes) - t0
-        time.sleep(args.warm_s)  # every cadence chosen, the formation's load gone
+        # steady state: every worker knows the snapshot cadence, the formation's load gone
+        wait_until("the cadence", lambda: all(x.cadence.every for x in nodes), args.timeout_s)
+        time.sleep(args.warm_s)
         s0, o0, c0 = backend.stats(), ops.n, steps.n
         k0, w0 = sum(node.step for node in nodes), time.monotonic()
         time.sleep(args.steady_s)
