@@ -175,7 +175,9 @@ def main() -> None:
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
     args = p.parse_args()
     # emulated workers take no collective per step: some learn the cadence late, said once
-    logging.getLogger("stalwart.runtime._cadence").setLevel(logging.ERROR)
+    from stalwart.logs import get_logger
+
+    get_logger("stalwart.runtime._cadence").setLevel(logging.ERROR)
     curves: dict[str, list[dict[str, Any]]] = {}
     for n in [int(x) for x in args.n.split(",")]:
         for kind in args.backends.split(","):
