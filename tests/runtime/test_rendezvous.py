@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,48 @@ def test_a_restarts_workers_never_count_the_infos_of_killed_ones() -> None:
         assert [f.result().generation for f in old] == [1, 1]
     with pytest.raises(TimeoutError, match="1 of 2 workers"):
         join(0, 1, 0.3)
+
+
+class _RangeCounting:
+    """A member's store: counts the reads of every arrival (ranges) it makes."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner, self.ranges = inner, 0
+
+    def range(self, prefix: str) -> Any:
+        self.ranges += 1
+        return self.inner.range(prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_members_wait_for_each_other_without_reading_every_arrival_again() -> None:
+    """Issue 31: a member waiting for the others reads the arrivals twice (before its
+    watch, and once all are in), not every few ms: N members polling N keys were
+    O(N^2) reads per poll period."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    n = 12
+    stores = [_RangeCounting(shared) for _ in range(n)]
+
+    def join(rank: int) -> Agreement:
+        info = {"steps": [3], "done": 3, "rank": rank}
+        return agree(
+            stores[rank],  # type: ignore[arg-type]
+            coord,
+            "j",
+            rank,
+            n,
+            info,
+            use_memory=True,
+            disk_step=None,
+            min_generation=0,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(join, r) for r in range(n)]
+        agreed = [f.result() for f in futures]
+    assert {(a.generation, len(a.infos)) for a in agreed} == {(0, n)}
+    assert max(s.ranges for s in stores) <= 2

@@ -25,6 +25,7 @@ from typing import Any
 
 from stalwart.agent._fencing import NodeFenced, NodeLease
 from stalwart.agent._link import Waiting, open_link
+from stalwart.agent._members import MemberView
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -41,6 +42,8 @@ from stalwart.errors import FencedError, StalwartError
 from stalwart.runtime.env import WorkerFields
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
+
+_VERDICT_S = 1.0  # how often the store is asked whether another node ended the job
 
 
 def ring_successor(node: int, live: set[int]) -> int | None:
@@ -72,6 +75,8 @@ class Cluster:
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
         self._names: SlotNames | None = None  # set by start(): the run id is agreed there
+        self._view: MemberView | None = None  # the live members, from a watch
+        self._verdict_at = 0.0  # when published_verdict reads the store again
 
     def start(self) -> None:
         cfg = self.cfg
@@ -171,7 +176,13 @@ class Cluster:
         return float(json.loads(kv.value)["t"]) if kv is not None else None
 
     def published_verdict(self) -> str | None:
-        """The one-line verdict another node ended the job with, if one did."""
+        """The one-line verdict another node ended the job with, if one did. Read at
+        most once a second: soon enough for an ending, and a read at every 0.1 s poll by
+        every node was 35% of the steady store load (docs/scale.md)."""
+        now = time.monotonic()
+        if now < self._verdict_at:
+            return None
+        self._verdict_at = now + _VERDICT_S
         kv = self.store.get(f"{self._root}/launch/verdict")
         return None if kv is None else str(json.loads(kv.value)["line"])
 
@@ -265,8 +276,12 @@ class Cluster:
         return {int(kv.key[len(prefix) :]) for kv in self.store.range(prefix).kvs}
 
     def live_nodes(self) -> set[int]:
+        """The live nodes, from a watch on the membership (agent/_members.py): every
+        agent asks often, and a range of every member each time is O(N^2) for the job."""
+        if self._view is None:
+            self._view = MemberView(self.store, f"{self._root}/members/")
         live = set()
-        for member_id in self.coord.members():
+        for member_id in self._view.ids():
             if member_id.startswith("node") and member_id[4:].isdigit():
                 live.add(int(member_id[4:]))
         return live
@@ -371,3 +386,5 @@ class Cluster:
         elif self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
+        if self._view is not None:
+            self._view.close()

@@ -27,7 +27,14 @@ from stalwart.coordinator import (
 from stalwart.errors import ConfigError
 from stalwart.logs import get_logger
 
-__all__ = ["FENCE_BOUND_LEASES", "Link", "Waiting", "agent_client_config", "open_link"]
+__all__ = [
+    "FENCE_BOUND_LEASES",
+    "Link",
+    "Waiting",
+    "agent_client_config",
+    "max_connections",
+    "open_link",
+]
 
 _log = get_logger(__name__)
 
@@ -77,6 +84,14 @@ class Waiting:
             _log.info("waiting for %s until %s", self.what, until)
 
 
+def max_connections(cfg: LaunchConfig) -> int:
+    """The embedded store's connection cap for this job: each agent holds a pool of up
+    to 4 (a watch long-poll among them), each worker one client and a generation
+    watch. The default 512 refused the job's own members past ~25 nodes of 8 ranks
+    (docs/scale.md)."""
+    return max(512, cfg.nnodes * (4 + 3 * cfg.nproc_per_node) + 64)
+
+
 def open_link(cfg: LaunchConfig, token_file: str) -> Link:
     host, port = cfg.endpoint()
     if cfg.etcd:
@@ -88,7 +103,8 @@ def open_link(cfg: LaunchConfig, token_file: str) -> Link:
         if not os.path.exists(token_file):
             create_token_file(token_file)
         token = read_token_file(token_file)
-        server = StoreServer(token, StoreServerConfig(host=host, port=port)).start()
+        conf = StoreServerConfig(host=host, port=port, max_connections=max_connections(cfg))
+        server = StoreServer(token, conf).start()
         return Link(server, server.store, token, f"{host}:{server.port}")
     deadline = time.monotonic() + cfg.start_timeout_s
     waiting = Waiting(f"node 0's store at {host}:{port} and its job token", deadline)

@@ -8,17 +8,20 @@ flash recovery falls back to disk or to a restart from step 0.
 
 The first ``CALIBRATE`` steps are snapshotted every step while stall and step time are
 measured. Then rank 0 chooses ``every`` (1 if the median stall fits the budget, else the
-smallest k that does) and publishes, once for the whole job, the record
-``{"every": k, "from": F}`` at ``/stalwart/<job>/cadence`` (created only if absent: a
-restarted rank 0 adopts the job's record, it does not choose again). Every step before
-``F`` is snapshotted, every step ``s >= F`` with ``s % k == 0``. Rank 0 sets ``F`` two
-steps after the step it publishes at, and the others read the record without waiting,
-one store read per step until it is there: in a job with a collective in every step, a
-member finishing step ``F - 1`` has waited for rank 0 in that step's collective, which
-rank 0 entered after publishing, so every member knows the record before ``F`` and all
-take the same snapshots. (The previous scheme published per generation and switched
-each rank at the step it happened to read the record: ranks disagreed on a few steps
-after the choice, and for good after a restarted rank 0 chose again.)
+smallest k that does) and publishes, once for the whole job, the record ``{"every": k,
+"from": F}`` at ``/stalwart/<job>/cadence`` (created only if absent: a restarted rank 0
+adopts the job's record, it does not choose again). Every step before ``F`` is
+snapshotted, every step ``s >= F`` with ``s % k == 0``. Rank 0 sets ``F`` two steps
+after the step it publishes at, and the others read the record without waiting: at their
+first two steps from ``CALIBRATE`` on, then at steps ``2^i`` after the first (a bounded
+number of reads, none per step once it is known or while it is missing for long:
+docs/scale.md counts a rank's store round trips per step). In a job with a collective in
+every step, a member finishing step ``F - 1`` has waited for rank 0 in that step's
+collective, which rank 0 entered after publishing, so every member knows the record
+before ``F`` and all take the same snapshots. (The previous scheme published per
+generation and switched each rank at the step it happened to read the record: ranks
+disagreed on a few steps after the choice, and for good after a restarted rank 0 chose
+again.)
 
 A member that learns the record only after ``F`` (a job without a collective per step)
 took extra snapshots meanwhile; it says so once, since until two common snapshots have
@@ -84,6 +87,7 @@ class SnapshotCadence:
         self.every: int | None = fixed if fixed > 0 else None  # None: measured, then set
         self.start = 0  # the first step at which ``every`` applies
         self._fallback: list[int] = []  # steps snapshotted because no record was known
+        self._first: int | None = None  # the first step at which the record was looked for
 
     def due(self, step: int, choose: Callable[[], int]) -> bool:
         """Is step ``step`` a snapshot step? ``choose`` is rank 0's measured choice."""
@@ -103,6 +107,8 @@ class SnapshotCadence:
         if store is None:  # alone: nobody to agree with
             self.every = choose()
             return self.every
+        if not self._look(step):
+            return None  # snapshotted; the record is looked for again at a later step
         found = store.get(self.key)
         if found is None and self.position.rank == 0:
             doc = json.dumps({"every": choose(), "from": step + 2}).encode()
@@ -124,6 +130,18 @@ class SnapshotCadence:
             )
         self._fallback.clear()
         return self.every
+
+    def _look(self, step: int) -> bool:
+        if self._first is None or step < self._first:  # a rollback restarts the count
+            self._first = step
+        return _looks_at(step - self._first)
+
+
+def _looks_at(offset: int) -> bool:
+    """Whether a member that has not found the record reads it ``offset`` steps after its
+    first look: at 0 and 1 (rank 0 publishes at the first, so a job with a collective
+    per step finds it at the second), then at powers of two (a job without one)."""
+    return offset <= 1 or offset & (offset - 1) == 0
 
 
 def choose_every(stalls: list[float], durations: list[float], budget_fraction: float) -> int:

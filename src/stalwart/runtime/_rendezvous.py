@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.coordinator import Compare, Coordinator, Put, Store
+from stalwart.coordinator import Compare, Coordinator, KeyValue, Put, Store
 from stalwart.errors import CheckpointNotFoundError, FencedError
 
 __all__ = ["Agreement", "agree", "choose", "finish_barrier", "leaving", "no_common_point"]
+
+_IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
 
 
 @dataclass(frozen=True)
@@ -149,24 +151,56 @@ def agree(
                 "this worker stops instead of joining generation "
                 f"{gen}"
             )
-        while True:
-            kvs = store.range(prefix).kvs
-            if len(kvs) >= world_size:
-                infos = [json.loads(kv.value) for kv in kvs]
-                target, tier = choose(infos, disk_step, use_memory and gen > 0)
-                last = max(int(i.get("done", -1)) for i in infos)
-                kv = store.get(f"/stalwart/{job}/launch/last-done")
-                if kv is not None:  # a restart: the relaunched workers start from nothing
-                    last = max(last, int(json.loads(kv.value)["step"]))
-                return Agreement(gen, target, tier, last, tuple(infos))
-            if coord.generation() != gen:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"generation {gen}: {len(kvs)} of {world_size} workers arrived within "
-                    f"{timeout_s:.0f}s"
-                )
-            time.sleep(0.002)
+        kvs = _gather(store, coord, prefix, world_size, gen, deadline, timeout_s)
+        if kvs is None:
+            continue  # the generation moved on: start over at the new one
+        infos = [json.loads(kv.value) for kv in kvs]
+        target, tier = choose(infos, disk_step, use_memory and gen > 0)
+        last = max(int(i.get("done", -1)) for i in infos)
+        kv = store.get(f"/stalwart/{job}/launch/last-done")
+        if kv is not None:  # a restart: the relaunched workers start from nothing
+            last = max(last, int(json.loads(kv.value)["step"]))
+        return Agreement(gen, target, tier, last, tuple(infos))
+
+
+def _gather(
+    store: Store,
+    coord: Coordinator,
+    prefix: str,
+    world_size: int,
+    gen: int,
+    deadline: float,
+    timeout_s: float,
+) -> list[KeyValue] | None:
+    """Every member's arrival under ``prefix`` once ``world_size`` are in (None: the
+    generation moved on). Counted from a watch's events and read once when complete: a
+    member makes O(1) requests however many arrive (a range every 2 ms by every member
+    read O(N^2) keys every 2 ms at N members: docs/scale.md), and reads the generation
+    every ``_IDLE_S`` (a bump deletes nothing under ``prefix``)."""
+    while True:
+        snap = store.range(prefix)
+        arrived = {kv.key for kv in snap.kvs}
+        next_check = time.monotonic() + _IDLE_S
+        with store.watch(prefix, snap.revision + 1) as watch:
+            while len(arrived) < world_size:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"generation {gen}: {len(arrived)} of {world_size} workers arrived "
+                        f"within {timeout_s:.0f}s"
+                    )
+                if now >= next_check:
+                    if coord.generation() != gen:
+                        return None
+                    next_check = now + _IDLE_S
+                for event in watch.get(min(next_check, deadline) - now):
+                    if event.type == "put":
+                        arrived.add(event.kv.key)
+                    else:
+                        arrived.discard(event.kv.key)
+        kvs = store.range(prefix).kvs
+        if len(kvs) >= world_size:
+            return kvs
 
 
 def finish_barrier(

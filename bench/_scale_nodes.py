@@ -1,0 +1,274 @@
+"""Emulated nodes for bench/scale.py: the agent's real store-facing code per node, the
+worker emulated by its progress reports.
+
+Each :class:`Node` has one store client (one connection pool, as an agent's), joins as
+member ``node<k>`` with its own lease and heartbeat thread (coordinator/membership.py),
+follows the generation with the agent's :class:`JobGeneration`, and polls the store as
+the agent's loop does (agent/agent.py ``_poll_store``, every ``poll_s``): the published
+verdict, the generation, and (the leader, or every node under etcd:
+agent/_cluster.py ``lost_nodes``) the membership; plus the ring successor's
+membership read of agent/_peerwatch.py (once a second). Its one emulated worker
+follows the generation with the worker's real :class:`GenerationWatch`, agrees on the
+restore step with the real ``agree`` (runtime/_rendezvous.py) and asks the real
+snapshot cadence at every step (runtime/_cadence.py), its store calls counted apart.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stalwart.agent._generation import JobGeneration
+from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
+from stalwart.runtime._cadence import SnapshotCadence
+from stalwart.runtime._coord import GenerationWatch
+from stalwart.runtime._rendezvous import agree
+
+__all__ = ["Counter", "CountingStore", "Node"]
+
+JOB = "scale"
+ROOT = f"/stalwart/{JOB}"
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.n += 1
+
+
+class CountingStore:
+    """A Store that counts every call (a round trip to the coordinator) into a Counter;
+    a watch's every ``get`` (one long-poll or stream read) counts too."""
+
+    def __init__(self, inner: Any, counter: Counter) -> None:
+        self._inner, self._counter = inner, counter
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name in ("close",) or not callable(attr):
+            return attr
+        counter = self._counter
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counter.add()
+            out = attr(*args, **kwargs)
+            if name == "watch":
+                return _CountedWatch(out, counter)
+            return out
+
+        return counted
+
+
+class _CountedWatch:
+    def __init__(self, inner: Any, counter: Counter) -> None:
+        self._inner, self._counter = inner, counter
+
+    def get(self, timeout: float | None = None) -> Any:
+        self._counter.add()
+        return self._inner.get(timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __enter__(self) -> _CountedWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Quiet:
+    """The agent's event sink and launch record, unused by what is measured."""
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        pass
+
+    def publish(self, key: str, record: dict[str, Any]) -> None:
+        pass
+
+    def read(self, key: str, timeout: float) -> dict[str, Any]:
+        return {}
+
+
+class Node:
+    def __init__(
+        self, idx: int, inner: Any, ops: Counter, steps: Counter, cfg: dict[str, Any]
+    ) -> None:
+        self.idx = idx
+        self.inner = inner  # the one store client (its connection pool) of this node
+        self.store: Store = CountingStore(inner, ops)  # type: ignore[assignment]
+        self.step_store: Store = CountingStore(inner, steps)  # type: ignore[assignment]
+        self.cfg = cfg
+        lease = float(cfg["lease_s"])
+        conf = CoordinatorConfig(job_id=JOB, lease_ttl=lease, heartbeat_interval=lease / 4)
+        self.coord = Coordinator(self.store, conf)
+        self.stop = threading.Event()
+        self.agreed: dict[int, float] = {}  # generation -> when this node's worker agreed
+        self.woken = threading.Event()  # a peer's death was seen here: poll now
+        self.leader = idx == 0
+        self.bumped_at = 0.0  # when this node (the adopter) moved the generation
+        self.step = 0
+        self._known: set[int] = set()
+        self._last_live: set[int] = set()
+        self._next_ring = self._next_verdict = 0.0
+        self.view: Any = None  # agent/_members.py (None: --scan range, the old way)
+        if cfg["scan"] == "view":
+            from stalwart.agent._members import MemberView
+
+            self.view = MemberView(self.store, f"{ROOT}/members/")
+        self.thread = threading.Thread(target=self._run, name=f"node{idx}", daemon=True)
+
+    # ------------------------------------------------------------ joining
+    def _join(self) -> None:
+        member = self.coord.join(f"node{self.idx}", node=str(self.idx))
+        member.start_heartbeat()
+        self.member = member
+        self.coord = self.coord.as_member(self.coord.fence_of(member))
+        self.store.put(f"{ROOT}/joined/node{self.idx}", b"emulated")
+        self.store.put(f"{ROOT}/ranks/node{self.idx}", json.dumps([self.idx]).encode())
+        self.gen = JobGeneration(self.coord, _Quiet(), _Quiet(), int(self.cfg["n"]))
+        self.gen.sync()
+        # the worker: its own coordinator view (fenced by our lease), its generation watch
+        self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
+        self.genwatch = GenerationWatch(self.wcoord)
+        self.cadence = SnapshotCadence(JOB, self, self.step_store)  # type: ignore[arg-type]
+
+    @property
+    def rank(self) -> int:  # the cadence's Position: our rank among the live nodes
+        return self._rank
+
+    def _agree(self, min_generation: int, live: list[int]) -> None:
+        self._rank = live.index(self.idx)
+        info = {"rank": self._rank, "steps": [self.step - 1, self.step], "done": self.step}
+        a = agree(
+            self.store,
+            self.wcoord,
+            JOB,
+            self._rank,
+            len(live),
+            info,  # type: ignore[arg-type]
+            use_memory=True,
+            disk_step=None,
+            min_generation=min_generation,
+            timeout_s=float(self.cfg["agree_timeout_s"]),
+        )
+        self.agreed[a.generation] = time.monotonic()
+        self.genwatch.follow(a.generation)
+
+    # ------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except StoreError:
+            if not self.stop.is_set():  # killed: its client closed under it
+                raise
+
+    def _loop(self) -> None:
+        self._join()
+        self._agree(0, list(range(int(self.cfg["n"]))))
+        poll_s, step_s = float(self.cfg["poll_s"]), float(self.cfg["step_s"])
+        next_poll = next_step = time.monotonic()
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if self.woken.is_set():  # the wake was ours, not a new generation
+                watch = self.genwatch
+                watch.follow(watch.current)
+                if watch.seen > watch.current:
+                    watch.moved.set()
+            if self.genwatch.moved.is_set():  # the worker leaves its group, re-agrees
+                live = self.cfg["live"]()
+                self._agree(self.genwatch.seen, sorted(live))
+            if now >= next_poll or self.woken.is_set():
+                self.woken.clear()
+                self._poll(now)
+                next_poll = now + poll_s
+            if now >= next_step:
+                self.step += 1  # a progress report; the step asks the snapshot cadence
+                self.cadence.due(self.step, lambda: 5)
+                next_step = now + step_s
+            self.genwatch.moved.wait(max(0.0, min(next_poll, next_step) - time.monotonic()))
+
+    def _poll(self, now: float) -> None:
+        """agent.py ``_poll_store``: the store part of it."""
+        if now >= self._next_verdict:  # agent.py: once a second (every poll before)
+            self._next_verdict = now + float(self.cfg["verdict_s"])
+            self.store.get(f"{ROOT}/launch/verdict")
+        if now >= self._next_ring:  # agent/_peerwatch.py tick: the ring successor
+            self._next_ring = now + 1.0
+            self._live()
+        if self.leader or self.cfg["backend"] == "etcd":
+            self._lost_nodes()
+        self.gen.follow()
+
+    def _live(self) -> set[int]:
+        ids = self.coord.members() if self.view is None else self.view.ids()
+        return {int(m[4:]) for m in ids if m.startswith("node")}
+
+    def _lost_nodes(self) -> None:
+        """agent/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
+        the job to the next generation (the adopter's recovery)."""
+        live = self._live()
+        if live == self._last_live or not live:  # none: every lease lapsed (overload)
+            return
+        self._last_live = live
+        gone = self._known - live
+        self._known |= live
+        for n in sorted(gone):
+            if min(live) != self.idx:  # the adopter (the lowest live node) claims it
+                continue
+            key = f"{ROOT}/adopted/node{n}"
+            claim = Put(key, json.dumps({"by": self.idx}).encode())
+            fence = [self.coord.fence.compare()] if self.coord.fence else []
+            if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
+                self.gen.bump(f"node {n} lost")
+                self.bumped_at = time.monotonic()
+        self._known -= gone
+
+    # ------------------------------------------------------------ loss
+    def peer_gone(self, node: int) -> None:
+        """agent/_peerwatch.py ``_peer_gone``: our watched predecessor's connection ended."""
+        if self.store.get(f"{ROOT}/members/node{self.idx}") is None:
+            return
+        if self.store.get(f"{ROOT}/agents-done/node{node}") is not None:
+            return
+        kv = self.store.get(f"{ROOT}/members/node{node}")
+        if kv is None:
+            return
+        self.store.revoke(kv.lease)
+        self.woken.set()
+        self.genwatch.moved.set()  # wakes our loop (the agent's wake pipe); see _run
+        record = json.dumps({"by": self.idx, "t": time.time()}).encode()
+        self.store.put(f"{ROOT}/watch-closed/node{node}", record)
+
+    def kill(self) -> None:
+        """The process dies: its loop stops, its connections close (its heartbeat
+        thread ends on the closed client), nothing says goodbye."""
+        self.stop.set()
+        self.genwatch.moved.set()
+        self.genwatch.close()
+        self.inner.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.genwatch.moved.set()
+        self.thread.join(10)
+        self.genwatch.close()
+        self.member.leave()
+        self.inner.close()
+
+
+def wait_until(what: str, cond: Callable[[], bool], timeout_s: float) -> float:
+    """When ``cond`` first held (monotonic); RuntimeError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout_s:.0f}s")
+        time.sleep(0.005)
+    return time.monotonic()
