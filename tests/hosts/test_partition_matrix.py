@@ -71,8 +71,10 @@ def _rejoined(job: HostJob, rc1: int, err1: str) -> None:
     assert blocked == [], blocked
     lost = [e for e in events if e.kind == "fault_detected" and e["fault"] == "node_loss"]
     assert lost == [], lost
-    notes = [str(e["message"]) for e in events if e.kind == "note"]
-    print("rejoin notes:", [n for n in notes if "rejoin" in n or "grace" in n])
+    notes = [(e.t, str(e["message"])) for e in events if e.kind == "note"]
+    for t, line in notes:  # what happened, for the log (-s): the expiry seen, the rejoin
+        if "rejoin" in line or "grace" in line:
+            print(f"grace note at {t:.2f}: {line}")
 
 
 def test_short_partition_3s_flash(
