@@ -208,6 +208,7 @@ def _watch(
     *,
     lease_s: float = 3.0,
     probe_peer: Callable[[str], bool] = lambda address: False,  # the data plane is cut
+    grace_s: float = 0.0,
 ) -> DataPlaneWatch:
     key = f"{ROOT}/members/node{node}"
     kv = store.get(key)
@@ -228,6 +229,7 @@ def _watch(
         events=events,
         say=lines.append,
         probe_peer=probe_peer,
+        grace_s=grace_s,
     )
 
 
@@ -285,3 +287,22 @@ def test_a_silent_peer_whose_lease_may_still_expire_is_not_a_cut_yet() -> None:
         time.sleep(0.01)
     assert store.get(f"{ROOT}/members/node1") is not None
     assert lease.lost_reason is None
+
+
+def test_no_cut_is_decided_while_the_stall_is_within_the_partition_grace() -> None:
+    """A partition shorter than the grace (agent/_grace.py) heals into the same
+    generation: rank 0's node probes, finds the peer cut, and waits (probing again)."""
+    store, lines, events = MemoryStore(), list[str](), _Events()
+    _job(store)
+    probes: list[str] = []
+    dp = _watch(
+        store, 0, lines, events, NodeLease(0), grace_s=600.0,
+        probe_peer=lambda address: probes.append(address) is not None,  # (False)
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(probes) < 3:
+        assert time.monotonic() < deadline, "the probe never ran again"
+        assert dp.check(time.time(), frozenset()) is None
+        time.sleep(0.01)
+    assert store.get(f"{ROOT}/members/node1") is not None  # nobody revoked
+    assert store.get(f"{ROOT}/launch/cut-node1") is None and events.records == []

@@ -33,8 +33,10 @@ ARGS = ["--steps", str(STEPS), "--size-mb", "2", "--window-mb", "0.25", "--step-
 FLAGS = ["--strategy", "flash", "--persist-every", "100"]
 # 30% loss makes a 3 s lease's renewals time out (a request bound of half the lease, then
 # a reconnect whose SYNs are lost too): at the default lease node 1 was lost during the
-# fault, evicted for good (docs/detection.md: the grace that would let it rejoin is
-# designed, not built). A 10 s lease rides the loss out, so the link is what this sees.
+# fault; with the partition grace (5 s) both agents declared the link degraded first, but
+# node 1 could not rejoin within the grace over the lossy link and was still evicted
+# (docs/detection.md, one run). A 10 s lease rides the loss out, so the link is what
+# this sees.
 LEASE = ["--node-lease", "10"]
 FAULT_AT = 150  # past the detector's learning (3 windows of 3 s) on a loaded machine
 WORLD = 4

@@ -6,12 +6,11 @@ By default node 0's agent hosts the store (a :class:`StoreServer` over its in-pr
 etcd client and no node is special (agent/etcd_cluster.py). Every agent joins as
 member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node whose
 lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
-as a lost node. The leader is node 0 with the embedded store (it hosts it), and the
-lowest live node under etcd; either way the adoption of a lost node is claimed by a
-compare-and-swap (``adopted/node<k>``) that also checks the adopter's lease, so it
-happens once, and never by a fenced agent.
-
-Fencing (a node whose lease is gone stops and exits 3): agent/_fencing.py.
+as a lost node (after the partition grace when the expiry was silent: agent/_grace.py).
+The leader is node 0 with the embedded store (it hosts it), else the lost node's ring
+successor; the loss is claimed in one transaction (``adopted/node<k>`` and the blocklist,
+checking the adopter's lease), so it happens once, never by a fenced agent. Fencing (a
+node whose lease is gone stops and exits 3): agent/_fencing.py.
 """
 
 from __future__ import annotations
@@ -21,9 +20,11 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stalwart.agent._fencing import NodeFenced, NodeLease
+from stalwart.agent._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
 from stalwart.agent._link import Waiting, open_link
 from stalwart.agent._members import MemberView
 from stalwart.agent._peerwatch import PeerWatch
@@ -34,6 +35,7 @@ from stalwart.coordinator import (
     Coordinator,
     CoordinatorConfig,
     GenerationChange,
+    Member,
     Put,
     StoreServer,
     StoreUnavailableError,
@@ -56,7 +58,9 @@ def ring_successor(node: int, live: set[int]) -> int | None:
 
 
 class Cluster:
-    def __init__(self, cfg: LaunchConfig, run_dir: str) -> None:
+    def __init__(
+        self, cfg: LaunchConfig, run_dir: str, note: Callable[[str], None] = lambda line: None
+    ) -> None:
         self.cfg = cfg
         self.node = cfg.node_rank
         self.peer_address = cfg.node_address  # a loopback host name is refused before joining
@@ -69,6 +73,9 @@ class Cluster:
         self._last_live: set[int] = set()
         self._pending = False
         self.lease = NodeLease(self.node)  # fencing: agent/_fencing.py
+        self._missing = MissingNodes(cfg.partition_grace_s, note)  # agent/_grace.py
+        self._rejoin = Rejoin(self.lease, note)
+        self._claimed: set[int] = set()  # declared lost here (blocklisted by the claim)
         self.token = b""
         self.watch: PeerWatch | None = None  # fast node-loss signal (agent/_peerwatch.py)
         # whether close() should remove what lost nodes left in /dev/shm on this host
@@ -92,24 +99,33 @@ class Cluster:
             ),
         )
         self._names = self._agree_names()
-        self._member = self.coord.join(f"node{self.node}", node=str(self.node))
-        # an etcd outage is not a node failure: etcd extends every lease when it is back
-        self._member.start_heartbeat(on_lost=self.lease.lost, give_up=not cfg.etcd)
-        fence = self.coord.fence_of(self._member)
-        self.coord = self.coord.as_member(fence)  # every bump checks our lease
-        self.lease.joined(fence.key, fence.create_revision)
+        self._become_member(self.coord.join(f"node{self.node}", node=str(self.node)))
         self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
-        self.watch = PeerWatch(
-            self.store,
-            self._root,
-            self.node,
-            self.token,
-            cfg.node_address,
-            self.live_nodes,
-            ring_successor,
-        )
+        args = (self.store, self._root, self.node, self.token, cfg.node_address)
+        self.watch = PeerWatch(*args, self.live_nodes, ring_successor)
         self.watch.publish()
+
+    def _become_member(self, member: Member) -> None:
+        """Heartbeat ``member``'s lease, fence every bump with it (at start, on a rejoin)."""
+        self._member = member
+        # an etcd outage is not a node failure: etcd extends every lease when it is back
+        member.start_heartbeat(on_lost=self._expired, give_up=not self.cfg.etcd)
+        fence = self.coord.fence_of(member)
+        self.coord = self.coord.as_member(fence)  # every bump checks our lease
+        if self.lease.revision:  # a rejoin: our workers' fence from now on (_coord.py)
+            hand_fence(self.names.fence_file(self.node), self.node, fence.create_revision)
+        self.lease.joined(fence.key, fence.create_revision)
+
+    def _expired(self, reason: BaseException) -> None:
+        """The heartbeat thread's word: missing until the grace's deadline (or lost)."""
+        grace, sent = self.cfg.partition_grace_s, self._member.renewal_sent
+        self.lease.expired(reason, RejoinClock.deadline(sent, self.cfg.node_lease_s, grace))
+
+    def _rejoin_if_missing(self) -> None:
+        """Within the grace, join again as the same node (agent/_grace.py)."""
+        join = lambda: self.coord.join(f"node{self.node}", node=str(self.node))  # noqa: E731
+        self._rejoin.tick(self.store, self._member, join, self._become_member)
 
     @property
     def lost_reason(self) -> str | None:
@@ -157,12 +173,14 @@ class Cluster:
         """Raise :class:`NodeFenced` if this agent's lease is gone. ``probe``: ask the
         store (before a recovery; a bounded call); else only look at what the heartbeat
         thread found."""
+        self._rejoin_if_missing()
         if self.fenced() if probe else self.lease.lost_reason is not None:
             raise self.lease.error()
 
     def blocklisted(self) -> set[str]:
-        """Members (``node<k>``, ``rank<r>``) the job will never readmit."""
-        return set(self.coord.blocklisted())
+        """Members (``node<k>``, ``rank<r>``) the job will never readmit (less the nodes
+        this agent declared lost itself: lost, not cordoned)."""
+        return set(self.coord.blocklisted()) - {f"node{n}" for n in self._claimed}
 
     def block(self, member: str, reason: str) -> None:
         self.coord.block(member, reason)
@@ -340,22 +358,29 @@ class Cluster:
         self._known |= live
         gone = joined - live - self._lost
         self._pending = bool(gone)
-        mine = [n for n in sorted(gone) if self.adopter(n, live) == self.node]
-        if not mine or self.lost_reason is not None:
+        mine = {n for n in gone if self.adopter(n, live) == self.node}
+        if (not mine and not self._missing.waiting) or self.lost_reason is not None:
             return []
         handled = self._nodes("agents-done") | self._nodes("adopted")
         out = []
-        for n in mine:
+        for n in sorted(self._missing.due(mine - handled, live, self._loud) | (mine & handled)):
             self._lost.add(n)
             if n in handled:
                 continue
-            key = f"{self._root}/adopted/node{n}"
-            claim = Put(key, json.dumps({"by": self.node}).encode())
             fence = [self.coord.fence.compare()] if self.coord.fence else []  # a live adopter
-            if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
+            if claim_lost(self.store, self._root, n, by=self.node, fence=fence):
+                self._claimed.add(n)
                 out.append(n)
-        self._pending = bool(gone - self._lost)
+            else:  # it rejoined just now (or we lost our own lease): not lost
+                self._lost.discard(n)
+        self._pending = bool(gone - self._lost) or self._missing.waiting
         return out
+
+    def _loud(self, node: int) -> bool:
+        """A loss with a sign besides the silent expiry: no grace (agent/_grace.py)."""
+        if self.watch_closed_at(node) is not None or self.published(f"cut-node{node}"):
+            return True
+        return f"node{node}" in self.coord.blocklisted()  # it cordoned itself
 
     def close(self, *, goodbye: bool = True) -> None:
         """Leave the job. ``goodbye=False`` (a cordoned node) leaves like a lost node, so

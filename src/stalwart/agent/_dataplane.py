@@ -88,10 +88,13 @@ class DataPlaneWatch:
         events: EventSink,
         say: Say,
         probe_peer: Callable[[str], bool] = probe,
+        grace_s: float = 0.0,
     ) -> None:
+        """``grace_s``: the partition grace (agent/_grace.py): a cut is decided only once
+        the stall outlived it, so a short partition heals into the same generation."""
         self._config, self._node, self._store, self._root = config, node, store, root
         self._live, self._lease, self._workers, self._watch = live, lease, workers, watch
-        self._lease_s = lease_s
+        self._lease_s, self._grace_s = lease_s, grace_s
         self._probed_at = 0.0  # the stall's age when the last probe began
         self._events, self._say, self._probe = events, say, probe_peer
         self._since = 0.0  # the last stall we acted on or the last recovery: not before
@@ -119,6 +122,7 @@ class DataPlaneWatch:
             watch=watch,
             events=ctx.events,
             say=ctx.say,
+            grace_s=ctx.cfg.partition_grace_s,
         )
 
     def recovery_began(self, now: float) -> None:
@@ -184,11 +188,13 @@ class DataPlaneWatch:
         if cut is None:  # every peer answered: a remote rank computes or is hung (its
             self._next_probe = now + _REPROBE_S  # agent judges that): nothing to say
             return None
-        if cut.fence_self and self._probed_at <= self._lease_s + PROBE_TIMEOUT_S:
-            # a peer that is dead (power, SIGSTOP), not cut, answers no probe either, but
-            # its lease expires within the TTL and it drops out of the live set: only a
-            # peer still live past the lease is cut from us (else we would fence ourselves
-            # for a dead rank 0's node instead of adopting its ranks)
+        # a peer that is dead (power, SIGSTOP), not cut, answers no probe either, but its
+        # lease expires within the TTL and it drops out of the live set: only a peer still
+        # live past the lease is cut from us (else we would fence ourselves for a dead
+        # rank 0's node instead of adopting its ranks). And a cut shorter than the grace
+        # heals into the same generation: decided only once the stall outlived it.
+        wait = self._lease_s + PROBE_TIMEOUT_S if cut.fence_self else 0.0
+        if self._probed_at <= wait + self._grace_s:
             self._next_probe = now + PROBE_TIMEOUT_S
             return None
         line = f"{cut.how}; detected in {stall.stalled_s:.2f} s"

@@ -235,10 +235,13 @@ class NodeLossDetector:
         events: EventSink,
         say: Say,
         finished: Callable[[], int | None] = lambda: None,
+        grace_s: float = 0.0,
     ) -> None:
         """``finished``: a rank that finished the job, if one did (agent/_finished.py):
-        a node lost after that is isolated but its ranks are not adopted."""
+        a node lost after that is isolated but its ranks are not adopted. ``grace_s``: the
+        partition grace a silent expiry waited (agent/_grace.py), part of its latency."""
         self._nodes, self._lease_s, self._finished = nodes, lease_s, finished
+        self._grace_s = grace_s
         self._ledger, self._events, self._say = ledger, events, say
 
     def check(self) -> list[NodeLost]:
@@ -254,8 +257,10 @@ class NodeLossDetector:
             self._say(f"node {node} cordoned itself" + ("; adopting its ranks" if adopted else ""))
             return NodeLost(node, tuple(self._nodes.ranks_of(node)), "cordoned", 0.0, True)
         fired = [float(str(r["t"])) for r in self._ledger.fired().values() if r.get("node") == node]
-        latency = now - fired[0] if fired else self._lease_s
+        latency = now - fired[0] if fired else self._lease_s + self._grace_s
         how = f"agent lease expired (ttl {self._lease_s:.1f}s)"
+        if self._grace_s > 0:
+            how += f" and the partition grace ({self._grace_s:.1f}s) passed"
         closed_at = self._nodes.watch_closed_at(node)
         if closed_at is not None:  # agent/_peerwatch.py: the process died, seen at once
             how = "agent process gone: its watched connection closed, lease revoked"
@@ -325,6 +330,7 @@ class Detectors:
             events=events,
             say=say,
             finished=finished,
+            grace_s=cfg.partition_grace_s,
         )
         peers = None
         if cfg.nnodes > 1:  # the job's ranks, not only this node's (one write per window)

@@ -9,8 +9,15 @@ against the same member key (the contract's ``fence``, runtime/_coord.py). It le
 is fenced from whichever comes first: the heartbeat thread finding the lease gone, a
 probe of its member key before any recovery, a bump refused, or the coordinator not
 answering for longer than the lease (agent/_link.py bounds every call).
-Then the agent stops its workers and exits 3 (docs/launch.md). Why not rejoin: the world
-size is fixed and every rank has an owner again (docs/recovery.md).
+Then the agent stops its workers and exits 3 (docs/launch.md).
+
+The one exception is a lease that *expired* (the heartbeat thread found it gone or could
+not renew it) while nothing else happened: the partition grace (``--partition-grace``,
+agent/_grace.py, docs/detection.md). The lease is then *missing*, not lost: until a
+deadline on this node's clock the agent tries to join again as the same node, which the
+store allows only while the majority has not declared it lost (blocklisted) in the same
+transaction that checks the member key is absent. Rejoined, nothing here moved and the
+job goes on; past the deadline, or blocklisted, it is fenced as above.
 """
 
 from __future__ import annotations
@@ -34,14 +41,24 @@ class NodeLease:
         self.key = ""  # our member key, set once joined
         self.revision = 0  # its create_revision: a rejoin would make another
         self.lost_reason: str | None = None
+        self.missing: tuple[str, float] | None = None
+        """(why, deadline on time.monotonic()): the lease expired and the agent may
+        still rejoin until the deadline (the partition grace); None otherwise."""
 
     def joined(self, key: str, revision: int) -> None:
-        self.key, self.revision = key, revision
+        self.key, self.revision, self.missing = key, revision, None
+
+    def expired(self, reason: object, deadline: float) -> None:
+        """The heartbeat found the lease gone (or could not renew it for its TTL): missing
+        until ``deadline``, unless already lost."""
+        if self.lost_reason is None and self.missing is None:
+            self.missing = (str(reason), deadline)
 
     def lost(self, reason: object) -> None:
         """The heartbeat thread found the lease gone, or a bump was refused."""
         if self.lost_reason is None:
             self.lost_reason = str(reason)
+            self.missing = None
 
     def probe(self, store: Any) -> bool:
         """Ask the store whether our member key still is the one we created (a bounded

@@ -303,6 +303,8 @@ def clean_shm(cluster: Cluster, ranks: list[int]) -> None:
         ranks = []
     for rank in ranks:
         shutil.rmtree(names.rank_dir(rank), ignore_errors=True)
+    with contextlib.suppress(OSError):  # the fence handed to its workers after a rejoin
+        os.unlink(names.fence_file(cluster.node))
     for path in names.everything() if everything else []:
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)

@@ -26,6 +26,7 @@ from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._detectors import Detectors, HangWatch
 from stalwart.agent._elastic import Joins
 from stalwart.agent._generation import JobGeneration
+from stalwart.agent._grace import noting
 from stalwart.agent._health import NodeHealth
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
@@ -83,7 +84,7 @@ class Agent:
             self.events.emit("note", message=why)
         self.ledger = FaultLedger(self.run_dir)
         self.plan = FaultPlan.parse(config.chaos)
-        self.cluster = Cluster(config, self.run_dir)
+        self.cluster = Cluster(config, self.run_dir, noting(self.events, _say))  # _grace.py
         self.gen = JobGeneration(self.cluster, self.cluster, self.events, config.world_size)
         self.ctx = NodeContext(config, self.run_dir, self.events, self.ledger, _say)
         self.hangs = HangWatch(config.hang)  # CPU trackers, the job's step-time history
@@ -215,7 +216,7 @@ class Agent:
                 self._poll_store(now)
 
     def _poll_store(self, now: float) -> None:
-        self.cluster.check_fenced(probe=False)
+        self.cluster.check_fenced(probe=False)  # (a missing lease: rejoins, agent/_grace.py)
         self.health.check()
         if (line := self.cluster.published_verdict()) is not None:
             raise RunFailed(line)  # another node ended the job

@@ -161,6 +161,8 @@ class LaunchConfig:
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
+    partition_grace_s: float = 5.0
+    """Seconds a silently expired node may rejoin before it is lost (agent/_grace.py)."""
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
     # (and, under --strategy spare, for its own ranks: warm spares past the set-up)
@@ -214,6 +216,8 @@ class LaunchConfig:
         self._check_strategy(strategy, given)
         if self.max_restarts < 0 or self.spares < 0:
             raise ConfigError("--max-restarts and --spares must be >= 0")
+        if not 0 <= self.partition_grace_s <= 3600:
+            raise ConfigError(f"--partition-grace {self.partition_grace_s}: use 0..3600 seconds")
         _check_failure_limits(self.crash_loop_limit, self.blocklist_after)
         if self.rdzv is not None:
             from stalwart.coordinator import parse_etcd_url

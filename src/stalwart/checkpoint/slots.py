@@ -142,6 +142,11 @@ class SlotNames:
         """The agent's progress board of node ``node`` (agent/progress.py)."""
         return os.path.join(self.shm_dir, f"stalwart-{self._stem}-progress-n{node}")
 
+    def fence_file(self, node: int) -> str:
+        """``node:revision`` of node ``node``'s agent lease once it rejoined within the
+        partition grace (agent/_grace.py): its workers' fence from then on."""
+        return os.path.join(self.shm_dir, f"stalwart-{self._stem}-fence-n{node}")
+
     def step_journal(self, pid: int) -> str:
         """Rank 0's step journal, written by process ``pid`` (metrics/journal.py)."""
         return f"{self._journal_prefix}{pid}"

@@ -163,6 +163,14 @@ def register(sub: Any) -> None:
         help="seconds without a heartbeat before a node counts as lost (default 3)",
     )
     p.add_argument(
+        "--partition-grace",
+        type=float,
+        default=5.0,
+        help="seconds a node whose lease expired with no other sign of a fault (a short "
+        "partition) may rejoin before it is declared lost for good (default 5; 0: lost at "
+        "once; docs/detection.md)",
+    )
+    p.add_argument(
         "--zygote-ready-cpu",
         type=float,
         default=300.0,
@@ -296,6 +304,7 @@ def _run(args: argparse.Namespace) -> int:
         **detection(args),
         runtime=knobs,
         node_lease_s=args.node_lease,
+        partition_grace_s=args.partition_grace,
         zygote=ZygoteStart(cpu_s=args.zygote_ready_cpu, stall_s=args.zygote_stall),
         replica_rate_mb_s=args.replica_rate,
         standby=args.standby,

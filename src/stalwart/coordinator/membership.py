@@ -111,6 +111,9 @@ class Member:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost: BaseException | None = None
+        self.renewal_sent = time.monotonic()
+        """When (monotonic) the last renewal that succeeded was *sent*: the store renewed
+        the lease no earlier, so it expires no earlier than this plus the TTL."""
 
     @property
     def lost(self) -> BaseException | None:
@@ -144,8 +147,9 @@ class Member:
         last_ok = time.monotonic()
         while not self._stop.wait(self.heartbeat_interval):
             try:
+                sent = time.monotonic()
                 self.heartbeat()
-                last_ok = time.monotonic()
+                last_ok = self.renewal_sent = sent
                 continue
             except LeaseNotFoundError as exc:
                 reason: BaseException = exc

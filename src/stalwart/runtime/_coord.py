@@ -17,10 +17,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Fence, Store, StoreClient
+from stalwart.checkpoint.slots import SlotNames
+from stalwart.coordinator import (
+    Compare,
+    Coordinator,
+    CoordinatorConfig,
+    Fence,
+    GenerationChange,
+    Op,
+    Store,
+    StoreClient,
+)
+from stalwart.errors import ConfigError
 from stalwart.runtime.env import WorkerEnv
 
 if TYPE_CHECKING:
@@ -55,18 +67,46 @@ def c10d_store(env: WorkerEnv, store: Store | None) -> CoordStoreC10d | None:
     return CoordStoreC10d(store, f"/stalwart/{env.job}/c10d/", timedelta(seconds=300))
 
 
+def _agent_fence(env: WorkerEnv) -> str:
+    """``node:revision`` of the agent's lease: the contract's, or the newer one the agent
+    wrote to /dev/shm after it rejoined within the partition grace (agent/_grace.py)."""
+    node = env.fence.partition(":")[0]
+    if env.shm_run and node.isdigit():
+        with contextlib.suppress(OSError, ConfigError, UnicodeDecodeError):
+            with open(SlotNames(env.job, env.shm_run).fence_file(int(node)), "rb") as f:
+                text = f.read(64).decode().strip()
+            if text.partition(":")[0] == node:
+                return text
+    return env.fence
+
+
 def worker_fence(env: WorkerEnv) -> Fence | None:
     """The lease that vouches for this worker: its agent's (None: no agent gave one)."""
-    node, sep, rev = env.fence.partition(":")
+    node, sep, rev = _agent_fence(env).partition(":")
     if not sep or not rev.isdigit() or int(rev) <= 0:
         return None
     key = f"/stalwart/{env.job}/members/node{node}"
     return Fence(key, int(rev), f"rank {env.rank} of node {node}")
 
 
+class _WorkerCoordinator(Coordinator):
+    """A worker's coordinator: its fence read again before every bump (the agent's lease
+    may be a new one since the worker started: a rejoin within the partition grace)."""
+
+    def __init__(self, store: Store, env: WorkerEnv) -> None:
+        super().__init__(store, CoordinatorConfig(job_id=env.job), fence=worker_fence(env))
+        self._env = env
+
+    def advance_generation(
+        self, expected: int, reason: str, *, also: Sequence[Op] = ()
+    ) -> GenerationChange:
+        self.fence = worker_fence(self._env)
+        return super().advance_generation(expected, reason, also=also)
+
+
 def worker_coordinator(env: WorkerEnv, store: Store) -> Coordinator:
     """The worker's coordinator: every generation bump through it checks the fence."""
-    return Coordinator(store, CoordinatorConfig(job_id=env.job), fence=worker_fence(env))
+    return _WorkerCoordinator(store, env)
 
 
 def fence_compares(env: WorkerEnv) -> list[Compare]:

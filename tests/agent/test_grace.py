@@ -1,0 +1,226 @@
+"""The partition grace (agent/_grace.py, docs/detection.md): a node whose lease expired in
+silence is missing, not lost, for ``--partition-grace`` seconds; it rejoins when the link
+heals, and the loss that lets the job move on is one transaction against its member key.
+
+The pure parts with a fake clock and the memory store; then two real ``Cluster`` objects
+in this process, node 1 reaching node 0's store through a forwarder the test cuts
+(tests/agent/_forwarder.py), as tests/agent/test_fencing.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from stalwart.agent._cluster import Cluster, NodeFenced
+from stalwart.agent._fencing import NodeLease
+from stalwart.agent._grace import MissingNodes, RejoinClock, claim_lost
+from stalwart.agent.config import LaunchConfig
+from stalwart.coordinator import (
+    BlocklistedError,
+    Coordinator,
+    CoordinatorConfig,
+    MemoryStore,
+    StoreUnavailableError,
+)
+from stalwart.runtime._coord import worker_coordinator, worker_fence
+from stalwart.runtime.env import WorkerEnv
+
+from ._forwarder import Forwarder, forwarder
+from ._launch import _free_port
+
+pytestmark = pytest.mark.timeout(180)
+LEASE, GRACE = 1.0, 4.0
+
+
+# -- the adopter's side: missing, then lost ------------------------------------------
+
+
+def test_a_silent_expiry_is_lost_only_after_the_grace_a_loud_one_at_once() -> None:
+    now, lines = [100.0], list[str]()
+    missing = MissingNodes(5.0, lines.append, clock=lambda: now[0])
+    quiet = lambda n: False  # noqa: E731
+    assert missing.due({1}, {0}, quiet) == set()
+    assert missing.waiting and "may rejoin within the partition grace (5.0 s)" in lines[0]
+    now[0] = 104.9
+    assert missing.due({1}, {0}, quiet) == set()
+    now[0] = 105.0
+    assert missing.due({1}, {0}, quiet) == {1}
+    assert not missing.waiting
+    # a death seen by the peer watch, a decided cut: no grace
+    assert missing.due({2}, {0}, lambda n: n == 2) == {2}
+    assert MissingNodes(0.0, lines.append).due({3}, {0}, quiet) == {3}
+
+
+def test_a_node_back_within_the_grace_is_forgotten_and_said() -> None:
+    now, lines = [0.0], list[str]()
+    missing = MissingNodes(5.0, lines.append, clock=lambda: now[0])
+    missing.due({1}, {0}, lambda n: False)
+    now[0] = 3.0
+    assert missing.due(set(), {0, 1}, lambda n: False) == set()
+    assert (
+        not missing.waiting
+        and lines[-1] == "node 1 rejoined the job 3.00 s after its lease expired"
+    )
+    now[0] = 100.0  # lost again later: a new grace, from now
+    assert missing.due({1}, {0}, lambda n: False) == set()
+
+
+def _member(store: MemoryStore, root: str, node: int) -> int:
+    lease = store.grant(30.0)
+    store.put(f"{root}/members/node{node}", b"{}", lease)
+    return lease
+
+
+def test_the_loss_is_one_claim_against_the_member_key_and_the_blocklist() -> None:
+    store, job = MemoryStore(), f"g-{uuid.uuid4().hex[:6]}"
+    root, coord = f"/stalwart/{job}", Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
+    coord = Coordinator(store, CoordinatorConfig(job_id=job, lease_ttl=30.0))
+    lease = _member(store, root, 1)
+    # node 1 rejoined (its key is there): the claim fails, nothing written
+    assert not claim_lost(store, root, 1, by=0, fence=[])
+    assert store.get(f"{root}/adopted/node1") is None and coord.blocklisted() == {}
+    store.revoke(lease)
+    assert claim_lost(store, root, 1, by=0, fence=[])
+    assert json.loads(store.get(f"{root}/adopted/node1").value) == {"by": 0}  # type: ignore[union-attr]
+    assert coord.blocklisted()["node1"].reason == "lease expired: node lost"
+    assert not claim_lost(store, root, 1, by=0, fence=[])  # once
+    with pytest.raises(BlocklistedError):  # too late to rejoin
+        coord.join("node1")
+
+
+def test_a_fenced_adopter_cannot_claim() -> None:
+    store, job = MemoryStore(), f"g-{uuid.uuid4().hex[:6]}"
+    coord = Coordinator(store, CoordinatorConfig(job_id=job, lease_ttl=30.0))
+    member = coord.join("node0")
+    fence = coord.fence_of(member)
+    member.leave()  # node 0's own lease is gone
+    assert not claim_lost(store, f"/stalwart/{job}", 1, by=0, fence=[fence.compare()])
+    assert coord.blocklisted() == {}
+
+
+def test_the_cut_nodes_deadline_comes_before_the_adopters_grace_ends() -> None:
+    # the store renewed no earlier than the renewal was sent: it expires no earlier than
+    # sent + lease, and the adopter declares the loss no earlier than grace after that
+    assert RejoinClock.deadline(10.0, 3.0, 5.0) < 10.0 + 3.0 + 5.0
+    now = [0.0]
+    clock = RejoinClock(clock=lambda: now[0])
+    assert clock.attempt(5.0) is True
+    assert clock.attempt(5.0) is False  # spaced
+    now[0] = 1.0
+    assert clock.attempt(5.0) is True
+    now[0] = 5.0
+    assert clock.attempt(5.0) is None  # too late: fenced
+
+
+# -- two real agents' clusters, node 1 cut from node 0's store -----------------------
+
+
+def _config(tmp: Path, job: str, node: int, endpoint: str, grace: float) -> LaunchConfig:
+    script = tmp / "train.py"
+    script.write_text("")
+    return LaunchConfig(
+        str(script),
+        job=job,
+        nnodes=2,
+        node_rank=node,
+        rdzv_endpoint=endpoint,
+        node_lease_s=LEASE,
+        partition_grace_s=grace,
+        token_file=str(tmp / "token"),
+    )
+
+
+NOTES: tuple[list[str], list[str]] = ([], [])  # what each agent would say
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[Cluster, Cluster, Forwarder]]:
+    job, port = f"grace-{uuid.uuid4().hex[:8]}", _free_port()
+    NOTES[0].clear(), NOTES[1].clear()
+    node0 = Cluster(
+        _config(tmp_path, job, 0, f"127.0.0.1:{port}", GRACE), str(tmp_path), NOTES[0].append
+    )
+    node0.start()
+    with forwarder(("127.0.0.1", port)) as fwd:
+        cfg1 = _config(tmp_path, job, 1, f"127.0.0.1:{fwd.port}", GRACE)
+        node1 = Cluster(cfg1, str(tmp_path), NOTES[1].append)
+        node1.start()
+        try:
+            yield node0, node1, fwd
+        finally:
+            fwd.heal()
+            node1.close(goodbye=False)
+            node0.close()
+            for path in node0.names.everything():
+                Path(path).unlink(missing_ok=True)
+
+
+def _wait(predicate: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+def _poll(cluster: Cluster) -> bool:
+    """One agent poll of node 1 (agent.py's _poll_store): True once it holds a lease."""
+    try:
+        cluster.check_fenced(probe=False)
+    except StoreUnavailableError:
+        return False
+    return cluster.lease.missing is None
+
+
+def test_a_partition_shorter_than_the_grace_heals_into_the_same_job(
+    nodes: tuple[Cluster, Cluster, Forwarder],
+) -> None:
+    node0, node1, fwd = nodes
+    first = node1.fence
+    fwd.cut()
+    lost: list[int] = []
+    _wait(lambda: lost.extend(node0.lost_nodes()) or node0.live_nodes() == {0}, "expiry")
+    _wait(lambda: node1.lease.missing is not None, "node 1 seeing its lease gone")
+    fwd.heal()
+    _wait(lambda: lost.extend(node0.lost_nodes()) or _poll(node1), "node 1 rejoining")
+    assert node1.lost_reason is None and node1.fence > first  # a new member key
+    assert any("rejoined the job after its lease expired" in n for n in NOTES[1]), NOTES
+    _wait(lambda: lost.extend(node0.lost_nodes()) or "rejoined the job" in str(NOTES[0]), "seen")
+    assert "may rejoin within the partition grace" in NOTES[0][0], NOTES
+    assert lost == [] and node0.blocklisted() == set()  # never lost, never blocklisted
+    # the new lease guards its bumps; its workers read the new fence from /dev/shm
+    assert node1.advance_generation(node1.generation(), "a worker of node 1 crashed").won
+    env = WorkerEnv(job=node1.cfg.job, fence=f"1:{first}", shm_run=node1.names.run)
+    fence = worker_fence(env)
+    assert fence is not None and fence.create_revision == node1.fence
+    worker = worker_coordinator(env, node0.store)
+    assert worker.advance_generation(node0.generation(), "a worker saw a collective fail").won
+
+
+def test_a_partition_longer_than_the_grace_loses_the_node_for_good(
+    nodes: tuple[Cluster, Cluster, Forwarder],
+) -> None:
+    node0, node1, fwd = nodes
+    fwd.cut()
+    lost: list[int] = []
+    _wait(lambda: lost.extend(node0.lost_nodes()) or lost, "node 1 declared lost")
+    assert lost == [1] and "node1" in node0.coord.blocklisted()
+    fwd.heal()
+    with pytest.raises((NodeFenced, StoreUnavailableError)):
+        _wait(lambda: _poll(node1) and False, "node 1 fenced")
+    _wait(lambda: node1.lost_reason is not None, "node 1 fenced")
+    assert node0.live_nodes() == {0}  # it never came back
+
+
+def test_the_lease_loss_of_a_grace_of_zero_is_final() -> None:
+    lease = NodeLease(1)
+    lease.joined("/stalwart/j/members/node1", 7)
+    lease.expired("lease gone", RejoinClock.deadline(time.monotonic(), 1.0, 0.0))
+    assert lease.missing is not None and lease.lost_reason is None
+    lease.lost("blocklisted")
+    assert lease.missing is None and lease.lost_reason == "blocklisted"
