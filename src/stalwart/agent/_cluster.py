@@ -26,7 +26,7 @@ from typing import Any
 from stalwart.agent._fencing import NodeFenced, NodeLease
 from stalwart.agent._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
 from stalwart.agent._link import Waiting, open_link
-from stalwart.agent._members import MemberView
+from stalwart.agent._members import MemberView, ring_successor
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint.slots import SlotNames, new_run_id
@@ -46,15 +46,6 @@ from stalwart.runtime.env import WorkerFields
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
 
 _VERDICT_S = 1.0  # how often the store is asked whether another node ended the job
-
-
-def ring_successor(node: int, live: set[int]) -> int | None:
-    """The next live node after ``node`` in the ring of node ids (None: none left)."""
-    others = sorted(n for n in live if n != node)
-    if not others:
-        return None
-    after = [n for n in others if n > node]
-    return after[0] if after else others[0]
 
 
 class Cluster:
@@ -298,11 +289,7 @@ class Cluster:
         agent asks often, and a range of every member each time is O(N^2) for the job."""
         if self._view is None:
             self._view = MemberView(self.store, f"{self._root}/members/")
-        live = set()
-        for member_id in self._view.ids():
-            if member_id.startswith("node") and member_id[4:].isdigit():
-                live.add(int(member_id[4:]))
-        return live
+        return self._view.nodes()
 
     def adopter(self, lost: int, live: set[int]) -> int | None:
         """Who adopts the ranks of ``lost``: node 0 with the embedded store (it hosts
@@ -332,12 +319,7 @@ class Cluster:
     def peer_gone(self) -> bool:
         """True once after our watched connection revoked a dead peer's lease (the agent
         looks for lost nodes at once instead of at its next poll)."""
-        if self.watch is None or not self.watch.gone.is_set():
-            return False
-        self.watch.gone.clear()
-        with contextlib.suppress(OSError):
-            os.read(self.watch.wake_fd, 64)  # drained: the agent's wait blocks again
-        return True
+        return self.watch is not None and self.watch.take_gone()
 
     def wake_fd(self) -> int | None:
         """A file descriptor readable when the agent should poll the store now."""

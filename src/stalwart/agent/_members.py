@@ -18,9 +18,18 @@ from typing import Any
 
 from stalwart.coordinator import StoreError
 
-__all__ = ["MemberView"]
+__all__ = ["MemberView", "ring_successor"]
 
 _PEEK_S = 0.002  # a read takes the events already there (an etcd watch needs > 0 to look)
+
+
+def ring_successor(node: int, live: set[int]) -> int | None:
+    """The next live node after ``node`` in the ring of node ids (None: none left)."""
+    others = sorted(n for n in live if n != node)
+    if not others:
+        return None
+    after = [n for n in others if n > node]
+    return after[0] if after else others[0]
 
 
 class MemberView:
@@ -66,3 +75,7 @@ class MemberView:
     def close(self) -> None:
         with self._lock:
             self._close()
+
+    def nodes(self) -> set[int]:
+        """The live agents' node ids (members named ``node<k>``; ranks are not nodes)."""
+        return {int(m[4:]) for m in self.ids() if m.startswith("node") and m[4:].isdigit()}

@@ -192,6 +192,16 @@ class PeerWatch:
             self.store.put(f"{self.root}/watch-closed/node{node}", record)
 
     # ------------------------------------------------------------ the watching side
+    def take_gone(self) -> bool:
+        """True once after this watch revoked a dead peer's lease; drains the wake pipe
+        so the agent's wait blocks again."""
+        if not self.gone.is_set():
+            return False
+        self.gone.clear()
+        with contextlib.suppress(OSError):
+            os.read(self.wake_fd, 64)
+        return True
+
     def tick(self, now: float) -> None:
         """Keep one connection to our current ring successor (called from the agent's
         poll; looks at the membership at most once a second)."""
