@@ -133,6 +133,19 @@ def test_time_faults_keep_their_measured_times() -> None:
     assert replay(cal).engine_ettr == pytest.approx(0.98)
 
 
+def test_faults_after_the_training_span_are_left_out_not_an_error() -> None:
+    """A fault placed past the training span (a kill that came after the last step) and
+    any after it are not failures of the simulated run; before, the third one raised
+    OverflowError (bench/routes.py found it through stalwart compare)."""
+    faults = (ReplayFault(42.0, "crash", False), ReplayFault(150.0, "crash", False))
+    faults += (ReplayFault(160.0, "crash", False), ReplayFault(170.0, "crash", False))
+    rp = Replay("flash", 1.0, 100.0, 0.5, 0.1, 1.0, 100, 10.0, 0, faults)
+    cal = Calibration(costs={"snapshot_stall_s": 0.0}, source={}, replay=rp)
+    _, trace, _, _ = replay_scenario(cal)
+    assert trace.times.tolist() == [[42.0, math.inf, math.inf, math.inf]]
+    assert replay(cal).failures == 1
+
+
 def test_cli_writes_the_file_and_simulate_reads_it(
     demo_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

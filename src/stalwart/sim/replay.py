@@ -102,7 +102,10 @@ def _replay_trace(sc: Scenario, rp: Replay, strategy: Strategy, interval: float)
             x = max((f.step - 1) * rp.step_s - work, 0.0)
             t = t_ready + x + math.floor(x / tau) * stall
         t = max(t, times[-1] if times else 0.0)
-        times.append(t if t < rp.train_s else math.inf)
+        if t >= rp.train_s:  # past the training span: so is every later fault
+            times.extend([math.inf] * (len(rp.faults) - k))
+            break
+        times.append(t)
         work += math.floor(x / tau) * tau  # back to the last checkpoint before the fault
         t_ready = t + float(ec.pause[0, k])
     order = sorted(range(len(times)), key=lambda i: times[i])
