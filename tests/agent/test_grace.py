@@ -224,3 +224,23 @@ def test_the_lease_loss_of_a_grace_of_zero_is_final() -> None:
     assert lease.missing is not None and lease.lost_reason is None
     lease.lost("blocklisted")
     assert lease.missing is None and lease.lost_reason == "blocklisted"
+
+
+def test_a_node_that_cordoned_itself_stays_cordoned_when_its_adopter_claims_it(
+    nodes: tuple[Cluster, Cluster, Forwarder],
+) -> None:
+    """A cordoned node leaves like a lost node (no goodbye) so that node 0 adopts its
+    ranks; the claim must keep its own blocklist entry and node 0 must read it as
+    cordoned (NodeLossDetector: no second isolation, no node_loss fault)."""
+    node0, node1, _ = nodes
+    _wait(lambda: node0.lost_nodes() == [] and node0.live_nodes() == {0, 1}, "node 1 seen")
+    node1.block("node1", "probe disk failed")
+    node1.close(goodbye=False)
+    lost: list[int] = []
+    _wait(lambda: lost.extend(node0.lost_nodes()) or lost, "node 1 claimed")
+    assert lost == [1]
+    assert "node1" in node0.blocklisted()  # cordoned, not declared lost here
+    assert node0.coord.blocklisted()["node1"].reason == "probe disk failed"
+    assert json.loads(node0.store.get(f"/stalwart/{node0.cfg.job}/adopted/node1").value) == {
+        "by": 0
+    }

@@ -350,8 +350,10 @@ class Cluster:
             if n in handled:
                 continue
             fence = [self.coord.fence.compare()] if self.coord.fence else []  # a live adopter
-            if claim_lost(self.store, self._root, n, by=self.node, fence=fence):
-                self._claimed.add(n)
+            cordoned = f"node{n}" in self.coord.blocklisted()  # it said so: not lost here
+            if claim_lost(self.store, self._root, n, by=self.node, fence=fence, block=not cordoned):
+                if not cordoned:
+                    self._claimed.add(n)
                 out.append(n)
             else:  # it rejoined just now (or we lost our own lease): not lost
                 self._lost.discard(n)

@@ -103,10 +103,14 @@ class MissingNodes:
         return bool(self._since)
 
 
-def claim_lost(store: Any, root: str, node: int, *, by: int, fence: list[Compare]) -> bool:
+def claim_lost(
+    store: Any, root: str, node: int, *, by: int, fence: list[Compare], block: bool = True
+) -> bool:
     """Declare ``node`` lost, once, in one transaction: the adoption claim and the
     blocklist entry, only while its member key is absent (it did not rejoin), nobody
-    claimed it before, and (``fence``) the claimant still holds its own lease."""
+    claimed it before, and (``fence``) the claimant still holds its own lease.
+    ``block=False``: a node that cordoned itself is blocklisted already, with its own
+    reason, which the claim keeps."""
     member, adopted = f"{root}/members/node{node}", f"{root}/adopted/node{node}"
     entry = BlockEntry(f"node{node}", "lease expired: node lost", time.time(), 0)
     compares = [
@@ -114,10 +118,9 @@ def claim_lost(store: Any, root: str, node: int, *, by: int, fence: list[Compare
         Compare(member, "mod_revision", "==", 0),
         *fence,
     ]
-    ops = [
-        Put(adopted, json.dumps({"by": by}).encode()),
-        Put(f"{root}/blocklist/node{node}", json.dumps(asdict(entry)).encode()),
-    ]
+    ops = [Put(adopted, json.dumps({"by": by}).encode())]
+    if block:
+        ops.append(Put(f"{root}/blocklist/node{node}", json.dumps(asdict(entry)).encode()))
     return bool(store.txn(compares, ops).succeeded)
 
 
