@@ -147,6 +147,9 @@ class EtcdServer:
                 f"--trusted-ca-file={self.tls.ca}",
                 "--client-cert-auth",
                 f"--auth-token-ttl={self.tls.token_ttl}",
+                # the least bcrypt work per password (10 by default): a test server's
+                # users are made per test and log in per client (issue 26)
+                "--bcrypt-cost=4",
             ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
