@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from _load import load_factor
 from _tiers import PROCESS_PARAMS, ProcessGuard, starts_process
+from _timing import TimeByFile
 from _workers import group_for_workers
 
 
@@ -67,6 +68,22 @@ def pytest_runtest_makereport(
     if report.when in ("setup", "call") and report.failed:
         item.stash[_CALL_FAILED] = True
     return report
+
+
+_TIMES = TimeByFile()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _TIMES.add(report)
+
+
+@pytest.hookimpl(trylast=True)  # the last lines of the run: CI's log keeps its tail
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = _TIMES.lines()
+    if lines:
+        terminalreporter.write_sep("=", "time by tier and by e2e file (tests/_timing.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)
