@@ -43,7 +43,8 @@ check: lint typecheck
 # corpus script's cells, on one worker): for a machine with 4+ cores. On 2 cores the job
 # tests are CPU-bound and every worker collects the suite again, so 0 (one process) is
 # the default: 7 job tests took 42-54 s in one process, 66 s on 3 workers, 74 s on 2.
-# --durations=40: the log ends with the 40 slowest tests, where the time goes.
+# --durations=40: the 40 slowest tests; the log ends with the time of each tier and of
+# the slowest e2e test files (tests/_timing.py): where the time goes.
 TEST_WORKERS ?= 0
 test: lint typecheck
 	$(VENV)/bin/pytest -m "not hosts_matrix" -n $(TEST_WORKERS) --dist loadgroup \
