@@ -12,6 +12,7 @@ election quick; they are for one loopback member, not for a real cluster.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import os
 import shutil
@@ -89,9 +90,16 @@ class ServerTls:
     token_ttl: int = 300  # --auth-token-ttl: etcd's simple auth tokens expire after it
 
     def client_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca)
-        ctx.load_cert_chain(self.client_cert, self.client_key)
-        return ctx
+        """One context per set of files, reused: loading them costs milliseconds of CPU,
+        and the health check asks for one every 20 ms while etcd starts (issue 26)."""
+        return _client_context(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_context(tls: ServerTls) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    ctx.load_cert_chain(tls.client_cert, tls.client_key)
+    return ctx
 
 
 class EtcdServer:
