@@ -202,12 +202,12 @@ def plain(a: argparse.Namespace) -> None:
     fully_shard(model)
     optimizer, scheduler = optimizer_and_scheduler(model, a)
     ckpt_dir, start = os.path.join(a.out, "checkpoint"), 1
-    latest = (
-        sorted(
-            (int(d.split("-")[1]) for d in os.listdir(ckpt_dir) if d.startswith("step-")),
-        )
-        if os.path.isdir(ckpt_dir)
-        else []
+    # complete checkpoints only: DCP writes .metadata last (a kill mid-save leaves none)
+    done = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+    latest = sorted(
+        int(d.split("-")[1])
+        for d in done
+        if d.startswith("step-") and os.path.exists(os.path.join(ckpt_dir, d, ".metadata"))
     )
     if latest:  # resume like torchtitan: model, optimizer, scheduler and step from DCP
         model_sd, optim_sd = get_state_dict(model, optimizer)
