@@ -50,3 +50,32 @@ def test_a_worker_ends_without_tearing_down_its_globals(
         zygote.close()
     assert out.read_text() == "step 10 done\n"
     assert (tmp_path / "log.txt.atexit").read_text() == "ran"
+
+
+LEAKY = textwrap.dedent(
+    """
+    import atexit, sys
+
+    def report():  # what nanobind's leak check does at the interpreter's teardown
+        open(MARKER, "w").write("teardown ran")
+
+    MARKER = __file__ + ".teardown"
+    atexit.register(report)
+    """
+)
+
+
+@pytest.mark.e2e  # a zygote process (tests/_tiers.py)
+@pytest.mark.timeout(300)
+def test_the_zygote_ends_without_an_interpreter_teardown(tmp_path: Path) -> None:
+    """A preloaded module's teardown (triton's nanobind leak report, ~30 lines after
+    every run) never runs in the zygote: it ends with os._exit, as its workers do."""
+    (tmp_path / "tp_leaky.py").write_text(LEAKY)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    zygote = ZygoteClient(["tp_leaky"], env)
+    try:
+        zygote.wait_for("ready", 120)
+    finally:
+        zygote.close()
+    assert zygote.proc.returncode == 0
+    assert not (tmp_path / "tp_leaky.py.teardown").exists(), "the zygote ran its teardown"

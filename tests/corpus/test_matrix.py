@@ -237,6 +237,15 @@ CELLS = [
     Cell("mingpt", "flash", "none", "same batches"),
     Cell("mingpt", "flash", "kill mid-epoch", "identical",
          "--snapshot-every 5 --chaos 'kill rank=1 at=step:17'"),
+    # its restart kills rank 0 (the snapshot writer) mid-epoch 1, resumed from the persisted
+    # step 15 with the data state; a pre-forked spare takes a hung rank 1 mid-epoch 0; a
+    # warm spare (--standby: parked past the model, loader and track) takes a killed rank 1
+    Cell("mingpt", "restart", "kill mid-epoch", "identical",
+         "--max-restarts 2 --persist-every 5 --chaos 'kill rank=0 at=step:17'"),
+    Cell("mingpt", "spare", "hang mid-epoch", "identical",
+         f"{SPARE} --snapshot-every 5 --chaos 'hang rank=1 at=step:9'", slow=True),
+    Cell("mingpt", "spare", "kill, warm spare", "identical",
+         f"{SPARE} --standby --snapshot-every 5 --chaos 'kill rank=1 at=step:19'"),
 ]
 # fmt: on
 

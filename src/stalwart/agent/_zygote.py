@@ -354,5 +354,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _end(rc: int) -> None:
+    """End the zygote as its workers end (agent/_teardown.py): stdio flushed, then
+    ``os._exit``. Its interpreter teardown would only report what the frozen heap never
+    frees: with triton installed, the ``torch._dynamo`` preload imports it and nanobind
+    printed some 30 lines of 'leaked' types and functions after every run."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _end(main(sys.argv[1:]))
