@@ -12,9 +12,11 @@ written from five modules; here they change only through :meth:`bump`, :meth:`fo
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._genfeed import GenerationFeed
 from stalwart.agent._types import EventSink
 
 __all__ = ["Change", "Feed", "GenerationStore", "JobGeneration", "LaunchRecord", "free_port"]
@@ -41,6 +43,13 @@ class Feed(Protocol):
     """The newest generation a watch saw (agent/_genfeed.py); None: unknown."""
 
     def latest(self) -> int | None: ...
+
+
+class Watched(Protocol):
+    """Where the generation's watch is opened (agent/_cluster.py Cluster)."""
+
+    store: Any
+    coord: Any
 
 
 class LaunchRecord(Protocol):
@@ -77,6 +86,17 @@ class JobGeneration:
         self._restarts = 0
         self._master_port = free_port()
         self._feed: Feed | None = None
+
+    def started(self, port: int, cluster: Watched) -> Callable[[], None]:
+        """The job's first ``MASTER_PORT`` (:meth:`use_port`), and from now on the
+        generation followed through a watch on ``cluster``'s store (agent/_genfeed.py);
+        returns what closes the watch."""
+        self.use_port(port)
+        feed = GenerationFeed(
+            lambda: cluster.store, lambda: cluster.coord.generation_key, self._coord.generation
+        )
+        self.use_feed(feed)
+        return feed.close
 
     def use_feed(self, feed: Feed) -> None:
         """Look at the generation through ``feed`` (agent/_genfeed.py: a watch) instead of

@@ -25,9 +25,11 @@ _READ_S = 30.0  # a read now and then besides the watch (belt and braces)
 
 
 class GenerationFeed:
-    """The newest generation seen on ``key`` of the store ``store()`` returns."""
+    """The newest generation seen on the key ``key()`` of the store ``store()``."""
 
-    def __init__(self, store: Callable[[], Any], key: str, read: Callable[[], int]) -> None:
+    def __init__(
+        self, store: Callable[[], Any], key: Callable[[], str], read: Callable[[], int]
+    ) -> None:
         self._store, self._key, self._read = store, key, read
         self._latest: int | None = None  # None: no watch open (the caller reads)
         self._stop = threading.Event()
@@ -55,7 +57,7 @@ class GenerationFeed:
                 self._stop.wait(1.0)
 
     def _follow(self) -> None:
-        watch = self._watch = self._store().watch(self._key)  # open first, then read
+        watch = self._watch = self._store().watch(self._key())  # open first, then read
         next_read = 0.0
         while not self._stop.is_set():
             if time.monotonic() >= next_read:

@@ -25,7 +25,6 @@ from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._detectors import Detectors, HangWatch
 from stalwart.agent._elastic import Joins
-from stalwart.agent._genfeed import GenerationFeed
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._grace import noting
 from stalwart.agent._health import NodeHealth
@@ -100,10 +99,7 @@ class Agent:
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
         up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
-        self.gen.use_port(up.c10d.master_port)
-        feed = GenerationFeed(lambda: cluster.store, cluster.generation_key, cluster.generation)
-        stack.callback(feed.close)
-        self.gen.use_feed(feed)
+        stack.callback(self.gen.started(up.c10d.master_port, cluster))  # its watch's end
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
         self._ranks = workers.ranks
         if cfg.node_rank == 0:
