@@ -198,11 +198,8 @@ def main() -> None:
                     row = {"backend": kind, **torchft(n, args.timeout_s)}
                 else:
                     row = run_one(kind, n, args)
-            except (
-                RuntimeError,
-                TimeoutError,
-            ) as err:  # did not fit: said, and the larger N are skipped
-                row = {"n": n, "backend": kind, "error": str(err)}
+            except Exception as err:
+                row = {"n": n, "backend": kind, "error": f"{type(err).__name__}: {err}"}
             row["wall_s"] = time.monotonic() - t
             print(json.dumps(row), flush=True)
             curves.setdefault(kind, []).append(row)
