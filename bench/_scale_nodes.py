@@ -257,7 +257,6 @@ class Node:
         """The process dies: its loop stops, its connections close (its heartbeat
         thread ends on the closed client), nothing says goodbye."""
         self.stop.set()
-        self.close_feed()
         self.genwatch.moved.set()
         self.genwatch.close()
         self.inner.close()

@@ -77,5 +77,5 @@ class GenerationFeed:
 
     def close(self) -> None:
         self._stop.set()
-        self._close_watch()  # ends a get() in progress
-        self._thread.join(1.0)
+        self._close_watch()  # ends a get() in progress on an in-process store
+        self._thread.join(0.1)  # a long-poll ends when its client closes: not waited for
