@@ -135,6 +135,8 @@ class Node:
         self.store.put(f"{ROOT}/ranks/node{self.idx}", json.dumps([self.idx]).encode())
         self.gen = JobGeneration(self.coord, _Quiet(), _Quiet(), int(self.cfg["n"]))
         self.gen.sync()
+        if self.cfg.get("feed", True):  # agent.py: the generation from a watch
+            self._feed_close = self.gen.started(0, self)  # type: ignore[arg-type]
         # the worker: its own coordinator view (fenced by our lease), its generation watch
         self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
         self.genwatch = GenerationWatch(self.wcoord)
@@ -246,6 +248,10 @@ class Node:
         self.genwatch.moved.set()  # wakes our loop (the agent's wake pipe); see _run
         record = json.dumps({"by": self.idx, "t": time.time()}).encode()
         self.store.put(f"{ROOT}/watch-closed/node{node}", record)
+
+    def close_feed(self) -> None:
+        if hasattr(self, "_feed_close"):
+            self._feed_close()
 
     def kill(self) -> None:
         """The process dies: its loop stops, its connections close (its heartbeat

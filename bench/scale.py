@@ -15,7 +15,8 @@ For every N and backend it measures:
 * steady state: store round trips per node per second, the coordinator's CPU (fraction
   of one core) and RSS, and store round trips per rank per step.
 
-Usage: ``python bench/scale.py --n 16,64,256 [--backends embedded,etcd]``. The final
+Usage: ``python bench/scale.py --n 16,64,256 [--backends embedded,etcd,torchrun,torchft]``
+(torchrun, torchft: the peers at the same N, bench/_scale_peers.py). The final
 line is JSON (docs/scale.md)."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_backends import Backend, start_embedded, start_etcd
 from _scale_nodes import Counter, Node, wait_until
+from _scale_peers import torchft, torchrun
 
 
 def _clients(kind: str, backend: Backend, token: bytes, n: int, lease_s: float) -> list[Any]:
@@ -70,6 +72,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "live": lambda: sorted(alive),
         "scan": args.scan,
         "verdict_s": args.verdict_s,
+        "feed": not args.poll_generation,
     }
     ops, steps = Counter(), Counter()
     nodes = [
@@ -150,6 +153,7 @@ def _close(node: Node) -> None:
     node.thread.join(10)
     if hasattr(node, "genwatch"):
         node.genwatch.close()
+    node.close_feed()
     with contextlib.suppress(Exception):  # already closed (killed)
         node.inner.close()
 
@@ -157,7 +161,9 @@ def _close(node: Node) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", default="16,64,256,1024", help="node counts, comma-separated")
-    p.add_argument("--backends", default="embedded,etcd")
+    p.add_argument(
+        "--backends", default="embedded,etcd,torchrun,torchft", help="torchrun, torchft: the peers"
+    )
     p.add_argument("--lease-s", type=float, default=3.0, help="the agent's --node-lease")
     p.add_argument("--poll-s", type=float, default=0.1, help="the agent's store poll")
     p.add_argument("--step-s", type=float, default=0.2, help="an emulated step's time")
@@ -172,6 +178,9 @@ def main() -> None:
         "(before issue 31; run with PYTHONPATH=<main>/src for the whole old control plane)",
     )
     p.add_argument("--verdict-s", type=float, default=1.0, help="0.1 before issue 31")
+    p.add_argument(
+        "--poll-generation", action="store_true", help="the agent reads it per poll (before)"
+    )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
     args = p.parse_args()
     # emulated workers take no collective per step: some learn the cadence late, said once
@@ -183,9 +192,14 @@ def main() -> None:
         for kind in args.backends.split(","):
             t = time.monotonic()
             try:
-                row = run_one(kind, n, args)
-            except RuntimeError as err:  # did not fit: said, and the larger N are skipped
-                row = {"n": n, "backend": kind, "error": str(err)}
+                if kind == "torchrun":
+                    row = {"backend": kind, **torchrun(n, args.timeout_s)}
+                elif kind == "torchft":
+                    row = {"backend": kind, **torchft(n, args.timeout_s)}
+                else:
+                    row = run_one(kind, n, args)
+            except Exception as err:
+                row = {"n": n, "backend": kind, "error": f"{type(err).__name__}: {err}"}
             row["wall_s"] = time.monotonic() - t
             print(json.dumps(row), flush=True)
             curves.setdefault(kind, []).append(row)
@@ -194,10 +208,19 @@ def main() -> None:
 
 def _summary(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ok = {k: [r for r in rows if "error" not in r] for k, rows in curves.items()}
-    n_max = max((r["n"] for rows in ok.values() for r in rows), default=0)
+    ours = [r for k in ("embedded", "etcd") for r in ok.get(k, [])]
+    n_max = max((r["n"] for r in ours), default=0)
     out: dict[str, Any] = {"n_max": n_max}
     for kind, rows in ok.items():
         top = [r for r in rows if r["n"] == n_max]
+        if top and kind == "torchrun":
+            out["torchrun_join_s"] = round(top[0]["join_s"], 3)
+            out["torchrun_rerendezvous_s"] = round(top[0]["rerendezvous_s"], 3)
+            continue
+        if top and kind == "torchft":
+            out["torchft_quorum_s"] = round(top[0]["quorum_s"], 3)
+            out["torchft_quorum_after_loss_s"] = round(top[0]["quorum_after_loss_s"], 3)
+            continue
         if top:
             out[f"{kind}_join_s"] = round(top[0]["join_s"], 3)
             out[f"{kind}_loss_to_agreement_s"] = round(top[0]["loss_to_agreement_s"], 3)
@@ -206,7 +229,12 @@ def _summary(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if emb:
         out["coordinator_cpu_frac"] = round(emb[0]["coordinator_cpu_frac"], 3)
         out["coordinator_rss_mb"] = round(emb[0]["coordinator_rss_mb"], 1)
-    steps = [r["store_roundtrips_per_rank_step"] for rows in ok.values() for r in rows]
+    steps = [
+        r["store_roundtrips_per_rank_step"]
+        for rows in ok.values()
+        for r in rows
+        if "store_roundtrips_per_rank_step" in r
+    ]
     out["store_roundtrips_per_rank_step"] = max(steps) if steps else None
     out["curves"] = curves
     return out

@@ -3,6 +3,8 @@ owner of the generation, the restart count and the master port."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from stalwart.agent._generation import JobGeneration
 
 from ._fakes import FakeEvents, FakeLaunch, coordinator
@@ -57,3 +59,45 @@ def test_following_an_in_place_recovery_is_not_a_restart() -> None:
     coord.advance_generation(0, "hang of rank 3")
     followed = gen.follow()
     assert followed is not None and not followed.restart and gen.current == 1
+
+
+def test_following_through_a_watch_reads_the_store_only_when_it_moved() -> None:
+    """Issue 31: the agent's poll looked at the generation with a store read ten times
+    a second; with the feed (agent/_genfeed.py) a look reads nothing until a bump."""
+    import time
+
+    from stalwart.agent._genfeed import GenerationFeed
+
+    coord = coordinator()
+    reads = [0]
+
+    class Counting:
+        def generation(self) -> int:
+            reads[0] += 1
+            return coord.generation()
+
+        def advance_generation(self, expected: int, reason: str) -> Any:
+            return coord.advance_generation(expected, reason)
+
+        def generation_meta(self) -> dict[str, Any]:
+            return coord.generation_meta()
+
+    here = JobGeneration(Counting(), FakeLaunch(), FakeEvents(), world_size=2)
+    feed = GenerationFeed(lambda: coord.store, lambda: coord.generation_key, coord.generation)
+    try:
+        here.use_feed(feed)
+        deadline = time.monotonic() + 30
+        while feed.latest() is None:  # the watch opened (no fixed sleep)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(50):
+            assert here.follow() is None
+        assert reads[0] == 0
+        coord.advance_generation(0, "node 3 lost")
+        while (followed := here.follow()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert followed.generation == 1 and not followed.restart
+        assert reads[0] == 1
+    finally:
+        feed.close()

@@ -109,15 +109,51 @@ def test_a_restarts_workers_never_count_the_infos_of_killed_ones() -> None:
         join(0, 1, 0.3)
 
 
+def test_an_agreement_costs_each_member_but_rank_0_one_event() -> None:
+    """Issue 31: rank 0 gathers the arrivals and publishes the agreement as one key; the
+    others watch that key. Every member counting every arrival from a watch received N
+    events each, O(N^2) for the job."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    n = 12
+    stores = [_RangeCounting(shared) for _ in range(n)]
+
+    def join(rank: int) -> Agreement:
+        info = {"steps": [3, 4], "done": 4 - rank % 2, "rank": rank}
+        return agree(
+            stores[rank],  # type: ignore[arg-type]
+            coord,
+            "j",
+            rank,
+            n,
+            info,
+            use_memory=True,
+            disk_step=None,
+            min_generation=1,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:  # rank 0 last: the others wait for it
+        futures = [pool.submit(join, r) for r in range(n - 1, -1, -1)]
+        agreed = [f.result() for f in futures]
+    assert {(a.generation, a.target, a.tier, a.last_done) for a in agreed} == {(1, 4, "memory", 4)}
+    assert {len(a.infos) for a in agreed} == {n}
+    assert max(s.events for s in stores[1:]) <= 1
+
+
 class _RangeCounting:
-    """A member's store: counts the reads of every arrival (ranges) it makes."""
+    """A member's store: counts the reads of every arrival (ranges) it makes, and the
+    watch events it receives."""
 
     def __init__(self, inner: MemoryStore) -> None:
-        self.inner, self.ranges = inner, 0
+        self.inner, self.ranges, self.events = inner, 0, 0
 
     def range(self, prefix: str) -> Any:
         self.ranges += 1
         return self.inner.range(prefix)
+
+    def watch(self, prefix: str, start: int | None = None) -> Any:
+        return _EventCounting(self, self.inner.watch(prefix, start))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -152,3 +188,22 @@ def test_members_wait_for_each_other_without_reading_every_arrival_again() -> No
         agreed = [f.result() for f in futures]
     assert {(a.generation, len(a.infos)) for a in agreed} == {(0, n)}
     assert max(s.ranges for s in stores) <= 2
+
+
+class _EventCounting:
+    def __init__(self, owner: _RangeCounting, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def get(self, timeout: float | None = None) -> Any:
+        events = self.inner.get(timeout)
+        self.owner.events += len(events)
+        return events
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> _EventCounting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -12,12 +12,14 @@ written from five modules; here they change only through :meth:`bump`, :meth:`fo
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._genfeed import GenerationFeed
 from stalwart.agent._types import EventSink
 
-__all__ = ["Change", "GenerationStore", "JobGeneration", "LaunchRecord", "free_port"]
+__all__ = ["Change", "Feed", "GenerationStore", "JobGeneration", "LaunchRecord", "free_port"]
 
 
 class Change(Protocol):
@@ -35,6 +37,19 @@ class GenerationStore(Protocol):
     def generation(self) -> int: ...
     def advance_generation(self, expected: int, reason: str) -> Change: ...
     def generation_meta(self) -> dict[str, Any]: ...
+
+
+class Feed(Protocol):
+    """The newest generation a watch saw (agent/_genfeed.py); None: unknown."""
+
+    def latest(self) -> int | None: ...
+
+
+class Watched(Protocol):
+    """Where the generation's watch is opened (agent/_cluster.py Cluster)."""
+
+    store: Any
+    coord: Any
 
 
 class LaunchRecord(Protocol):
@@ -70,6 +85,24 @@ class JobGeneration:
         self._generation = 0
         self._restarts = 0
         self._master_port = free_port()
+        self._feed: Feed | None = None
+
+    def started(self, port: int, cluster: Watched) -> Callable[[], None]:
+        """The job's first ``MASTER_PORT`` (:meth:`use_port`), and from now on the
+        generation followed through a watch on ``cluster``'s store (agent/_genfeed.py);
+        returns what closes the watch."""
+        self.use_port(port)
+        feed = GenerationFeed(
+            lambda: cluster.store, lambda: cluster.coord.generation_key, self._coord.generation
+        )
+        self.use_feed(feed)
+        return feed.close
+
+    def use_feed(self, feed: Feed) -> None:
+        """Look at the generation through ``feed`` (agent/_genfeed.py: a watch) instead of
+        a store read at every :meth:`follow`; the store is read when the feed says it moved
+        or does not know."""
+        self._feed = feed
 
     @property
     def current(self) -> int:
@@ -124,6 +157,9 @@ class JobGeneration:
     def follow(self) -> Followed | None:
         """Another node bumped the generation (None: nobody did). When it was for a
         restart, this node's workers restart too, on the port published for it."""
+        seen = self._feed.latest() if self._feed is not None else None
+        if seen is not None and seen <= self._generation:
+            return None  # the watch saw no bump: no store read
         gen = self._coord.generation()
         if gen <= self._generation:
             return None

@@ -99,7 +99,7 @@ class Agent:
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
         up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
-        self.gen.use_port(up.c10d.master_port)
+        stack.callback(self.gen.started(up.c10d.master_port, cluster))  # its watch's end
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
         self._ranks = workers.ranks
         if cfg.node_rank == 0:

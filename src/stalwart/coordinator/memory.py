@@ -2,9 +2,9 @@
 
 It is the reference implementation of the Store semantics (the conformance suite
 runs against it first) and the state behind :class:`StoreServer`. Lease expiry is
-lazy and thread-free: every call first expires overdue leases, and a waiting
-watcher sleeps no longer than until the next lease deadline, so a watcher sees the
-delete events of an expired lease on time even when nobody else calls the store.
+lazy and thread-free: every call first expires overdue leases, and one waiting watcher
+sleeps no longer than the next lease deadline (_waiters.py), so watchers see an expired
+lease's delete events on time even when nobody else calls the store.
 
 A store that could not run is not a client that stopped calling: when the store's
 process was descheduled (a loaded host, a long pause), keepalives sent in time wait
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 from stalwart.coordinator._stall import StallWatch
+from stalwart.coordinator._waiters import ExpiryQueue, Waiters
 from stalwart.coordinator.errors import CompactedError, LeaseNotFoundError, StoreClosedError
 from stalwart.coordinator.store import (
     Compare,
@@ -100,16 +101,14 @@ class MemoryStore:
         if history < 1:
             raise ValueError(f"history must be >= 1, got {history}")
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._clock = clock
         self._kv: dict[str, KeyValue] = {}
         self._leases: dict[int, _Lease] = {}
-        self._revision = 0
+        self._revision, self._first_watchable, self._closed = 0, 1, False
         self._history: list[Event] = []
         self._history_max = history
-        self._first_watchable = 1
-        self._closed = False
         self._stall = StallWatch(clock)
+        self._expiry, self._waiters = ExpiryQueue(), Waiters(self._lock, self._stall)
 
     @property
     def stalls(self) -> int:
@@ -176,7 +175,8 @@ class MemoryStore:
             while lease_id in self._leases:
                 lease_id = secrets.randbits(62) + 1
             self._leases[lease_id] = _Lease(float(ttl), self._clock() + ttl)
-            self._cond.notify_all()  # a waiter may need to wake for the new deadline
+            self._expiry.push(self._leases[lease_id].deadline, lease_id)
+            self._waiters.new_deadline()  # the timer may need to wake sooner
             return lease_id
 
     def keepalive(self, lease: int) -> float:
@@ -188,6 +188,7 @@ class MemoryStore:
                     f"lease {lease} not found (expired or revoked); grant a new one"
                 )
             entry.deadline = self._clock() + entry.ttl
+            self._expiry.push(entry.deadline, lease)
             return entry.ttl
 
     def time_to_live(self, lease: int) -> float | None:
@@ -229,26 +230,31 @@ class MemoryStore:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while True:
-                self._enter_locked()
-                self._check_watchable_locked(start_revision)
-                events = self._collect_locked(prefix, start_revision, max_bytes)
-                if events:
-                    return events
-                wait = None if deadline is None else deadline - time.monotonic()
-                if wait is not None and wait <= 0:
-                    return []
-                next_expiry = min((e.deadline for e in self._leases.values()), default=None)
-                if next_expiry is not None:
-                    until_expiry = max(0.0, next_expiry - self._clock()) + 0.001
-                    wait = until_expiry if wait is None else min(wait, until_expiry)
-                self._sleep_locked(wait)
+            waiter = self._waiters.enter(prefix)
+            try:
+                while True:
+                    self._enter_locked()
+                    self._check_watchable_locked(start_revision)
+                    events = self._collect_locked(prefix, start_revision, max_bytes)
+                    if events:
+                        return events
+                    wait = None if deadline is None else deadline - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        return []
+                    if self._waiters.sleep(waiter, wait, self._until_expiry_locked):
+                        self._renew_all_locked()
+            finally:
+                self._waiters.leave(waiter)
+
+    def _until_expiry_locked(self) -> float | None:
+        earliest = self._expiry.earliest(self._leases)
+        return None if earliest is None else max(0.0, earliest - self._clock()) + 0.001
 
     def close(self) -> None:
         """Wake every waiter; later calls raise :class:`StoreClosedError`."""
         with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._waiters.wake_all()
 
     def __enter__(self) -> MemoryStore:
         return self
@@ -263,15 +269,12 @@ class MemoryStore:
 
     # -- internals (lock held) ------------------------------------------
 
-    def _sleep_locked(self, wait: float | None) -> None:
-        if self._stall.sleep(self._cond, wait):
-            self._renew_all_locked()
-
     def _renew_all_locked(self) -> None:
         """After a stall (see the module): every lease a full ttl from now."""
         now = self._clock()
         for entry in self._leases.values():
             entry.deadline = max(entry.deadline, now + entry.ttl)
+        self._expiry.push_all(self._leases)
 
     def _enter_locked(self) -> None:
         if self._closed:
@@ -279,7 +282,7 @@ class MemoryStore:
         if self._stall.stalled():
             self._renew_all_locked()
         now = self._clock()
-        for lease_id in [i for i, e in self._leases.items() if e.deadline <= now]:
+        for lease_id in self._expiry.due(now, self._leases):
             self._drop_lease_locked(lease_id)
 
     def _drop_lease_locked(self, lease_id: int) -> None:
@@ -339,7 +342,7 @@ class MemoryStore:
             cut = len(self._history) - self._history_max
             self._first_watchable = self._history[cut - 1].kv.mod_revision + 1
             del self._history[:cut]
-        self._cond.notify_all()
+        self._waiters.wrote(e.kv.key for e in events)
 
     def _put_locked(self, op: Put, rev: int) -> Event:
         old = self._kv.get(op.key)

@@ -23,6 +23,7 @@ from stalwart.errors import CheckpointNotFoundError, FencedError
 __all__ = ["Agreement", "agree", "choose", "finish_barrier", "leaving", "no_common_point"]
 
 _IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
+_MAX_VALUE = 512 << 10  # an agreement with every member's info, if it fits (etcd: 1.5 MiB)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,16 @@ def agree(
                 "this worker stops instead of joining generation "
                 f"{gen}"
             )
+        result = f"/stalwart/{job}/agreed/{gen:012d}.{launch}"
+        if rank != 0:  # rank 0 gathers and publishes; the others watch one key
+            got = _await(store, coord, result, gen, deadline, timeout_s)
+            if got is None:
+                continue  # the generation moved on: start over at the new one
+            infos = got.get("infos")
+            if infos is None:  # too many to publish in one value: one range
+                infos = [json.loads(kv.value) for kv in store.range(prefix).kvs]
+            target = None if got["target"] is None else int(got["target"])
+            return Agreement(gen, target, str(got["tier"]), int(got["last"]), tuple(infos))
         kvs = _gather(store, coord, prefix, world_size, gen, deadline, timeout_s)
         if kvs is None:
             continue  # the generation moved on: start over at the new one
@@ -160,7 +171,46 @@ def agree(
         kv = store.get(f"/stalwart/{job}/launch/last-done")
         if kv is not None:  # a restart: the relaunched workers start from nothing
             last = max(last, int(json.loads(kv.value)["step"]))
+        decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
+        body = json.dumps({**decided, "infos": infos}).encode()
+        if len(body) > _MAX_VALUE:
+            body = json.dumps(decided).encode()
+        if not store.txn(list(fence), [Put(result, body)]).succeeded:
+            raise FencedError(
+                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
+                "longer than --node-lease); this worker stops instead of publishing the "
+                f"agreement of generation {gen}"
+            )
         return Agreement(gen, target, tier, last, tuple(infos))
+
+
+def _await(
+    store: Store, coord: Coordinator, key: str, gen: int, deadline: float, timeout_s: float
+) -> dict[str, Any] | None:
+    """Rank 0's published agreement at ``key`` (None: the generation moved on). One read
+    and one watch on one key: a member makes O(1) requests and receives one event, so an
+    agreement of N members costs O(N) in all (every member counting every arrival from a
+    watch was N events each, O(N^2): docs/scale.md)."""
+    snap = store.range(key)  # the value or the revision to watch from, in one read
+    for kv in snap.kvs:
+        if kv.key == key:
+            return dict(json.loads(kv.value))
+    start = snap.revision + 1
+    next_check = time.monotonic() + _IDLE_S
+    with store.watch(key, start) as watch:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(
+                    f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
+                )
+            if now >= next_check:
+                if coord.generation() != gen:
+                    return None
+                next_check = now + _IDLE_S
+            for event in watch.get(min(next_check, deadline) - now):
+                if event.type == "put" and event.kv.key == key:
+                    return dict(json.loads(event.kv.value))
 
 
 def _gather(

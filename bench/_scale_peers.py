@@ -1,0 +1,138 @@
+"""The peers of bench/scale.py at the same N (issue 31): torch.distributed.elastic's c10d
+rendezvous and torchft's lighthouse, N participants in one process (threads), each with
+its own client connection, as the nodes of a real job.
+
+* ``torchrun(n)``: the real ``DynamicRendezvousHandler`` over a ``C10dRendezvousBackend``
+  on one ``TCPStore`` (torchrun's ``--rdzv-backend c10d``). ``join_s``: N handlers'
+  ``next_rendezvous`` until every one returned a round of N. ``rerendezvous_s``: one
+  participant dies (its keep-alive stops), the N-1 survivors call ``next_rendezvous``
+  (what torchrun's agent does after a worker group fails) until every one holds a
+  round of N-1. The dead node leaves the round when its keep-alive lapses
+  (``keep_alive_interval`` x ``keep_alive_max_attempt``, set here to the agent's 3 s
+  lease), and the round closes ``last_call_timeout`` after ``min_nodes`` joined.
+* ``torchft(n)``: a ``LighthouseServer``; N replicas (``LighthouseClient`` each, a
+  heartbeat thread each as the Manager's) call ``quorum``. ``quorum_s``: until all N
+  hold a quorum of N. ``quorum_after_loss_s``: one replica stops heartbeating and
+  calling; the N-1 call ``quorum`` until every one holds a quorum of N-1 (the lighthouse
+  drops a replica ``heartbeat_timeout_ms`` after its last heartbeat).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["torchft", "torchrun"]
+
+LEASE_S = 3  # the agent's default --node-lease: each peer's failure detection set alike
+
+
+def torchrun(n: int, timeout_s: float, last_call_s: float = 1.0) -> dict[str, Any]:
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        RendezvousTimeout,
+    )
+
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = master.port
+    timeout = RendezvousTimeout(
+        join=timedelta(seconds=timeout_s),
+        last_call=timedelta(seconds=last_call_s),
+        close=timedelta(seconds=10),
+        heartbeat=timedelta(seconds=LEASE_S),
+    )
+
+    def handler(i: int) -> Any:
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        backend = C10dRendezvousBackend(store, "scale")
+        return DynamicRendezvousHandler.from_backend(
+            "scale",
+            store,
+            backend,
+            min_nodes=n - 1,
+            max_nodes=n,
+            local_addr="127.0.0.1",  # (a node is told apart by its pid and handler id)
+            timeout=timeout,
+            keep_alive_interval=1,
+            keep_alive_max_attempt=LEASE_S,
+        )
+
+    with ThreadPoolExecutor(min(n, 64)) as pool:
+        handlers = list(pool.map(handler, range(n)))
+    out: dict[str, Any] = {"n": n, "last_call_s": last_call_s, "keep_alive_s": LEASE_S}
+    with ThreadPoolExecutor(n) as pool:
+        t0 = time.monotonic()
+        worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), handlers))
+        out["join_s"] = time.monotonic() - t0
+        out["join_worlds"] = sorted(set(worlds))
+        dead, survivors = handlers[-1], handlers[:-1]
+        t0 = time.monotonic()
+        dead._stop_heartbeats()  # the process dies: nothing says goodbye
+        worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), survivors))
+        out["rerendezvous_s"] = time.monotonic() - t0
+        out["rerendezvous_worlds"] = sorted(set(worlds))
+    for h in survivors:
+        h._stop_heartbeats()
+    del master
+    return out
+
+
+def _world(info: Any) -> int:
+    return int(getattr(info, "world_size", None) or info[2])
+
+
+def torchft(n: int, timeout_s: float) -> dict[str, Any]:
+    from torchft._torchft import LighthouseClient, LighthouseServer
+
+    server = LighthouseServer(
+        bind="[::]:0",
+        min_replicas=n - 1,
+        join_timeout_ms=int(timeout_s * 1000),
+        quorum_tick_ms=100,
+        heartbeat_timeout_ms=LEASE_S * 1000,
+    )
+    addr = server.address()
+    out: dict[str, Any] = {"n": n, "heartbeat_timeout_s": LEASE_S}
+    stop = [threading.Event() for _ in range(n)]
+    clients = [LighthouseClient(addr, timedelta(seconds=timeout_s)) for _ in range(n)]
+
+    def beat(i: int) -> None:
+        while not stop[i].wait(0.1 * LEASE_S):  # the Manager's heartbeat
+            try:
+                clients[i].heartbeat(f"r{i}")
+            except Exception:
+                return
+
+    def quorum(i: int) -> int:
+        q = clients[i].quorum(replica_id=f"r{i}", timeout=timedelta(seconds=timeout_s))
+        return len(q.participants)
+
+    beats = [threading.Thread(target=beat, args=(i,), daemon=True) for i in range(n)]
+    try:
+        for i in range(n):
+            clients[i].heartbeat(f"r{i}")
+            beats[i].start()
+        with ThreadPoolExecutor(n) as pool:
+            t0 = time.monotonic()
+            sizes = list(pool.map(quorum, range(n)))
+            out["quorum_s"] = time.monotonic() - t0
+            out["quorum_sizes"] = sorted(set(sizes))
+            t0 = time.monotonic()
+            stop[-1].set()  # the replica dies: no heartbeat, no quorum call
+            sizes = list(pool.map(quorum, range(n - 1)))
+            out["quorum_after_loss_s"] = time.monotonic() - t0
+            out["quorum_after_loss_sizes"] = sorted(set(sizes))
+    finally:
+        for s in stop:
+            s.set()
+        for t in beats:
+            t.join(5)
+        server.shutdown()
+    return out
