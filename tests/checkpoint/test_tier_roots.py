@@ -45,7 +45,7 @@ def test_every_checkpoint_root_is_tiered_and_restored_from_its_twin(
     )
     up.upload_newest()
     assert errors == []
-    # the DDP part goes with the top root's step (before its manifest): one commit each
+    # the DDP part goes up with the top root's step (before its manifest): no event of its own
     tiers = sorted(c.tier for c in commits)
     assert tiers == sorted(f"{remote.url}/{r}".rstrip("/") for r in ROOTS if "per-rank" not in r)
     assert sorted(checkpoint_roots(remote)) == ROOTS

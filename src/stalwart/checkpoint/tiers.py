@@ -209,8 +209,10 @@ class TierUploader:
     reason (the next step tries again). ``retention``: the bucket's own, applied to a
     root after each of its uploads (None: the bucket keeps every step); it never deletes
     a root's newest step, a step newer than the last upload (another writer's in
-    flight), nor the ``protect`` steps (one a restore is reading from the bucket); a DDP
-    rank's part also keeps every step the bucket's other roots hold."""
+    flight), nor the ``protect`` steps (one a restore is reading from the bucket). A DDP
+    rank's part (``per-rank/rank<N>``) goes up with the top root's step (before its
+    manifest, no event of its own) while the top root has steps, on its own otherwise
+    (replica groups' parts); its retention keeps every step the bucket's other roots hold."""
 
     def __init__(
         self,
@@ -261,6 +263,9 @@ class TierUploader:
         except (CheckpointError, OSError) as err:
             self.on_error(f"{type(err).__name__}: {err}".splitlines()[0])
             return
+        with contextlib.suppress(CheckpointError, OSError):
+            if committed_steps(self.local):  # DDP parts go up with the top root's steps
+                roots = [r for r in roots if not r.startswith(f"{NESTED_ROOTS}/")]
         for rel in roots:
             local = _sub(self.local, rel) if rel else self.local
             remote = _sub(self.remote, rel) if rel else self.remote
