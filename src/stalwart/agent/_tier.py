@@ -1,15 +1,17 @@
 """The job's bucket tier (``stalwart run --ckpt-tier s3://bucket/prefix``), on node 0.
 
-Before the workers start, a run directory whose ``ckpt/`` holds no step as new as the
-bucket's newest (a fresh node, a lost disk) is noted: the workers read that step from the
-bucket directly (``WorkerEnv.ckpt_tier``; no copy to local disk first), and the bucket's
-retention keeps it for the whole job, whatever ``--tier-keep-last`` says. While the job
-runs, an uploader process (checkpoint/_tier_worker.py: niced, and off the agent's GIL)
-copies every step committed in ``ckpt/`` (the fast, acknowledged tier) to the bucket,
-manifest last; each is recorded as a ``tier_commit`` event (its upload time and its lag
-behind the local commit); the bucket keeps ``--tier-keep-last``/``--tier-keep-every``
-steps (by default ckpt/'s ``--keep-last``/``--keep-every``). At the job's end the uploader
-copies the newest local step before it exits (the agent waits for it).
+Before the workers start, each checkpoint root of ``ckpt/`` (the top, ``rank<N>``,
+``group<g>``, ``per-rank/rank<N>``: checkpoint/tiers.py ``checkpoint_roots``) that holds no
+step as new as its bucket twin's newest (a fresh node, a lost disk) is noted: the workers
+read that step from the bucket directly (``WorkerEnv.ckpt_tier``; no copy to local disk
+first), and the bucket's retention keeps it for the whole job, whatever
+``--tier-keep-last`` says. While the job runs, an uploader process
+(checkpoint/_tier_worker.py: niced, and off the agent's GIL) copies every step committed in
+each root of ``ckpt/`` (the fast, acknowledged tier) to its twin in the bucket, manifest
+last; each is recorded as a ``tier_commit`` event (its upload time and its lag behind the
+local commit); the bucket keeps ``--tier-keep-last``/``--tier-keep-every`` steps per root
+(by default ckpt/'s ``--keep-last``/``--keep-every``). At the job's end the uploader copies
+the newest local step of each root before it exits (the agent waits for it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from stalwart.agent.config import LaunchConfig
 from stalwart.checkpoint import open_storage
 from stalwart.checkpoint.storage import S3Config, storage_options
-from stalwart.checkpoint.tiers import behind
+from stalwart.checkpoint.tiers import behind_roots
 from stalwart.metrics.events import EventLog
 
 __all__ = ["start_tier"]
@@ -43,11 +45,12 @@ def start_tier(
     s3 = S3Config(endpoint_url=cfg.s3_endpoint) if cfg.s3_endpoint else None
     remote = open_storage(cfg.ckpt_tier, s3=s3)
     ckpt = os.path.join(run_dir, "ckpt")
-    step = behind(remote, open_storage(ckpt))
-    if step is not None:
+    restored = behind_roots(remote, open_storage(ckpt))  # per checkpoint root
+    for rel, step in sorted(restored.items()):
+        where = f"ckpt/{rel}" if rel else "ckpt/"
         why = (
-            f"ckpt/ has no checkpoint as new as step {step} of the bucket tier {remote.url}: "
-            "the workers restore it from the bucket directly"
+            f"{where} has no checkpoint as new as step {step} of the bucket tier "
+            f"{remote.url}: the workers restore it from the bucket directly"
         )
         say(why)
         events.emit("note", message=why)
@@ -58,7 +61,7 @@ def start_tier(
         "s3": storage_options(remote),
         "keep_last": keep_last,
         "keep_every": keep_every,
-        "protect": [] if step is None else [step],  # what the workers may be reading
+        "protect": sorted(set(restored.values())),  # what the workers may be reading
         "interval_s": 0.5,
         "nice": 10,
     }

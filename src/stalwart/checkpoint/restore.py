@@ -23,7 +23,8 @@ import torch
 
 from stalwart.checkpoint._layout import layout_problems
 from stalwart.checkpoint._load import SavedTensor, allocate, byte_view, load_into
-from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest, read_chunk
+from stalwart.checkpoint._readplan import ReadPlan
+from stalwart.checkpoint.catalog import committed_steps, load_index, load_manifest
 from stalwart.checkpoint.format import (
     QUARANTINE_DIR,
     QUARANTINE_NAME,
@@ -59,38 +60,14 @@ class RestoreResult:
 
 
 def _read_entry(
-    storage: Storage,
-    t: TensorEntry,
-    dst: torch.Tensor,
-    pool: ThreadPoolExecutor,
-    pending: list[Future[None]] | None = None,
+    storage: Storage, t: TensorEntry, dst: torch.Tensor, pool: ThreadPoolExecutor
 ) -> None:
-    """Read and verify ``t``'s chunks into ``dst``. With ``pending``, the reads are only
-    queued (their futures appended), so that chunks of many tensors are in flight at
-    once instead of one tensor at a time."""
-    view = byte_view(dst)
-    if len(view) != t.nbytes:
-        raise CheckpointFormatError(
-            f"tensor {t.path!r}: index says {t.nbytes} bytes, state has {len(view)}"
-        )
-    jobs = []
-    pos = 0
-    for i, c in enumerate(t.chunks):
-        jobs.append((i, view[pos : pos + c.length]))
-        pos += c.length
-
-    def one(job: tuple[int, memoryview]) -> None:
-        i, part = job
-        problem = read_chunk(storage, t, i, part)
-        if problem is not None:
-            raise CheckpointCorruptError(problem, [problem])
-
-    if pending is not None:
-        pending.extend(pool.submit(one, job) for job in jobs)
-    elif len(jobs) == 1:
-        one(jobs[0])
-    else:
-        list(pool.map(one, jobs))
+    """Read and verify ``t``'s chunks into ``dst`` (its chunks in parallel on ``pool``)."""
+    pending: list[Future[None]] = []
+    plan = ReadPlan(storage, pool)
+    plan.add(t, byte_view(dst))
+    plan.submit(pending)
+    _drain(pending)
 
 
 def _drain(pending: list[Future[None]]) -> None:
@@ -148,6 +125,7 @@ def _restore_step(
     # an object store hides its per-request latency with more reads in flight (S3Config)
     with ThreadPoolExecutor(max_workers=int(getattr(storage, "read_threads", 4))) as pool:
         pending: list[Future[None]] = []
+        plan = ReadPlan(storage, pool)  # on an object store: large ranged reads per pack
 
         def reshard(entry: SavedTensor, dst: torch.Tensor, box: dict[str, list[int]]) -> None:
             pieces = [
@@ -163,16 +141,15 @@ def _restore_step(
             if saved.copy_of is not None and saved.shard is not None:
                 reshard(entry, dst, saved.shard)  # the bytes are in the peer's pack
                 return
-            _read_entry(storage, saved, dst, pool, pending)
+            plan.add(saved, byte_view(dst))
+
+        def finish() -> None:
+            plan.submit(pending)
+            _drain(pending)
 
         try:
             load_into(
-                state,
-                primary.tree,
-                [_saved(t) for t in primary.tensors],
-                fill,
-                reshard,
-                finish=lambda: _drain(pending),
+                state, primary.tree, [_saved(t) for t in primary.tensors], fill, reshard, finish
             )
         finally:
             _drain_quietly(pending)

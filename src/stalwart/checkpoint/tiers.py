@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import threading
 import time
@@ -46,6 +47,8 @@ __all__ = [
     "TierCommit",
     "TierUploader",
     "behind",
+    "behind_roots",
+    "checkpoint_roots",
     "copy_step",
     "hydrate",
     "pin_step",
@@ -58,6 +61,8 @@ STAGING = ".tier-upload"
 """Where a local step being uploaded is pinned by hard links (ignored by retention)."""
 
 _PIECE = 16 << 20
+_ROOT_NAME = re.compile(r"(rank|group)[0-9]+\Z")
+_RANK = re.compile(r"rank[0-9]+\Z")
 
 
 @dataclass(frozen=True)
@@ -170,14 +175,44 @@ def hydrate(remote: Storage, local: Storage) -> int | None:
     return newest
 
 
+def checkpoint_roots(storage: Storage) -> list[str]:
+    """The checkpoint roots of a job's ``ckpt/`` (paths relative to it, ``""`` the top):
+    the top, each rank's own (``rank<N>``: a state of its own per rank), each replica
+    group's (``group<g>``, and ``group<g>/rank<N>``), and each DDP rank's part
+    (``per-rank/rank<N>``). Each has its twin at the same path under a bucket tier."""
+    roots = [""]
+    for name in storage.listdir(""):
+        if _ROOT_NAME.match(name):
+            roots.append(name)
+            if name.startswith("group"):
+                roots += [f"{name}/{n}" for n in storage.listdir(name) if _RANK.match(n)]
+    return roots + _nested(storage)
+
+
+def behind_roots(remote: Storage, local: Storage) -> dict[str, int]:
+    """For each checkpoint root of the bucket ``remote`` (:func:`checkpoint_roots`), its
+    newest step when ``local``'s twin has none that new (:func:`behind`)."""
+    out: dict[str, int] = {}
+    for rel in checkpoint_roots(remote):
+        step = behind(_sub(remote, rel), _sub(local, rel)) if rel else behind(remote, local)
+        if step is not None:
+            out[rel] = step
+    return out
+
+
 class TierUploader:
     """A thread that copies each step newly committed in ``local`` to ``remote`` (the
     newest one only, when it falls behind: a step superseded before its upload is
-    skipped) and calls ``on_commit`` with its :class:`TierCommit`, or ``on_error`` with
-    a one-line reason (the next step tries again). ``retention``: the bucket's own,
-    applied after each upload (None: the bucket keeps every step); it never deletes the
-    bucket's newest step, a step newer than the last upload (another writer's in
-    flight), nor the ``protect`` steps (one a restore is reading from the bucket)."""
+    skipped), for every checkpoint root under ``local`` (:func:`checkpoint_roots`, found
+    again each round) to its twin under ``remote``, and calls ``on_commit`` with its
+    :class:`TierCommit` (``tier``: the twin's URL), or ``on_error`` with a one-line
+    reason (the next step tries again). ``retention``: the bucket's own, applied to a
+    root after each of its uploads (None: the bucket keeps every step); it never deletes
+    a root's newest step, a step newer than the last upload (another writer's in
+    flight), nor the ``protect`` steps (one a restore is reading from the bucket). A DDP
+    rank's part (``per-rank/rank<N>``) goes up with the top root's step (before its
+    manifest, no event of its own) while the top root has steps, on its own otherwise
+    (replica groups' parts); its retention keeps every step the bucket's other roots hold."""
 
     def __init__(
         self,
@@ -193,16 +228,27 @@ class TierUploader:
         self.retention, self.protect = retention, frozenset(protect)
         self.on_commit, self.on_error = on_commit, on_error
         self.interval_s = interval_s
-        self.uploaded: int | None = None
+        self._uploaded: dict[str, int | None] = {}  # per root: its newest step in the bucket
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stalwart-tier-upload", daemon=True)
 
+    @property
+    def uploaded(self) -> int | None:
+        """The newest step of the top root in the bucket (None: none yet)."""
+        return self._uploaded.get("")
+
     def start(self) -> TierUploader:
-        with contextlib.suppress(CheckpointError, OSError):
-            steps = committed_steps(self.remote)
-            self.uploaded = steps[-1] if steps else None
+        self._seen("", self.remote)
         self._thread.start()
         return self
+
+    def _seen(self, rel: str, remote: Storage) -> int | None:
+        if rel not in self._uploaded:
+            self._uploaded[rel] = None
+            with contextlib.suppress(CheckpointError, OSError):
+                steps = committed_steps(remote)
+                self._uploaded[rel] = steps[-1] if steps else None
+        return self._uploaded[rel]
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -211,30 +257,55 @@ class TierUploader:
         self.upload_newest()  # what the job committed last, before it ended
 
     def upload_newest(self) -> None:
+        """One round: each root's newest local step, where the bucket lacks it."""
         try:
-            steps = committed_steps(self.local)
-            if not steps or (self.uploaded is not None and steps[-1] <= self.uploaded):
+            roots = checkpoint_roots(self.local)
+        except (CheckpointError, OSError) as err:
+            self.on_error(f"{type(err).__name__}: {err}".splitlines()[0])
+            return
+        with contextlib.suppress(CheckpointError, OSError):
+            if committed_steps(self.local):  # DDP parts go up with the top root's steps
+                roots = [r for r in roots if not r.startswith(f"{NESTED_ROOTS}/")]
+        for rel in roots:
+            local = _sub(self.local, rel) if rel else self.local
+            remote = _sub(self.remote, rel) if rel else self.remote
+            self._upload_root(rel, local, remote)
+
+    def _upload_root(self, rel: str, local: Storage, remote: Storage) -> None:
+        try:
+            steps = committed_steps(local)
+            last = self._seen(rel, remote)
+            if not steps or (last is not None and steps[-1] <= last):
                 return
             step = steps[-1]
             t0 = time.perf_counter()
-            src = self.local
-            if isinstance(src, LocalStorage):
-                src = pin_step(src, step)
+            src = pin_step(local, step) if isinstance(local, LocalStorage) else local
             committed = load_manifest(src, step).created_unix
-            nbytes = copy_step(src, self.remote, step)
+            there = remote.exists(manifest_path(step))  # a DDP part: with its root's step
+            nbytes = copy_step(src, remote, step)
             seconds = time.perf_counter() - t0
-            self.uploaded = step
-            lag = max(0.0, time.time() - committed)
-            self.on_commit(TierCommit(self.remote.url, step, seconds, lag, nbytes))
+            self._uploaded[rel] = step
+            if not there:
+                lag = max(0.0, time.time() - committed)
+                self.on_commit(TierCommit(remote.url, step, seconds, lag, nbytes))
             if self.retention is not None:  # the bucket's own retention
-                collect_garbage(self.remote, self.retention, protect=self.protect)
+                collect_garbage(remote, self.retention, protect=self._protected(rel))
         except (CheckpointNotFoundError, FileNotFoundError):
             return  # deleted locally before it was pinned: the next round takes a newer one
         except (CheckpointError, OSError, EOFError) as err:
             self.on_error(f"{type(err).__name__}: {err}".splitlines()[0])
         finally:
-            if isinstance(self.local, LocalStorage):
-                shutil.rmtree(os.path.join(self.local.root, STAGING), ignore_errors=True)
+            if isinstance(local, LocalStorage):
+                shutil.rmtree(os.path.join(local.root, STAGING), ignore_errors=True)
+
+    def _protected(self, rel: str) -> frozenset[int]:
+        if not rel.startswith(f"{NESTED_ROOTS}/"):
+            return self.protect
+        held: set[int] = set()
+        for other in self._uploaded:
+            if not other.startswith(f"{NESTED_ROOTS}/"):
+                held |= set(committed_steps(_sub(self.remote, other) if other else self.remote))
+        return self.protect | held
 
     def close(self) -> None:
         """Upload what is committed locally and not yet in the bucket, then stop."""

@@ -42,6 +42,11 @@ class S3Config:
     """Ranged reads in flight during a restore (each lands in its destination tensor: more
     of them cost connections, not memory)."""
 
+    read_range_bytes: int = 16 << 20
+    """Bytes of one ranged read during a restore: the chunks of a pack are read in runs of
+    up to this size (one GetObject each, straight into the tensors), not one request per
+    chunk."""
+
     max_attempts: int = 5
     """Tries per request (botocore's standard retry mode, exponential backoff with jitter)
     on transient errors: 5xx, throttling (``SlowDown``), dropped connections."""
@@ -57,8 +62,13 @@ class S3Config:
             raise ConfigError(
                 f"S3 part size {self.part_bytes} is below S3's minimum of 5 MiB; use >= 5242880"
             )
-        if min(self.parallel_parts, self.max_attempts, self.read_threads) < 1:
-            raise ConfigError("S3 parallel_parts, read_threads and max_attempts must be >= 1")
+        if (
+            min(self.parallel_parts, self.max_attempts, self.read_threads, self.read_range_bytes)
+            < 1
+        ):
+            raise ConfigError(
+                "S3 parallel_parts, read_threads, read_range_bytes and max_attempts must be >= 1"
+            )
 
 
 def make_client(config: S3Config, url: str) -> Any:

@@ -11,7 +11,7 @@ the fix); a missing key is ``FileNotFoundError`` as for the other backends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stalwart.checkpoint.format import MANIFEST_NAME
@@ -44,6 +44,17 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def _copying_readinto(body: Any) -> Callable[[memoryview], int]:
+    """``readinto`` for a botocore body without one (older botocore): read, then copy."""
+
+    def readinto(view: memoryview) -> int:
+        data = body.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    return readinto
+
+
 class S3Storage:
     """Checkpoints under ``s3://bucket/prefix``. The client is made on first use: opening
     the storage does no network I/O."""
@@ -57,6 +68,7 @@ class S3Storage:
         self.endpoint = str(self._client.meta.endpoint_url)
         self._conditional = True  # the store accepts If-None-Match on PutObject
         self.read_threads = self.config.read_threads  # restore's reads in flight
+        self.read_range_bytes = self.config.read_range_bytes  # restore's bytes per GET
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -118,36 +130,50 @@ class S3Storage:
         buf: memoryview,
         on_piece: Callable[[memoryview], None] | None = None,
     ) -> None:
-        view = buf.cast("B")
-        key = self._key(path)
+        self.read_ranges(
+            path, offset, [buf.cast("B")], None if on_piece is None else lambda _, p: on_piece(p)
+        )
+
+    def read_ranges(
+        self,
+        path: str,
+        offset: int,
+        views: Sequence[memoryview],
+        on_piece: Callable[[int, memoryview], None] | None = None,
+    ) -> None:
+        """Fill ``views`` (byte views, in order) from the bytes at ``offset`` of ``path``
+        with one ranged GET, read straight into them; ``on_piece(i, piece)`` sees the
+        bytes of ``views[i]`` as they land. EOFError when the object is shorter."""
+        total = sum(len(v) for v in views)
         if offset < 0:
             raise EOFError(f"{path}: negative offset {offset}")
-        if not view:
+        if not total:
             self.size(path)  # FileNotFoundError when missing
             return
         try:
             reply = self._call(
                 f"reading {path}",
                 self._client.get_object,
-                Key=key,
-                Range=f"bytes={offset}-{offset + len(view) - 1}",
+                Key=self._key(path),
+                Range=f"bytes={offset}-{offset + total - 1}",
             )
         except Exception as err:
             if error_code(err.__cause__ or err) == "InvalidRange":
                 raise EOFError(f"{path}: file is shorter than expected (truncated)") from err
             raise
         body = reply["Body"]
-        pos = 0
+        readinto = getattr(body, "readinto", None) or _copying_readinto(body)
         try:
-            while pos < len(view):
-                piece = body.read(min(_READ_PIECE, len(view) - pos))
-                if not piece:
-                    raise EOFError(f"{path}: file is shorter than expected (truncated)")
-                n = len(piece)
-                view[pos : pos + n] = piece
-                if on_piece is not None:
-                    on_piece(view[pos : pos + n])
-                pos += n
+            for i, view in enumerate(views):
+                pos = 0
+                while pos < len(view):
+                    piece = view[pos : pos + min(_READ_PIECE, len(view) - pos)]
+                    n = readinto(piece)
+                    if not n:
+                        raise EOFError(f"{path}: file is shorter than expected (truncated)")
+                    if on_piece is not None:
+                        on_piece(i, piece[:n])
+                    pos += n
         except EOFError:
             raise
         except Exception as err:
