@@ -10,6 +10,7 @@ in this process, node 1 reaching node 0's store through a forwarder the test cut
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -200,6 +201,47 @@ def test_a_partition_shorter_than_the_grace_heals_into_the_same_job(
     assert fence is not None and fence.create_revision == node1.fence
     worker = worker_coordinator(env, node0.store)
     assert worker.advance_generation(node0.generation(), "a worker saw a collective fail").won
+
+
+def test_a_lease_the_store_kept_is_resumed_not_joined_again(
+    nodes: tuple[Cluster, Cluster, Forwarder],
+) -> None:
+    """Node 1's heartbeat gives up (its store calls time out) while the store still
+    holds its lease: a coordinator that was slow, not away (a stalled store renews every
+    lease when it runs again; coordinator/_stall.py), here renewed from node 0's side
+    during the cut. At the heal node 1 finds its member key as it created it and resumes
+    the same lease: no new member key, its workers' fence unchanged, never lost."""
+    node0, node1, fwd = nodes
+    _wait(lambda: node0.live_nodes() == {0, 1}, "node 1 seen")
+    first = node1.fence
+    kv = node0.store.get(node1.lease.key)
+    assert kv is not None and kv.create_revision == first
+    stop = threading.Event()
+
+    def renew() -> None:  # the store keeps node 1's lease through the cut
+        while not stop.wait(LEASE / 4):
+            node0.store.keepalive(kv.lease)
+
+    keeper = threading.Thread(target=renew, daemon=True)
+    keeper.start()
+    try:
+        fwd.cut()
+        _wait(lambda: node1.lease.missing is not None, "node 1 seeing its lease gone")
+        assert node0.store.get(node1.lease.key) is not None  # the store still has it
+        fwd.heal()
+        _wait(lambda: _poll(node1), "node 1 resuming")
+    finally:
+        stop.set()
+        keeper.join()
+    assert node1.lost_reason is None and node1.fence == first  # the same member key
+    assert any("renewed its lease again" in n for n in NOTES[1]), NOTES
+    assert not any("rejoined the job after" in n for n in NOTES[1]), NOTES
+    # its own heartbeat holds the lease again: alive several leases after the keeper
+    t_end = time.monotonic() + 4 * LEASE
+    while time.monotonic() < t_end:
+        assert node0.lost_nodes() == [] and node0.live_nodes() == {0, 1}
+        time.sleep(0.05)
+    assert node0.blocklisted() == set() and NOTES[0] == []  # node 0 never missed it
 
 
 def test_a_partition_longer_than_the_grace_loses_the_node_for_good(

@@ -100,8 +100,9 @@ class HostJob:
 
     def wait_step(self, step: int, timeout: float) -> None:
         """Until rank 0 logged ``step`` (a job that ended first, or the deadline: fail
-        with what the agents said)."""
-        deadline = time.monotonic() + timeout
+        with what the agents said). ``timeout`` is sized for a quiet machine and scaled
+        by the load (tests/_load.py)."""
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if any(s >= step for s, _, _ in self.steps()):
                 return
@@ -113,8 +114,9 @@ class HostJob:
 
     def wait(self, timeout: float) -> list[tuple[int, str]]:
         """Every agent's (exit code, stderr); one still running at ``timeout`` s from now
-        is stopped (SIGTERM, then SIGKILL) and reported as 124."""
-        deadline = time.monotonic() + timeout
+        is stopped (SIGTERM, then SIGKILL) and reported as 124 (``timeout`` scaled by
+        the load, as every wait of the suite: tests/_load.py)."""
+        deadline = time.monotonic() + scaled(timeout)
         out = []
         for p in self.procs:
             try:

@@ -1,8 +1,9 @@
 """The rest of issue 25's partition matrix on two lab hosts (test_partition.py and
 test_elastic_partition.py hold the first cells): a one-way partition, a short one, a
-delayed control plane, a control plane cut under etcd, and healed partitions under
-elastic. Every cell is ``hosts_matrix``: ``make test-hosts`` runs them, plain ``make
-test`` does not.
+delayed control plane, a control plane cut under etcd, 30% loss at the default lease,
+a one-way partition and a delayed etcd under etcd, and healed partitions under elastic.
+Every cell is ``hosts_matrix``: ``make test-hosts`` runs them, plain ``make test``
+does not.
 
 Flash cells run _flash.py's job and check its outcome (node 0 ends 0, final parameters
 bit-identical to the fault-free run, no step in an old generation after a bump, every
@@ -16,6 +17,7 @@ fixed-size run (constant global batch), no step traced in a generation the job h
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +131,81 @@ def test_control_plane_cut_30s_under_etcd(
         job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
         rc1, err1 = _flash(lab, job, f"partition 1->2:{CLIENT_PORT} for 30s", reference)
         assert rc1 in (0, 3), err1[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["embedded", "etcd"])
+def test_loss_30_percent_at_the_default_lease(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+    backend: str,
+) -> None:
+    """30% loss both ways for 30 s at the default lease (3 s), under node 0's store and
+    under etcd on a third host (the loss between the nodes only): renewals may time out,
+    so node 1 may be declared lost and fenced (exit 3) or ride it out (0); either way no
+    split brain, no refused commit trained past, and a node declared lost at most once
+    (no loss, rejoin, loss again loop)."""
+    lab = lab_factory(3 if backend == "etcd" else 2)
+    with contextlib.ExitStack() as stack:
+        rdzv = None
+        if backend == "etcd":
+            (tmp_path / "etcd").mkdir()
+            addr = stack.enter_context(etcd_on(lab, 2, require_etcd(), tmp_path / "etcd" / "data"))
+            rdzv = f"etcd://{addr}/hostjob"
+        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=rdzv)
+        rc1, err1 = _flash(lab, job, "loss 0<->1 30% for 30s", reference)
+    assert rc1 in (0, 3), err1[-3000:]
+    events = read_events(str(job.run_dir / "events.jsonl")).events
+    lost = [
+        e["domain"]["node"]
+        for e in events
+        if e.kind == "fault_detected" and e["fault"] == "node_loss"
+    ]
+    assert lost.count(1) <= 1 and 0 not in lost, lost
+
+
+def test_one_way_partition_30s_under_etcd(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """etcd on a third host; what node 1 sends to node 0 is dropped for 30 s (both still
+    reach etcd): the watched data plane finds the cut, the majority finishes."""
+    binary = require_etcd()
+    lab = lab_factory(3)
+    (tmp_path / "etcd").mkdir()
+    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
+        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
+        rc1, err1 = _flash(lab, job, "partition 1->0 for 30s", reference)
+    assert rc1 in (0, 3), err1[-3000:]
+
+
+def test_delayed_etcd_200ms(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    reference: list[str],
+    tmp_path: Path,
+) -> None:
+    """Node 1's connections to etcd 200 ms late both ways, from before the job starts
+    until 30 s after step FAULT_AT: the job finishes as if nothing happened, no node
+    fenced (the agent's etcd calls wait half a lease, well over 200 ms)."""
+    binary = require_etcd()
+    lab = lab_factory(3)
+    (tmp_path / "etcd").mkdir()
+    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
+        lab.inject(f"delay 1<->2:{CLIENT_PORT} 200ms")
+        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
+        job.wait_step(FAULT_AT, timeout=300)
+        heal = threading.Timer(30, lab.heal)
+        heal.start()
+        try:
+            ended = job.wait(420)
+        finally:
+            heal.cancel()
+    check_outcome(job, ended, reference)
+    assert ended[1][0] == 0, ended[1][1][-3000:]
 
 
 # -- elastic --------------------------------------------------------------------------

@@ -28,17 +28,40 @@ from stalwart.coordinator import (
     EtcdStoreConfig,
     Put,
     StoreError,
+    StoreUnavailableError,
     TokenFileError,
     check_token,
     create_token_file,
     read_token_file,
 )
 from stalwart.errors import ConfigError
+from stalwart.logs import get_logger
 
-__all__ = ["open_etcd", "rdzv_from_file"]
+__all__ = ["ETCD_RIDE_OUT_S", "agent_etcd_config", "open_etcd", "rdzv_from_file"]
 
 
 _MAX_CONF_BYTES = 64 * 1024
+_log = get_logger(__name__)
+
+ETCD_RIDE_OUT_S = 10.0
+"""The shortest an agent keeps retrying an etcd that does not answer: a restart of a
+single member or a leader election (under a second in a 3-member cluster) is ridden
+out; longer, this node takes itself for cut from etcd (its lease expired there)."""
+
+
+def agent_etcd_config(lease_s: float) -> EtcdStoreConfig:
+    """How long an agent's etcd call may take, bounded by the lease as the embedded
+    store's are (agent/_link.py): a reply within half the lease (at least 1 s: etcd
+    fsyncs every write), retries for two leases and at least :data:`ETCD_RIDE_OUT_S`.
+    A node cut from etcd then learns it within ``max(3 x lease, lease/2 + 10 s)`` plus
+    under a second of backoff and exits 3, not after a 30 s request and a 60 s
+    reconnect (docs/etcd.md)."""
+    half = max(1.0, lease_s / 2)
+    reconnect = max(ETCD_RIDE_OUT_S, 2 * lease_s)
+    marker = int(max(300, 4 * reconnect))  # exactly-once retries: twice the reconnect at least
+    return EtcdStoreConfig(
+        connect_timeout=half, request_timeout=half, reconnect_timeout=reconnect, marker_ttl=marker
+    )
 
 
 def rdzv_from_file(path: str) -> str:
@@ -81,10 +104,10 @@ def rdzv_from_file(path: str) -> str:
 def open_etcd(cfg: LaunchConfig) -> tuple[EtcdStore, bytes]:
     """Connect to the job's etcd (StoreUnavailableError now if unreachable); the token."""
     assert cfg.rdzv is not None
-    # agents ride out an etcd restart or leader election: retry for a minute
-    store = EtcdStore.from_url(cfg.rdzv, EtcdStoreConfig(reconnect_timeout=60.0, marker_ttl=300))
+    # a restart or an election is ridden out; a node cut from etcd is fenced soon after
+    store = EtcdStore.from_url(cfg.rdzv, agent_etcd_config(cfg.node_lease_s))
     try:
-        store.ping()
+        _reach(store, cfg)
         if cfg.token_file:
             token = _shared_token_file(cfg.token_file, cfg.start_timeout_s)
             check_token(store, cfg.job, token, cfg.token_file, create=True)
@@ -99,6 +122,29 @@ def open_etcd(cfg: LaunchConfig) -> tuple[EtcdStore, bytes]:
     except BaseException:
         store.close()
         raise
+
+
+def _reach(store: EtcdStore, cfg: LaunchConfig) -> None:
+    """The first answer from etcd: each ping gives up after the agent's bounded
+    reconnect; at start etcd may take up to ``--start-timeout`` to come up, said once
+    past 10 s (StoreUnavailableError after that)."""
+    start = time.monotonic()
+    said = False
+    while True:
+        try:
+            store.ping()
+            return
+        except StoreUnavailableError:
+            waited = time.monotonic() - start
+            if waited > cfg.start_timeout_s:
+                raise
+            if not said and waited > 10.0:
+                said = True
+                until = time.strftime(
+                    "%H:%M:%S", time.localtime(time.time() + cfg.start_timeout_s - waited)
+                )
+                where = ",".join(f"{h}:{p}" for h, p in store.endpoints)
+                _log.info("waiting for etcd at %s until %s", where, until)
 
 
 def _shared_token_file(path: str, timeout: float) -> bytes:
