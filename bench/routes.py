@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         step_s = args.step_s or warm_up(args.warmup_steps, out / "warm-up")
         return _run(args, out, step_s)
-    except (SizingError, subprocess.CalledProcessError, ConfigError) as exc:
+    except (SizingError, subprocess.SubprocessError, ConfigError) as exc:
         print(json.dumps({"error": f"bench/routes.py: {exc}", "valid": False}))
         return 2
 
