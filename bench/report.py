@@ -60,10 +60,12 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
-def run_bench(name: str, quick: bool) -> dict[str, Any]:
-    """Run one bench; its final JSON line (or an invalid line saying why there is none)."""
+def run_bench(name: str, quick: bool, routes: str = "") -> dict[str, Any]:
+    """Run one bench; its final JSON line (or an invalid line saying why there is none).
+    ``routes``: the routes bench runs only these (all by default)."""
     script, full, small = BENCHES[name]
     cmd = [sys.executable, str(HERE / script), *(small if quick else full)]
+    cmd += ["--routes", routes] if routes and name == "routes" else []
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     lines = got.stdout.strip().splitlines()
@@ -115,7 +117,8 @@ def _bench_section(name: str, doc: Mapping[str, Any]) -> list[str]:
     out = [f"## {name}", ""]
     ran = doc.get("ran")
     if isinstance(ran, Mapping):
-        out += [f"ran: {ran.get('date')}, commit {ran.get('commit')}", ""]
+        only = f"; {ran['only']}" if ran.get("only") else ""
+        out += [f"ran: {ran.get('date')}, commit {ran.get('commit')}{only}", ""]
     valid = doc.get("valid")
     out.append(f"valid: **{'yes' if valid else 'no'}**")
     out += [f"- invalid: {why}" for why in doc.get("invalid", [])]
@@ -175,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(BENCHES), help="comma-separated benches")
     p.add_argument("--render-only", action="store_true", help="write the page from results")
     p.add_argument("--keep", action="store_true", help="keep the other benches' lines")
+    p.add_argument("--routes", default="", help="the routes bench runs only these routes")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--page", default=str(PAGE))
     p.add_argument("--routes-page", default=str(ROUTES_PAGE))
@@ -193,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         benches = dict(old.get("benches", {}))
         for n in names:
             ran = {"date": _now(), "commit": _commit()}
-            benches[n] = {**run_bench(n, args.quick), "ran": ran}
+            if n == "routes" and args.routes:
+                ran["only"] = f"only the routes {args.routes} (--routes)"
+            benches[n] = {**run_bench(n, args.quick, args.routes), "ran": ran}
         results = {"date": _now(), "commit": _commit(), "quick": args.quick, "benches": benches}
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1) + "\n")

@@ -96,7 +96,9 @@ def test_keep_reruns_one_bench_and_keeps_the_others_with_when_they_ran(
     old_line = {**_line(harness, [0.4, 0.5, 0.45]), "ran": {"date": "then", "commit": "old"}}
     old = {"date": "then", "commit": "old", "quick": False, "benches": {"node_loss": old_line}}
     path.write_text(json.dumps(old))
-    monkeypatch.setattr(report, "run_bench", lambda name, quick: _line(harness, [2.0, 3.0, 4.0]))
+    monkeypatch.setattr(
+        report, "run_bench", lambda name, quick, routes: _line(harness, [2.0, 3.0, 4.0])
+    )
     monkeypatch.setattr(report, "_commit", lambda: "new")
     page = tmp_path / "benchmarks.md"
     argv = ["--only", "checkpoint", "--keep", "--results", str(path), "--page", str(page)]
