@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -62,10 +63,10 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
 
 def run_bench(name: str, quick: bool, routes: str = "") -> dict[str, Any]:
     """Run one bench; its final JSON line (or an invalid line saying why there is none).
-    ``routes``: the routes bench runs only these (all by default)."""
+    ``routes``: more arguments of the routes bench (``--routes-args``)."""
     script, full, small = BENCHES[name]
     cmd = [sys.executable, str(HERE / script), *(small if quick else full)]
-    cmd += ["--routes", routes] if routes and name == "routes" else []
+    cmd += shlex.split(routes) if name == "routes" else []
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     lines = got.stdout.strip().splitlines()
@@ -178,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(BENCHES), help="comma-separated benches")
     p.add_argument("--render-only", action="store_true", help="write the page from results")
     p.add_argument("--keep", action="store_true", help="keep the other benches' lines")
-    p.add_argument("--routes", default="", help="the routes bench runs only these routes")
+    p.add_argument("--routes-args", default="", help="more arguments of bench/routes.py")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--page", default=str(PAGE))
     p.add_argument("--routes-page", default=str(ROUTES_PAGE))
@@ -197,9 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         benches = dict(old.get("benches", {}))
         for n in names:
             ran = {"date": _now(), "commit": _commit()}
-            if n == "routes" and args.routes:
-                ran["only"] = f"only the routes {args.routes} (--routes)"
-            benches[n] = {**run_bench(n, args.quick, args.routes), "ran": ran}
+            if n == "routes" and args.routes_args:
+                ran["only"] = f"bench/routes.py {args.routes_args}"
+            benches[n] = {**run_bench(n, args.quick, args.routes_args), "ran": ran}
         results = {"date": _now(), "commit": _commit(), "quick": args.quick, "benches": benches}
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1) + "\n")

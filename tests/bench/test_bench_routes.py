@@ -145,3 +145,8 @@ def test_a_warm_up_past_its_timeout_still_prints_the_final_line(
 
 def test_bench_dir_on_path() -> None:
     assert any(Path(p).name == "bench" for p in sys.path)
+
+
+def test_reuse_needs_the_runs_folder_and_its_size(routes: ModuleType, tmp_path: Path) -> None:
+    assert routes.main(["--reuse", "--out", str(tmp_path)]) == 2
+    assert routes._command(10, 0.1, tmp_path / "t.json", "flash", tmp_path, True)[4] == "--reuse"
