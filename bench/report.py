@@ -2,14 +2,18 @@
 write docs/benchmarks.md from them: one table per bench (figure, median, min, max, n,
 valid), with the load, versions, machine, date and commit it ran at.
 
-    python bench/report.py [--quick] [--only routes,node_loss] [--render-only]
+    python bench/report.py [--quick] [--only routes,node_loss] [--keep] [--render-only]
 
 Default: each bench at its default size with 3 repetitions (the route table: 1 run, its
 spread from its >= 5 faults per route). ``--quick``: 1 repetition at small sizes (a look
 that it all runs; its figures have no spread and are not the documented ones).
 Results go to bench/results/latest.json (``{"benches": {name: line}, "date", "commit",
 "quick"}``; bench/regress.py compares two such files) and the page to
-docs/benchmarks.md. ``--render-only`` writes the page from the results file as it is.
+docs/benchmarks.md. ``--render-only`` writes the page from the results file as it is;
+``--keep`` keeps the lines of the benches not rerun from the results file (each bench's
+section says when and at which commit it ran). The route table compare wrote in the
+routes bench's run (its ``routes.md``) goes into the page and into docs/routes.md,
+between the ``<!-- bench:routes -->`` markers: docs/routes.md's table is that output.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -27,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "latest.json"
 PAGE = ROOT / "docs" / "benchmarks.md"
+ROUTES_PAGE = ROOT / "docs" / "routes.md"
+MARKS = ("<!-- bench:routes -->", "<!-- /bench:routes -->")
 
 # name: (script, full-size args, quick args)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
@@ -54,10 +61,12 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
-def run_bench(name: str, quick: bool) -> dict[str, Any]:
-    """Run one bench; its final JSON line (or an invalid line saying why there is none)."""
+def run_bench(name: str, quick: bool, routes: str = "") -> dict[str, Any]:
+    """Run one bench; its final JSON line (or an invalid line saying why there is none).
+    ``routes``: more arguments of the routes bench (``--routes-args``)."""
     script, full, small = BENCHES[name]
     cmd = [sys.executable, str(HERE / script), *(small if quick else full)]
+    cmd += shlex.split(routes) if name == "routes" else []
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     lines = got.stdout.strip().splitlines()
@@ -68,7 +77,27 @@ def run_bench(name: str, quick: bool) -> dict[str, Any]:
         doc = None
     if not isinstance(doc, dict):
         return {"valid": False, "invalid": [f"{script} exited {got.returncode}, no JSON line"]}
+    table = Path(str(doc.get("work_dir", ""))) / "rep0" / "routes.md"
+    if name == "routes" and doc.get("work_dir") and table.is_file():
+        doc["table_md"] = table.read_text()  # compare's table of the run (docs/routes.md)
     return doc
+
+
+def routes_table(routes_doc: Mapping[str, Any], page: str) -> str:
+    """``page`` (docs/routes.md) with compare's table of the routes bench's run between
+    the markers (unchanged when the run left no table or the page has no markers)."""
+    table = routes_doc.get("table_md")
+    start, end = MARKS
+    if not table or start not in page or end not in page:
+        return page
+    head, rest = page.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    body = "\n".join(ln for ln in str(table).splitlines() if not ln.startswith("# "))
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _commit() -> str:
@@ -87,6 +116,10 @@ def _cell(value: Any) -> str:
 
 def _bench_section(name: str, doc: Mapping[str, Any]) -> list[str]:
     out = [f"## {name}", ""]
+    ran = doc.get("ran")
+    if isinstance(ran, Mapping):
+        only = f"; {ran['only']}" if ran.get("only") else ""
+        out += [f"ran: {ran.get('date')}, commit {ran.get('commit')}{only}", ""]
     valid = doc.get("valid")
     out.append(f"valid: **{'yes' if valid else 'no'}**")
     out += [f"- invalid: {why}" for why in doc.get("invalid", [])]
@@ -105,6 +138,9 @@ def _bench_section(name: str, doc: Mapping[str, Any]) -> list[str]:
         ok = "yes" if s.get("valid", True) else "**no**"
         cells = [_cell(float(s[k])) for k in ("median", "min", "max")]
         out.append(f"| {fig} | {' | '.join(cells)} | {s['n']} | {ok} |")
+    if doc.get("table_md"):
+        out += ["", "compare's table of this run (also in docs/routes.md):", ""]
+        out += [ln for ln in str(doc["table_md"]).splitlines() if not ln.startswith("# ")]
     return [*out, ""]
 
 
@@ -142,8 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 repetition, small sizes")
     p.add_argument("--only", default=",".join(BENCHES), help="comma-separated benches")
     p.add_argument("--render-only", action="store_true", help="write the page from results")
+    p.add_argument("--keep", action="store_true", help="keep the other benches' lines")
+    p.add_argument("--routes-args", default="", help="more arguments of bench/routes.py")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--page", default=str(PAGE))
+    p.add_argument("--routes-page", default=str(ROUTES_PAGE))
     args = p.parse_args(argv)
     results_path = Path(args.results)
     if not args.render_only:
@@ -152,12 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             print(f"bench/report.py: unknown bench(es) {unknown}; known: {sorted(BENCHES)}")
             return 2
-        results = {
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _commit(),
-            "quick": args.quick,
-            "benches": {n: run_bench(n, args.quick) for n in names},
-        }
+        old = json.loads(results_path.read_text()) if args.keep and results_path.is_file() else {}
+        if old and bool(old.get("quick")) != args.quick:
+            print("bench/report.py: --keep mixes a quick run with a full one; rerun all")
+            return 2
+        benches = dict(old.get("benches", {}))
+        for n in names:
+            ran = {"date": _now(), "commit": _commit()}
+            if n == "routes" and args.routes_args:
+                ran["only"] = f"bench/routes.py {args.routes_args}"
+            benches[n] = {**run_bench(n, args.quick, args.routes_args), "ran": ran}
+        results = {"date": _now(), "commit": _commit(), "quick": args.quick, "benches": benches}
         results_path.parent.mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps(results, indent=1) + "\n")
     elif not results_path.is_file():
@@ -165,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     results = json.loads(results_path.read_text())
     Path(args.page).write_text(render(results))
+    routes_page = Path(args.routes_page)
+    if "routes" in results["benches"] and routes_page.is_file():
+        page = routes_page.read_text()
+        routes_page.write_text(routes_table(results["benches"]["routes"], page))
     bad = [n for n, d in results["benches"].items() if not d.get("valid")]
     print(f"wrote {args.page}; invalid: {', '.join(bad) or 'none'}")
     return 0

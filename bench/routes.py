@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from _harness import Invalid, Summary, add_arguments, fault_shortfall, repeat  # noqa: E402
 
-from stalwart.chaos.trace import FaultTrace, compile_trace  # noqa: E402
+from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace  # noqa: E402
 from stalwart.errors import ConfigError  # noqa: E402
 from stalwart.metrics.routes import read_step_records  # noqa: E402
 
@@ -76,7 +76,10 @@ def warm_up(steps: int, work: Path) -> float:
     cmd = [torchrun, "--standalone", "--nproc-per-node", str(WORKERS), str(SCRIPT), "--plain"]
     cmd += ["--max_iters", str(steps), "--eval_interval", "25", "--out", str(work)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=600)
-    recs = read_step_records(work / "trace-m0.jsonl")
+    return _step_rate(read_step_records(work / "trace-m0.jsonl"))
+
+
+def _step_rate(recs: Sequence[Any]) -> float:
     if len(recs) < 3:
         raise SizingError(f"the warm-up recorded {len(recs)} steps; raise --warmup-steps")
     first = recs[1]  # the first step holds the compile and the first batch
@@ -217,12 +220,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routes", default="torchrun,restart,flash,spare,elastic,async,torchft")
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --out and --steps: the runs, warm-up and trace in --out (compare --reuse)",
+    )
     add_arguments(p, default_reps=1)
     return p
 
 
-def _command(steps: int, step_s: float, trace: Path, routes: str, out: Path) -> list[str]:
+def _command(
+    steps: int, step_s: float, trace: Path, routes: str, out: Path, reuse: bool = False
+) -> list[str]:
     cmd = [sys.executable, "-m", "stalwart.cli.main", "compare", "--json"]
+    cmd += ["--reuse"] if reuse else []
     cmd += ["--nproc-per-node", str(WORKERS), "--target", str(steps), "--trace", str(trace)]
     cmd += ["--routes", routes, "--out", str(out), "--persist-every", "25"]
     cmd += ["--timeout", str(6 * steps * step_s + 300)]
@@ -234,11 +245,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.faults < 1:
         print("bench/routes.py: --faults takes a positive count (5 by default)")
         return 2
+    if args.reuse and not (args.out and args.steps):
+        print("bench/routes.py: --reuse takes the --out and --steps of the run to reuse")
+        return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="stalwart-bench-routes-"))
     try:
-        step_s = args.step_s or warm_up(args.warmup_steps, out / "warm-up")
+        if args.reuse:
+            step_s = args.step_s or _step_rate(
+                read_step_records(out / "warm-up" / "trace-m0.jsonl")
+            )
+        else:
+            step_s = args.step_s or warm_up(args.warmup_steps, out / "warm-up")
         return _run(args, out, step_s)
-    except (SizingError, subprocess.CalledProcessError, ConfigError) as exc:
+    except (SizingError, subprocess.SubprocessError, ConfigError) as exc:
         print(json.dumps({"error": f"bench/routes.py: {exc}", "valid": False}))
         return 2
 
@@ -249,6 +268,8 @@ def _run(args: argparse.Namespace, out: Path, step_s: float) -> int:
         steps, by = args.steps, "--steps"
         horizon = horizon_s(steps, step_s)
         trace = compile_trace(args.trace, seed=args.seed, ranks=WORKERS, horizon_s=horizon)
+        if args.reuse:  # the trace the runs in --out met, whatever it was sized on
+            trace, by = load_trace(out / "trace.json"), "faults (runs reused)"
     else:
         steps, trace = size_steps(args.trace, args.seed, args.faults, step_s)
         by = "faults"
@@ -259,7 +280,9 @@ def _run(args: argparse.Namespace, out: Path, step_s: float) -> int:
     names = [n for n in args.routes.split(",") if n]
 
     def measure(rep: int) -> dict[str, Any]:
-        cmd = _command(steps, step_s, out / "trace.json", args.routes, out / f"rep{rep}")
+        cmd = _command(
+            steps, step_s, out / "trace.json", args.routes, out / f"rep{rep}", args.reuse
+        )
         doc = run_compare(cmd)
         return route_rows(doc, args.faults)
 

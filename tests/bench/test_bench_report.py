@@ -85,3 +85,43 @@ def test_the_page_shows_median_spread_and_validity(harness: ModuleType, tmp_path
     page_path = tmp_path / "benchmarks.md"
     argv = ["--render-only", "--results", str(path), "--page", str(page_path)]
     assert report.main(argv) == 0 and page_path.read_text() == page
+
+
+def test_keep_reruns_one_bench_and_keeps_the_others_with_when_they_ran(
+    harness: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import report
+
+    path = tmp_path / "results.json"
+    old_line = {**_line(harness, [0.4, 0.5, 0.45]), "ran": {"date": "then", "commit": "old"}}
+    old = {"date": "then", "commit": "old", "quick": False, "benches": {"node_loss": old_line}}
+    path.write_text(json.dumps(old))
+    monkeypatch.setattr(
+        report, "run_bench", lambda name, quick, routes: _line(harness, [2.0, 3.0, 4.0])
+    )
+    monkeypatch.setattr(report, "_commit", lambda: "new")
+    page = tmp_path / "benchmarks.md"
+    argv = ["--only", "checkpoint", "--keep", "--results", str(path), "--page", str(page)]
+    assert report.main([*argv, "--routes-page", str(tmp_path / "none.md")]) == 0
+    got = json.loads(path.read_text())["benches"]
+    assert got["node_loss"] == old_line and got["checkpoint"]["spread"]["rto_s"]["median"] == 3.0
+    assert "ran: then, commit old" in page.read_text()
+    # without --keep the run is the only line; a quick run never mixes with a full one
+    assert report.main([*argv[:2], "--results", str(path), "--page", str(page)]) == 0
+    assert list(json.loads(path.read_text())["benches"]) == ["checkpoint"]
+    assert report.main([*argv, "--quick"]) == 2
+
+
+def test_the_routes_page_table_is_the_runs_output(harness: ModuleType) -> None:
+    import report
+
+    table = (
+        "# stalwart compare: nanogpt.py\n\ntrace `kill every=20s`\n\n| route |\n|---|\n| flash |\n"
+    )
+    page = "intro\n<!-- bench:routes -->\n| old |\n<!-- /bench:routes -->\nafter\n"
+    got = report.routes_table({"table_md": table}, page)
+    assert got.startswith("intro\n<!-- bench:routes -->\ntrace `kill every=20s`")
+    assert "| flash |\n<!-- /bench:routes -->\nafter\n" in got and "| old |" not in got
+    assert "# stalwart compare" not in got
+    assert report.routes_table({}, page) == page  # no table from the run: left as it was
+    assert report.routes_table({"table_md": table}, "no markers") == "no markers"

@@ -5,6 +5,7 @@ no best route; the job is sized from the trace's F-th fault."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -127,5 +128,26 @@ def test_a_trace_with_too_few_faults_is_refused(
     assert doc["valid"] is False and "fewer than --faults 5" in doc["error"]
 
 
+def test_a_warm_up_past_its_timeout_still_prints_the_final_line(
+    routes: ModuleType,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def slow(steps: int, work: Path) -> float:
+        raise subprocess.TimeoutExpired(["torchrun"], 600)
+
+    monkeypatch.setattr(routes, "warm_up", slow)
+    assert routes.main(["--out", str(tmp_path)]) == 2
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["valid"] is False and "timed out after 600" in doc["error"]
+
+
 def test_bench_dir_on_path() -> None:
     assert any(Path(p).name == "bench" for p in sys.path)
+
+
+def test_reuse_needs_the_runs_folder_and_its_size(routes: ModuleType, tmp_path: Path) -> None:
+    assert routes.main(["--reuse", "--out", str(tmp_path)]) == 2
+    assert "--reuse" in routes._command(10, 0.1, tmp_path / "t.json", "flash", tmp_path, True)
+    assert "--reuse" not in routes._command(10, 0.1, tmp_path / "t.json", "flash", tmp_path)

@@ -12,9 +12,10 @@ import pytest
 from _load import scaled
 
 from stalwart.chaos.trace import TraceFault, compile_trace
-from stalwart.cli._compare_run import Route, RunSettings, _command, _Injector
+from stalwart.cli._compare_run import Route, RunSettings, _command, _Injector, load_route
 from stalwart.cli.compare import _routes
 from stalwart.cli.main import build_parser, main
+from stalwart.metrics.routes import RouteRun, route_figures
 
 
 def _settings(tmp_path: Path) -> RunSettings:
@@ -76,8 +77,8 @@ def test_commands_carry_the_trace_the_same_way_to_every_stalwart_route(tmp_path:
     assert tr[tr.index("--max-restarts") + 1] == "1000"
 
 
-def _record(path: Path, pid: int, t: float) -> None:
-    rec = {"step": 1, "attempt": [0, 0], "t": t, "pid": pid, "loss": 1.0}
+def _record(path: Path, pid: int, t: float, step: int = 1) -> None:
+    rec = {"step": step, "attempt": [0, 0], "t": t, "pid": pid, "loss": 1.0}
     path.write_text(json.dumps(rec) + "\n")
 
 
@@ -90,7 +91,7 @@ def test_torchruns_signal_strikes_the_ranks_process_at_the_instant(tmp_path: Pat
         t0 = time.time()
         _record(tmp_path / "trace-m0.jsonl", os.getpid(), t0)  # not below the launcher
         _record(tmp_path / "trace-m1.jsonl", worker, t0)
-        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.3, "kill", 1),))
+        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.3, "kill", 1),), 50)
         inj.start()
         inj.join(timeout=30)
         assert not inj.is_alive() and len(inj.fired) == 1 and inj.fired[0] >= t0 + 0.3
@@ -106,7 +107,7 @@ def test_a_process_compare_did_not_start_is_never_signalled(tmp_path: Path) -> N
     launcher = subprocess.Popen(["sleep", "60"])
     try:
         _record(tmp_path / "trace-m0.jsonl", os.getpid(), time.time())
-        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.1, "kill", 0),))
+        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.1, "kill", 0),), 50)
         inj.start()
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and not inj.fired:
@@ -119,12 +120,14 @@ def test_a_process_compare_did_not_start_is_never_signalled(tmp_path: Path) -> N
         launcher.wait()
 
 
-def _leave_run(folder: Path, steps: list[tuple[int, float]], faults: list[float]) -> None:
+def _leave_run(
+    folder: Path, steps: list[tuple[int, float]], faults: list[float], rc: int = 0
+) -> None:
     corpus = folder / "corpus"
     corpus.mkdir(parents=True)
     lines = [{"step": s, "attempt": [0, 0], "t": t, "pid": 1, "loss": 1.0} for s, t in steps]
     (corpus / "trace-m0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    obs = {"launched": steps[0][1] - 5.0, "exited": steps[-1][1] + 1.0, "rc": 0}
+    obs = {"launched": steps[0][1] - 5.0, "exited": steps[-1][1] + 1.0, "rc": rc}
     (folder / "observed.json").write_text(json.dumps(obs | {"faults_at": faults}))
 
 
@@ -150,6 +153,50 @@ def test_reuse_makes_the_table_from_the_runs_in_out_without_running_them(
     assert row["reached"] and row["recovered"] == 1 and row["ettr"] < 1.0
     # the runs are of the trace recorded in OUT: another trace is refused, not mixed in
     assert main([*argv, "--trace", "kill every=7s", str(script)]) == 2
+
+
+def test_a_kill_at_the_last_step_is_unfired_and_the_run_still_finished(tmp_path: Path) -> None:
+    """The trace's third kill fired once member 0 had recorded the target step: it struck a
+    rank on its way out and the launcher exited 1 (a rank failed after a peer finished).
+    The run reached its target with the two faults it met; the third counts unfired."""
+    t = 1_800_000_000.0
+    steps = [(s, t + s) for s in range(1, 4)] + [(s, t + s + 2.0) for s in range(3, 11)]
+    _leave_run(tmp_path / "flash-faulted", steps, [t + 3.5, t + 7.2, t + 12.0], rc=1)
+    trace = compile_trace("kill every=4s", seed=0, ranks=4, horizon_s=13.0)
+    st = RunSettings(tmp_path / "train.py", (), 4, 10, tmp_path, 60.0, 10)
+    run = load_route(Route("flash", "stalwart", "flash"), st, trace, "flash/faulted")
+    assert run is not None and run.reached and run.rc == 1
+    assert run.faults_at == (t + 3.5, t + 7.2) and run.late_faults == 1
+    assert len(run.fault_ranks) == 2
+    free = RouteRun(**{**run.__dict__, "rc": 0, "faults_at": (), "late_faults": 0})
+    row = route_figures(run, free)
+    assert row.reached and row.time_to_target_s is not None and row.faults == 2
+    assert "1 fault(s) fired after step 10 was recorded" in row.note
+    # a failure with no late fault to explain it is still a run that did not finish
+    _leave_run(tmp_path / "restart-faulted", steps, [t + 3.5], rc=1)
+    failed = load_route(Route("restart", "stalwart", "restart"), st, trace, "restart/faulted")
+    assert failed is not None and not failed.reached and failed.late_faults == 0
+
+
+@pytest.mark.timeout(60)
+def test_torchruns_injector_sends_nothing_once_the_target_step_is_recorded(
+    tmp_path: Path,
+) -> None:
+    launcher = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    assert launcher.stdout is not None
+    worker = int(launcher.stdout.readline())
+    try:
+        t0 = time.time()
+        _record(tmp_path / "trace-m0.jsonl", os.getpid(), t0, step=50)  # the last step
+        _record(tmp_path / "trace-m1.jsonl", worker, t0)
+        inj = _Injector(tmp_path, launcher.pid, (TraceFault(0.1, "kill", 1),), 50)
+        inj.start()
+        inj.join(timeout=30)
+        assert not inj.is_alive() and inj.fired == []
+        assert launcher.poll() is None  # the worker was not killed
+    finally:
+        launcher.kill()
+        launcher.wait()
 
 
 def test_torchft_is_replayed_as_a_pause_per_fault_that_rolls_nothing_back() -> None:

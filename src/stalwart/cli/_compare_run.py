@@ -28,7 +28,13 @@ from pathlib import Path
 
 from stalwart.chaos.proctree import descendants, die_with_parent, stop_tree
 from stalwart.chaos.trace import FaultTrace, TraceFault
-from stalwart.metrics.routes import RouteRun, StepRecord, read_step_records, recoveries
+from stalwart.metrics.routes import (
+    RouteRun,
+    StepRecord,
+    before_target,
+    read_step_records,
+    recoveries,
+)
 
 __all__ = ["Route", "RunSettings", "load_route", "run_route", "term_exits"]
 
@@ -98,11 +104,14 @@ def _last_pid(path: Path) -> int | None:
 class _Injector(threading.Thread):
     """Sends the trace's signals to a torchrun or torchft job at the trace's instants (from
     its first step); a fault whose rank is between processes waits for the next one to
-    step."""
+    step. None is sent once member 0 recorded the ``target`` step (the job's last)."""
 
-    def __init__(self, corpus: Path, launcher: int, faults: tuple[TraceFault, ...]) -> None:
+    def __init__(
+        self, corpus: Path, launcher: int, faults: tuple[TraceFault, ...], target: int
+    ) -> None:
         super().__init__(daemon=True)
         self.corpus, self.launcher, self.faults = corpus, launcher, faults
+        self.target = target
         self.fired: list[float] = []
         self.stop = threading.Event()
 
@@ -119,7 +128,9 @@ class _Injector(threading.Thread):
                 self.stop.wait(0.1)
 
     def _signal(self, fault: TraceFault) -> bool:
-        if (self.corpus / "final-m0.json").exists():
+        recs = read_step_records(self.corpus / "trace-m0.jsonl")
+        done = bool(recs) and max(r.step for r in recs) >= self.target
+        if done or (self.corpus / "final-m0.json").exists():
             self.stop.set()  # member 0 is done: later instants are past the run's end
             return False
         pid = _last_pid(self.corpus / f"trace-m{fault.rank}.jsonl")
@@ -233,7 +244,7 @@ def run_route(
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     launched = time.time()
     proc = _launch(_command(route, st, out, job, chaos), out / "launcher.log", env)
-    injector = _Injector(out / "corpus", proc.pid, faults) if route.injected else None
+    injector = _Injector(out / "corpus", proc.pid, faults, st.target) if route.injected else None
     fired: Callable[[], tuple[float, ...]] = (
         (lambda: tuple(injector.fired)) if injector else (lambda: _injected_at(out / "run"))
     )
@@ -294,6 +305,8 @@ def load_route(
         return None
     if not (0 < launched <= exited):
         return None
+    records = read_step_records(out / "corpus" / "trace-m0.jsonl")
+    met = before_target(((r.step, r.t) for r in records), st.target, faults_at)
     return RouteRun(
         route=route.name,
         workers=st.workers,
@@ -302,9 +315,10 @@ def load_route(
         launched=launched,
         exited=exited,
         rc=rc,
-        records=read_step_records(out / "corpus" / "trace-m0.jsonl"),
-        faults_at=faults_at,
+        records=records,
+        faults_at=faults_at[:met],  # a fault fired past the target step counts unfired
         member_records=_member_records(out / "corpus"),
-        fault_ranks=ranks,
+        fault_ranks=ranks[:met],
+        late_faults=len(faults_at) - met,
         planned_at=tuple(f.t_s for f in trace.faults) if trace is not None else (),
     )

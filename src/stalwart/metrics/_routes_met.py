@@ -5,14 +5,18 @@ a fast machine a job can reach its target before the trace's first instant: it r
 free, and its ETTR (about 1.0) and time to target would pass for a faulted run's. A fault
 figure counts only from a run that met its faults, so such a run's figures are not
 shown; the faults of a long trace (``--horizon``) that fall after the job's end are the
-trace outliving the job, and are only counted.
+trace outliving the job, and are only counted. A fault that fired once member 0 had
+recorded the target step (the job's last step: it struck a rank on its way out) is not
+one of the faults the run met either (:func:`before_target`): it counts unfired, and the
+run, its target kept, counts as finished whatever that kill made the launcher exit with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FaultsMet", "faults_met"]
+__all__ = ["FaultsMet", "before_target", "faults_met"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +51,11 @@ def faults_met(planned_at: tuple[float, ...], fired: int, span_s: float | None) 
         f"first ({ran}; the next was due at {unfired[0]:.1f} s)"
     )
     return FaultsMet(len(planned), fired, True, note)
+
+
+def before_target(steps: Iterable[tuple[int, float]], target: int, fired: tuple[float, ...]) -> int:
+    """How many of the faults ``fired`` (wall clock, in order) struck before member 0
+    recorded step ``target`` (``steps``: its records' (step, wall clock)); the rest fired
+    at or after the job's last step. All of them when the target was never recorded."""
+    done = min((t for step, t in steps if step >= target), default=None)
+    return len(fired) if done is None else sum(1 for t in fired if t < done)

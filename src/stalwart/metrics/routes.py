@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stalwart.metrics._routes_met import FaultsMet, faults_met
+from stalwart.metrics._routes_met import FaultsMet, before_target, faults_met
 
 __all__ = [
     "ROUTES_VERSION",
@@ -60,6 +60,7 @@ __all__ = [
     "RouteFigures",
     "RouteRun",
     "StepRecord",
+    "before_target",
     "compare_document",
     "faults_met",
     "kept_losses",
@@ -100,6 +101,7 @@ class RouteRun:
     member_records: tuple[tuple[StepRecord, ...], ...] = ()  # every member's, for utilisation
     fault_ranks: tuple[int, ...] = ()  # the rank each fault of faults_at struck
     planned_at: tuple[float, ...] = ()  # the trace's instants, s after the first step
+    late_faults: int = 0  # faults that fired past the target step: not counted (unfired)
     sim: dict[str, Any] = field(default_factory=dict)  # the simulator's replay, if any
 
     @property
@@ -110,8 +112,10 @@ class RouteRun:
 
     @property
     def reached(self) -> bool:
-        """Finished the target: exit 0 with the target step kept."""
-        return self.rc == 0 and any(r.step >= self.target for r in self.records)
+        """Finished the target: the target step kept, with exit 0 or a failure that a fault
+        fired past that step caused (_routes_met.before_target)."""
+        ok = self.rc == 0 or self.late_faults > 0
+        return ok and any(r.step >= self.target for r in self.records)
 
 
 @dataclass(frozen=True)
@@ -330,6 +334,11 @@ def route_figures(run: RouteRun, fault_free: RouteRun) -> RouteFigures:
     ettr = _ettr(run.records, run.faults_at) if run.reached and met.met else None
     final, ff_final = _final_loss(run.records), _final_loss(fault_free.records)
     notes = [met.note] if met.note else []
+    if run.late_faults:
+        notes.append(
+            f"{run.late_faults} fault(s) fired after step {run.target} was recorded (the "
+            f"job's last step): not counted; exit {run.rc}"
+        )
     if not run.reached:
         why = "stopped at the cap" if run.rc == -9 else f"exit {run.rc}"
         notes.append(f"did not reach step {run.target} ({why})")
