@@ -195,6 +195,7 @@ def main() -> int:
     p.add_argument("--only", choices=["crash", "hang", "overhead", "real", "verdict"], default=None)
     p.add_argument("--eval-s", type=float, default=3.0, help="false_hang_kills' eval")
     p.add_argument("--jobs", default="", help="--only real: these jobs only (minimal,mingpt)")
+    p.add_argument("--strategies", default="flash,spare,warm", help="--only real: these only")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="stalwart-bench-recovery-"))
     result: dict[str, Any] = {"reps": args.reps, "steps": args.steps, "kill_at_step": 50}
@@ -363,7 +364,7 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
             result[f"{name}_note"] = f"examples/corpus/{script} does not exist"
     if args.jobs:
         jobs = {k: v for k, v in jobs.items() if k in args.jobs.split(",")}
-    for strategy in ("flash", "spare", "warm"):  # warm: spare with --standby
+    for strategy in args.strategies.split(","):  # warm: spare with --standby
         for name, (job, job_args, corpus) in jobs.items():
             rtos: list[float | None] = []
             for rep in range(args.reps):
@@ -378,14 +379,17 @@ def _real_scripts(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
             result[f"{strategy}_rto_s_{name}"] = _median(rtos)
             result[f"{strategy}_rto_s_{name}_all"] = rtos
     for name in jobs:
-        flash = result[f"flash_rto_s_{name}"]
+        flash = result.get(f"flash_rto_s_{name}")
         for kind in ("spare", "warm"):
-            spare = result[f"{kind}_rto_s_{name}"]
+            spare = result.get(f"{kind}_rto_s_{name}")
             result[f"{kind}_vs_flash_{name}"] = spare / flash if spare and flash else None
         if name == "minimal":
             continue
         for strategy in ("flash", "spare"):
-            mine, minimal = result[f"{strategy}_rto_s_{name}"], result[f"{strategy}_rto_s_minimal"]
+            mine, minimal = (
+                result.get(f"{strategy}_rto_s_{name}"),
+                result.get(f"{strategy}_rto_s_minimal"),
+            )
             result[f"{strategy}_{name}_vs_minimal"] = mine / minimal if mine and minimal else None
 
 
