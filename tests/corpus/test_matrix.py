@@ -379,10 +379,12 @@ def _identical_one_version(cell: Cell, out: Outcome, refs: References) -> None:
     _identical(cell, out, refs)
     assert out.files is not None and refs[cell.ref].files is not None
 
-    def versions(files: Path) -> dict[str, list[str]]:
+    def versions(files: Path) -> dict[str, set[str]]:
+        """version folder -> its checkpoints, a redone save's ``-vN`` name as the save's
+        (docs/integrations.md: the redone epoch-end save writes ``epoch=0-step=8-v1``)."""
         logs = files / "pl" / "lightning_logs"
         return {
-            v.name: sorted(c.name for c in (v / "checkpoints").glob("*.ckpt"))
+            v.name: {re.sub(r"-v\d+\.ckpt$", ".ckpt", c.name) for c in v.glob("checkpoints/*")}
             for v in logs.glob("version_*")
         }
 
