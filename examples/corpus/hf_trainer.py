@@ -15,7 +15,8 @@ The two stalwart lines are marked ``# stalwart``; ``--plain`` runs the same scri
 them (under torchrun). ``RecordCallback`` and the collator's index list only write what
 tests/corpus/test_matrix.py judges a run by (examples/corpus/_record.py): they are not part
 of the style. ``--eval_pause S`` makes every eval batch at least S seconds longer
-(CPU-busy); ``--bug_step N`` makes the rank launched as ``--bug_rank`` raise at step N.
+(CPU-busy); ``--bug_step N`` makes the rank launched as ``--bug_rank`` raise at step N;
+``--train_file`` naming a missing file fails every rank at start-up, as run_clm.py does.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=2e-3)
     p.add_argument("--bug_step", type=int, default=0, help="raise at this step (0: never)")
     p.add_argument("--bug_rank", type=int, default=1)
+    p.add_argument("--train_file", default="", help="a missing file: a start-up error")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--save_steps", type=int, default=0, help="a checkpoint every N (0: none)")
     a = p.parse_args()
@@ -158,6 +160,8 @@ def main() -> None:
         remove_unused_columns=False,  # the collator takes "index" out itself
     )
     with args.main_process_first(desc="dataset map pre-processing"):  # as run_clm.py
+        if a.train_file and not os.path.exists(a.train_file):  # as load_dataset's refusal
+            raise FileNotFoundError(f"Unable to find '{a.train_file}'")
         train_ds = CopyTask(a.train_samples, a.seq_len, config.vocab_size, salt=1)
         eval_ds = CopyTask(a.eval_samples, a.seq_len, config.vocab_size, salt=2)
     collate = Collate()

@@ -13,7 +13,8 @@ run by (examples/corpus/_record.py): it is not part of the style. ``--eval_pause
 every validation batch at least S seconds longer (CPU-busy); ``--bug_step N`` makes the
 rank launched as ``--bug_rank`` raise at step N. ``--epoch_end`` validates at every
 epoch's end (not every ``--val_every`` steps) and keeps the two best checkpoints by
-``val_loss`` (a ``ModelCheckpoint``: its save runs collectives on every rank).
+``val_loss`` (a ``ModelCheckpoint``: its save runs collectives on every rank) in the
+logger's ``lightning_logs/version_N/checkpoints``.
 """
 
 from __future__ import annotations
@@ -136,9 +137,8 @@ def main() -> None:
         member = strategy.session.env.rank
     rec = Recorder(a.out, member)
     callbacks: list[L.Callback] = [Record(rec, strategy if not a.plain else None)]
-    if a.epoch_end:
-        ckpt = os.path.join(a.out, "ckpt")
-        callbacks.append(L.callbacks.ModelCheckpoint(ckpt, monitor="val_loss", save_top_k=2))
+    if a.epoch_end:  # into the logger's version folder, as Lightning's examples do
+        callbacks.append(L.callbacks.ModelCheckpoint(monitor="val_loss", save_top_k=2))
 
     L.seed_everything(42, verbose=False)
     model = Net(a.lr, a.max_steps, a.eval_pause)

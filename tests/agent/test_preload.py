@@ -161,3 +161,49 @@ def test_an_import_stopped_midway_leaves_nothing_of_it_behind(
     res = preload([("ux_half_pkg", ())], local_roots=[str(tmp_path / "proj")], per_import_s=0.3)
     assert res.failed[0].startswith("ux_half_pkg: import took over")
     assert not [m for m in sys.modules if m.startswith("ux_half_pkg")], "leftovers kept"
+
+
+def test_an_import_stopped_in_a_lazy_attribute_leaves_nothing_of_it_behind(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``from transformers import Trainer``: the import of ``transformers`` finishes, the
+    alarm stops the lazy ``Trainer`` (importing Accelerate) midway. The package and what
+    the attribute loaded go: a worker imports them whole (seen under load: every worker
+    failed with ``partially initialized module 'accelerate.big_modeling'``)."""
+    site = tmp_path / "site"
+    pkg = site / "ux_lazy_half"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "def __getattr__(name):\n"
+        "    try:\n"
+        "        import importlib\n"
+        "        trainer = importlib.import_module('ux_lazy_half.trainer')\n"
+        "    except Exception as err:  # as transformers' _LazyModule wraps it\n"
+        "        raise ModuleNotFoundError(str(err)) from err\n"
+        "    return trainer.Trainer\n"
+    )
+    (pkg / "trainer.py").write_text("import ux_lazy_dep\nclass Trainer: pass\n")
+    (site / "ux_lazy_dep.py").write_text("import ux_lazy_done\nimport time\ntime.sleep(30)\n")
+    (site / "ux_lazy_done.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    res = preload(
+        [("ux_lazy_half", ("Trainer",))], local_roots=[str(tmp_path / "proj")], per_import_s=0.3
+    )
+    assert res.imported == [], res
+    assert res.failed[0].startswith("ux_lazy_half: import took over")
+    left = [m for m in sys.modules if m.startswith(("ux_lazy_half", "ux_lazy_d"))]
+    assert not left, f"leftovers kept: {left}"
+
+
+def test_an_import_that_computes_goes_on_past_the_window(tmp_path: Path, monkeypatch: Any) -> None:
+    """The limit stops an import that waits (no CPU used in a window), not one that
+    computes: on a loaded machine transformers' import took 30-100 s, and was dropped."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "ux_busy_pkg.py").write_text(
+        "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0:\n    pass\nX = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "ux_busy_pkg", raising=False)
+    res = preload([("ux_busy_pkg", ())], local_roots=[str(tmp_path / "proj")], per_import_s=0.3)
+    assert res.imported == ["ux_busy_pkg"], res.failed

@@ -33,6 +33,7 @@ class Outcome:
     """step -> the records of its committed attempt, one per rank that took part"""
     summaries: dict[int, dict[str, float]] = field(default_factory=dict)
     """member -> what the framework reported after training (``summary`` of its final)"""
+    files: Path | None = None  # the script's --out folder
 
     def kinds(self, kind: str) -> list[dict[str, object]]:
         return [f for k, f in self.events if k == kind]
@@ -80,7 +81,7 @@ def read_outcome(rc: int, stderr: str, run_dir: Path | None, out: Path) -> Outco
         events_of(run_dir) if run_dir is not None and (run_dir / "events.jsonl").exists() else []
     )
     trace = _committed(out) if out.exists() else {}
-    return Outcome(rc, stderr, events, finals, trace, summaries)
+    return Outcome(rc, stderr, events, finals, trace, summaries, out)
 
 
 def run_script(

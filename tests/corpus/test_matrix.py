@@ -5,6 +5,8 @@ Expectations (the ``expect`` column of CELLS):
 
 - ``identical``: the run finishes and every rank's final parameters are bit-identical to
   the script's fault-free run (its reference), as is every rank's loss at every step.
+- ``identical, one version``: the same, and Lightning's logs and checkpoints in the
+  fault-free run's one ``version_N`` folder, with its checkpoints.
 - ``identical, no kill``: the same, and nothing was declared failed (a long eval is work).
 - ``no kill``: the script's fault-free run, whose evals are made 3 s longer (its
   reference: ``Ref.only``), finished and nothing was declared failed (a long eval is
@@ -18,6 +20,8 @@ Expectations (the ``expect`` column of CELLS):
   run read, every sample once per epoch, the loss per step within float tolerance.
 - ``verdict``: the job ends (rc != 0) with one line naming the rank, the step and the
   error, rather than restarting the rank forever.
+- ``start-up verdict``: a start-up error on every rank ends the job (rc != 0) at its first
+  repeat, with one line naming the error, whatever ``--max-restarts`` allows.
 - ``finished once``: the run ends rc 0 with the torchrun run's final parameters, never
   restarted (a job whose ranks have begun to exit 0 is finishing: a restart would resume
   the script from its own snapshot and train its last epochs again).
@@ -173,6 +177,12 @@ CELLS = [
     # restart: hf_trainer-accum's cell below (the same flags and fault; it asserts more)
     Cell("hf_trainer", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          slow=True, timeout=SLOW_IMPORT),
+    # issue 29: run_clm.py with a --train_file that is not there fails every rank at
+    # start-up, every launch: one verdict after the first relaunch, not --max-restarts
+    Cell("hf_trainer", "flash", "start-up error", "start-up verdict",
+         args="--train_file missing.txt", slow=True, timeout=SLOW_IMPORT),
+    Cell("hf_trainer", "restart", "start-up error", "start-up verdict",
+         "--max-restarts 3", args="--train_file missing.txt", slow=True, timeout=SLOW_IMPORT),
     # issue 29: after recoveries, train()'s summary, the model card and the saves of
     # run_clm.py's epilogue as fault-free (train_loss over the whole run)
     Cell("hf_trainer-accum", "flash", "kill", "identical, summary", K1, timeout=SLOW_IMPORT),
@@ -199,7 +209,7 @@ CELLS = [
          slow=True, timeout=SLOW_IMPORT),
     # rank 0 killed just after an epoch-end validation and ModelCheckpoint save (step 8):
     # the rollback to 6 redoes the save on the survivor and the replacement alike
-    Cell("lightning-epoch", "flash", "kill after save", "identical",
+    Cell("lightning-epoch", "flash", "kill after save", "identical, one version",
          "--snapshot-every 3 --chaos 'kill rank=0 at=step:9'", timeout=SLOW_IMPORT),
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
@@ -371,6 +381,27 @@ def _identical_summary(cell: Cell, out: Outcome, refs: References) -> None:
         assert mine["total_flos"] == summary["total_flos"], member
 
 
+def _identical_one_version(cell: Cell, out: Outcome, refs: References) -> None:
+    """``identical``, and Lightning's logs and checkpoints in one ``version_N`` folder,
+    the fault-free run's, however often rank 0 was replaced (issue 29: a replacement
+    took ``version_1`` and left a stale checkpoint in ``version_0``)."""
+    _identical(cell, out, refs)
+    assert out.files is not None and refs[cell.ref].files is not None
+
+    def versions(files: Path) -> dict[str, set[str]]:
+        """version folder -> its checkpoints, a redone save's ``-vN`` name as the save's
+        (docs/integrations.md: the redone epoch-end save writes ``epoch=0-step=8-v1``)."""
+        logs = files / "pl" / "lightning_logs"
+        return {
+            v.name: {re.sub(r"-v\d+\.ckpt$", ".ckpt", c.name) for c in v.glob("checkpoints/*")}
+            for v in logs.glob("version_*")
+        }
+
+    mine, ref = versions(out.files), versions(refs[cell.ref].files)
+    assert len(ref) == 1 and next(iter(ref.values())), f"fault-free run: {ref}"
+    assert mine == ref, f"version folders and checkpoints {mine}, fault-free {ref}"
+
+
 def _identical_no_kill(cell: Cell, out: Outcome, refs: References) -> None:
     _identical(cell, out, refs)
     assert not out.kinds("fault_detected"), out.kinds("fault_detected")
@@ -471,6 +502,16 @@ def _verdict(cell: Cell, out: Outcome, refs: References) -> None:
     )
 
 
+def _start_up_verdict(cell: Cell, out: Outcome, refs: References) -> None:
+    """A start-up error on every rank, the same at every launch: the job ends after one
+    relaunch (the error's first repeat) with one verdict line naming the error."""
+    assert out.rc != 0, "the job whose every rank fails at start-up did not fail"
+    assert not out.trace, "a step was recorded"
+    verdicts = [ln for ln in out.stderr.splitlines() if "every rank failed before" in ln]
+    assert len(verdicts) == 1 and "FileNotFoundError" in verdicts[0], out.stderr[-3000:]
+    assert len(out.kinds("recovery_begin")) <= 1, "relaunched after the error repeated"
+
+
 def _finished_once(cell: Cell, out: Outcome, refs: References) -> None:
     _finished(out)
     assert not out.kinds("recovery_begin"), out.stderr[-3000:]
@@ -483,12 +524,14 @@ JUDGES = {
     "identical, no kill": _identical_no_kill,
     "no kill": _no_kill,
     "identical, summary": _identical_summary,
+    "identical, one version": _identical_one_version,
     "agree": _agree,
     "same batches": _same_batches,
     "eval avg": _eval_avg,
     "same loss": _same_loss,
     "resized": _resized,
     "verdict": _verdict,
+    "start-up verdict": _start_up_verdict,
 }
 
 

@@ -13,7 +13,8 @@ the standard library: the script's own modules may run its code at import, and m
 edited between restarts; agent/_local_preload.py imports those that only define
 things). ``from m import a, b`` also reads ``m.a`` and ``m.b``, which
 loads the lazy submodules of packages such as transformers. Each import gets a time
-limit, a failing one is skipped (the worker will import it itself and fail there, as it
+limit (judged by the CPU it uses: a waiting import is stopped, a busy one goes on), a
+failing one is skipped (the worker will import it itself and fail there, as it
 would without stalwart), and the zygote checks that the imports ran no torch op and
 started no thread (either would make forked workers deadlock) before it forks anything.
 """
@@ -42,7 +43,8 @@ __all__ = [
     "threads",
 ]
 
-_PER_IMPORT_S = 20.0  # one import that takes longer is abandoned (a network call...)
+_PER_IMPORT_S = 20.0  # one import that uses no CPU for this long is abandoned (waits)
+_CAP_WINDOWS = 15  # ... and one that computes, after this many of those windows
 _TOTAL_S = 60.0  # no import starts after this much time spent preloading
 
 
@@ -85,12 +87,39 @@ class PreloadResult:
     seconds: float = 0.0
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Not an ``Exception``: a library's ``except Exception`` (transformers' lazy modules
+    wrap a failed submodule import in one) or the lazy attribute's own suppression below
+    would swallow it, leaving the import half done in ``sys.modules``."""
 
 
-def _alarm(_sig: int, _frame: FrameType | None) -> None:
-    raise _Timeout
+class _Limit:
+    """The time limit of one import, judged by this process's CPU time: a SIGALRM every
+    ``window_s`` stops the import in a window in which it used almost no CPU (it waits:
+    a network call, a lock), or after ``_CAP_WINDOWS`` windows. An import that computes
+    goes on: on a loaded machine transformers' took 30-100 s of wall time (2 cores, load
+    26-38), and a preload dropped for it made every replacement import it again."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s, self.cpu, self.t0, self.windows = window_s, 0.0, 0.0, 0
+        self.stuck = False
+
+    def arm(self) -> None:
+        self.cpu, self.t0, self.windows = time.process_time(), time.monotonic(), 0
+        self.stuck = False
+        signal.setitimer(signal.ITIMER_REAL, self.window_s, self.window_s)
+
+    def why(self) -> str:
+        spent = time.monotonic() - self.t0
+        return f"import took over {spent:.0f}s" + (" without using the CPU" if self.stuck else "")
+
+    def __call__(self, _sig: int, _frame: FrameType | None) -> None:
+        cpu = time.process_time()
+        used, self.cpu = cpu - self.cpu, cpu
+        self.windows += 1
+        self.stuck = used < min(0.2, 0.01 * self.window_s)  # under 1% of a core
+        if self.stuck or self.windows >= _CAP_WINDOWS:
+            raise _Timeout
 
 
 def _forget(before: set[str]) -> None:
@@ -102,6 +131,16 @@ def _forget(before: set[str]) -> None:
     imports the package whole, as without a preload."""
     for name in set(sys.modules) - before:
         sys.modules.pop(name, None)
+
+
+def _read_lazy(module: object, name: str) -> None:
+    """``from m import name``: read ``m.name``. One that fails to import (a missing
+    optional dependency) is skipped, and the modules its attempt left are dropped."""
+    before = set(sys.modules)
+    try:
+        getattr(module, name)
+    except Exception:
+        _forget(before)
 
 
 def _installed_roots() -> list[str]:
@@ -140,12 +179,13 @@ def preload(
 ) -> PreloadResult:
     """Import ``items`` (from :func:`script_imports`) in this process, skipping the
     modules found under ``local_roots`` (the script's own code). Runs in the zygote's
-    main thread (the time limit is a SIGALRM)."""
+    main thread (the time limit is a SIGALRM: :class:`_Limit`)."""
     roots = [os.path.realpath(r) for r in local_roots if r]
     installed = _installed_roots()
     res = PreloadResult()
     t0 = time.monotonic()
-    old = signal.signal(signal.SIGALRM, _alarm)
+    limit = _Limit(per_import_s)
+    old = signal.signal(signal.SIGALRM, limit)
     try:
         for mod, names in items:
             if time.monotonic() - t0 > total_s:
@@ -161,16 +201,15 @@ def preload(
                 continue
             if mod in sys.modules and not names:
                 continue  # already there (torch, the standard library's basics)
-            signal.setitimer(signal.ITIMER_REAL, per_import_s)
+            limit.arm()
             before = set(sys.modules)
             try:
                 module = importlib.import_module(mod)
                 for name in names:  # lazy attributes (transformers' models)
-                    with contextlib.suppress(Exception):
-                        getattr(module, name)
+                    _read_lazy(module, name)
                 res.imported.append(mod)
             except _Timeout:
-                res.failed.append(f"{mod}: import took over {per_import_s:.0f}s")
+                res.failed.append(f"{mod}: {limit.why()}")
                 _forget(before)
             except BaseException as err:  # SystemExit too: never end the zygote
                 first = (str(err).splitlines() or [""])[0]
