@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.agent._lifecycle import write_agent_json
-from stalwart.agent._private import make_private_dir, owned_file
+from stalwart.agent._private import make_private_dir, owned_file, write_private
 from stalwart.agent._rundir import MARKER, claim_run_dir
 from stalwart.errors import ConfigError
 from stalwart.metrics import EventLog
@@ -42,6 +42,26 @@ def test_a_new_run_dir_and_its_records_are_private(tmp_path: Path, loose_umask: 
     log.emit("note", message="x")
     log.close()
     assert _mode(run / "events.jsonl") == 0o600
+
+
+def test_a_reused_run_dirs_rotation_and_chaos_plan_are_private(
+    tmp_path: Path, loose_umask: object
+) -> None:
+    """The previous run's records move into prev/<N> 0700 and the chaos plan is written
+    0600, whatever the umask (they were 0775 and 0664 under this one)."""
+    run = tmp_path / "run"
+    claim_run_dir(str(run), "job7")
+    EventLog(str(run / "events.jsonl")).close()
+    moved = claim_run_dir(str(run), "job7")
+    assert moved == str(run / "prev" / "1")
+    assert _mode(run / "prev") == 0o700 and _mode(run / "prev" / "1") == 0o700
+    (run / "chaos").mkdir(mode=0o700)
+    write_private(str(run / "chaos" / "plan.json"), "{}")
+    assert _mode(run / "chaos" / "plan.json") == 0o600
+    (run / "chaos" / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        write_private(str(run / "chaos" / "link"), "{}")
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_an_existing_run_dir_of_ours_is_narrowed(tmp_path: Path) -> None:

@@ -115,6 +115,14 @@ def _huge_global_shape(m: dict[str, Any], idx: dict[str, Any], root: Path) -> No
     t["shard"] = {"global_shape": glob, "offsets": [0] * len(t["shape"])}
 
 
+def _claims_anothers_bytes(m: dict[str, Any], idx: dict[str, Any], root: Path) -> None:
+    """A chunk moved onto the place of another tensor's chunk (same pack, its own length
+    and hash): verify checked each place once and said ok of it."""
+    first, second = [t["chunks"][0] for t in idx["tensors"] if t["chunks"]][:2]
+    assert first[1] == second[1]  # one pack
+    second[2] = first[2]
+
+
 CASES: dict[str, Edit] = {
     "chunk length -5": _chunk(3, -5),
     "chunk length 2^50": _chunk(3, 1 << 50),
@@ -129,6 +137,7 @@ CASES: dict[str, Edit] = {
     "shape 2^48": _tensor("shape", [1 << 48]),
     "unknown tree id": _tree_id,
     "copy of itself": _self_copy,
+    "chunk on another's bytes": _claims_anothers_bytes,
     "global shape 2^36 rows": _huge_global_shape,
 }
 
@@ -156,7 +165,7 @@ def test_crafted_step_gets_one_line_and_restore_falls_back(
         rc, text = _cli(args, capsys)
         assert "Traceback" not in text, (verb, text)
         # inspect reads no chunk and one index: a pack or a step-wide layout is not its part
-        lists_only = case in ("pack is a directory", *_LAYOUT)
+        lists_only = case in ("pack is a directory", "chunk on another's bytes", *_LAYOUT)
         if verb != ["ls"] and not (lists_only and verb[0] == "inspect"):
             assert rc != 0, (verb, case, text)
     storage = LocalStorage(str(root))

@@ -25,6 +25,8 @@ _BAD = [
     b"[" * 100_000 + b"]" * 100_000,  # deep nesting: RecursionError in json
     b'{"v":3,"t":1,"kind":"note","message":' + b"[" * 50_000 + b"]" * 50_000 + b"}",
     b'{"v":3,"t":1e999,"kind":"note","message":"inf time"}',
+    # finite but no run's time: the HTML's checkpoint rug overflowed (1e308 / a column)
+    b'{"v":3,"t":1e308,"kind":"snapshot","step":3,"stall_s":0.1,"bytes":1,"tier":"memory"}',
     b'{"v":3,"t":' + b"9" * 5000 + b',"kind":"note","message":"huge int"}',
     b'{"v":3,"t":' + b"9" * 400 + b',"kind":"note","message":"int beyond float"}',
     b'{"v":3,"t":NaN,"kind":"note","message":"nan"}',
@@ -94,6 +96,7 @@ def test_randomly_mutated_lines_never_crash_the_report(make_run: Any, capsys: An
     d = _report(run, capsys)
     assert d["partial"] and d["failures"] >= 1
     assert main(["report", str(run)]) == 0
+    assert main(["report", str(run), "--html", str(run / "r.html")]) == 0
 
 
 def test_a_long_loss_series_is_thinned_not_held_whole(

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
 from stalwart.agent._generation import JobGeneration, free_port
+from stalwart.agent._private import write_private
 from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
@@ -172,8 +173,7 @@ def launch(
     os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)
     plan_path = os.path.join(run_dir, "chaos", "plan.json")
     if cfg.node_rank == 0:
-        with open(plan_path, "w") as f:
-            f.write(plan.to_json())
+        write_private(plan_path, plan.to_json())
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     zygote = ZygoteClient(["stalwart.runtime.session"], env, script=cfg.script)

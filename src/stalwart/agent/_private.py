@@ -16,7 +16,7 @@ import stat
 
 from stalwart.errors import ConfigError
 
-__all__ = ["DIR_MODE", "FILE_MODE", "make_private_dir", "owned_file"]
+__all__ = ["DIR_MODE", "FILE_MODE", "make_private_dir", "owned_file", "write_private"]
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -63,3 +63,11 @@ def owned_file(path: str) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` as a 0600 file whatever the umask (replacing its
+    contents; a symbolic link there is not followed: OSError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    with os.fdopen(os.open(path, flags, FILE_MODE), "w") as f:
+        f.write(text)

@@ -35,7 +35,7 @@ import socket
 import time
 from typing import Any
 
-from stalwart.agent._private import FILE_MODE, make_private_dir
+from stalwart.agent._private import DIR_MODE, FILE_MODE, make_private_dir
 from stalwart.errors import ConfigError
 
 __all__ = ["MARKER", "RECORDS", "claim_run_dir"]
@@ -123,9 +123,9 @@ def _rotate(run_dir: str) -> str | None:
     if not present:
         return None
     prev = os.path.join(run_dir, "prev")
-    os.makedirs(prev, exist_ok=True)
+    os.makedirs(prev, mode=DIR_MODE, exist_ok=True)  # 0700 whatever the umask
     dest = _next_slot(prev)
-    os.mkdir(dest)
+    os.mkdir(dest, DIR_MODE)
     for name in present:
         os.rename(os.path.join(run_dir, name), os.path.join(dest, name))
     return dest

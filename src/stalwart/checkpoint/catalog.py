@@ -185,13 +185,16 @@ def verify_step(
             report.add(issue)
     if not deep:
         return report
-    seen: dict[tuple[str, int], str] = {}
+    # a reference is checked once per (pack, offset, length, hash): keyed by place alone, a
+    # second claim on the same bytes with another length or hash went unchecked and verify
+    # said ok of a step that export then refused
+    seen: set[tuple[str, int, int, str]] = set()
     work: list[tuple[TensorEntry, int]] = []
     for index in indexes:
         for t, i in iter_chunks(index):
             c = t.chunks[i]
-            if (c.pack, c.offset) not in seen:
-                seen[(c.pack, c.offset)] = t.path
+            if (key := (c.pack, c.offset, c.length, c.hash)) not in seen:
+                seen.add(key)
                 work.append((t, i))
 
     def check(item: tuple[TensorEntry, int]) -> str | None:

@@ -160,6 +160,9 @@ doubles), so a log of millions of loss lines is read in bounded memory."""
 
 
 _INT_BOUND = 1 << 63
+_T_BOUND = 1e11
+"""An event time (Unix seconds) past this is no time a run had (year 5138): a line with
+one is skipped, not let through to overflow the report's time axis (1e308 / a column)."""
 
 
 def _int_or_none(d: dict[str, Any], key: str) -> int | None:
@@ -183,8 +186,8 @@ def parse_event(line: str | bytes) -> Event:
     kind, t = d["kind"], d["t"]
     if not isinstance(kind, str):
         raise TypeError(f"event kind {kind!r}: expected a string")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(float(t)):
-        raise ValueError(f"event time {t!r}: expected a finite number of seconds")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not abs(float(t)) < _T_BOUND:
+        raise ValueError(f"event time {t!r}: expected Unix seconds (a finite number < 1e11)")
     host = d.get("host", "")
     if not isinstance(host, str):
         raise TypeError(f"envelope field 'host' = {host!r}: expected a string")

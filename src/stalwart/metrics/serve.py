@@ -31,7 +31,14 @@ from typing import Any
 
 from stalwart.errors import ConfigError
 
-__all__ = ["MAX_ACTIVE", "MAX_HEAD_BYTES", "REQUEST_DEADLINE_S", "Answer", "PathServer"]
+__all__ = [
+    "LISTEN_BACKLOG",
+    "MAX_ACTIVE",
+    "MAX_HEAD_BYTES",
+    "REQUEST_DEADLINE_S",
+    "Answer",
+    "PathServer",
+]
 
 Answer = Callable[[str], tuple[int, str, bytes]]
 """``answer(path) -> (status, content type, body)`` for a GET of ``path`` (query kept)."""
@@ -42,6 +49,8 @@ MAX_HEAD_BYTES = 8192
 """Request line plus headers, in bytes (a kubelet probe or a Prometheus scrape sends ~200)."""
 REQUEST_DEADLINE_S = 5.0
 """Time from accept to the end of the request's headers, in total (not per read)."""
+LISTEN_BACKLOG = 128
+"""Connections the kernel queues for accept (completed handshakes), not yet served."""
 
 
 class _BoundedHTTPServer(socketserver.ThreadingTCPServer):
@@ -51,6 +60,11 @@ class _BoundedHTTPServer(socketserver.ThreadingTCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # the listen backlog: socketserver's default of 5 lets a flood of connections fill the
+    # kernel's accept queue while the serving thread waits for the GIL, and a probe's SYN
+    # is then dropped (retried only after 1 s: a kubelet probe's whole default timeout);
+    # the kernel caps it at net.core.somaxconn
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self, address: tuple[str, int], handler: type[socketserver.BaseRequestHandler]
