@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo demo-elastic check test test-hosts lint typecheck bench clean
+.PHONY: setup demo demo-elastic check test test-hosts lint typecheck bench bench-dcp-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +58,17 @@ test-hosts: setup
 # every benchmark on the harness (bench/_harness.py: medians and spread over repetitions),
 # results in bench/results/latest.json, the table in docs/benchmarks.md (issue 34).
 # QUICK=1: one repetition at small sizes, a look that it all runs (not the documented figures)
-bench: setup
+bench: setup bench-dcp-env
 	$(PY) bench/report.py $(if $(QUICK),--quick,)
 
+# the peer of bench/s3.py, DCP's fsspec writer, needs s3fs, whose aiobotocore pins an older
+# botocore than the project's boto3: it runs from this side environment (torch + s3fs only)
+DCP_ENV := bench/.venv-dcp
+bench-dcp-env: $(DCP_ENV)/.installed-stamp
+$(DCP_ENV)/.installed-stamp:
+	$(PYTHON) -m venv $(DCP_ENV)
+	$(DCP_ENV)/bin/python -m pip install -q torch==2.13.0 s3fs
+	touch $@
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DCP_ENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -12,8 +12,10 @@ local, ..., slower=[bucket])``), against boto3's ``download_fileobj`` of the sam
 (as many requests in flight). The persister's peak private memory (RSS less the
 shared-memory snapshot it maps, sampled every 10 ms) is reported against the bound
 ``(parallel + 1) x part`` per stream plus the pack writer's 16 MiB of bounce buffers,
-above its size before the persist. DCP's fsspec writer
-needs s3fs: measured when it is installed, else reported as not measured.
+above its size before the persist. DCP's fsspec writer (``thread_count`` = ``--parallel``)
+saves states of the same size to the same server after our reps, from a side environment
+with s3fs (bench/_dcp_fsspec.py; ``make bench-dcp-env`` makes it, ``make bench`` too); without
+one it is reported as not measured.
 
 Prints a table and, last, one JSON line. Needs ``moto[server]`` and boto3 (make setup).
 """
@@ -35,6 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -168,16 +171,41 @@ def client_get(endpoint: str, bucket: str, key: str, cfg: S3Config) -> float:
     return time.perf_counter() - t0
 
 
-def dcp_fsspec_put(endpoint: str, bucket: str, state: dict[str, torch.Tensor]) -> float | None:
-    if importlib.util.find_spec("s3fs") is None:
-        return None
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+DCP_ENV = Path(__file__).resolve().parent / ".venv-dcp"  # make bench-dcp-env
 
-    os.environ.setdefault("FSSPEC_S3_ENDPOINT_URL", endpoint)
-    t0 = time.perf_counter()
-    dcp.save(state, storage_writer=FsspecWriter(f"s3://{bucket}/dcp-{uuid.uuid4().hex[:6]}"))
-    return time.perf_counter() - t0
+
+def dcp_fsspec_put(
+    endpoint: str, bucket: str, args: argparse.Namespace
+) -> tuple[float | None, str]:
+    """DCP's fsspec writer (``thread_count`` = our parallel parts) saving states of the
+    same size, ``args.reps`` times (the first a warm-up, as ours), in a side environment
+    with s3fs (bench/_dcp_fsspec.py says why); (median seconds, how it was measured)."""
+    python = DCP_ENV / "bin" / "python"
+    if importlib.util.find_spec("s3fs") is not None:
+        python = Path(sys.executable)
+    elif not python.exists():
+        return (
+            None,
+            "not measured: s3fs is in neither this environment nor bench/.venv-dcp "
+            "(make bench-dcp-env)",
+        )
+    argv = [str(python), str(Path(__file__).with_name("_dcp_fsspec.py")), endpoint, bucket]
+    argv += [
+        "--size-gb",
+        str(args.size_gb),
+        "--reps",
+        str(args.reps),
+        "--threads",
+        str(args.parallel),
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    if out.returncode != 0:
+        return None, f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    times = json.loads(out.stdout.strip().splitlines()[-1])["dcp_fsspec_s"]
+    timed = times[1:] if len(times) > 1 else times
+    return statistics.median(
+        timed
+    ), f"measured: thread_count {args.parallel}, {len(timed)} timed reps"
 
 
 def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
@@ -243,7 +271,7 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
                 disk_restores.append(time.perf_counter() - t0)
     finally:
         mgr.close()
-    dcp_s = dcp_fsspec_put(endpoint, bucket, make_state(args.size_gb, seed=99))
+    dcp_s, dcp_note = dcp_fsspec_put(endpoint, bucket, args)
     # rep 0 warms up (the persister imports boto3, maps the slot): left out when there are more
     timed = slice(1, None) if args.reps > 1 else slice(None)
     persist_s, put_s = statistics.median(ours[timed]), statistics.median(theirs[timed])
@@ -257,7 +285,8 @@ def run(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
         "client_put_s": round(put_s, 3),
         "persist_vs_client_throughput": round(put_s / persist_s, 3),
         "dcp_fsspec_persist_s": None if dcp_s is None else round(dcp_s, 3),
-        "dcp_fsspec_note": "measured" if dcp_s is not None else "s3fs not installed: not measured",
+        "dcp_fsspec_note": dcp_note,
+        "persist_vs_dcp_fsspec_throughput": None if dcp_s is None else round(dcp_s / persist_s, 3),
         "remote_restore_s": round(restore_s, 3),
         "client_get_s": round(get_s, 3),
         "restore_vs_client_get_throughput": round(get_s / restore_s, 3),

@@ -1,6 +1,7 @@
-"""``--strategy elastic`` under ``--rdzv etcd://``: node 1 is lost for good (agent and
-workers SIGKILLed) and the job goes on with node 0's two workers, no survivor restarted,
-then finishes; the same global batch every step (docs/elastic.md)."""
+"""``--strategy elastic`` under ``--rdzv etcds://`` (a TLS etcd with client certificates
+and auth, the job logged in as its own user: tests/coordinator/etcd_secure.py): node 1 is
+lost for good (agent and workers SIGKILLed) and the job goes on with node 0's two workers,
+no survivor restarted, then finishes; the same global batch every step (docs/elastic.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coordinator.etcd_server import EtcdServer, running_etcd
+from coordinator.etcd_secure import SecureEtcd, running_secure_etcd
 
 from ._launch import events_of, reap_agents, start_etcd_agents
 
@@ -21,16 +22,19 @@ ARGS += ["--global-batch", "24", "--micro-batch", "4", "--step-sleep", "0.05"]
 pytestmark = pytest.mark.timeout(240)
 
 
+JOBS = [f"el-{uuid.uuid4().hex[:8]}" for _ in range(2)]  # a user each, made at start
+
+
 @pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
+def etcd() -> Iterator[SecureEtcd]:
+    with running_secure_etcd(jobs=JOBS) as secure:
+        yield secure
 
 
-def test_elastic_job_survives_losing_a_node_for_good(etcd: EtcdServer, tmp_path: Path) -> None:
+def test_elastic_job_survives_losing_a_node_for_good(etcd: SecureEtcd, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    job = f"el-{uuid.uuid4().hex[:8]}"
-    url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
+    job = JOBS.pop()
+    url = etcd.job_url(job)
     flags = ["--nnodes", "1:2", "--strategy", "elastic"]
     flags += ["--chaos", "kill node=1 at=step:12 permanent"]
     procs = start_etcd_agents(url, run_dir, [*flags, str(EXAMPLE), *ARGS])

@@ -1,5 +1,8 @@
-"""`stalwart run --rdzv etcd://...` against a real etcd: the three faults of issue 7.
+"""`stalwart run --rdzv etcds://...` against a real etcd: the three faults of issue 7.
 
+The etcd is the one a production job meets (tests/coordinator/etcd_secure.py): TLS with
+client certificates and auth on, each job logged in as its own user whose role grants only
+its prefix; the plain-etcd transport is covered by the store conformance suite.
 2 agents x 2 workers on loopback, the small LM of test_flash.py. After each fault the
 final parameters must equal a fault-free run's (same world size) bit for bit:
 (a) node 0 (the agent that started the job) is SIGKILLed with its workers;
@@ -22,7 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 from _load import scaled, wait_job
-from coordinator.etcd_server import EtcdServer, running_etcd
+from coordinator.etcd_secure import SecureEtcd, running_secure_etcd
+from coordinator.etcd_server import EtcdServer
 
 from stalwart.coordinator import Coordinator, CoordinatorConfig, EtcdStore
 from stalwart.errors import FencedError
@@ -37,23 +41,26 @@ pytestmark = pytest.mark.timeout(240)
 Hook = Callable[[list[subprocess.Popen[str]], Path, EtcdServer], None]
 
 
+JOBS = [f"etcd-{uuid.uuid4().hex[:8]}" for _ in range(8)]  # a user each, made at start
+
+
 @pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
+def etcd() -> Iterator[SecureEtcd]:
+    with running_secure_etcd(jobs=JOBS) as secure:
+        yield secure
 
 
 def _run(
-    etcd: EtcdServer, run_dir: Path, extra: list[str] = (), during: Hook | None = None
+    etcd: SecureEtcd, run_dir: Path, extra: list[str] = (), during: Hook | None = None
 ) -> tuple[str, list[tuple[int, str]], dict[str, torch.Tensor]]:
-    job = f"etcd-{uuid.uuid4().hex[:8]}"
-    url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
+    job = JOBS.pop()
+    url = etcd.job_url(job)
     out = run_dir.parent / f"{run_dir.name}.pt"
     procs = start_etcd_agents(url, run_dir, [*extra, str(EXAMPLE), *ARGS, "--out", str(out)])
     results = []
     try:
         if during is not None:
-            during(procs, run_dir, etcd)
+            during(procs, run_dir, etcd.server)
         for p in procs:
             _, err = wait_job(p, 150, [run_dir / "events.jsonl"])
             results.append((p.returncode, err))
@@ -102,7 +109,7 @@ def _training(kind: str, doc: dict[str, object]) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(
-    etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+    etcd: SecureEtcd, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, torch.Tensor]:
     _, results, params = _run(etcd, tmp_path_factory.mktemp("ref") / "ref")
     assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
@@ -110,7 +117,7 @@ def reference(
 
 
 def test_job_survives_the_loss_of_node_0(
-    etcd: EtcdServer, reference: dict[str, torch.Tensor], tmp_path: Path
+    etcd: SecureEtcd, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "node0"
     _, results, params = _run(etcd, run_dir, ["--chaos", "kill node=0 at=step:15"])
@@ -143,7 +150,7 @@ def _history(url: str, key: str) -> list[dict[str, object]]:
 
 
 def test_etcd_restart_mid_run_pauses_and_commits_nothing_twice(
-    etcd: EtcdServer, reference: dict[str, torch.Tensor], tmp_path: Path
+    etcd: SecureEtcd, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     restarted: list[float] = []
 
@@ -166,7 +173,7 @@ def test_etcd_restart_mid_run_pauses_and_commits_nothing_twice(
 
 
 def test_a_stopped_agent_is_fenced_and_leaves(
-    etcd: EtcdServer, reference: dict[str, torch.Tensor], tmp_path: Path
+    etcd: SecureEtcd, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     def stop_node_1(procs: list[subprocess.Popen[str]], run_dir: Path, _: EtcdServer) -> None:
         _wait_event(run_dir, _training, 90)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coordinator.etcd_server import EtcdServer, running_etcd
+from coordinator.etcd_secure import SecureEtcd, running_secure_etcd
 
 from stalwart.metrics.events import read_events
 
@@ -27,18 +27,23 @@ ARGS = ["--steps", "100", "--dim", "64", "--layers", "2", "--step-ms", "20"]
 pytestmark = pytest.mark.timeout(600)  # two 2-node runs; imports alone take minutes under load
 
 
+# the etcd a production job meets: TLS, client certificates, auth, a user per job
+# (tests/coordinator/etcd_secure.py)
+JOBS = [f"hsdp-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+
+
 @pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
+def etcd() -> Iterator[SecureEtcd]:
+    with running_secure_etcd(jobs=JOBS) as secure:
+        yield secure
 
 
 def _run(
-    etcd: EtcdServer, run_dir: Path, extra: list[str], script: tuple[str, ...] = ()
+    etcd: SecureEtcd, run_dir: Path, extra: list[str], script: tuple[str, ...] = ()
 ) -> tuple[list[int], list[str]]:
     """2 agents x 2 workers; returns the exit codes and each rank's state digest."""
-    job = f"hsdp-{uuid.uuid4().hex[:8]}"
-    url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
+    job = JOBS.pop()
+    url = etcd.job_url(job)
     out = run_dir.parent / f"{run_dir.name}.sha"
     procs = start_etcd_agents(
         url, run_dir, [*extra, str(EXAMPLE), *ARGS, *script, "--out", str(out)]
@@ -51,7 +56,7 @@ def _run(
 
 
 def test_a_lost_node_restores_its_shards_from_the_other_replica_groups_memory(
-    etcd: EtcdServer, tmp_path: Path
+    etcd: SecureEtcd, tmp_path: Path
 ) -> None:
     codes, reference = _run(etcd, tmp_path / "ref", [])
     assert codes == [0, 0]
@@ -70,7 +75,7 @@ def test_a_lost_node_restores_its_shards_from_the_other_replica_groups_memory(
 
 
 def test_a_lost_node_restores_plain_fsdp2_shards_from_the_buddys_replica(
-    etcd: EtcdServer, tmp_path: Path
+    etcd: SecureEtcd, tmp_path: Path
 ) -> None:
     fsdp = ("--replicate", "1")  # a (1, 4) mesh: FSDP2 over all 4 ranks
     codes, reference = _run(etcd, tmp_path / "ref", [], fsdp)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coordinator.etcd_server import EtcdServer, running_etcd
+from coordinator.etcd_secure import SecureEtcd, running_secure_etcd
 
 from stalwart.metrics.events import read_events
 
@@ -25,16 +25,21 @@ KILL = ["--chaos", "kill node=1 at=step:60"]
 pytestmark = pytest.mark.timeout(240)
 
 
+# the etcd a production job meets: TLS, client certificates, auth, a user per job
+# (tests/coordinator/etcd_secure.py)
+JOBS = [f"rep-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+
+
 @pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    with running_etcd() as server:
-        yield server
+def etcd() -> Iterator[SecureEtcd]:
+    with running_secure_etcd(jobs=JOBS) as secure:
+        yield secure
 
 
-def _run(etcd: EtcdServer, run_dir: Path, extra: list[str]) -> tuple[list[int], list[str]]:
+def _run(etcd: SecureEtcd, run_dir: Path, extra: list[str]) -> tuple[list[int], list[str]]:
     """2 agents x 2 workers; returns the exit codes and each rank's state digest."""
-    job = f"rep-{uuid.uuid4().hex[:8]}"
-    url = f"etcd://127.0.0.1:{etcd.client_port}/{job}"
+    job = JOBS.pop()
+    url = etcd.job_url(job)
     out = run_dir.parent / f"{run_dir.name}.sha"
     # snapshots less often than a replication round, so the replica is one of the
     # survivors' two newest snapshots (docs/recovery.md)
@@ -51,7 +56,7 @@ def _run(etcd: EtcdServer, run_dir: Path, extra: list[str]) -> tuple[list[int], 
 
 
 @pytest.fixture(scope="module")
-def reference(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def reference(etcd: SecureEtcd, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     codes, digests = _run(etcd, tmp_path_factory.mktemp("ref") / "ref", [])
     assert codes == [0, 0]
     return digests
@@ -68,7 +73,7 @@ def _restores(run_dir: Path) -> dict[int, str]:
 
 
 def test_lost_node_restores_from_the_buddys_replica(
-    etcd: EtcdServer, reference: list[str], tmp_path: Path
+    etcd: SecureEtcd, reference: list[str], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "replica"
     codes, digests = _run(etcd, run_dir, ["--replica-rate", "200", *KILL])
@@ -83,7 +88,7 @@ def test_lost_node_restores_from_the_buddys_replica(
 
 
 def test_without_a_complete_replica_the_lost_node_restores_from_disk(
-    etcd: EtcdServer, reference: list[str], tmp_path: Path
+    etcd: SecureEtcd, reference: list[str], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "disk"
     # a cap so low that no copy completes: the buddy holds nothing usable
@@ -100,7 +105,7 @@ def test_without_a_complete_replica_the_lost_node_restores_from_disk(
 
 
 def test_standbys_resume_the_lost_nodes_ranks(
-    etcd: EtcdServer, reference: list[str], tmp_path: Path
+    etcd: SecureEtcd, reference: list[str], tmp_path: Path
 ) -> None:
     """With --standby, node 0 already runs ranks 2 and 3 parked before their first step:
     the lost node's ranks resume in those processes (no process started), from the

@@ -15,8 +15,13 @@ from stalwart.coordinator.etcd import EtcdStore, EtcdStoreConfig
 from stalwart.errors import FencedError
 
 
-def main(port: int) -> None:
-    store = EtcdStore([("127.0.0.1", port)], "/t/", EtcdStoreConfig(reconnect_timeout=10))
+def main(address: str) -> None:
+    """``address``: a plain etcd's port on loopback, or an ``etcds://`` URL."""
+    config = EtcdStoreConfig(reconnect_timeout=10)
+    if address.isdigit():
+        store = EtcdStore([("127.0.0.1", int(address))], "/t/", config)
+    else:
+        store = EtcdStore.from_url(address, config)
     coord = Coordinator(store, CoordinatorConfig(job_id="job", lease_ttl=1, heartbeat_interval=0.2))
     member = coord.join("a")
     member.start_heartbeat()
@@ -46,4 +51,4 @@ def main(port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(sys.argv[1])

@@ -10,7 +10,7 @@ import http.client
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,11 @@ class SecureEtcd:
         text = "&".join(f"{k}={v}" for k, v in params.items() if v)
         return f"etcds://127.0.0.1:{self.port}/{job}" + (f"?{text}" if text else "")
 
+    def job_url(self, job: str) -> str:
+        """``etcds://`` URL for ``job`` logged in as its own user (one of ``jobs`` of
+        :func:`running_secure_etcd`), whose role grants that job's prefix only."""
+        return self.url(job, user=job)
+
 
 def _call(tls: ServerTls, port: int, path: str, body: dict[str, object]) -> None:
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=tls.client_context())
@@ -85,8 +90,9 @@ def enable_auth(tls: ServerTls, port: int, jobs: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def running_secure_etcd(token_ttl: int = 300) -> Iterator[SecureEtcd]:
-    """etcd on loopback with TLS, client certificates and auth; users ``job7``, ``job8``."""
+def running_secure_etcd(token_ttl: int = 300, jobs: Sequence[str] = ()) -> Iterator[SecureEtcd]:
+    """etcd on loopback with TLS, client certificates and auth; a user and a role per job
+    (``job7``, ``job8`` and ``jobs``), all with the same password file."""
     with tempfile.TemporaryDirectory(prefix="stalwart-etcd-pki-") as tmp:
         d = Path(tmp)
         ca = trustme.CA()
@@ -110,5 +116,5 @@ def running_secure_etcd(token_ttl: int = 300) -> Iterator[SecureEtcd]:
             token_ttl=token_ttl,
         )
         with running_etcd(tls) as server:
-            enable_auth(tls, server.client_port, ["job7", "job8"])
+            enable_auth(tls, server.client_port, ["job7", "job8", *jobs])
             yield SecureEtcd(server, tls, d, "job7", str(password_file), str(d / "other-ca.pem"))

@@ -1,5 +1,10 @@
 """EtcdStore against a real etcd, beyond the shared conformance suite: compaction,
-exactly-once writes when replies are lost, etcd killed mid-run, leader loss, fencing."""
+exactly-once writes when replies are lost, etcd killed mid-run, leader loss, fencing.
+
+Each test on the ``etcd`` fixture runs twice: against a plain etcd, and against the etcd a
+production job meets (etcd_secure.py: TLS, client certificates, auth on, the store logged
+in as a job's user whose role grants that job's prefix only). Compaction needs etcd's root
+and the leader test a cluster: those run on a plain etcd only."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +37,57 @@ from stalwart.coordinator.etcd import EtcdStore
 from stalwart.errors import FencedError
 
 from .conftest import etcd_config
+from .etcd_secure import running_secure_etcd
 from .etcd_server import EtcdServer, running_etcd, running_etcd_cluster
 
 
+@dataclass
+class Etcd:
+    """A running etcd and how a store reaches it: ``url`` (TLS and credentials) or, for
+    a plain etcd, None (its port, namespace ``/t/``)."""
+
+    server: EtcdServer
+    url: str | None = None
+
+    def kill(self) -> None:
+        self.server.kill()
+
+    def start(self) -> None:
+        self.server.start()
+
+    def address(self) -> str:
+        """What the member process of _partition_member.py is given to connect with."""
+        return self.url or str(self.server.client_port)
+
+
+@pytest.fixture(params=["plain", "tls"])
+def etcd(request: pytest.FixtureRequest) -> Iterator[Etcd]:
+    if request.param == "plain":
+        with running_etcd() as server:
+            yield Etcd(server)
+    else:
+        with running_secure_etcd() as secure:
+            yield Etcd(secure.server, secure.url())
+
+
 @pytest.fixture
-def etcd() -> Iterator[EtcdServer]:
+def plain_etcd() -> Iterator[Etcd]:
     with running_etcd() as server:
-        yield server
+        yield Etcd(server)
 
 
-def connect(server: EtcdServer, **overrides: float) -> EtcdStore:
-    return EtcdStore([("127.0.0.1", server.client_port)], "/t/", etcd_config(**overrides))
+def connect(etcd: Etcd, **overrides: float) -> EtcdStore:
+    if etcd.url is not None:
+        return EtcdStore.from_url(etcd.url, etcd_config(**overrides))
+    port = etcd.server.client_port
+    return EtcdStore([("127.0.0.1", port)], "/t/", etcd_config(**overrides))
 
 
 # -- against a real etcd ------------------------------------------------------------
 
 
-def test_compacted_history_is_an_error(etcd: EtcdServer) -> None:
-    store = connect(etcd)
+def test_compacted_history_is_an_error(plain_etcd: Etcd) -> None:
+    store = connect(plain_etcd)
     for i in range(10):
         store.put("c", str(i).encode())
     latest = store.range("").revision
@@ -76,7 +115,7 @@ def lose_replies(store: EtcdStore, path: str, count: int) -> list[int]:
     return lost
 
 
-def test_lost_replies_do_not_apply_writes_twice(etcd: EtcdServer) -> None:
+def test_lost_replies_do_not_apply_writes_twice(etcd: Etcd) -> None:
     store = connect(etcd)
     lost = lose_replies(store, "/v3/kv/txn", 1)
     rev = store.put("k", b"1")
@@ -163,7 +202,7 @@ def commit_steps_through_faults(
     return [min(t for t in done if t > s) - s for s in started]
 
 
-def test_commit_sequence_survives_etcd_kills(etcd: EtcdServer) -> None:
+def test_commit_sequence_survives_etcd_kills(etcd: Etcd) -> None:
     """SIGKILL etcd three times mid-sequence and restart it on the same data dir: each
     step commits exactly once, in order, and the client just pauses."""
     store = connect(etcd, reconnect_timeout=20.0)
@@ -214,7 +253,7 @@ def test_commits_fail_over_when_the_etcd_leader_dies() -> None:
         store.close()
 
 
-def test_watch_resumes_after_restart_without_gaps_or_repeats(etcd: EtcdServer) -> None:
+def test_watch_resumes_after_restart_without_gaps_or_repeats(etcd: Etcd) -> None:
     store = connect(etcd)
     with store.watch("w/") as watch:
         store.put("w/1", b"")
@@ -229,7 +268,7 @@ def test_watch_resumes_after_restart_without_gaps_or_repeats(etcd: EtcdServer) -
     store.close()
 
 
-def test_outage_beyond_the_deadline_raises_then_recovers(etcd: EtcdServer) -> None:
+def test_outage_beyond_the_deadline_raises_then_recovers(etcd: Etcd) -> None:
     store = connect(etcd, reconnect_timeout=1.0)
     store.put("k", b"1")
     watch = store.watch("k")
@@ -247,7 +286,7 @@ def test_outage_beyond_the_deadline_raises_then_recovers(etcd: EtcdServer) -> No
     store.close()
 
 
-def test_expired_member_is_fenced_across_coordinators(etcd: EtcdServer) -> None:
+def test_expired_member_is_fenced_across_coordinators(etcd: Etcd) -> None:
     """Two coordinators on one etcd: a member that stops heartbeating loses its lease,
     the other bumps the generation, and the stale member's commits are refused."""
     # the lease sized for the load (a starved etcd or heartbeat thread loses a 1 s lease
@@ -321,7 +360,7 @@ class _Child:
                 pipe.close()
 
 
-def test_sigstopped_member_is_fenced_and_rejoins(etcd: EtcdServer) -> None:
+def test_sigstopped_member_is_fenced_and_rejoins(etcd: Etcd) -> None:
     """A member process frozen (SIGSTOP) past its 1 s lease, as in a partition: the
     others see it leave and move to a new generation; once resumed it cannot commit
     with its old generation, learns its lease is gone, and rejoins cleanly."""
@@ -329,7 +368,7 @@ def test_sigstopped_member_is_fenced_and_rejoins(etcd: EtcdServer) -> None:
     coord = Coordinator(store, CoordinatorConfig(job_id="job"))
     gen = coord.advance_generation(0, "start").generation
     script = str(Path(__file__).with_name("_partition_member.py"))
-    child = _Child([sys.executable, script, str(etcd.client_port)])
+    child = _Child([sys.executable, script, etcd.address()])
     try:
         assert child.read_line(30) == "joined"
         assert child.ask(f"commit {gen} 1") == "ok"
