@@ -15,6 +15,12 @@ from _load import load_factor
 from _tiers import PROCESS_PARAMS, ProcessGuard, starts_process
 from _timing import TimeByFile
 from _workers import group_for_workers
+from hypothesis import HealthCheck, settings
+
+# property tests check what a function returns, not how fast: no deadline and no "too
+# slow" health check, which a loaded machine trips (a test's own @settings inherits these)
+settings.register_profile("stalwart", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stalwart")
 
 
 def _is_e2e(item: pytest.Function) -> bool:
