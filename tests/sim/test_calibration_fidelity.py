@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _load import scaled
 
 from stalwart.cli.main import main
 from stalwart.sim.calibrate import calibrate, replay
@@ -112,7 +113,7 @@ def test_replay_of_a_real_flash_run_predicts_its_ettr(
         f"kill node=1 at=step:{3 * s // 4}"
     )
     run = tmp_path / "run"
-    _two_node_run(run, chaos, timeout_s=120)
+    _two_node_run(run, chaos, timeout_s=scaled(120))  # the job's wait, sized for the load
 
     # What `stalwart report` measured.
     assert main(["report", str(run), "--json"]) == 0
