@@ -34,7 +34,8 @@ SLOW = textwrap.dedent(
             dist.all_reduce(p.grad)
         opt.step()
         opt.zero_grad()
-        print(f"STEP {dist.get_rank()} {i}", flush=True)
+        # one write per line: the ranks share the agent's pipe (print's pieces interleave)
+        os.write(1, f"STEP {dist.get_rank()} {i}\\n".encode())
     dist.destroy_process_group()
     """
 )
