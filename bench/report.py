@@ -24,6 +24,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,20 +64,29 @@ BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
 
 def run_bench(name: str, quick: bool, routes: str = "") -> dict[str, Any]:
     """Run one bench; its final JSON line (or an invalid line saying why there is none).
-    ``routes``: more arguments of the routes bench (``--routes-args``)."""
+    ``routes``: more arguments of the routes bench (``--routes-args``). The bench's own
+    lines are shown as they come, each with the bench's name and the minutes it has run
+    (a default-size bench runs for many minutes: a silent one looks hung)."""
     script, full, small = BENCHES[name]
     cmd = [sys.executable, str(HERE / script), *(small if quick else full)]
     cmd += shlex.split(routes) if name == "routes" else []
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-    got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-    lines = got.stdout.strip().splitlines()
-    print("\n".join(lines[-5:-1]), flush=True)
+    t0 = time.monotonic()
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if not line.startswith("{"):  # the final JSON line is kept, not echoed
+                print(f"[{name} {(time.monotonic() - t0) / 60:5.1f} min] {lines[-1]}", flush=True)
+    print(f"== {name}: exited {proc.returncode} after {(time.monotonic() - t0) / 60:.1f} min")
+    lines = [ln for ln in lines if ln.strip()]
     try:
         doc = json.loads(lines[-1]) if lines else None
     except json.JSONDecodeError:
         doc = None
     if not isinstance(doc, dict):
-        return {"valid": False, "invalid": [f"{script} exited {got.returncode}, no JSON line"]}
+        return {"valid": False, "invalid": [f"{script} exited {proc.returncode}, no JSON line"]}
     table = Path(str(doc.get("work_dir", ""))) / "rep0" / "routes.md"
     if name == "routes" and doc.get("work_dir") and table.is_file():
         doc["table_md"] = table.read_text()  # compare's table of the run (docs/routes.md)
@@ -119,7 +129,8 @@ def _bench_section(name: str, doc: Mapping[str, Any]) -> list[str]:
     ran = doc.get("ran")
     if isinstance(ran, Mapping):
         only = f"; {ran['only']}" if ran.get("only") else ""
-        out += [f"ran: {ran.get('date')}, commit {ran.get('commit')}{only}", ""]
+        ended = f" to {ran['ended']}" if ran.get("ended") else ""
+        out += [f"ran: {ran.get('date')}{ended}, commit {ran.get('commit')}{only}", ""]
     valid = doc.get("valid")
     out.append(f"valid: **{'yes' if valid else 'no'}**")
     out += [f"- invalid: {why}" for why in doc.get("invalid", [])]
@@ -196,14 +207,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("bench/report.py: --keep mixes a quick run with a full one; rerun all")
             return 2
         benches = dict(old.get("benches", {}))
+        results_path.parent.mkdir(parents=True, exist_ok=True)
         for n in names:
-            ran = {"date": _now(), "commit": _commit()}
+            ran = {"date": _now(), "commit": _commit()}  # when it began
             if n == "routes" and args.routes_args:
                 ran["only"] = f"bench/routes.py {args.routes_args}"
             benches[n] = {**run_bench(n, args.quick, args.routes_args), "ran": ran}
-        results = {"date": _now(), "commit": _commit(), "quick": args.quick, "benches": benches}
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(results, indent=1) + "\n")
+            ran["ended"] = _now()
+            # written after each bench: an interrupted `make bench` keeps what finished
+            # (rerun the rest with --keep --only)
+            results = {"date": _now(), "commit": _commit(), "quick": args.quick}
+            results_path.write_text(json.dumps({**results, "benches": benches}, indent=1) + "\n")
     elif not results_path.is_file():
         print(f"bench/report.py: {results_path} not found; run without --render-only first")
         return 2

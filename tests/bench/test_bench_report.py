@@ -125,3 +125,25 @@ def test_the_routes_page_table_is_the_runs_output(harness: ModuleType) -> None:
     assert "# stalwart compare" not in got
     assert report.routes_table({}, page) == page  # no table from the run: left as it was
     assert report.routes_table({"table_md": table}, "no markers") == "no markers"
+
+
+@pytest.mark.process  # a stand-in bench script
+def test_a_benchs_lines_are_shown_as_they_come_and_its_json_line_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import report
+
+    script = tmp_path / "fake.py"
+    script.write_text(
+        "import json\nprint('rep 1 of 3: 2.0 s', flush=True)\nprint()\n"
+        "print(json.dumps({'valid': True, 'rto_s': 2.0}))\n"
+    )
+    monkeypatch.setattr(report, "HERE", tmp_path)
+    monkeypatch.setitem(report.BENCHES, "fake", ("fake.py", [], []))
+    doc = report.run_bench("fake", quick=False)
+    assert doc == {"valid": True, "rto_s": 2.0}
+    out = capsys.readouterr().out
+    assert "[fake   0.0 min] rep 1 of 3: 2.0 s" in out and "exited 0" in out
+    assert '"rto_s"' not in out  # the JSON line is kept, not echoed
+    script.write_text("import sys\nprint('half way')\nsys.exit(3)\n")
+    assert report.run_bench("fake", quick=True)["invalid"] == ["fake.py exited 3, no JSON line"]
