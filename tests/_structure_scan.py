@@ -17,6 +17,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "stalwart"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 CYCLE_PACKAGES = ("agent", "runtime")
+# the package that holds every use of another project's internals (rule g)
+SEAM = "compat"
+# underscore names of the standard library that its documentation makes public
+_DOCUMENTED = frozenset({"os._exit", "sys._getframe"})
 
 # argparse calls that make a CLI argument table: in cli/ their lines do not count towards
 # a function's length (the house rule exempts "the CLI's argument tables")
@@ -244,6 +248,70 @@ def foreign_private_attributes(mod: Module) -> set[str]:
     return found
 
 
+def _foreign_private_import(name: str) -> bool:
+    return name.split(".")[0] != "stalwart" and any(_private(p) for p in name.split("."))
+
+
+def dependency_internals(mod: Module) -> set[str]:
+    """Rule (g): another project's private name used outside the seam (compat/): an
+    import of a module from outside stalwart whose dotted name has a private part
+    (``torch._C._distributed_c10d``, also through ``importlib.import_module("...")``), a
+    private name imported from one (``from torch.distributed.distributed_c10d import
+    _world``), and a private attribute of a name bound to one (``c10d._world``,
+    ``getattr(threading, "_shutdown")``), except the few the standard library documents
+    (``os._exit``, ``sys._getframe``). A private attribute of another project's *object*
+    (``ddp._update_process_group``) is rule (b)'s finding, allowed only in compat/
+    (tests/test_structure.py's ``DEPENDENCY_INTERNALS``). Entry: the dotted name."""
+    if mod.part == SEAM:
+        return set()
+    foreign = _foreign_modules(mod.tree)
+    found = set()
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if _foreign_private_import(a.name))
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            base = node.module or ""
+            if base.split(".")[0] == "stalwart":
+                continue
+            if _foreign_private_import(base):
+                found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if _private(a.name))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            first, func = node.args[0].value, node.func
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "import_module"
+                and isinstance(first, str)
+                and _foreign_private_import(first)
+            ):
+                found.add(first)
+        target = _private_attribute(node)
+        if target is not None:
+            value, attr = target
+            root = _root(value)
+            name = f"{ast.unparse(value)}.{attr}"
+            if isinstance(root, ast.Name) and root.id in foreign and name not in _DOCUMENTED:
+                found.add(name)
+    return found
+
+
+def _private_attribute(node: ast.AST) -> tuple[ast.expr, str] | None:
+    """``obj._x`` or ``getattr/setattr/hasattr/delattr(obj, "_x")``: (obj, "_x")."""
+    if isinstance(node, ast.Attribute) and _private(node.attr):
+        return node.value, node.attr
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+        and _private(node.args[1].value)
+    ):
+        return node.args[0], node.args[1].value
+    return None
+
+
 def import_graph(mods: list[Module], package: str) -> dict[str, set[str]]:
     """Edges between the modules of ``stalwart.<package>``, every import counted (a
     ``TYPE_CHECKING`` or function-level import is still a dependency: it only hides
@@ -401,6 +469,7 @@ def findings() -> dict[str, set[str]]:
         "long_module": set(),
         "long_function": set(),
         "strategy_comparison": set(),
+        "dependency_internal": set(),
     }
     for m in mods:
         out["private_import"].update(f"{m.rel}: {t}" for t in private_imports(m, known))
@@ -411,6 +480,7 @@ def findings() -> dict[str, set[str]]:
             out["long_module"].add(m.rel)
         out["long_function"].update(f"{m.rel}: {f}" for f in long_functions(m))
         out["strategy_comparison"].update(f"{m.rel}: {c}" for c in strategy_comparisons(m))
+        out["dependency_internal"].update(f"{m.rel}: {n}" for n in dependency_internals(m))
     for package in CYCLE_PACKAGES:
         for comp in cycles(import_graph(mods, package)):
             short = [c.removeprefix(f"stalwart.{package}").lstrip(".") or "__init__" for c in comp]

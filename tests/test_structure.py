@@ -5,7 +5,10 @@ import _z``) of another part; (b) no module reads or writes another object's pri
 attribute; (c) no import cycle inside agent/ or runtime/, ``TYPE_CHECKING`` and
 function-level imports included; (d) no module over 400 lines; (e) no function over 60
 lines (its docstring and, in cli/, its argparse table calls not counted); (f) no string
-comparison on the strategy name outside the CLI's parsing. The scan itself
+comparison on the strategy name outside the CLI's parsing; (g) no other project's private
+name (``torch._C``, ``c10d._world``, ``from x import _y``) used outside the seam,
+src/stalwart/compat/, where a private attribute of another project's object is allowed
+too (``DEPENDENCY_INTERNALS``). The scan itself
 is tests/_structure_scan.py, where each rule's precise reading is documented
 (``.venv/bin/python tests/_structure_scan.py`` prints today's findings).
 
@@ -42,48 +45,41 @@ ALLOWED: dict[str, frozenset[str]] = {
     # outside cli/: none left (agent/ and runtime/ ask the parsed runtime.env.Strategy,
     # the simulator its sim.strategies.TRAITS).
     "strategy_comparison": frozenset({}),
+    # (g) another project's private module, name or module attribute used outside
+    # compat/: none (each lives in the seam, tests/compat/).
+    "dependency_internal": frozenset({}),
 }
 
-# Not debt: a dependency's internals that stalwart uses on purpose, each commented where
-# used. Kept apart from ALLOWED so that a new one is a reviewed decision, not silent.
+# Not debt: a dependency's internals that stalwart uses on purpose, all in the seam
+# (src/stalwart/compat/, where each is documented and tests/compat/ checks it on the
+# installed versions). Kept apart from ALLOWED so that a new one is a reviewed decision,
+# not silent; an entry outside compat/ fails test_dependency_internals_live_in_the_seam.
 DEPENDENCY_INTERNALS = frozenset(
     {
-        # numpy pickles arrays through _reconstruct: the DCP import's restricted unpickler
-        # must allow it by identity to read a plain DCP checkpoint's numpy state, no other
-        "checkpoint/_dcp_import.py: multiarray._reconstruct",
-        # torch's DataLoader has no public way to stop its worker processes now (close())
-        "data/loader.py: it._shutdown_workers",
-        # ... nor to drop its persistent iterator, so the next epoch starts fresh workers
-        "data/loader.py: self._dl._iterator",
-        # an LR scheduler marks optimizer.step with it; the step guard must keep the mark,
-        # or torch warns that optimizer.step() was never called
-        "runtime/_tracking.py: original._wrapped_by_lr_sched",
-        "runtime/_tracking.py: step._wrapped_by_lr_sched",
-        # the only way to move a built DDP model onto the local world-size-1 group
-        "runtime/_world.py: ddp._update_process_group",
-        # transformers.Trainer runs its loop in _inner_training_loop; train() refuses a
-        # resume folder without model weights, and stalwart restored the weights in place
-        "integrations/_hf_trainer.py: trainer._inner_training_loop",
-        # the Trainer's loop keeps the totals of its summary metrics (train_loss,
-        # total_flos) in these and resets them at every entry: a re-entered loop gets
-        # them back, so the metrics count the whole run (issue 29)
-        "integrations/_hf_trainer.py: t._total_loss_scalar",
-        "integrations/_hf_trainer.py: t._tr_loss",
-        "integrations/_hf_trainer.py: t._globalstep_last_logged",
-        "integrations/_hf_trainer.py: t._initial_global_step",
-        # ... train_runtime is measured from the start_time this one is given
-        "integrations/_hf_trainer.py: trainer._finalize_training",
-        # ... and a re-entered loop's free_memory() empties Accelerate's list of
-        # prepared models, which the evals then take for unprepared (a new metric
-        # column, create_model_card's KeyError): the list is put back after this
-        "integrations/_hf_trainer.py: trainer._prepare_for_training",
-        "integrations/_hf_trainer.py: trainer.accelerator._models",
-        # a Lightning logger's version (None: the next free version_N, picked lazily);
-        # a replaced rank 0 is given the run's, so its logs stay in one folder
-        "integrations/lightning.py: logger._version",
-        # Lightning opens the train iterator only at an epoch's start; a rollback to a
-        # step inside an epoch reopens it (the fit loop's fetcher) at that step
-        "integrations/_pl_loop.py: loop._data_fetcher",
+        # Lightning: the fit loop's train fetcher, reopened at a rollback inside an epoch;
+        # a logger's lazily picked version, pinned for a replaced rank 0
+        "compat/lightning_trainer.py: fit_loop._data_fetcher",
+        "compat/lightning_trainer.py: logger._version",
+        # numpy pickles arrays through _reconstruct (the DCP import's unpickler allows it)
+        "compat/numpy_pickle.py: multiarray._reconstruct",
+        # c10d: the base collectives of a backend, which torch calls only by these names
+        "compat/torch_c10d.py: pg._allgather_base",
+        "compat/torch_c10d.py: pg._reduce_scatter_base",
+        # DataLoader: stop its workers now, drop its persistent iterator
+        "compat/torch_data.py: dl._iterator",
+        "compat/torch_data.py: it._shutdown_workers",
+        # DDP: the only way to move a built model onto another group
+        "compat/torch_ddp.py: ddp._update_process_group",
+        # transformers.Trainer: its inner loop (re-entered at a restored step), its
+        # preparation and finalisation (wrapped), its summary totals, Accelerate's models
+        "compat/transformers_trainer.py: trainer._finalize_training",
+        "compat/transformers_trainer.py: trainer._globalstep_last_logged",
+        "compat/transformers_trainer.py: trainer._initial_global_step",
+        "compat/transformers_trainer.py: trainer._inner_training_loop",
+        "compat/transformers_trainer.py: trainer._prepare_for_training",
+        "compat/transformers_trainer.py: trainer._total_loss_scalar",
+        "compat/transformers_trainer.py: trainer._tr_loss",
+        "compat/transformers_trainer.py: trainer.accelerator._models",
     }
 )
 
@@ -178,6 +174,49 @@ def helper(agent, b: Board) -> None:
         "agent.state._t_recovery",
         "agent._spawn",
     }
+
+
+def test_dependency_internals_live_in_the_seam() -> None:
+    outside = sorted(e for e in DEPENDENCY_INTERNALS if not e.startswith(f"{scan.SEAM}/"))
+    assert not outside, (
+        f"move these into src/stalwart/{scan.SEAM}/ (one module per dependency): {outside}"
+    )
+
+
+def test_another_projects_private_name_is_found_outside_the_seam() -> None:
+    src = """
+import importlib
+import os
+import sys
+import threading
+import torch._C._distributed_c10d as C
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.distributed_c10d import _world, get_rank
+from stalwart.runtime import _world as ours
+def f(ddp, pg) -> None:
+    c10d._update_default_pg(pg)
+    c10d._world.pg_map.clear()
+    getattr(threading, "_shutdown")()
+    importlib.import_module("numpy._core.multiarray")
+    importlib.import_module("numpy.core")
+    c10d.new_group()
+    os._exit(0)
+    sys._getframe(1)
+    ddp._update_process_group(pg)
+"""
+    found = {
+        "torch._C._distributed_c10d",
+        "torch.distributed.tensor._utils",
+        "torch.distributed.distributed_c10d._world",
+        "c10d._update_default_pg",
+        "c10d._world",
+        "threading._shutdown",
+        "numpy._core.multiarray",
+    }  # not stalwart's own private module, not os._exit/sys._getframe (documented), not an
+    # object's attribute (rule b), not public names
+    assert scan.dependency_internals(_mod("stalwart.runtime.x", src)) == found
+    assert scan.dependency_internals(_mod("stalwart.compat.torch_x", src)) == set()
 
 
 def test_a_cycle_counts_type_checking_and_function_level_imports() -> None:

@@ -128,7 +128,7 @@ def c10d_store(host: str) -> tuple[int, object]:
     here and handed over (``master_listen_fd``: the store owns the descriptor)."""
     from datetime import timedelta
 
-    from torch._C._distributed_c10d import TCPStore
+    from stalwart.compat.torch_c10d import TCPStore
 
     lsock = listen_on(host)
     port = int(lsock.getsockname()[1])

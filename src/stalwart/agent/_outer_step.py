@@ -26,6 +26,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from stalwart.compat.torch_optim import DCP_INIT_OPTIM_STATE
+
 __all__ = ["OuterSteps"]
 
 
@@ -97,7 +99,7 @@ class OuterSteps:
         return remove
 
 
-_LAZY_INIT = "_init_optim_state"  # torch.distributed.checkpoint.state_dict's
+_LAZY_INIT = DCP_INIT_OPTIM_STATE  # torch.distributed.checkpoint.state_dict's
 _FRAMES = 6  # a hook, torch's step wrapper, maybe an LR scheduler's and a guard's, DCP
 
 

@@ -28,6 +28,8 @@ import contextlib
 import sys
 from typing import Any
 
+from stalwart.compat import cpython
+
 __all__ = ["finish", "hold_destroyed_groups"]
 
 _HELD: list[Any] = []  # process groups the script destroyed: kept until os._exit
@@ -41,6 +43,8 @@ def hold_destroyed_groups() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    from stalwart.compat import torch_c10d
+
     if _HOLDING:
         return
     _HOLDING.append(True)
@@ -48,7 +52,7 @@ def hold_destroyed_groups() -> None:
 
     def destroy_process_group(group: Any = None) -> None:
         with contextlib.suppress(Exception):  # what it destroys: all of them, or one
-            _HELD.extend(list(c10d._world.pg_map) if group is None else [group])
+            _HELD.extend(torch_c10d.registered_groups() if group is None else [group])
         original(group)
 
     destroy_process_group.__doc__ = original.__doc__
@@ -72,14 +76,10 @@ def finish(code: int) -> int:
     """The end of ``python script.py``: wait for non-daemon threads, run the ``atexit``
     handlers (wandb-style finalizers, log flushes), flush stdio; ``code`` is kept (a
     handler's ``sys.exit`` sets it, as in Python)."""
-    import threading
-
     with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]
+        cpython.join_threads_at_exit()
     try:
-        import atexit
-
-        atexit._run_exitfuncs()  # prints and swallows a handler's exception itself
+        cpython.run_exit_handlers()  # prints and swallows a handler's exception itself
     except SystemExit as exc:
         code = exit_code(exc)
     except BaseException:

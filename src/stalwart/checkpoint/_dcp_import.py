@@ -34,6 +34,8 @@ from stalwart.checkpoint._tree import flatten
 from stalwart.checkpoint._writer import publish_step, write_rank
 from stalwart.checkpoint.format import step_dir
 from stalwart.checkpoint.storage import Storage
+from stalwart.compat.numpy_pickle import array_globals
+from stalwart.compat.torch_dcp import METADATA_PRIVATE_GLOBALS
 from stalwart.errors import CheckpointFormatError, ConfigError, UnsupportedStateError
 from stalwart.userfile import open_regular
 
@@ -42,6 +44,7 @@ __all__ = ["METADATA_FILE", "Loaded", "load_nested", "read_metadata", "remove_wr
 METADATA_FILE = ".metadata"
 _ALIGN = 64  # offsets in the buffer: a view of any dtype is aligned
 
+_FS = "torch.distributed.checkpoint.filesystem"
 _PATHS = {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}
 _ALLOWED: dict[str, set[str]] = {
     "torch.distributed.checkpoint.metadata": {
@@ -52,10 +55,10 @@ _ALLOWED: dict[str, set[str]] = {
         "TensorProperties",
         "StorageMeta",
         "MetadataIndex",
-        "_MEM_FORMAT_ENCODING",
+        *METADATA_PRIVATE_GLOBALS["torch.distributed.checkpoint.metadata"],
     },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},  # maps a layout's name to torch.strided etc.
+    "torch.distributed.checkpoint.filesystem": {*METADATA_PRIVATE_GLOBALS[_FS]},
+    "torch.serialization": {*METADATA_PRIVATE_GLOBALS["torch.serialization"]},
     "torch": {"Size"},
     "pathlib": _PATHS,
     "pathlib._local": _PATHS,
@@ -142,17 +145,7 @@ class _SafeReader(FileSystemReader):
 
 def _numpy_globals() -> list[Any]:
     """What a pickled numpy array or scalar names (numpy RNG state holds one)."""
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        return []
-    try:
-        multiarray: Any = importlib.import_module("numpy._core.multiarray")
-    except ImportError:  # pragma: no cover - numpy 1.x
-        multiarray = importlib.import_module("numpy.core.multiarray")
-    # the dtype classes of plain numeric arrays; not object arrays
-    kinds = [type(np.dtype(c)) for c in "?bhilqpBHILQPefdgFDG"]
-    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *kinds]
+    return array_globals()
 
 
 class _SafeLoadPlanner(DefaultLoadPlanner):

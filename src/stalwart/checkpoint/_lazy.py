@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from stalwart.compat.torch_optim import DCP_INIT_OPTIM_STATE, DCP_STATE_DICT
 from stalwart.logs import get_logger
 
 __all__ = [
@@ -44,8 +45,8 @@ __all__ = [
 ]
 
 _log = get_logger(__name__)
-_DCP = "torch.distributed.checkpoint.state_dict"
-_INIT = "_init_optim_state"
+_DCP = DCP_STATE_DICT
+_INIT = DCP_INIT_OPTIM_STATE
 _lock = threading.Lock()
 _depth = 0  # looks/loads in progress on any thread (a load takes a look for its targets)
 _original: Callable[[torch.optim.Optimizer], None] | None = None

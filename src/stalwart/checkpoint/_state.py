@@ -15,6 +15,7 @@ import torch
 
 from stalwart.checkpoint._lazy import loading, looking
 from stalwart.checkpoint._tree import Leaf, flatten
+from stalwart.compat.torch_dcp import shard_offsets
 from stalwart.errors import StateMismatchError
 from stalwart.logs import get_logger
 
@@ -88,9 +89,7 @@ def local_and_shard(t: torch.Tensor) -> tuple[torch.Tensor, dict[str, list[int]]
         return t, None
     if not isinstance(t, DTensor):
         return t, None
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    offsets = shard_offsets(t)
     return t.to_local(), {"global_shape": list(t.shape), "offsets": [int(o) for o in offsets]}
 
 

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
+from stalwart.compat.torch_data import worker_shutdown
 from stalwart.errors import ConfigError, StateMismatchError
 
 __all__ = ["EPOCH_STATE_VERSION", "EpochBatches", "epoch_batches", "rest_of_epoch"]
@@ -313,7 +314,7 @@ class EpochBatches:
 
     def _drop(self) -> None:
         it, self._it = self._it, None
-        shutdown = getattr(it, "_shutdown_workers", None)
+        shutdown = worker_shutdown(it)
         if callable(shutdown) and not self.dataloader.persistent_workers:
             shutdown()
 
@@ -327,7 +328,7 @@ class _Pulled(Iterator[Any]):
         self._it = it
         self._first: list[Any] = [next(it)] if dealer.plan is not None else []
         dealer.plan = None
-        self._shutdown_workers = getattr(it, "_shutdown_workers", None)
+        self._shutdown_workers = worker_shutdown(it)  # torch's name: worker_shutdown() finds it
 
     def __next__(self) -> Any:
         if self._first:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from stalwart.compat.torch_data import forget_iterator, worker_shutdown
 from stalwart.data.sampler import SamplerState, Tail
 from stalwart.errors import ConfigError
 
@@ -204,10 +205,10 @@ class Loader:
     def close(self) -> None:
         """Stop the worker processes now (they also stop when the loader is collected)."""
         it, self._it = self._it, None
-        shutdown = getattr(it, "_shutdown_workers", None)
+        shutdown = worker_shutdown(it)
         if shutdown is not None:
             shutdown()
-        self._dl._iterator = None
+        forget_iterator(self._dl)
 
 
 def _worker_seed(seed: int, epoch: int, position: int) -> int:

@@ -45,6 +45,7 @@ import torch
 from transformers import Trainer, TrainerState
 from transformers.trainer_utils import TrainOutput
 
+from stalwart.compat import transformers_trainer as hf
 from stalwart.errors import StepFailedError
 from stalwart.integrations._steps import Finished, Rewind, StepDriver
 from stalwart.logs import get_logger
@@ -69,14 +70,15 @@ class LoopTotals:
 
     def read(self) -> dict[str, Any]:
         t = self._trainer
-        tr_loss = getattr(t, "_tr_loss", None)
+        held = hf.read_loop_totals(t)
+        tr_loss = held["tr_loss"]
         return {
-            "total_loss": float(getattr(t, "_total_loss_scalar", 0.0)),
+            "total_loss": float(held["total_loss_scalar"]),
             "tr_loss": float(tr_loss.item())
             if isinstance(tr_loss, torch.Tensor) and not self.closing
             else 0.0,
-            "last_logged": int(getattr(t, "_globalstep_last_logged", 0)),
-            "initial_step": int(getattr(t, "_initial_global_step", 0)),
+            "last_logged": int(held["globalstep_last_logged"]),
+            "initial_step": int(held["initial_global_step"]),
             "flos": float(t.current_flos),
             "start": self.start,
         }
@@ -99,11 +101,13 @@ class LoopTotals:
         if v is None:
             return
         t = self._trainer
-        t._total_loss_scalar = float(v["total_loss"])
-        if isinstance(getattr(t, "_tr_loss", None), torch.Tensor):
-            t._tr_loss.fill_(float(v["tr_loss"]))
-        t._globalstep_last_logged = int(v["last_logged"])
-        t._initial_global_step = int(v["initial_step"])
+        hf.write_loop_totals(
+            t,
+            total_loss=float(v["total_loss"]),
+            tr_loss=float(v["tr_loss"]),
+            last_logged=int(v["last_logged"]),
+            initial_step=int(v["initial_step"]),
+        )
         t.current_flos = v["flos"]  # a float once a step ran (typed int: its 0)
 
     def train_loss(self) -> float:
@@ -149,16 +153,12 @@ def reenter(
 ) -> TrainOutput:
     """Run the Trainer's loop again from ``step`` completed steps (the restored state)."""
     if step == 0 or holder.restored is None:
-        return trainer._inner_training_loop(
-            args=trainer.args, resume_from_checkpoint=None, ignore_keys_for_eval=ignore_keys
-        )
+        return hf.inner_training_loop(trainer, None, ignore_keys)  # type: ignore[no-any-return]
     folder = tempfile.mkdtemp(prefix="stalwart-hf-resume-")
     try:
         with open(os.path.join(folder, _STATE_FILE), "w") as f:
             f.write(holder.restored)
-        return trainer._inner_training_loop(
-            args=trainer.args, resume_from_checkpoint=folder, ignore_keys_for_eval=ignore_keys
-        )
+        return hf.inner_training_loop(trainer, folder, ignore_keys)  # type: ignore[no-any-return]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -181,8 +181,8 @@ def install(trainer: Trainer, driver: StepDriver, holder: TrainerStateHolder) ->
     object only; once per Trainer (the callback's ``attach`` sees to it)."""
     train: Callable[..., TrainOutput] = trainer.train
     create_scheduler: Callable[..., Any] = trainer.create_scheduler
-    prepare: Callable[..., Any] = trainer._prepare_for_training
-    finalize: Callable[..., TrainOutput] = trainer._finalize_training
+    prepare: Callable[..., Any] = hf.prepare_for_training(trainer)
+    finalize: Callable[..., TrainOutput] = hf.finalize_training(trainer)
     kept: list[Any] = []
     models: list[Any] = []  # what Accelerate held after the loop's first preparation
 
@@ -194,7 +194,7 @@ def install(trainer: Trainer, driver: StepDriver, holder: TrainerStateHolder) ->
 
     def prepared(*args: Any, **kwargs: Any) -> Any:
         out = prepare(*args, **kwargs)
-        held: list[Any] = trainer.accelerator._models
+        held = hf.prepared_models(trainer)
         if not models:
             models.extend(held)
         for m in models:
@@ -227,5 +227,5 @@ def install(trainer: Trainer, driver: StepDriver, holder: TrainerStateHolder) ->
 
     trainer.train = run  # type: ignore[method-assign]
     trainer.create_scheduler = create  # type: ignore[method-assign]
-    trainer._prepare_for_training = prepared  # type: ignore[method-assign]
-    trainer._finalize_training = finalized  # type: ignore[method-assign]
+    hf.replace_prepare_for_training(trainer, prepared)
+    hf.replace_finalize_training(trainer, finalized)

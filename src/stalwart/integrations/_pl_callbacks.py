@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from stalwart.compat.lightning_trainer import MODEL_CHECKPOINT_PRIVATE
 from stalwart.logs import get_logger
 
 __all__ = ["callback_states", "load_callback_states"]
@@ -26,7 +27,7 @@ _log = get_logger(__name__)
 
 # ModelCheckpoint (lightning 2.6): the step of its last save, a save deferred to the
 # validation's end, the last file saved
-_PRIVATE = ("_last_global_step_saved", "_defer_save_until_validation", "_last_checkpoint_saved")
+_PRIVATE = MODEL_CHECKPOINT_PRIVATE
 _TENSOR = "__stalwart_tensor__"
 _warned: set[str] = set()
 

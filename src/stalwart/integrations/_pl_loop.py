@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from stalwart.compat.lightning_trainer import data_fetcher
 from stalwart.errors import ConfigError, StepFailedError
 from stalwart.integrations._pl_callbacks import callback_states, load_callback_states
 from stalwart.integrations._steps import Rewind, StepDriver
@@ -196,6 +197,6 @@ def _reposition(trainer: Any, state: LoopState, loaders: list[StepLoader], step:
     epoch, skip = divmod(step, max(1, int(trainer.num_training_batches)))
     for loader in loaders:
         loader.seek(epoch, skip)
-    fetcher = loop._data_fetcher  # Lightning opens it only at an epoch's start
+    fetcher = data_fetcher(loop)  # Lightning opens it only at an epoch's start
     if fetcher is not None:
         iter(fetcher)

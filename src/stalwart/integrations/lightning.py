@@ -46,6 +46,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 
+from stalwart.compat.lightning_trainer import logger_version_unset, set_logger_version
 from stalwart.errors import ConfigError
 from stalwart.integrations._pl_loop import LoopState, install
 from stalwart.integrations._steps import StepDriver
@@ -217,7 +218,7 @@ def pin_versions(loggers: Sequence[Any], record: str, rank: int) -> None:
         for key, logger in versioned:
             v = saved.get(key)
             if isinstance(v, int | str) and not isinstance(v, bool):
-                logger._version = v
+                set_logger_version(logger, v)
         return
     if rank != 0:
         return
@@ -229,4 +230,4 @@ def pin_versions(loggers: Sequence[Any], record: str, rank: int) -> None:
 
 
 def _unversioned(logger: Any) -> bool:
-    return "_version" in vars(logger) and logger._version is None
+    return logger_version_unset(logger)

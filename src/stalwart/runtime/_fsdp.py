@@ -27,17 +27,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
-from torch._C._distributed_c10d import (
-    AllgatherOptions,
-    AllreduceOptions,
-    ReduceOp,
-    ReduceScatterOptions,
-    _register_process_group,
-)
+from torch.distributed import AllreduceOptions, ReduceOp, ReduceScatterOptions
 from torch.distributed.distributed_c10d import GroupName
 
+from stalwart.compat.torch_c10d import (
+    AllgatherOptions,
+    allgather_base,
+    python_process_group,
+    reduce_scatter_base,
+    register_group,
+    work_from_future,
+)
 from stalwart.errors import ConfigError, GroupNotFormedError
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ __all__ = [
     "generation_mesh",
     "is_sharded",
     "refuse_elastic_mesh",
-    "register_group",
     "resize_by_restarts",
 ]
 
@@ -62,10 +62,11 @@ def done_work(result: Any) -> dist.Work:
     """A completed c10d ``Work`` whose result is ``result``."""
     fut: torch.futures.Future[Any] = torch.futures.Future()
     fut.set_result(result)
-    work: dist.Work = _c10d._create_work_from_future(fut)  # type: ignore[attr-defined]
+    work: dist.Work = work_from_future(fut)
     return work
 
 
+@python_process_group
 class SwapProcessGroup(dist.ProcessGroup):
     """A registered ProcessGroup of the job's rank and size whose backend is the
     generation group's current ``ProcessGroupGloo`` (``gen.pg``); with ``sub``, of the
@@ -157,17 +158,13 @@ class SwapProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> dist.Work:
         o = opts if opts is not None else AllgatherOptions()
-        return self._run(lambda pg: pg._allgather_base(output, input, o), [output])
-
-    _allgather_base = all_gather_single
+        return self._run(lambda pg: allgather_base(pg, output, input, o), [output])
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> dist.Work:
         o = opts if opts is not None else ReduceScatterOptions()
-        return self._run(lambda pg: pg._reduce_scatter_base(output, input, o), [output])
-
-    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+        return self._run(lambda pg: reduce_scatter_base(pg, output, input, o), [output])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -235,21 +232,6 @@ class SwapProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         o = opts if opts is not None else dist.BarrierOptions()
         return self._run(lambda pg: pg.barrier(o), [])
-
-
-def register_group(pg: Any, store: Any, ranks: dict[int, int], backend: str) -> None:
-    """Register ``pg`` with c10d so that ``DeviceMesh.from_group``, ``get_rank(group)``
-    and functional collectives (which look groups up by name) accept it. ``ranks`` maps
-    global ranks to group ranks, in group-rank order (get_process_group_ranks() lists
-    them so)."""
-    from torch.distributed.distributed_c10d import _world
-
-    _world.pg_map[pg] = (backend, store)
-    _world.pg_names[pg] = pg.group_name
-    _world.pg_group_ranks[pg] = dict(ranks)
-    _world.pg_to_tag[pg] = f"ptd:{pg.group_name}"
-    _world.tags_to_pg.setdefault(f"ptd:{pg.group_name}", []).append(pg)
-    _register_process_group(pg.group_name, pg)
 
 
 def generation_mesh(gen: GenerationGroup, job: str) -> DeviceMesh:

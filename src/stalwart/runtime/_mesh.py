@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from stalwart.compat.torch_c10d import register_group
 from stalwart.errors import ConfigError
-from stalwart.runtime._fsdp import SwapProcessGroup, register_group
+from stalwart.runtime._fsdp import SwapProcessGroup
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

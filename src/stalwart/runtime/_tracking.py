@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stalwart.checkpoint.slots import SlotNames
+from stalwart.compat.torch_optim import keep_lr_scheduler_mark
 from stalwart.runtime._memory import peer_slots, restore_memory_step
 
 if TYPE_CHECKING:
@@ -194,8 +195,7 @@ def guard_optimizer(group: GenerationGroup, opt: torch.optim.Optimizer) -> None:
         return original(*args, **kwargs)
 
     setattr(step, _GUARDED, True)
-    if getattr(original, "_wrapped_by_lr_sched", False):
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    keep_lr_scheduler_mark(original, step)
     opt.step = types.MethodType(step, opt)  # type: ignore[method-assign]
 
 

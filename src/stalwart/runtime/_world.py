@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import HashStore, _unregister_process_group
 from torch.distributed import distributed_c10d as c10d
 
+from stalwart.compat import torch_c10d, torch_ddp
+from stalwart.compat.torch_c10d import HashStore, python_process_group, register_group
 from stalwart.errors import GroupNotFormedError, ProcessGroupInitError, StepFailedError
-from stalwart.runtime._fsdp import SwapProcessGroup, done_work, register_group
+from stalwart.runtime._fsdp import SwapProcessGroup, done_work
 
 if TYPE_CHECKING:
     from stalwart.runtime.group import GenerationGroup
@@ -41,6 +42,7 @@ _BACKEND = "stalwart"
 _INIT = c10d.init_process_group  # torch's, before any patch of ours
 
 
+@python_process_group
 class JobProcessGroup(SwapProcessGroup):
     """The default group of a stalwart job: the generation's members, and collectives
     that raise instead of recording silently."""
@@ -63,7 +65,7 @@ class JobProcessGroup(SwapProcessGroup):
         return super().barrier(opts)
 
     @property
-    def _device_types(self) -> list[torch.device]:  # object collectives ask for it
+    def device_types(self) -> list[torch.device]:  # object collectives ask for it
         return [self._gen.backend.device]
 
     def __repr__(self) -> str:
@@ -121,6 +123,7 @@ class JobProcessGroup(SwapProcessGroup):
         )
 
 
+@python_process_group
 class _Mirror:
     """A one-member stand-in used before the formation (DDP's constructor only)."""
 
@@ -135,7 +138,7 @@ class _Mirror:
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         return _done(tensors)
 
-    def _allgather_base(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> dist.Work:
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> dist.Work:
         out.copy_(inp.repeat(out.numel() // max(1, inp.numel())).view_as(out))
         return _done([out])
 
@@ -192,7 +195,7 @@ def install(gen: GenerationGroup, job: str, caller: dict[str, Any] | None = None
     of several workers, the :class:`JobProcessGroup` as c10d's default. Afterwards
     ``init_process_group`` (also a name the ``caller`` globals imported) raises. A
     group an earlier session of this process installed is replaced."""
-    if _Installed.local is not None and c10d._world.default_pg in (
+    if _Installed.local is not None and dist.group.WORLD in (
         _Installed.local,
         _Installed.job,
     ):
@@ -205,7 +208,7 @@ def install(gen: GenerationGroup, job: str, caller: dict[str, Any] | None = None
             "TrainingArguments or an Accelerator after it: they reuse it)"
         )
     _INIT("gloo", store=HashStore(), rank=0, world_size=1)
-    _Installed.local = c10d._get_default_group()
+    _Installed.local = dist.group.WORLD
     _Installed.gen = gen
     follow(gen)
     _patch_init(caller)
@@ -222,8 +225,8 @@ def follow(gen: GenerationGroup) -> None:
         if inst.job is not None:  # an elastic job shrank to one member
             _forget(inst.job)
             inst.job, inst.size = None, 1
-            c10d._update_default_pg(inst.local)
-        c10d._world.pg_group_ranks[inst.local] = {0: 0}
+            torch_c10d.set_default_group(inst.local)
+        torch_c10d.set_group_ranks(inst.local, {0: 0})
         return
     if inst.job is not None and (inst.size, inst.rank) == (gen.world_size, gen.rank):
         return
@@ -235,21 +238,13 @@ def follow(gen: GenerationGroup) -> None:
         _forget(inst.job)
     register_group(job, gen.store, {i: i for i in range(gen.world_size)}, _BACKEND)
     inst.job, inst.size, inst.rank = job, gen.world_size, gen.rank
-    c10d._update_default_pg(job)
+    torch_c10d.set_default_group(job)
     # the local group maps our global (job) rank to its only rank
-    c10d._world.pg_group_ranks[inst.local] = {gen.rank: 0}
+    torch_c10d.set_group_ranks(inst.local, {gen.rank: 0})
 
 
 def _forget(pg: Any) -> None:
-    w = c10d._world
-    name = w.pg_names.get(pg)
-    if name is not None:
-        _unregister_process_group(name)
-    for table in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_to_tag):
-        table.pop(pg, None)
-    for pgs in w.tags_to_pg.values():
-        if pg in pgs:
-            pgs.remove(pg)
+    torch_c10d.forget_group(pg)
 
 
 def localize(ddp: torch.nn.parallel.DistributedDataParallel) -> None:
@@ -258,7 +253,7 @@ def localize(ddp: torch.nn.parallel.DistributedDataParallel) -> None:
     otherwise be collectives a replaced worker makes alone."""
     local = _Installed.local
     if local is not None and ddp.process_group is not local:
-        ddp._update_process_group(local)  # type: ignore[no-untyped-call]
+        torch_ddp.move_to_group(ddp, local)
 
 
 def _patch_init(caller: dict[str, Any] | None) -> None:
@@ -287,7 +282,7 @@ def uninstall() -> None:
     if _Installed.job is not None:
         _forget(_Installed.job)
     if dist.is_initialized():
-        c10d._update_default_pg(_Installed.local)
+        torch_c10d.set_default_group(_Installed.local)
         dist.destroy_process_group()
     _Installed.local = _Installed.job = _Installed.gen = None
     _Installed.size = 0

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket, HashStore, PrefixStore, TCPStore
 
+from stalwart.compat.torch_c10d import GradBucket, HashStore, PrefixStore, TCPStore
 from stalwart.runtime.backend import GLOO, GroupBackend
 
 __all__ = [
