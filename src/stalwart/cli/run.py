@@ -12,6 +12,7 @@ from stalwart.cli._detect_flags import detection, detection_flags
 from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdzv, with_security
 from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.cli._node_flags import node_flags, node_options
+from stalwart.compat import warn_untested_torch
 from stalwart.errors import ConfigError
 from stalwart.runtime.env import Strategy
 
@@ -270,6 +271,7 @@ def _run(args: argparse.Namespace) -> int:
     from stalwart.coordinator.errors import BlocklistedError
 
     FaultPlan.parse(args.chaos)  # a bad spec fails here, before anything starts
+    warn_untested_torch()  # the workers' torch (stalwart.compat): one line, not an error
     if args.s3_endpoint and not args.ckpt_tier:
         raise ConfigError("--s3-endpoint is the endpoint of --ckpt-tier: pass --ckpt-tier too")
     if (args.tier_keep_last or args.tier_keep_every) is not None and not args.ckpt_tier:

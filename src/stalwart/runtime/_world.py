@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from stalwart.compat import torch_c10d, torch_ddp
+from stalwart.compat import torch_c10d, torch_ddp, warn_untested_torch
 from stalwart.compat.torch_c10d import HashStore, python_process_group, register_group
 from stalwart.errors import GroupNotFormedError, ProcessGroupInitError, StepFailedError
 from stalwart.runtime._fsdp import SwapProcessGroup, done_work
@@ -195,6 +195,7 @@ def install(gen: GenerationGroup, job: str, caller: dict[str, Any] | None = None
     of several workers, the :class:`JobProcessGroup` as c10d's default. Afterwards
     ``init_process_group`` (also a name the ``caller`` globals imported) raises. A
     group an earlier session of this process installed is replaced."""
+    warn_untested_torch()  # a session's first use of torch's internals (stalwart.compat)
     if _Installed.local is not None and dist.group.WORLD in (
         _Installed.local,
         _Installed.job,
