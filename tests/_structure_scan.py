@@ -183,9 +183,8 @@ def _own_private_names(tree: ast.Module) -> set[str]:
 
 def _foreign_modules(tree: ast.Module) -> set[str]:
     """Names bound to modules from outside stalwart (``import os``, ``import torch.distributed
-    as dist``): their underscore attributes (``os._exit``, ``sys._getframe``, torch's
-    internals) are a dependency's API, outside the house rule (docs/porting.md says which
-    torch internals stalwart leans on)."""
+    as dist``): their underscore attributes are not another *object*'s internals (rule
+    b) but a dependency's, which rule (g) confines to src/stalwart/compat/."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
