@@ -142,7 +142,7 @@ class _PyGroup(dist.ProcessGroup):
 
     @property
     def device_types(self) -> list[torch.device]:
-        return [torch.device("cpu")]
+        return [torch.device("meta")]  # not torch's default answer (cpu)
 
 
 def _done(outputs: list[torch.Tensor]) -> Any:
@@ -151,25 +151,22 @@ def _done(outputs: list[torch.Tensor]) -> Any:
     return torch_c10d.work_from_future(fut)
 
 
-def test_torch_calls_a_python_groups_hooks_by_their_private_names(world: Any) -> None:
+def test_a_python_group_answers_the_private_hooks_through_its_public_methods(world: Any) -> None:
+    assert vars(_PyGroup)["_allgather_base"] is vars(_PyGroup)["all_gather_single"]
+    assert vars(_PyGroup)["_reduce_scatter_base"] is vars(_PyGroup)["reduce_scatter_single"]
     pg = _PyGroup("compat-test:hooks")
     torch_c10d.register_group(pg, None, {0: 0}, "stalwart")
     try:
         out = torch.zeros(2)
-        dist.all_gather_into_tensor(out, torch.ones(2), group=pg)
-        dist.reduce_scatter_tensor(out, torch.full((2,), 2.0), group=pg)
-        assert pg.calls == ["all_gather", "reduce_scatter"], changed(
-            "dist.all_gather_into_tensor/reduce_scatter_tensor",
-            V,
-            "torch_c10d.python_process_group",
-            "no longer call _allgather_base/_reduce_scatter_base",
-        )
+        torch_c10d.allgather_base(pg, out, torch.ones(2), torch_c10d.AllgatherOptions()).wait()
+        assert pg.calls == ["all_gather"] and out.tolist() == [1.0, 1.0]
+        # the object collectives ask the group's _device_types (torch's own answer: cpu)
         device = c10d._get_object_coll_device(pg)
-        assert device == "cpu", changed(
+        assert device == "meta", changed(
             "c10d._get_object_coll_device",
             V,
             "torch_c10d.python_process_group",
-            f"no longer asks _device_types (got {device!r})",
+            f"no longer asks the group's _device_types (got {device!r})",
         )
     finally:
         torch_c10d.forget_group(pg)

@@ -106,22 +106,26 @@ def registered_groups() -> list[Any]:
 
 
 def allgather_base(pg: Any, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> Any:
-    """``pg``'s all-gather into one tensor (``ProcessGroup._allgather_base``): the
-    method behind ``dist.all_gather_into_tensor``, which takes no backend object."""
+    """``pg``'s all-gather into one tensor (``ProcessGroup._allgather_base``): a backend
+    (``ProcessGroupGloo``) has it only under this name; ``dist.all_gather_single`` takes
+    a registered group, not a backend object."""
     return pg._allgather_base(out, inp, opts)
 
 
 def reduce_scatter_base(pg: Any, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> Any:
-    """``pg``'s reduce-scatter of one tensor (``ProcessGroup._reduce_scatter_base``):
-    the method behind ``dist.reduce_scatter_tensor``."""
+    """``pg``'s reduce-scatter of one tensor (``ProcessGroup._reduce_scatter_base``), the
+    same way (``dist.reduce_scatter_single`` takes a registered group)."""
     return pg._reduce_scatter_base(out, inp, opts)
 
 
-# a Python ProcessGroup's public method -> the private name c10d calls it by
+# a Python ProcessGroup's public method -> the private name c10d may call it by: the
+# C++ ProcessGroup interface's names of the one-tensor collectives (torch 2.13's Python
+# API calls the public ones; :func:`allgather_base` on a stand-in calls these), and the
+# property the object collectives read the group's device from
 _HOOKS = {
-    "all_gather_single": "_allgather_base",  # dist.all_gather_into_tensor, DDP's checks
-    "reduce_scatter_single": "_reduce_scatter_base",  # dist.reduce_scatter_tensor
-    "device_types": "_device_types",  # the object collectives' device (a property)
+    "all_gather_single": "_allgather_base",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "device_types": "_device_types",
 }
 
 
