@@ -63,3 +63,19 @@ def test_stalwart_run_says_it(monkeypatch: Any, capsys: Any, tmp_path: Any) -> N
         main(["run", "--s3-endpoint", "http://x", str(script)])
     err = capsys.readouterr().err
     assert "stalwart: warning: torch" in err and "tested with (2.99)" in err
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_the_check_imports_no_torch() -> None:
+    """``stalwart run`` checks before anything imports torch (the agent never does)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stalwart.compat as c, stalwart.cli.run; "
+        "assert c.installed_torch(); sys.exit('torch' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=110)
