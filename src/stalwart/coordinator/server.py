@@ -38,7 +38,10 @@ from stalwart.logs import get_logger
 __all__ = ["StoreServer", "StoreServerConfig"]
 
 _log = get_logger(__name__)
-_MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke", "keepalive"})
+# Ops a retried request must not apply twice (their request id remembered). Not a
+# keepalive: renewing twice is renewing once, and at N nodes keepalives are most of the
+# steady requests (no remembered reply, no event per renewal).
+_MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke"})
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ class StoreServer:
     def stop(self, timeout: float = 5.0) -> None:
         """Close every connection and join every thread the server started."""
         self._stopping.set()
+        self.store.wake_waiters()  # every long-poll sees the stop now (_ops.py _op_watch)
         if self._listener is not None:
             with contextlib.suppress(OSError):  # wakes a blocked accept() at once on Linux
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -265,10 +269,8 @@ class StoreServer:
                     self._reject(conn, "auth_failed", "frame MAC mismatch", key, wseq)
                     return
                 rseq += 1
-                reply = self._handle(body, peer)
-                wire.send_frame(
-                    conn, wire.frame_mac(key, b"S", wseq, wire.encode(reply)), wire.encode(reply)
-                )
+                reply = wire.encode(self._handle(body, peer))
+                wire.send_frame(conn, wire.frame_mac(key, b"S", wseq, reply), reply)
                 wseq += 1
         except _HandshakeFailed:
             return

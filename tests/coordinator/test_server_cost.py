@@ -1,0 +1,57 @@
+"""What a steady request costs the store server at N nodes (issue 31): a long-poll sleeps
+once, not in slices; the server's stop still ends it at once on a store it shares."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from stalwart.coordinator import MemoryStore, StoreClient, StoreServer
+
+from .conftest import TOKEN, client_config, wait_until
+
+
+class _CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait_events(self, *args: Any, **kwargs: Any) -> Any:
+        self.waits += 1
+        return super().wait_events(*args, **kwargs)
+
+
+def test_a_quiet_long_poll_is_one_sleep_not_a_wake_per_slice() -> None:
+    store = _CountingStore()
+    with StoreServer(TOKEN, store=store) as server:
+        with StoreClient("127.0.0.1", server.port, TOKEN, client_config()) as c:
+            with c.watch("quiet/") as w:
+                assert w.get(timeout=1.5) == []
+    # one wait for the whole 1.5 s (it was one per 0.25 s slice: 6 or more)
+    assert store.waits == 1
+    store.close()
+
+
+def test_stop_ends_a_long_poll_on_a_store_the_server_does_not_own() -> None:
+    store = MemoryStore()
+    server = StoreServer(TOKEN, store=store).start()
+    c = StoreClient("127.0.0.1", server.port, TOKEN, client_config(reconnect_timeout=0.3))
+    ended = threading.Event()
+
+    def watcher() -> None:
+        try:
+            with c.watch("w/") as w:
+                w.get(timeout=30)
+        except Exception:
+            pass
+        ended.set()
+
+    t = threading.Thread(target=watcher)
+    t.start()
+    assert wait_until(lambda: server.stats["requests"] >= 2, 5)
+    server.stop()
+    assert ended.wait(10)  # not the long-poll's 30 s: stop woke it
+    t.join()
+    c.close()
+    store.put("still", b"usable")  # the shared store is not closed by the server
+    store.close()
