@@ -124,7 +124,10 @@ def start_etcd(timeout_s: float = 30.0) -> Backend:
 def _serve(token_file: str, max_connections: int) -> None:
     from stalwart.coordinator import StoreServer, StoreServerConfig, read_token_file
 
-    config = StoreServerConfig(max_connections=max_connections)
+    # as agent/_link.py sizes it for the job: every node's handshakes at once
+    config = StoreServerConfig(
+        max_connections=max_connections, max_unauthenticated=max(64, max_connections // 4)
+    )
     with StoreServer(read_token_file(token_file), config).start() as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the bench closes our stdin (or ends)

@@ -169,16 +169,24 @@ class Fleet:
 # ------------------------------------------------------------------ the child
 
 
-def _client(config: dict[str, Any]) -> Any:
+def loopback(idx: int) -> str:
+    """Node ``idx``'s own source address (127.0.0.0/8 is all loopback on Linux): the
+    store admits handshakes per peer address, and a real node has a host of its own."""
+    hi, lo = divmod(idx, 254)
+    return f"127.{1 + hi // 256}.{hi % 256}.{lo + 1}"
+
+
+def _client(config: dict[str, Any], idx: int) -> Any:
     host, port = str(config["address"]).rsplit(":", 1)
     lease_s = float(config["lease_s"])
     if config["backend"] == "embedded":
+        import dataclasses
+
         from stalwart.agent._link import agent_client_config
         from stalwart.coordinator import StoreClient
 
-        return StoreClient(
-            host, int(port), bytes.fromhex(config["token"]), agent_client_config(lease_s)
-        )
+        conf = dataclasses.replace(agent_client_config(lease_s), source_address=loopback(idx))
+        return StoreClient(host, int(port), bytes.fromhex(config["token"]), conf)
     from stalwart.coordinator import EtcdStore, EtcdStoreConfig
 
     conf = EtcdStoreConfig(reconnect_timeout=2 * lease_s, marker_ttl=60)
@@ -197,7 +205,7 @@ def _child() -> None:
     alive = set(range(n))
     cfg = {**config["cfg"], "n": n, "backend": config["backend"], "live": lambda: sorted(alive)}
     ops, steps = Counter(), Counter()
-    nodes = {i: Node(i, _client(config), ops, steps, cfg) for i in range(lo, hi)}
+    nodes = {i: Node(i, _client(config, i), ops, steps, cfg) for i in range(lo, hi)}
     mine = set(nodes)
 
     def status(gen: int) -> dict[str, Any]:
