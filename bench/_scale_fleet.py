@@ -123,7 +123,7 @@ class Fleet:
             if len(st["agreed"]) != last:  # progress, at most a line a second
                 last = len(st["agreed"])
                 print(f"  {what}: {last}/{st['alive']} agreed", file=sys.stderr, flush=True)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or st["failed"]:  # a failed node never agrees
                 raise RuntimeError(
                     f"{what}: {len(st['agreed'])} of {st['alive']} nodes agreed within "
                     f"{timeout_s:.0f}s ({st['failed']} node threads failed; "
