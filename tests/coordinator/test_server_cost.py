@@ -55,3 +55,34 @@ def test_stop_ends_a_long_poll_on_a_store_the_server_does_not_own() -> None:
     c.close()
     store.put("still", b"usable")  # the shared store is not closed by the server
     store.close()
+
+
+def test_a_client_connects_from_its_source_address() -> None:
+    """bench/scale.py's emulated nodes each leave from their own loopback address (the
+    store admits handshakes per peer address, as a real node has a host of its own)."""
+    import contextlib
+    import socket
+
+    from stalwart.coordinator import StoreClientConfig, StoreError
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        peers: list[str] = []
+
+        def accept() -> None:
+            conn, peer = listener.accept()
+            peers.append(peer[0])
+            conn.close()
+
+        t = threading.Thread(target=accept)
+        t.start()
+        conf = StoreClientConfig(
+            connect_timeout=2, request_timeout=2, reconnect_timeout=0.2, source_address="127.0.0.7"
+        )
+        c = StoreClient("127.0.0.1", listener.getsockname()[1], TOKEN, conf)
+        # nobody speaks the protocol here: the address is what is checked
+        with c, contextlib.suppress(StoreError):
+            c.ping()
+        t.join(10)
+    assert peers == ["127.0.0.7"]
