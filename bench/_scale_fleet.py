@@ -19,6 +19,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,10 +92,11 @@ class Fleet:
     def _owner(self, idx: int) -> _Child:
         return next(c for c in self.children if c.lo <= idx < c.hi)
 
-    def start(self) -> float:
-        """Start every node; the instant the first was told (monotonic)."""
+    def start(self, ramp_s: float = 0.0) -> float:
+        """Start every node, node k at ``k / n * ramp_s`` (0: all at once, a launcher
+        that starts every agent in the same second); the first's instant (monotonic)."""
         t0 = time.monotonic()
-        self._all({"op": "start"})
+        self._all({"op": "start", "t0": t0, "ramp_s": ramp_s})
         return t0
 
     def status(self, gen: int) -> dict[str, Any]:
@@ -226,8 +228,7 @@ def _child() -> None:
         op = msg["op"]
         reply: dict[str, Any] = {"ok": True}
         if op == "start":
-            for node in nodes.values():
-                node.thread.start()
+            threading.Thread(target=_ramp, args=(nodes, n, msg), daemon=True).start()
         elif op == "status":
             reply = status(int(msg["gen"]))
             if not all(hasattr(x, "cadence") for x in nodes.values()):
@@ -245,6 +246,13 @@ def _child() -> None:
             print(json.dumps(reply), flush=True)
             return
         print(json.dumps(reply), flush=True)
+
+
+def _ramp(nodes: dict[int, Any], n: int, msg: dict[str, Any]) -> None:
+    t0, ramp_s = float(msg["t0"]), float(msg["ramp_s"])
+    for idx, node in sorted(nodes.items()):
+        time.sleep(max(0.0, t0 + ramp_s * idx / n - time.monotonic()))
+        node.thread.start()
 
 
 def _teardown(nodes: list[Any]) -> None:

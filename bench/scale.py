@@ -65,9 +65,12 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     fleet: Fleet | None = None
     try:
         fleet = Fleet(n, procs, config)
-        t0 = fleet.start()
-        joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s)
+        t0 = fleet.start(args.ramp_s)
+        joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s + args.ramp_s)
         out["join_s"] = joined[-1] - t0
+        if args.ramp_s:
+            out["ramp_s"] = args.ramp_s
+            out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s
         # steady state: every worker knows the snapshot cadence, the formation's load gone
         fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
         time.sleep(args.warm_s)
@@ -127,6 +130,9 @@ def main() -> None:
         help="the agent's --node-lease (0: 3 s, 10 s from 256)",
     )
     p.add_argument("--per-proc", type=int, default=128, help="emulated nodes per process")
+    p.add_argument(
+        "--ramp-s", type=float, default=0.0, help="nodes start evenly over this (0: at once)"
+    )
     p.add_argument("--procs", type=int, default=0, help="emulator processes (0: from --per-proc)")
     p.add_argument("--poll-s", type=float, default=0.1, help="the agent's store poll")
     p.add_argument("--step-s", type=float, default=0.2, help="an emulated step's time")
