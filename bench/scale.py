@@ -70,7 +70,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         out["join_s"] = joined[-1] - t0
         if args.ramp_s:
             out["ramp_s"] = args.ramp_s
-            out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s
+            out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n
         # steady state: every worker knows the snapshot cadence, the formation's load gone
         fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
         time.sleep(args.warm_s)
