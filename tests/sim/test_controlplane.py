@@ -21,7 +21,7 @@ from stalwart.sim.strategies import event_costs
 def test_the_measured_curve_depends_on_n() -> None:
     """The calibration's N-dependence: several node counts, cost growing with N."""
     nodes = [n for n, _ in MEASURED.points]
-    assert len(nodes) >= 3 and nodes[-1] >= 1024
+    assert len(nodes) >= 3 and nodes[-1] >= 256
     costs = [s for _, s in MEASURED.points]
     assert costs[-1] > costs[0]
     assert MEASURED.at(16_384) > MEASURED.at(2_048) > MEASURED.at(nodes[0])

@@ -73,10 +73,11 @@ class ControlPlaneCurve:
 
 
 MEASURED = ControlPlaneCurve(
-    points=((16, 0.84), (64, 1.60), (256, 10.0), (1024, 30.0)),
+    points=((16, 0.071), (64, 0.517), (256, 3.628)),
     source=(
-        "bench/scale.py, embedded store, a node's process killed: the last survivor's "
-        "agreement (docs/scale.md; 2 shared cores, load 8-30)"
+        "bench/scale.py 2026-12-03, embedded store, a node's process killed: the last "
+        "survivor's agreement (docs/scale.md; every node's client on the same 2 shared "
+        "cores as the store, load 8-13: an upper bound for a real cluster)"
     ),
 )
 
