@@ -86,3 +86,38 @@ def test_a_client_connects_from_its_source_address() -> None:
             c.ping()
         t.join(10)
     assert peers == ["127.0.0.7"]
+
+
+class _ThreadRecordingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def keepalive(self, lease: int) -> float:
+        self.threads.add(threading.get_ident())
+        return super().keepalive(lease)
+
+
+def test_short_requests_run_on_one_thread_not_on_each_connections() -> None:
+    """No convoy on the store's lock: the requests of many connections run on the
+    server's one executor thread (they ran on each connection's own thread)."""
+    store = _ThreadRecordingStore()
+    with StoreServer(TOKEN, store=store) as server:
+        clients = [StoreClient("127.0.0.1", server.port, TOKEN, client_config()) for _ in range(6)]
+        lease = clients[0].grant(30)
+        barrier = threading.Barrier(len(clients))
+
+        def renew(c: StoreClient) -> None:
+            barrier.wait()
+            for _ in range(20):
+                c.keepalive(lease)
+
+        threads = [threading.Thread(target=renew, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for c in clients:
+            c.close()
+    assert len(store.threads) == 1
+    store.close()
