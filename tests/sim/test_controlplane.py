@@ -66,6 +66,7 @@ def test_curve_from_the_bench_final_line(tmp_path: object) -> None:
                 {"n": 64, "loss_to_agreement_s": 1.6},
                 {"n": 16, "loss_to_agreement_s": 0.8},
                 {"n": 256, "error": "RuntimeError: did not form"},
+                {"n": 512, "loss_to_agreement_s": 27.0, "emulator_saturated": True},
             ]
         },
     }
