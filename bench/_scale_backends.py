@@ -124,7 +124,16 @@ def start_etcd(timeout_s: float = 30.0) -> Backend:
 def _serve(token_file: str, max_connections: int) -> None:
     from stalwart.coordinator import StoreServer, StoreServerConfig, read_token_file
 
-    config = StoreServerConfig(max_connections=max_connections)
+    # as agent/_link.py sizes it for the job: every node's handshakes at once
+    config = StoreServerConfig(
+        max_connections=max_connections, max_unauthenticated=max(64, max_connections // 4)
+    )
+    import faulthandler
+    import signal
+
+    # kill -USR1 <pid>: every thread's stack into stacks.log beside the token
+    stacks = open(os.path.join(os.path.dirname(token_file), "stacks.log"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     with StoreServer(read_token_file(token_file), config).start() as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the bench closes our stdin (or ends)

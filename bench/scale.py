@@ -1,7 +1,9 @@
 """The control plane at N nodes (issue 31): N emulated nodes against the real embedded
 store (a process of its own) and a real etcd; see bench/_scale_nodes.py for what each
 node runs (the agent's store-facing code, one store client and one lease per node; the
-worker emulated by its progress reports: no torch, no gloo).
+worker emulated by its progress reports: no torch, no gloo). The nodes are spread over
+processes of ``--per-proc`` nodes each (bench/_scale_fleet.py), every one of them a real
+client of the store over its real transport.
 
 For every N and backend it measures:
 
@@ -22,140 +24,99 @@ line is JSON (docs/scale.md)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
+import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _scale_backends import Backend, start_embedded, start_etcd
-from _scale_nodes import Counter, Node, wait_until
+from _scale_backends import start_embedded, start_etcd
+from _scale_fleet import Fleet
 from _scale_peers import torchft, torchrun
 
 
-def _clients(kind: str, backend: Backend, token: bytes, n: int, lease_s: float) -> list[Any]:
-    host, port = backend.address.rsplit(":", 1)
-    if kind == "embedded":
-        from stalwart.agent._link import agent_client_config
-        from stalwart.coordinator import StoreClient
-
-        conf = agent_client_config(lease_s)
-        return [StoreClient(host, int(port), token, conf) for _ in range(n)]
-    from stalwart.coordinator import EtcdStore, EtcdStoreConfig
-
-    conf2 = EtcdStoreConfig(reconnect_timeout=2 * lease_s, marker_ttl=60)
-    return [EtcdStore([(host, int(port))], "/scale/", conf2) for _ in range(n)]
-
-
-def _all_agreed(nodes: list[Node], generation: int) -> bool:
-    return all(generation in node.agreed for node in nodes)
-
-
 def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    lease_s = args.lease_s or (10.0 if n >= 256 else 3.0)  # docs/scale.md: what to configure
     if kind == "embedded":
         backend, token = start_embedded(max_connections=8 * n + 64)
     else:
         backend, token = start_etcd(), b""
-    alive = set(range(n))
     cfg: dict[str, Any] = {
-        "n": n,
-        "lease_s": args.lease_s,
+        "lease_s": lease_s,
         "poll_s": args.poll_s,
         "step_s": args.step_s,
         "agree_timeout_s": args.timeout_s,
-        "backend": kind,
-        "live": lambda: sorted(alive),
         "scan": args.scan,
         "verdict_s": args.verdict_s,
         "feed": not args.poll_generation,
     }
-    ops, steps = Counter(), Counter()
-    nodes = [
-        Node(i, c, ops, steps, cfg)
-        for i, c in enumerate(_clients(kind, backend, token, n, args.lease_s))
-    ]
-    out: dict[str, Any] = {"n": n, "backend": kind}
+    procs = args.procs or max(1, -(-n // args.per_proc))
+    out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
+    config = {
+        "backend": kind,
+        "address": backend.address,
+        "token": token.hex(),
+        "lease_s": lease_s,
+        "cfg": cfg,
+    }
+    fleet: Fleet | None = None
     try:
-        t0 = time.monotonic()
-        for node in nodes:
-            node.thread.start()
-        wait_until(f"{kind} formation of {n}", lambda: _all_agreed(nodes, 0), args.timeout_s)
-        out["join_s"] = max(node.agreed[0] for node in nodes) - t0
+        fleet = Fleet(n, procs, config)
+        t0 = fleet.start(args.ramp_s)
+        joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s + args.ramp_s)
+        out["join_s"] = joined[-1] - t0
+        if args.ramp_s:
+            out["ramp_s"] = args.ramp_s
+            out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n
         # steady state: every worker knows the snapshot cadence, the formation's load gone
-        wait_until("the cadence", lambda: all(x.cadence.every for x in nodes), args.timeout_s)
+        fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
         time.sleep(args.warm_s)
-        s0, o0, c0 = backend.stats(), ops.n, steps.n
-        k0, w0 = sum(node.step for node in nodes), time.monotonic()
+        s0, st0, w0 = backend.stats(), fleet.status(0), time.monotonic()
         time.sleep(args.steady_s)
-        s1, o1, c1 = backend.stats(), ops.n, steps.n
-        k1, w1 = sum(node.step for node in nodes), time.monotonic()
+        s1, st1, w1 = backend.stats(), fleet.status(0), time.monotonic()
         dt = w1 - w0
-        out["store_ops_per_node_s"] = (o1 - o0) / dt / n
-        out["store_ops_s"] = (o1 - o0) / dt
+        out["store_ops_per_node_s"] = (st1["ops"] - st0["ops"]) / dt / n
+        out["store_ops_s"] = (st1["ops"] - st0["ops"]) / dt
         out["coordinator_cpu_frac"] = (s1.cpu_s - s0.cpu_s) / dt
         out["coordinator_cpu_frac_per_node"] = out["coordinator_cpu_frac"] / n
+        out["coordinator_cpu_ms_per_request"] = (
+            1000 * (s1.cpu_s - s0.cpu_s) / max(1, st1["ops"] - st0["ops"])
+        )
         out["coordinator_rss_mb"] = s1.rss_mb
-        out["store_roundtrips_per_rank_step"] = (c1 - c0) / max(1, k1 - k0)
-        out["steps_per_node_s"] = (k1 - k0) / dt / n
-        out["loss_to_agreement_s"] = _lose(nodes, alive, n - 1, 1, args, peer=True)
-        out["loss_to_bump_s"] = nodes[0].bumped_at - _LOST_AT[0]
-        out["loss_to_agreement_p50_s"] = _LOST_AT[1]
+        out["store_roundtrips_per_rank_step"] = (st1["step_ops"] - st0["step_ops"]) / max(
+            1, st1["steps"] - st0["steps"]
+        )
+        out["steps_per_node_s"] = (st1["steps"] - st0["steps"]) / dt / n
+        # the emulator itself saturated: its latencies are its own, not the store's
+        out["emulator_saturated"] = out["steps_per_node_s"] < 0.9 / args.step_s
+        out["load_avg"] = os.getloadavg()[0]
+        took = _lose(fleet, n - 1, 1, args, peer=True)
+        out["loss_to_agreement_s"] = took[-1]
+        out["loss_to_agreement_p50_s"] = took[len(took) // 2]
+        out["loss_to_bump_s"] = fleet.status(1)["bumped_at"] - _LOST_AT[0]
         if args.lease_loss:
-            out["lease_loss_to_agreement_s"] = _lose(nodes, alive, n - 2, 2, args, peer=False)
+            out["lease_loss_to_agreement_s"] = _lose(fleet, n - 2, 2, args, peer=False)[-1]
     finally:
-        _teardown(nodes)
+        if fleet is not None:
+            fleet.close()
         backend.stop()
     return out
 
 
 def _lose(
-    nodes: list[Node],
-    alive: set[int],
-    victim: int,
-    gen: int,
-    args: argparse.Namespace,
-    *,
-    peer: bool,
-) -> float:
-    """Kill ``victim``; seconds until every survivor agreed on generation ``gen``."""
-    alive.discard(victim)
-    t_loss = time.monotonic()
-    nodes[victim].kill()
-    if peer:  # its ring successor (node 0) sees the connection end
-        nodes[0].peer_gone(victim)
-    survivors = [node for node in nodes if node.idx in alive]
-    wait_until(
-        f"agreement after losing node {victim}", lambda: _all_agreed(survivors, gen), args.timeout_s
-    )
-    took = sorted(node.agreed[gen] - t_loss for node in survivors)
-    _LOST_AT[:] = [t_loss, took[len(took) // 2]]
-    return took[-1]
+    fleet: Fleet, victim: int, gen: int, args: argparse.Namespace, *, peer: bool
+) -> list[float]:
+    """Kill ``victim``; each survivor's seconds until it agreed on generation ``gen``."""
+    t_loss = fleet.lose(victim, 0, peer=peer)  # node 0: its ring successor
+    _LOST_AT[0] = t_loss
+    agreed = fleet.wait_agreed(gen, f"agreement after losing node {victim}", args.timeout_s)
+    return [t - t_loss for t in agreed]
 
 
-_LOST_AT = [0.0, 0.0]  # the last loss: when, and its median survivor's agreement
-
-
-def _teardown(nodes: list[Node]) -> None:
-    for node in nodes:
-        node.stop.set()
-        if hasattr(node, "genwatch"):
-            node.genwatch.moved.set()
-    with ThreadPoolExecutor(32) as pool:
-        list(pool.map(_close, nodes))
-
-
-def _close(node: Node) -> None:
-    node.thread.join(10)
-    if hasattr(node, "genwatch"):
-        node.genwatch.close()
-    node.close_feed()
-    with contextlib.suppress(Exception):  # already closed (killed)
-        node.inner.close()
+_LOST_AT = [0.0]  # the last loss's instant
 
 
 def main() -> None:
@@ -164,7 +125,17 @@ def main() -> None:
     p.add_argument(
         "--backends", default="embedded,etcd,torchrun,torchft", help="torchrun, torchft: the peers"
     )
-    p.add_argument("--lease-s", type=float, default=3.0, help="the agent's --node-lease")
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        default=0.0,
+        help="the agent's --node-lease (0: 3 s, 10 s from 256)",
+    )
+    p.add_argument("--per-proc", type=int, default=128, help="emulated nodes per process")
+    p.add_argument(
+        "--ramp-s", type=float, default=0.0, help="nodes start evenly over this (0: at once)"
+    )
+    p.add_argument("--procs", type=int, default=0, help="emulator processes (0: from --per-proc)")
     p.add_argument("--poll-s", type=float, default=0.1, help="the agent's store poll")
     p.add_argument("--step-s", type=float, default=0.2, help="an emulated step's time")
     p.add_argument("--warm-s", type=float, default=3.0)
@@ -183,10 +154,6 @@ def main() -> None:
     )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
     args = p.parse_args()
-    # emulated workers take no collective per step: some learn the cadence late, said once
-    from stalwart.logs import get_logger
-
-    get_logger("stalwart.runtime._cadence").setLevel(logging.ERROR)
     curves: dict[str, list[dict[str, Any]]] = {}
     for n in [int(x) for x in args.n.split(",")]:
         for kind in args.backends.split(","):

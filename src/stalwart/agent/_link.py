@@ -103,7 +103,14 @@ def open_link(cfg: LaunchConfig, token_file: str) -> Link:
         if not os.path.exists(token_file):
             create_token_file(token_file)
         token = read_token_file(token_file)
-        conf = StoreServerConfig(host=host, port=port, max_connections=max_connections(cfg))
+        conf = StoreServerConfig(
+            host=host,
+            port=port,
+            max_connections=max_connections(cfg),
+            # every node's agent and workers connect at once when the job forms: 64
+            # handshakes at a time evicted each other at 1,024 nodes (docs/scale.md)
+            max_unauthenticated=max(64, 2 * cfg.nnodes),
+        )
         server = StoreServer(token, conf).start()
         return Link(server, server.store, token, f"{host}:{server.port}")
     deadline = time.monotonic() + cfg.start_timeout_s

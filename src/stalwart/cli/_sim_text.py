@@ -36,4 +36,25 @@ def header(sc: Any, replicas: int) -> str:
         f"{sc.name}: {sc.cluster.gpus:,} GPUs ({sc.cluster.nodes:,} nodes, "
         f"{sc.cluster.spare_nodes} spares), {days:g} days, MTBF {sc.mtbf_s / 3600.0:.2f} h, "
         f"{sc.failures.distribution} failures, {replicas} replicas\nsource: {sc.source or '-'}"
+        + control_plane_line(sc)
+    )
+
+
+def control_plane_line(sc: Any) -> str:
+    """The control plane's share of a recovery's RTO (a crash, flash restart from memory),
+    and whether the curve was extrapolated to this node count ("" without a curve)."""
+    curve = sc.control_plane
+    if curve is None:
+        return ""
+    c = sc.recovery_costs()
+    rto = c.detect_crash_s + c.control_plane_s + c.flash_restart_s + c.restore_memory_s
+    share = c.control_plane_s / rto if rto > 0 else 0.0
+    beyond = (
+        f"extrapolated linearly past the {curve.n_max:,} nodes measured"
+        if curve.extrapolated(sc.cluster.nodes)
+        else f"measured up to {curve.n_max:,} nodes"
+    )
+    return (
+        f"\ncontrol plane: {c.control_plane_s:.1f} s of each recovery at {sc.cluster.nodes:,} "
+        f"nodes, {100 * share:.0f}% of a crash's flash RTO ({rto:.1f} s); {beyond}"
     )

@@ -48,6 +48,10 @@ class StoreClientConfig:
     reconnect_timeout: float = 30.0  # keep retrying a lost server this long, then give up
     max_frame_bytes: int = 16 << 20
     max_idle_connections: int = 4
+    source_address: str = ""
+    """Local address the connections leave from ("": the system's choice): a
+    multi-homed host's interface; bench/scale.py gives each emulated node its own
+    loopback address, as each real node has its own host."""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "request_timeout", "reconnect_timeout"):
@@ -271,7 +275,10 @@ class StoreClient:
         _close(conn.sock)
 
     def _connect(self) -> _Connection:
-        sock = socket.create_connection(self._addr, timeout=self.config.connect_timeout)
+        source = (self.config.source_address, 0) if self.config.source_address else None
+        sock = socket.create_connection(
+            self._addr, timeout=self.config.connect_timeout, source_address=source
+        )
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return self._handshake(sock)

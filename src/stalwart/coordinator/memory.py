@@ -18,6 +18,7 @@ ttl later than it would have.
 from __future__ import annotations
 
 import bisect
+import operator
 import secrets
 import threading
 import time
@@ -65,24 +66,18 @@ def _check_value(value: bytes) -> bytes:
     return bytes(value)
 
 
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt}
+
+
 def _compare_holds(cmp: Compare, kv: KeyValue | None) -> bool:
     actual: int | bytes
     if cmp.target == "value":
         if kv is None:
             return False
         actual = kv.value
-    elif kv is None:
-        actual = 0
     else:
-        actual = getattr(kv, cmp.target)
-    operand = cmp.operand
-    if cmp.op == "==":
-        return actual == operand
-    if cmp.op == "!=":
-        return actual != operand
-    if cmp.op == "<":
-        return actual < operand  # type: ignore[operator]
-    return actual > operand  # type: ignore[operator]
+        actual = 0 if kv is None else getattr(kv, cmp.target)
+    return bool(_COMPARE[cmp.op](actual, cmp.operand))
 
 
 class MemoryStore:
@@ -221,13 +216,13 @@ class MemoryStore:
         timeout: float | None,
         *,
         max_bytes: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[Event]:
         """Block until events under ``prefix`` at revisions >= ``start_revision`` exist.
 
-        Returns them (whole revisions only, stopping once ``max_bytes`` of values
-        are collected), or ``[]`` after ``timeout``. This is the long-poll the
-        network server exposes as its ``watch`` op.
-        """
+        Returns them (whole revisions only, up to ``max_bytes`` of values), or ``[]``
+        after ``timeout`` or once ``cancelled()`` (looked at under the lock at each wake:
+        set it, then :meth:`wake_waiters`). The server's ``watch`` long-poll."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             waiter = self._waiters.enter(prefix)
@@ -236,7 +231,7 @@ class MemoryStore:
                     self._enter_locked()
                     self._check_watchable_locked(start_revision)
                     events = self._collect_locked(prefix, start_revision, max_bytes)
-                    if events:
+                    if events or (cancelled is not None and cancelled()):
                         return events
                     wait = None if deadline is None else deadline - time.monotonic()
                     if wait is not None and wait <= 0:
@@ -249,6 +244,10 @@ class MemoryStore:
     def _until_expiry_locked(self) -> float | None:
         earliest = self._expiry.earliest(self._leases)
         return None if earliest is None else max(0.0, earliest - self._clock()) + 0.001
+
+    def wake_waiters(self) -> None:  # each sleeping long-poll looks at ``cancelled``
+        with self._lock:
+            self._waiters.wake_all()
 
     def close(self) -> None:
         """Wake every waiter; later calls raise :class:`StoreClosedError`."""

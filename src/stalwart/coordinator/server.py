@@ -2,8 +2,9 @@
 
 Hosted by the node-rank-0 agent (as torchrun hosts its c10d store), it serves a
 :class:`MemoryStore` to :class:`StoreClient` instances with one thread per
-connection: connections are few (one pool per agent or worker) and long-poll
-watches simply block their thread. Every frame is size-bounded and authenticated
+connection for its socket (a long-poll watch simply blocks its thread); the short
+requests themselves run in order on one executor thread (_executor.py), so hundreds
+of connection threads never queue on the store's lock. Every frame is size-bounded and authenticated
 (see docs/wire-protocol.md); a bad frame gets an error reply and costs at most its
 own connection, never the server. Connections that have not yet proved the token
 are held apart, in a small pool with a deadline for the whole handshake
@@ -24,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from stalwart.coordinator import wire
+from stalwart.coordinator._executor import StoreExecutor
 from stalwart.coordinator._ops import HANDLERS, WAIT_SLICE, Handler, OpContext
 from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
 from stalwart.coordinator.errors import (
@@ -38,7 +40,11 @@ from stalwart.logs import get_logger
 __all__ = ["StoreServer", "StoreServerConfig"]
 
 _log = get_logger(__name__)
-_MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke", "keepalive"})
+# Ops a retried request must not apply twice (their request id remembered). Not a
+# keepalive: renewing twice is renewing once, and at N nodes keepalives are most of the
+# steady requests (no remembered reply, no event per renewal).
+_MUTATING = frozenset({"put", "delete", "txn", "grant", "revoke"})
+_WATCH = HANDLERS["watch"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,7 @@ class StoreServer:
             self._stopping,
         )
         self._dedup: OrderedDict[str, _Pending] = OrderedDict()
+        self._exec: StoreExecutor | None = None  # short requests' one thread (start())
         self._stats = {"requests": 0, "rejected": 0, "auth_failures": 0}
 
     # -- lifecycle ------------------------------------------------------
@@ -160,6 +167,7 @@ class StoreServer:
         listener.listen(LISTEN_BACKLOG)
         listener.settimeout(WAIT_SLICE)
         self._listener = listener
+        self._exec = StoreExecutor()
         self._accept_thread = threading.Thread(
             target=accept_loop,
             args=(listener, self._admission, self._serve, self._stopping.is_set, "store", _log),
@@ -201,6 +209,7 @@ class StoreServer:
     def stop(self, timeout: float = 5.0) -> None:
         """Close every connection and join every thread the server started."""
         self._stopping.set()
+        self.store.wake_waiters()  # every long-poll sees the stop now (_ops.py _op_watch)
         if self._listener is not None:
             with contextlib.suppress(OSError):  # wakes a blocked accept() at once on Linux
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -209,6 +218,8 @@ class StoreServer:
         if self._listener is not None:
             self._listener.close()
         self._admission.close_all(timeout)
+        if self._exec is not None:
+            self._exec.close(timeout)
         if self._owns_store:
             self.store.close()
 
@@ -265,10 +276,8 @@ class StoreServer:
                     self._reject(conn, "auth_failed", "frame MAC mismatch", key, wseq)
                     return
                 rseq += 1
-                reply = self._handle(body, peer)
-                wire.send_frame(
-                    conn, wire.frame_mac(key, b"S", wseq, wire.encode(reply)), wire.encode(reply)
-                )
+                reply = wire.encode(self._handle(body, peer))
+                wire.send_frame(conn, wire.frame_mac(key, b"S", wseq, reply), reply)
                 wseq += 1
         except _HandshakeFailed:
             return
@@ -364,6 +373,12 @@ class StoreServer:
         return pending.reply
 
     def _run(self, handler: Handler, args: dict[str, Any]) -> dict[str, Any]:
+        if handler is not _WATCH and self._exec is not None:  # a long-poll blocks: not there
+            reply: dict[str, Any] = self._exec.call(self._execute, handler, args)
+            return reply
+        return self._execute(handler, args)
+
+    def _execute(self, handler: Handler, args: dict[str, Any]) -> dict[str, Any]:
         try:
             return {"ok": True, "result": handler(self._ctx, args)}
         except StoreClosedError as exc:

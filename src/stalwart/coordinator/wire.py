@@ -100,8 +100,9 @@ def session_key(token: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes
 
 
 def frame_mac(key: bytes, direction: bytes, seq: int, body: bytes) -> bytes:
-    """Per-frame MAC over direction and sequence number: no replay, reorder or reflection."""
-    return hmac.new(key, direction + seq.to_bytes(8, "big") + body, hashlib.sha256).digest()
+    """Per-frame MAC over direction and sequence number: no replay, reorder or reflection.
+    ``hmac.digest``: OpenSSL's one-shot HMAC, no Python HMAC object per frame."""
+    return hmac.digest(key, direction + seq.to_bytes(8, "big") + body, "sha256")
 
 
 def mac_ok(expected: bytes, got: bytes) -> bool:
@@ -170,8 +171,13 @@ def recv_frame(
     return data[:MAC_SIZE], data[MAC_SIZE:]
 
 
+# One encoder and one decoder for every frame: ``json.dumps``/``json.loads`` with options
+# build a new one per call, a third of a small request's CPU in the server.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 def _finite(text: str) -> float:
@@ -185,6 +191,9 @@ def _no_constant(name: str) -> Any:
     raise ProtocolError(f"{name} is not a JSON number; send a finite number")
 
 
+_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+
+
 def decode(body: bytes) -> dict[str, Any]:
     """Parse a frame body: a JSON object whose numbers are finite.
 
@@ -192,7 +201,7 @@ def decode(body: bytes) -> dict[str, Any]:
     an integer of more than 4300 digits, nesting deeper than the parser's recursion
     limit) is a :class:`ProtocolError`, never another exception."""
     try:
-        obj = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
+        obj = _DECODER.decode(body.decode())
     except ProtocolError:
         raise
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError

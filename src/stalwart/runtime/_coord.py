@@ -48,6 +48,8 @@ __all__ = [
     "worker_fence",
 ]
 
+_WAIT_S = 5.0  # one generation long-poll (embedded store): a request per 5 s per worker
+
 
 def open_store(env: WorkerEnv) -> Store:
     if env.rdzv:
@@ -119,16 +121,18 @@ class GenerationWatch:
     """Follows the job's generation; :attr:`moved` is set once it passes ``current``.
 
     A store watch on the generation key says so at once (a worker stuck in a collective
-    with a lost peer leaves it then, runtime/group.py); a read every ``interval_s``
-    covers a watch that broke (etcd restarted, its history compacted) until a new one
-    is open. One watch stream and one read a second per worker: cheap for etcd at
-    thousands of workers, unlike a fast poll."""
+    with a lost peer leaves it then, runtime/group.py); a read every ``read_s``
+    is a belt-and-braces look besides it; a watch that broke (etcd restarted, its history
+    compacted) raises, and the generation is read every ``interval_s`` until a new one is
+    open. On the embedded store a watch is a long-poll of up to ``_WAIT_S``: one request
+    per 5 s per worker in steady state (it was a 0.5 s long-poll and a read a second: 3
+    requests a second per worker, the largest steady load at N nodes, docs/scale.md)."""
 
-    def __init__(self, coord: Coordinator, interval_s: float = 1.0) -> None:
+    def __init__(self, coord: Coordinator, interval_s: float = 1.0, read_s: float = 30.0) -> None:
         self.coord = coord
         self.current = 0
         self.seen = 0  # the newest generation this watch saw (only ever increased)
-        self.interval_s = interval_s
+        self.interval_s, self.read_s = interval_s, max(read_s, interval_s)
         self.moved = threading.Event()
         self._lock = threading.Lock()  # a set() never lands after follow() moved past it
         self._stop = threading.Event()
@@ -179,8 +183,8 @@ class GenerationWatch:
                     next_read = 0.0
                 if time.monotonic() >= next_read:
                     self._check()
-                    next_read = time.monotonic() + self.interval_s
-                events = watch.get(timeout=min(0.5, self.interval_s))  # wakes for close()
+                    next_read = time.monotonic() + self.read_s
+                events = watch.get(timeout=min(_WAIT_S, self.read_s))
                 if events:
                     self._seen(events)
             except Exception:  # etcd away for a moment: poll until a watch opens again
@@ -197,7 +201,9 @@ class GenerationWatch:
 
     def close(self) -> None:
         self._stop.set()
-        if self._watch is not None:  # ends a get() in progress
+        if self._watch is not None:  # ends a get() in progress on an in-process store
             with contextlib.suppress(Exception):
                 self._watch.close()
-        self._thread.join(5)
+        # a long-poll over the network ends when its client closes (the session's next
+        # step): not waited for here, as agent/_genfeed.py
+        self._thread.join(0.5)

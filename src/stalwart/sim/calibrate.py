@@ -182,7 +182,9 @@ def calibrate_report(rep: RunReport) -> CalibrationRun:
         )
     persist_every = _cadence(sorted({int(e["step"]) for e in persists})) or 0
     replay_cfg = _replay(rep, run_strategy, persist_every, faults, warnings)
-    missing = [k for k in COST_KEYS if k not in c.costs and k != "sync_save_s"]
+    missing = [
+        k for k in COST_KEYS if k not in c.costs and k not in ("sync_save_s", "control_plane_s")
+    ]
     source: dict[str, str | int | float] = {
         "run_dir": os.path.abspath(rep.run_dir),
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

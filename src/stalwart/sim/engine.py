@@ -22,13 +22,14 @@ which is counted as lost at full capacity (a second-order effect).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from stalwart.errors import ConfigError
 from stalwart.sim.analytic import daly_interval
+from stalwart.sim.controlplane import ControlPlaneCurve
 from stalwart.sim.failures import ClusterConfig, FailureModel, FailureTrace, sample_failures
 from stalwart.sim.job import JobConfig, RecoveryCosts
 from stalwart.sim.strategies import (
@@ -60,6 +61,8 @@ class Scenario:
     costs: RecoveryCosts = field(default_factory=RecoveryCosts)
     horizon_s: float = 54 * 86400.0
     source: str = ""
+    control_plane: ControlPlaneCurve | None = None
+    """The control plane's cost as a function of N (measured); None: ``costs`` as given."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
@@ -68,6 +71,12 @@ class Scenario:
     @property
     def mtbf_s(self) -> float:
         return self.failures.mtbf_s(self.cluster)
+
+    def recovery_costs(self) -> RecoveryCosts:
+        """``costs`` with the control plane's share at this cluster's node count."""
+        if self.control_plane is None:
+            return self.costs
+        return replace(self.costs, control_plane_s=self.control_plane.at(self.cluster.nodes))
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ def ettr_by_interval(
     """
     if np.any(~np.isfinite(intervals)) or np.any(intervals <= 0):
         raise ConfigError("checkpoint intervals must be finite and > 0")
-    ec = event_costs(strategy, trace, scenario.cluster, scenario.job, scenario.costs)
+    ec = event_costs(strategy, trace, scenario.cluster, scenario.job, scenario.recovery_costs())
     ettr, _ = _replica_metrics(trace, ec, intervals, scenario.job.async_penalty)
     return ettr
 
@@ -186,7 +195,7 @@ def ettr_by_interval(
 def _summarise(
     scenario: Scenario, strategy: Strategy, trace: FailureTrace, interval: float
 ) -> StrategyResult:
-    ec = event_costs(strategy, trace, scenario.cluster, scenario.job, scenario.costs)
+    ec = event_costs(strategy, trace, scenario.cluster, scenario.job, scenario.recovery_costs())
     ettr, lost = _replica_metrics(
         trace, ec, np.array([interval], dtype=np.float64), scenario.job.async_penalty
     )

@@ -56,6 +56,10 @@ class RecoveryCosts:
     restore_peer_s: float = 10.0
     restore_disk_s: float = 30.0
     restore_remote_s: float = 120.0
+    control_plane_s: float = 0.0
+    """From a fault's detection until every survivor holds the new generation and the
+    agreed restore step: every strategy's recovery waits for it. A scenario with a
+    control-plane curve (:mod:`stalwart.sim.controlplane`) sets it for its node count."""
 
     def __post_init__(self) -> None:
         _validate_seconds(self)

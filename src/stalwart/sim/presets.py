@@ -26,11 +26,17 @@ meta-rsc1, meta-rsc2
     failure is modelled as one node that must be replaced, detected as a crash. The job is 16,384
     GPUs (2,048 nodes x 8) for 54 days, so the three presets compare at equal scale; recovery costs
     are the library defaults (:class:`stalwart.sim.job.RecoveryCosts`).
+
+Every preset carries the control plane's measured curve (:data:`stalwart.sim.controlplane.MEASURED`,
+bench/scale.py): each recovery also waits the time from a node's loss to every survivor's
+agreement at the scenario's own node count (2,048 nodes here, 16,384 at 131k GPUs), linear in N
+past the largest measured N (extrapolated; ``stalwart plan`` says so).
 """
 
 from __future__ import annotations
 
 from stalwart.errors import ConfigError
+from stalwart.sim.controlplane import MEASURED
 from stalwart.sim.engine import Scenario
 from stalwart.sim.failures import ClusterConfig, FailureCause, FailureModel, FaultDomain, FaultKind
 from stalwart.sim.job import JobConfig, RecoveryCosts
@@ -83,6 +89,7 @@ def _llama3() -> Scenario:
             node_replace_s=120.0,
         ),
         source=_LLAMA3_SOURCE,
+        control_plane=MEASURED,
     )
 
 
@@ -95,6 +102,7 @@ def _rsc(name: str, rate_per_1000_node_days: float, label: str) -> Scenario:
         cluster=ClusterConfig(nodes=2048, gpus_per_node=8, spare_nodes=256),
         failures=FailureModel((cause,)),
         source=_RSC_SOURCE.format(rate=rate_per_1000_node_days, name=label),
+        control_plane=MEASURED,
     )
 
 

@@ -148,6 +148,7 @@ def event_costs(
     detect = np.where(trace.hang, costs.detect_hang_s, costs.detect_crash_s)
     if trace.lease is not None:
         detect = np.where(trace.lease, costs.detect_lease_s, detect)
+    detect = detect + costs.control_plane_s  # then every survivor agrees (the control plane)
     single = trace.nodes_lost <= 1
     tier = np.where(
         ~trace.replace,
