@@ -8,6 +8,7 @@ allowlist in the way.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -82,6 +83,13 @@ def modules() -> list[Module]:
     return found
 
 
+@functools.cache
+def _walk(node: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk(node)``, walked once per node: the rules walk each module's tree many
+    times (the import graph alone asks every module's imports once per module)."""
+    return tuple(ast.walk(node))
+
+
 def _part_of(dotted: str) -> str:
     parts = dotted.split(".")
     return parts[1] if len(parts) > 1 else "stalwart"
@@ -101,7 +109,7 @@ def imports(mod: Module, known: set[str]) -> Iterator[Import]:
     ``TYPE_CHECKING``, inside functions) and every ``importlib.import_module`` of a
     constant name. ``from pkg import sub`` where ``sub`` is a module counts as an import
     of ``pkg.sub``."""
-    for node in ast.walk(mod.tree):
+    for node in _walk(mod.tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "stalwart":
@@ -156,7 +164,7 @@ def _own_private_names(tree: ast.Module) -> set[str]:
     ``other``, a factory's ``obj = cls(); obj._x = ...``): the module that defines a
     class may touch its objects' internals."""
     names = set()
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in _walk(tree) if isinstance(n, ast.ClassDef)):
         for item in cls.body:
             if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                 names.add(item.name)
@@ -164,14 +172,14 @@ def _own_private_names(tree: ast.Module) -> set[str]:
                 names.add(item.target.id)
             elif isinstance(item, ast.Assign):
                 names.update(t.id for t in item.targets if isinstance(t, ast.Name))
-        for node in ast.walk(cls):
+        for node in _walk(cls):
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
                 targets = list(node.targets)
             elif isinstance(node, ast.AnnAssign | ast.AugAssign):
                 targets = [node.target]
             for t in targets:
-                for sub in ast.walk(t):
+                for sub in _walk(t):
                     if (
                         isinstance(sub, ast.Attribute)
                         and isinstance(sub.value, ast.Name)
@@ -186,7 +194,7 @@ def _foreign_modules(tree: ast.Module) -> set[str]:
     as dist``): their underscore attributes are not another *object*'s internals (rule
     b) but a dependency's, which rule (g) confines to src/stalwart/compat/."""
     names = set()
-    for node in ast.walk(tree):
+    for node in _walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] != "stalwart":
@@ -224,7 +232,7 @@ def foreign_private_attributes(mod: Module) -> set[str]:
     own = _own_private_names(mod.tree)
     foreign = _foreign_modules(mod.tree)
     found = set()
-    for node in ast.walk(mod.tree):
+    for node in _walk(mod.tree):
         if isinstance(node, ast.Attribute):
             value, attr = node.value, node.attr
         elif (
@@ -402,7 +410,7 @@ def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, *, in_cli: bool
     ):
         skipped.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     if in_cli:
-        for sub in ast.walk(node):
+        for sub in _walk(node):
             if (
                 isinstance(sub, ast.Expr)
                 and isinstance(sub.value, ast.Call)
@@ -448,7 +456,7 @@ def strategy_comparisons(mod: Module) -> set[str]:
     if mod.part == "cli":
         return set()
     found = set()
-    for node in ast.walk(mod.tree):
+    for node in _walk(mod.tree):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]

@@ -11,6 +11,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from _bytecode import bytecode_written, precompile
 from _load import load_factor
 from _tiers import PROCESS_PARAMS, ProcessGuard, starts_process
 from _timing import TimeByFile
@@ -35,6 +36,21 @@ def _is_e2e(item: pytest.Function) -> bool:
             if only is None or params.get(name) in only:
                 return True
     return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The bytecode of src/ and examples/, for every process the run starts: CI sets
+    PYTHONDONTWRITEBYTECODE, and each job's processes compiled stalwart anew (_bytecode.py)."""
+    precompile()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Generator[None, object, object]:
+    """The collection writes the bytecode of what it imports (the test files, rewritten
+    by pytest, and their helpers); the tests themselves run under the environment's
+    setting (_bytecode.py says why)."""
+    with bytecode_written():
+        return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark, before xdist reads groups
