@@ -36,6 +36,7 @@ __all__ = [
     "PROGRESS_CAP",
     "Deadline",
     "load_factor",
+    "node_lease",
     "scaled",
     "wait_job",
     "wait_until",
@@ -65,6 +66,14 @@ def load_factor() -> float:
 def scaled(base_s: float) -> float:
     """``base_s`` (seconds on a quiet machine) for the load now."""
     return base_s * load_factor()
+
+
+def node_lease(base_s: float = 2.0) -> str:
+    """A ``--node-lease`` value for a test job: ``base_s`` (a short lease, for fast node-loss
+    detection on a quiet machine) scaled for the load, up to 5x: an agent starved of CPU
+    on a loaded machine missed a 2 s lease's renewals and its node was fenced, a failure
+    of the machine, not of the code under test."""
+    return f"{min(scaled(base_s), 5 * base_s):.1f}"
 
 
 class Deadline:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from _load import scaled, wait_job
+from _load import node_lease, scaled, wait_job
 
 from stalwart.metrics.events import read_events
 
@@ -131,8 +131,9 @@ def stalwart_run_nodes(
 def start_etcd_agents(
     url: str, run_dir: Path, args: list[str], *, nnodes: int = 2, nproc: int = 2
 ) -> list[subprocess.Popen[str]]:
-    """One `stalwart run --rdzv URL` agent per node (node lease 2 s); ``args``: more
-    flags, then the script and its arguments. The caller waits for and reaps them."""
+    """One `stalwart run --rdzv URL` agent per node (node lease 2 s scaled for the load:
+    tests/_load.py node_lease); ``args``: more flags, then the script and its arguments.
+    The caller waits for and reaps them."""
     return [
         subprocess.Popen(
             [
@@ -151,7 +152,7 @@ def start_etcd_agents(
                 "--nproc-per-node",
                 str(nproc),
                 "--node-lease",
-                "2",
+                node_lease(),
                 *args,
             ],
             stdout=subprocess.PIPE,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _load import node_lease
 
 from ._launch import stalwart_run_nodes
 
@@ -24,7 +25,7 @@ def two_node_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, to
     flags change how faults are found and recovered, not the training) must match."""
     run_dir = tmp_path_factory.mktemp("two-node-reference") / "ref"
     out = run_dir.parent / "ref.pt"
-    flags = ["--nproc-per-node", "2", "--node-lease", "2"]
+    flags = ["--nproc-per-node", "2", "--node-lease", node_lease()]
     codes = stalwart_run_nodes(
         run_dir, 2, [*flags, str(TRAIN_LM), *LM_ARGS, "--out", str(out)], timeout=280
     )

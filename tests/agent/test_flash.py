@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _load import Deadline, scaled
+from _load import Deadline, node_lease, scaled
 
 from ._launch import events_of, stalwart_run, stalwart_run_nodes
 
@@ -115,7 +115,7 @@ def test_two_nodes_kill_hang_node_loss_and_restart(
                 "--nproc-per-node",
                 "2",
                 "--node-lease",
-                "2",
+                node_lease(),
                 *chaos,
                 str(EXAMPLE),
                 *ARGS,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _load import node_lease
 
 from ._launch import events_of, stalwart_run_nodes
 from .conftest import LM_ARGS, TRAIN_LM
@@ -20,7 +21,7 @@ K = 2  # a check every other step: the pinned slot moves while the job runs
 
 def _train(run_dir: Path, chaos: list[str]) -> dict[str, torch.Tensor]:
     out = run_dir.parent / f"{run_dir.name}.pt"
-    flags = ["--nproc-per-node", "2", "--node-lease", "2", "--sdc-every", str(K), *chaos]
+    flags = ["--nproc-per-node", "2", "--node-lease", node_lease(), "--sdc-every", str(K), *chaos]
     cmd = [*flags, str(TRAIN_LM), *LM_ARGS, "--out", str(out)]
     codes = stalwart_run_nodes(run_dir, 2, cmd, timeout=280)  # imports alone take minutes
     assert codes[0][0] == 0, codes[0][1][-3000:]

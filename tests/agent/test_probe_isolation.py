@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _load import node_lease
 
 from ._launch import events_of, stalwart_run_nodes
 
@@ -24,7 +25,10 @@ def test_failing_probe_isolates_its_node_and_the_job_finishes(tmp_path: Path) ->
     codes = stalwart_run_nodes(
         run,
         2,
-        ["--nproc-per-node", "1", "--node-lease", "2", str(EXAMPLE), *ARGS, "--out", str(out)],
+        [
+            *["--nproc-per-node", "1", "--node-lease", node_lease()],
+            *[str(EXAMPLE), *ARGS, "--out", str(out)],
+        ],
         per_node={1: ["--probe-limits", "disk_min_free_mb=1e12", "--probe-interval", "0.2"]},
         timeout=400,
     )
