@@ -66,6 +66,9 @@ def _run(lab: Lab, jobs: Callable[..., HostJob], work: Path, rdzv: str | None) -
     shrunk = [int(str(e["world_size"])) for e in events if e.kind == "resize"]
     assert 2 in shrunk, shrunk  # it shrank (the lost ranks may be adopted and rejoin)
     assert job.shm_left() == {}
+    for e in events:  # how long the cut took to find, for the log (-s; bench/partition.py)
+        if e.kind == "fault_detected" or (e.kind == "note" and "cut" in str(e["message"])):
+            print(f"{e.kind} at {e.t:.2f}: {e.get('latency_s', '')} {e.get('message', '')}")
 
 
 def test_permanent_partition_under_elastic(
