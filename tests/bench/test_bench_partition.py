@@ -6,6 +6,7 @@ torchrun starts its workers)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -93,13 +94,16 @@ def test_stopping_the_job_reaps_workers_in_sessions_of_their_own(tmp_path: Path)
     from _partition_torchrun import STOPPED, TorchrunJob
 
     job = TorchrunJob(_Lab(), tmp_path, [0, 1]).start()
-    deadline = time.monotonic() + 60
-    markers = [tmp_path / "child0", tmp_path / "child1"]
-    while not all(m.exists() and m.read_text() for m in markers):
-        assert time.monotonic() < deadline, "the fake launchers never started their workers"
-        time.sleep(0.05)
-    children = [int(m.read_text()) for m in markers]
-    assert job.wait(cap_s=0.1) == [STOPPED, STOPPED]
+    try:
+        deadline = time.monotonic() + 60
+        markers = [tmp_path / "child0", tmp_path / "child1"]
+        while not all(m.exists() and m.read_text() for m in markers):
+            assert time.monotonic() < deadline, "the fake launchers never started their workers"
+            time.sleep(0.05)
+        children = [int(m.read_text()) for m in markers]
+        assert job.wait(cap_s=0.1) == [STOPPED, STOPPED]
+    finally:
+        job.stop()  # (a second stop kills nothing: every launcher has ended)
     for pid in children:  # killed by pid: a zombie of an exited parent is reaped by init
         deadline = time.monotonic() + 30
         while _alive(pid):
@@ -119,7 +123,5 @@ def _alive(pid: int) -> bool:
 def _no_stray(tmp_path: Path) -> Any:
     yield
     for marker in tmp_path.glob("child*"):  # never leave a sleeper behind a failed test
-        try:
+        with contextlib.suppress(ValueError, OSError):
             os.kill(int(marker.read_text()), 9)
-        except (ValueError, OSError):
-            pass
