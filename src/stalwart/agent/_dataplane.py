@@ -121,6 +121,7 @@ class DataPlaneWatch:
         self._events, self._say, self._probe = events, say, probe_peer
         self._since = 0.0  # the last stall we acted on or the last recovery: not before
         self._episode: Stall | None = None  # the stall being probed
+        self._moved = 0.0  # when the job last moved, as the episode began
         self._next_probe = 0.0
         self._pending: threading.Thread | None = None
         self._reached: tuple[set[int], set[int]] | None = None  # (live, reached)
@@ -163,12 +164,13 @@ class DataPlaneWatch:
         pids = {r: self._workers[r].pid for r in slots}
         activity = self._watch.sample(pids, now, slowed)
         stall = find_stall(slots, now, self._config, activity, since=self._since)
-        if stall is None:
-            if self._episode is not None:  # the job moved: the data plane carries
-                self._end_episode()
-            return None
+        moved = max(self._since, *(s.t_progress for s in slots.values()), 0.0)
+        if self._episode is not None and moved > self._moved:
+            self._end_episode()  # the job moved: the data plane carries
+        if stall is None:  # (a waiting rank's CPU blip, a thread of it, ends no episode:
+            return None  # only the job moving does, or the probes would start over)
         if self._episode is None:  # (a remote rank's long eval looks the same: quiet)
-            self._episode = stall
+            self._episode, self._moved = stall, moved
             _log.debug(
                 "ranks %s all wait in a collective with no progress for %.1f s (hang floor "
                 "%.1f s): probing the other agents",
