@@ -13,7 +13,9 @@ A probe begins once every local rank waited past the hang floor, whatever the st
 (agent/dataplane.py): the answers decide. One failed probe decides nothing: a peer is cut
 only when it answered no probe for :data:`UNREACHED_S` in a row (a loaded peer may miss
 one), and only once the stall outlived the partition grace (and, to fence this node, the
-lease). A stall longer than :data:`SAY_AFTER_S` is never silent: one line says what the
+lease). Once a stall began, it lasts until the job moves: ranks blocked in a cut collective
+show a CPU blip every second or two (a thread of theirs, on a loaded machine), and the
+probes go on through it. A stall longer than :data:`SAY_AFTER_S` is never silent: one line says what the
 ranks wait for and until when the agent lets them wait.
 """
 
@@ -167,8 +169,12 @@ class DataPlaneWatch:
         moved = max(self._since, *(s.t_progress for s in slots.values()), 0.0)
         if self._episode is not None and moved > self._moved:
             self._end_episode()  # the job moved: the data plane carries
-        if stall is None:  # (a waiting rank's CPU blip, a thread of it, ends no episode:
-            return None  # only the job moving does, or the probes would start over)
+        seen = stall is not None
+        if stall is None:  # a waiting rank's CPU blip (a thread of it) ends no episode:
+            waiting = [s.attached and s.phase == "collective" for s in slots.values()]
+            if self._episode is None or not waiting or not all(waiting):
+                return None  # only the job moving does; while all still wait, probe on
+            stall = Stall(self._episode.ranks, now - self._moved, self._episode.threshold_s)
         if self._episode is None:  # (a remote rank's long eval looks the same: quiet)
             self._episode, self._moved = stall, moved
             _log.debug(
@@ -196,7 +202,7 @@ class DataPlaneWatch:
             )
             self._pending.start()
             return None
-        if stall.stalled_s > SAY_AFTER_S and not self._said and self._pending is None:
+        if seen and stall.stalled_s > SAY_AFTER_S and not self._said and self._pending is None:
             self._said = True  # once per stall, with what the latest probe found
             self._say(self._waiting(stall, now))
         return None
