@@ -47,21 +47,21 @@ def test_every_local_rank_waiting_in_a_collective_past_the_bound_is_a_stall() ->
     assert stall.stalled_s > stall.threshold_s
 
 
-def test_a_stall_is_dated_from_the_jobs_last_progress_not_the_last_cpu_tick() -> None:
-    """A rank busy for a while after its last step (a snapshot copy) delays the verdict
-    until it idled past the bound, but the fault's age is from the last progress."""
+def test_a_waiting_ranks_cpu_does_not_hide_a_stall() -> None:
+    """Ranks blocked in a cut collective show CPU blips (a thread of theirs): measured
+    across two hosts, every 1.5-2.5 s, which hid the stall on most loop turns and put
+    the probes 5 s apart (a permanent partition found 11-12 s in). The probe decides,
+    so a rank's CPU in a collective does not keep the agent from asking."""
     slots = {2: slot("collective", NOW - 5), 3: slot("collective", NOW - 5)}
-    stall = find_stall(slots, NOW, CFG, {2: idle(NOW - 2), 3: idle(NOW - 5)})
+    stall = find_stall(slots, NOW, CFG, {2: Activity("R", NOW), 3: idle(NOW - 0.2)})
     assert stall is not None and stall.stalled_s == 5
-    assert find_stall(slots, NOW, CFG, {2: idle(NOW - 0.5), 3: idle(NOW - 5)}) is None
 
 
-def test_no_stall_while_within_the_bound_or_someone_computes_or_steps() -> None:
+def test_no_stall_while_within_the_bound_or_someone_steps() -> None:
     waiting = {2: slot("collective", NOW - 5), 3: slot("collective", NOW - 5)}
     quiet = {2: idle(NOW - 5), 3: idle(NOW - 5)}
-    assert find_stall(waiting, NOW, CFG, {2: idle(NOW - 5), 3: Activity("R", NOW)}) is None
     stepping = {2: slot("collective", NOW - 5), 3: slot("step", NOW - 5)}
-    assert find_stall(stepping, NOW, CFG, quiet) is None
+    assert find_stall(stepping, NOW, CFG, quiet) is None  # rank 3 computes its step
     recent = {2: slot("collective", NOW - 5), 3: slot("collective", NOW - 0.5)}
     assert find_stall(recent, NOW, CFG, quiet) is None  # rank 3 just moved
     assert find_stall(waiting, NOW, CFG, quiet, since=NOW - 0.5) is None  # a recovery began

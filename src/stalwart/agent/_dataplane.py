@@ -13,9 +13,9 @@ A probe begins once every local rank waited past the hang floor, whatever the st
 (agent/dataplane.py): the answers decide. One failed probe decides nothing: a peer is cut
 only when it answered no probe for :data:`UNREACHED_S` in a row (a loaded peer may miss
 one), and only once the stall outlived the partition grace (and, to fence this node, the
-lease). Once a stall began, it lasts until the job moves: ranks blocked in a cut collective
-show a CPU blip every second or two (a thread of theirs, on a loaded machine), and the
-probes go on through it. A stall longer than :data:`SAY_AFTER_S` is never silent: one line says what the
+lease). A stall lasts until the job moves; while a peer does not answer it is probed again
+once a second (a cut peer's probe takes that long: its connect times out). A stall longer than
+:data:`SAY_AFTER_S` is never silent: one line says what the
 ranks wait for and until when the agent lets them wait.
 """
 
@@ -169,12 +169,8 @@ class DataPlaneWatch:
         moved = max(self._since, *(s.t_progress for s in slots.values()), 0.0)
         if self._episode is not None and moved > self._moved:
             self._end_episode()  # the job moved: the data plane carries
-        seen = stall is not None
-        if stall is None:  # a waiting rank's CPU blip (a thread of it) ends no episode:
-            waiting = [s.attached and s.phase == "collective" for s in slots.values()]
-            if self._episode is None or not waiting or not all(waiting):
-                return None  # only the job moving does; while all still wait, probe on
-            stall = Stall(self._episode.ranks, now - self._moved, self._episode.threshold_s)
+        if stall is None:  # (the episode is kept: only the job moving ends it)
+            return None
         if self._episode is None:  # (a remote rank's long eval looks the same: quiet)
             self._episode, self._moved = stall, moved
             _log.debug(
@@ -202,7 +198,7 @@ class DataPlaneWatch:
             )
             self._pending.start()
             return None
-        if seen and stall.stalled_s > SAY_AFTER_S and not self._said and self._pending is None:
+        if stall.stalled_s > SAY_AFTER_S and not self._said and self._pending is None:
             self._said = True  # once per stall, with what the latest probe found
             self._say(self._waiting(stall, now))
         return None
@@ -244,7 +240,7 @@ class DataPlaneWatch:
         missed = min(began - self._unreached.get(n, began) for n in cut.unreachable)
         self._decide_at = wait + self._grace_s
         if age <= self._decide_at or missed < UNREACHED_S:
-            self._next_probe = now + PROBE_TIMEOUT_S
+            self._next_probe = began + PROBE_TIMEOUT_S  # a cut peer's probe took that
             return None
         line = f"{cut.how}; detected in {stall.stalled_s:.2f} s"
         self._events.emit("note", message=line)
