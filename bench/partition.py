@@ -352,10 +352,6 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     print(json.dumps(out))
 
 
-if __name__ == "__main__":
-    main()
-
-
 def versus(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each stalwart cell beside torchrun's cell of the same fault: both detection times,
     both longest step gaps and their ratio (stalwart's over torchrun's; torchrun's is a
@@ -378,3 +374,7 @@ def versus(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "torchrun_outcome": peer["outcome"],
         }
     return out
+
+
+if __name__ == "__main__":
+    main()
