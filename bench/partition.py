@@ -15,8 +15,11 @@ nftables (and etcd for the etcd cells). The matrix, cell ``FAULT/STRATEGY/BACKEN
                               ways, from the job's start until 30 s after the fault step
                               (a userspace forwarder: new connections only, hence from
                               the start)
-  STRATEGY  flash (examples/train_sharded.py) or elastic (examples/train_elastic.py)
-  BACKEND   embedded (node 0's store) or etcd (a third host both nodes reach)
+  STRATEGY  flash (examples/train_sharded.py) or elastic (examples/train_elastic.py);
+            torchrun: the peer, torchrun's c10d rendezvous (bench/_partition_torchrun.py),
+            stopped when still running --torchrun-cap seconds after the fault
+  BACKEND   embedded (node 0's store) or etcd (a third host both nodes reach); c10d
+            (torchrun's store on host 0) for torchrun
 
 Per cell (times from the fault's injection, wall clock):
   detect_s      the first ``fault_detected`` event after it (None: none)
@@ -34,13 +37,16 @@ Per cell (times from the fault's injection, wall clock):
                 parameters bit-identical; elastic: every step's samples and mean loss),
                 split_brain and refused 0, nothing left in /dev/shm; else what differed
 
-The peer is the fault-free run of each strategy in the same invocation (one host, the
-same world size). Prints a table and a final JSON line.
+The reference of each stalwart strategy is its fault-free run in the same invocation
+(one host, the same world size). Every fault of the chosen stalwart cells also runs
+under torchrun (``FAULT/torchrun/c10d``, unless --no-torchrun): the final JSON line's
+``partition_vs_torchrun`` compares each stalwart cell with torchrun under the same fault.
+Prints a table and a final JSON line.
 
-  python bench/partition.py                 p3/flash/embedded, perm/elastic/embedded
-                                            (5-10 minutes: each run ~2 min with its set-up)
-  python bench/partition.py --quick         p3/flash/embedded
-  python bench/partition.py --all           all 28 cells (an hour or more)
+  python bench/partition.py                 p3/flash/embedded, perm/elastic/embedded and
+                                            p3, perm under torchrun (10-15 minutes)
+  python bench/partition.py --quick         p3/flash/embedded, p3/torchrun/c10d
+  python bench/partition.py --all           all 35 cells (an hour or more)
   python bench/partition.py --cells 'p30/*/embedded,perm/elastic/etcd'
 """
 
@@ -64,6 +70,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from _partition_torchrun import PORT as TORCHRUN_PORT
+from _partition_torchrun import run_torchrun_cell
 from hosts import _elastic as el
 from hosts import _flash as fl
 from hosts._etcd import CLIENT_PORT, etcd_on
@@ -82,11 +90,17 @@ STRATEGIES = ["flash", "elastic"]
 BACKENDS = ["embedded", "etcd"]
 DEFAULT = ["p3/flash/embedded", "perm/elastic/embedded"]
 QUICK = ["p3/flash/embedded"]
+PEER = "torchrun/c10d"  # the peer's cells: FAULT/torchrun/c10d
 
 
 def fault_spec(fault: str, backend: str) -> str:
-    """The lab's spec for ``fault``; the coordinator is node 0's store or etcd on host 2."""
-    coord = f"1->0:{STORE_PORT}" if backend == "embedded" else f"1->2:{CLIENT_PORT}"
+    """The lab's spec for ``fault``; the coordinator is node 0's store, etcd on host 2, or
+    torchrun's c10d store on host 0."""
+    coord = {
+        "embedded": f"1->0:{STORE_PORT}",
+        "etcd": f"1->2:{CLIENT_PORT}",
+        "c10d": f"1->0:{TORCHRUN_PORT}",
+    }[backend]
     return {
         "p3": "partition 0<->1 for 3s",
         "p30": "partition 0<->1 for 30s",
@@ -153,10 +167,13 @@ def reference(strategy: str, work: Path) -> dict[str, Any]:
     return {"result": result, "step_s": statistics.median(gaps)}
 
 
-def run_cell(name: str, ref: dict[str, Any], root: Path) -> dict[str, Any]:
+def run_cell(name: str, ref: dict[str, Any], root: Path, cap_s: float) -> dict[str, Any]:
     fault, strategy, backend = name.split("/")
     work = root / name.replace("/", "-")
     spec = fault_spec(fault, backend)
+    if strategy == "torchrun":
+        with Lab(2) as lab:
+            return run_torchrun_cell(lab, spec, fault == "delay200", work, cap_s)
     with Lab(3 if backend == "etcd" else 2) as lab, coordinator(lab, backend, work) as rdzv:
         job = make_job(lab, work, strategy, [0, 1], rdzv=rdzv)
         heal = None
@@ -248,13 +265,15 @@ def measure(
 
 def select(args: argparse.Namespace) -> list[str]:
     every = [f"{f}/{s}/{b}" for f in FAULTS for s in STRATEGIES for b in BACKENDS]
+    every += [f"{f}/{PEER}" for f in FAULTS]
     if args.all:
         return every
     if args.quick:
-        return QUICK
+        return with_peer(QUICK, args)
     if not args.cells:
-        return DEFAULT
+        return with_peer(DEFAULT, args)
     chosen = [c for c in every if any(fnmatch.fnmatch(c, p) for p in args.cells.split(","))]
+    chosen = with_peer(chosen, args)
     if not chosen:
         raise SystemExit(
             f"--cells {args.cells!r} matches no cell: they are FAULT/STRATEGY/BACKEND, "
@@ -263,12 +282,29 @@ def select(args: argparse.Namespace) -> list[str]:
     return chosen
 
 
+def with_peer(cells: list[str], args: argparse.Namespace) -> list[str]:
+    """``cells`` and, unless --no-torchrun, torchrun's cell of each of their faults."""
+    if args.no_torchrun:
+        return [c for c in cells if not c.endswith(PEER)]
+    faults = dict.fromkeys(c.split("/")[0] for c in cells)
+    return cells + [f"{f}/{PEER}" for f in faults if f"{f}/{PEER}" not in cells]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", default="", help="comma-separated FAULT/STRATEGY/BACKEND globs")
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     p.add_argument("--all", action="store_true", help="every cell of the matrix")
     p.add_argument("--keep", action="store_true", help="keep the runs' directories")
+    p.add_argument(
+        "--no-torchrun", action="store_true", help="no torchrun cell beside the stalwart cells"
+    )
+    p.add_argument(
+        "--torchrun-cap",
+        type=float,
+        default=120.0,
+        help="seconds after the fault a torchrun job still running is stopped (default 120)",
+    )
     args = p.parse_args()
     why = lab_missing()
     if why is None and any(c.endswith("/etcd") for c in select(args)) and not shutil.which("etcd"):
@@ -280,12 +316,13 @@ def main() -> None:
     refs: dict[str, dict[str, Any]] = {}
     results: dict[str, dict[str, Any]] = {}
     try:
-        for strategy in sorted({c.split("/")[1] for c in cells}):
+        for strategy in sorted({c.split("/")[1] for c in cells} - {"torchrun"}):
             refs[strategy] = reference(strategy, root / f"ref-{strategy}")
         for name in cells:
             t0 = time.monotonic()
             try:
-                results[name] = run_cell(name, refs[name.split("/")[1]], root)
+                ref = refs.get(name.split("/")[1], {})
+                results[name] = run_cell(name, ref, root, args.torchrun_cap)
             except Exception as err:  # one cell's failure is its outcome
                 results[name] = {"outcome": f"error: {type(err).__name__}: {str(err)[:300]}"}
             results[name]["wall_s"] = round(time.monotonic() - t0, 1)
@@ -307,11 +344,36 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         "partition_cells": results,
         "partition_cells_run": len(results),
         "partition_cells_ok": sum(r["outcome"] == "ok" for r in results.values()),
-        "partition_split_brain_steps": sum(r.get("split_brain", 0) for r in results.values()),
-        "partition_refused_commits": sum(r.get("refused", 0) for r in results.values()),
+        "partition_split_brain_steps": sum(r.get("split_brain") or 0 for r in results.values()),
+        "partition_refused_commits": sum(r.get("refused") or 0 for r in results.values()),
+        "partition_vs_torchrun": versus(results),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(out))
+
+
+def versus(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each stalwart cell beside torchrun's cell of the same fault: both detection times,
+    both longest step gaps and their ratio (stalwart's over torchrun's; torchrun's is a
+    lower bound when it was stopped at the cap), and both outcomes."""
+    out = {}
+    for name, r in results.items():
+        fault, strategy, _ = name.split("/")
+        peer = results.get(f"{fault}/{PEER}")
+        if strategy == "torchrun" or peer is None:
+            continue
+        gap, peer_gap = r.get("gap_s"), peer.get("gap_s")
+        out[name] = {
+            "detect_s": r.get("detect_s"),
+            "torchrun_detect_s": peer.get("detect_s"),
+            "gap_s": gap,
+            "torchrun_gap_s": peer_gap,
+            "gap_ratio": round(gap / peer_gap, 3) if gap and peer_gap else None,
+            "torchrun_capped": peer.get("capped"),
+            "outcome": r["outcome"],
+            "torchrun_outcome": peer["outcome"],
+        }
+    return out
 
 
 if __name__ == "__main__":

@@ -57,7 +57,10 @@ def _run(lab: Lab, jobs: Callable[..., HostJob], work: Path, rdzv: str | None) -
             raise AssertionError(f"no step {FAULT_AT} traced; the agents: {job.stop()}")
         time.sleep(0.2)
     lab.inject("partition 0<->1")
+    t_cut = time.time()
     (rc0, err0), (rc1, err1) = job.wait(300)
+    (work / "node0.err").write_text(err0)  # kept with the run (--basetemp) for a look
+    (work / "node1.err").write_text(err1)
     assert rc0 == 0, f"node 0 rc {rc0}:\n{err0[-3000:]}\nnode 1:\n{err1[-2000:]}"
     assert rc1 == 3, f"node 1 rc {rc1}:\n{err1[-3000:]}"
     assert _steps(trace) == STEPS
@@ -66,6 +69,15 @@ def _run(lab: Lab, jobs: Callable[..., HostJob], work: Path, rdzv: str | None) -
     shrunk = [int(str(e["world_size"])) for e in events if e.kind == "resize"]
     assert 2 in shrunk, shrunk  # it shrank (the lost ranks may be adopted and rejoin)
     assert job.shm_left() == {}
+    found = [
+        e
+        for e in events  # the lease's expiry (embedded store) or a decided cut (etcd)
+        if e.kind == "fault_detected" or (e.kind == "note" and "data plane cut" in e["message"])
+    ]
+    for e in found:  # how long the cut took to find, for the log (-s; bench/partition.py)
+        print(f"{e.kind} {e.t - t_cut:.2f} s after the cut: {e.get('message', '')}")
+    if not found or found[0].t - t_cut > 12:  # no silent wait over ~10 s (issue 25)
+        assert "have waited" in err0 + err1, "a stall over 10 s said nothing"
 
 
 def test_permanent_partition_under_elastic(

@@ -8,6 +8,15 @@ network, the path a cut data plane loses, unlike the store (which may sit elsewh
 The prober then closes without a hello, which the listener drops as an unauthenticated
 connection (docs/wire-protocol.md): a probe never counts as a watched connection.
 Probes run on their own thread, so the agent's loop never waits for a silent peer.
+
+A probe begins once every local rank waited past the hang floor, whatever the step time
+(agent/dataplane.py): the answers decide. One failed probe decides nothing: a peer is cut
+only when it answered no probe for :data:`UNREACHED_S` in a row (a loaded peer may miss
+one), and only once the stall outlived the partition grace (and, to fence this node, the
+lease). A stall lasts until the job moves; while a peer does not answer it is probed again
+once a second (a cut peer's probe takes that long: its connect times out). A stall longer than
+:data:`SAY_AFTER_S` is never silent: one line says what the
+ranks wait for and until when the agent lets them wait.
 """
 
 from __future__ import annotations
@@ -29,20 +38,31 @@ from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detect import Activity, HangConfig
 from stalwart.logs import get_logger
 
-__all__ = ["PROBE_TIMEOUT_S", "DataPlaneWatch", "holder_node", "probe", "revoke_node"]
+__all__ = [
+    "PROBE_TIMEOUT_S",
+    "SAY_AFTER_S",
+    "UNREACHED_S",
+    "DataPlaneWatch",
+    "holder_node",
+    "probe",
+    "revoke_node",
+]
 
 PROBE_TIMEOUT_S = 1.0
 """A peer that does not answer a connect within this is cut from us: an idle agent on a
 loaded machine answers a SYN from the kernel and sends its nonce in milliseconds."""
+UNREACHED_S = 2.0
+"""How long a live peer must fail every probe in a row before it counts as cut (two or
+three probes): a peer agent starved for a moment on a loaded machine misses one."""
+SAY_AFTER_S = 10.0
+"""A stall older than this says, once, what the ranks wait for and until when."""
 _log = get_logger(__name__)
 _REPROBE_S = 5.0  # while a stall lasts and every peer answered, look again this often
 
 
 class Sampler(Protocol):
     """What of the hang watch (agent/_detectors.py's ``HangWatch``) a stall is judged
-    with: the same CPU samples and step-time history as a hang."""
-
-    history: dict[int, float]
+    with: the same CPU samples as a hang."""
 
     def sample(
         self, pids: dict[int, int], now: float, slowed: frozenset[int] = ...
@@ -95,13 +115,19 @@ class DataPlaneWatch:
         self._config, self._node, self._store, self._root = config, node, store, root
         self._live, self._lease, self._workers, self._watch = live, lease, workers, watch
         self._lease_s, self._grace_s = lease_s, grace_s
-        self._probed_at = 0.0  # the stall's age when the last probe began
+        self._probed_at = (0.0, 0.0)  # (the stall's age, the time) when the last probe began
+        self._unreached: dict[int, float] = {}  # peer -> start of its first missed probe in a row
+        self._decide_at = 0.0  # the stall age from which a cut found is decided
+        self._answered = False  # every peer answered the latest probe
+        self._said = False  # this stall's wait line was said
         self._events, self._say, self._probe = events, say, probe_peer
         self._since = 0.0  # the last stall we acted on or the last recovery: not before
         self._episode: Stall | None = None  # the stall being probed
+        self._moved = 0.0  # when the job last moved, as the episode began
         self._next_probe = 0.0
         self._pending: threading.Thread | None = None
         self._reached: tuple[set[int], set[int]] | None = None  # (live, reached)
+        self._hang_s = max(config.idle_s, config.ceiling_s)  # agent/detect.py's remote wait
 
     @classmethod
     def for_node(
@@ -126,7 +152,12 @@ class DataPlaneWatch:
         )
 
     def recovery_began(self, now: float) -> None:
-        self._since, self._episode = now, None
+        self._since = now
+        self._end_episode()
+
+    def _end_episode(self) -> None:
+        self._episode, self._said, self._answered = None, False, False
+        self._unreached.clear()
 
     def check(self, now: float, slowed: frozenset[int]) -> Cut | None:
         """One look per loop turn; the :class:`Cut` once this node acted on one.
@@ -134,16 +165,16 @@ class DataPlaneWatch:
         slots = self._workers.judged()
         pids = {r: self._workers[r].pid for r in slots}
         activity = self._watch.sample(pids, now, slowed)
-        stall = find_stall(
-            slots, now, self._config, activity, since=self._since, history=self._watch.history
-        )
-        if stall is None:
-            self._episode = None
+        stall = find_stall(slots, now, self._config, activity, since=self._since)
+        moved = max(self._since, *(s.t_progress for s in slots.values()), 0.0)
+        if self._episode is not None and moved > self._moved:
+            self._end_episode()  # the job moved: the data plane carries
+        if stall is None:  # (the episode is kept: only the job moving ends it)
             return None
         if self._episode is None:  # (a remote rank's long eval looks the same: quiet)
-            self._episode = stall
+            self._episode, self._moved = stall, moved
             _log.debug(
-                "ranks %s all wait in a collective with no progress for %.1f s (hang bound "
+                "ranks %s all wait in a collective with no progress for %.1f s (hang floor "
                 "%.1f s): probing the other agents",
                 stall.ranks,
                 stall.stalled_s,
@@ -152,13 +183,24 @@ class DataPlaneWatch:
         if self._reached is not None:
             live, reached = self._reached
             self._reached = None
-            return self._act(now, stall, decide(self._node, live, reached, self._holder(live)))
-        if self._pending is None and now >= self._next_probe:
-            self._probed_at = stall.stalled_s
+            self._answered = reached >= live - {self._node}
+            for n in live - reached - {self._node}:
+                self._unreached.setdefault(n, self._probed_at[1])
+            for n in reached:
+                self._unreached.pop(n, None)
+            cut = self._act(now, stall, decide(self._node, live, reached, self._holder(live)))
+            if cut is not None:
+                return cut
+        elif self._pending is None and now >= self._next_probe:
+            self._probed_at = (stall.stalled_s, now)
             self._pending = threading.Thread(
                 target=self._probe_all, name="stalwart-dataplane", daemon=True
             )
             self._pending.start()
+            return None
+        if stall.stalled_s > SAY_AFTER_S and not self._said and self._pending is None:
+            self._said = True  # once per stall, with what the latest probe found
+            self._say(self._waiting(stall, now))
         return None
 
     def _probe_all(self) -> None:
@@ -194,8 +236,11 @@ class DataPlaneWatch:
         # rank 0's node instead of adopting its ranks). And a cut shorter than the grace
         # heals into the same generation: decided only once the stall outlived it.
         wait = self._lease_s + PROBE_TIMEOUT_S if cut.fence_self else 0.0
-        if self._probed_at <= wait + self._grace_s:
-            self._next_probe = now + PROBE_TIMEOUT_S
+        age, began = self._probed_at
+        missed = min(began - self._unreached.get(n, began) for n in cut.unreachable)
+        self._decide_at = wait + self._grace_s
+        if age <= self._decide_at or missed < UNREACHED_S:
+            self._next_probe = began + PROBE_TIMEOUT_S  # a cut peer's probe took that
             return None
         line = f"{cut.how}; detected in {stall.stalled_s:.2f} s"
         self._events.emit("note", message=line)
@@ -203,13 +248,38 @@ class DataPlaneWatch:
         t0 = time.time() - stall.stalled_s  # when the job last moved: the fault's time
         for n in cut.fence:
             self._revoke(n, cut.how, t0)
-        self._since, self._episode = now, None
+        self._since = now
+        self._end_episode()
         self._next_probe = now + _REPROBE_S
         if cut.fence_self:  # the agent stops its workers and exits 3 (agent.py's run)
             self._revoke(self._node, cut.how, t0)
             self._lease.lost(cut.how)
             raise self._lease.error()
         return cut
+
+    def _waiting(self, stall: Stall, now: float) -> str:
+        """The stall's one line: what the ranks wait for, and until when the agent lets
+        them (the hang detector ends ranks that waited for a remote peer that long)."""
+        if self._unreached:
+            cut = sorted(self._unreached)
+            missed = now - min(self._unreached.values())
+            what = (
+                f"node(s) {cut} answered no data plane probe for {missed:.0f} s; a cut is "
+                f"decided once the stall is {max(self._decide_at, self._grace_s):.0f} s old"
+            )
+        elif self._answered:
+            what = (
+                "every peer agent answers the data plane probe, so a remote rank computes a "
+                "long step or is hung (its own agent judges it)"
+            )
+        else:
+            what = "probing the other agents"
+        until = time.strftime("%H:%M:%S", time.gmtime(now - stall.stalled_s + self._hang_s))
+        return (
+            f"ranks {stall.ranks} have waited {stall.stalled_s:.0f} s in a collective with no "
+            f"rank of the job moving; {what}; they are ended as hung at {until} UTC "
+            f"({self._hang_s:.0f} s after the job last moved) unless it moves"
+        )
 
     def _revoke(self, node: int, how: str, t0: float) -> None:
         revoke_node(self._store, self._root, node, by=self._node, how=how, t0=t0)
