@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _load import scaled
+from _terminal import ctrl_c_as_in_a_terminal
 
 from stalwart.metrics.report import load_run
 
@@ -121,17 +123,18 @@ def _launch(tmp_path: Path, job: str, args: list[str]) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
 
 
 def _wait_for(run_dir: Path, kind: str, proc: subprocess.Popen[str], timeout: float) -> None:
     path = run_dir / "events.jsonl"
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline and proc.poll() is None:
         if path.exists() and f'"kind":"{kind}"' in path.read_text():
             return
         time.sleep(0.05)
-    raise AssertionError(f"no {kind!r} event within {timeout:.0f}s (rc {proc.poll()})")
+    raise AssertionError(f"no {kind!r} event within {scaled(timeout):.0f}s (rc {proc.poll()})")
 
 
 # How long an agent's teardown may take once its signal arrived: the sum of the bounds

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _load import Deadline, scaled, wait_job
+from _terminal import ctrl_c_as_in_a_terminal
 from agent._launch import events_of, stalwart_run
 
 __all__ = ["CORPUS", "Outcome", "interrupt_run", "read_outcome", "run_script", "torchrun"]
@@ -128,6 +129,7 @@ def interrupt_run(
         cwd=str(run_dir.parent),
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
         start_new_session=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     trace = out / "trace-m0.jsonl"
     deadline = Deadline(90)

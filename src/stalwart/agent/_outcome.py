@@ -10,8 +10,9 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, NoReturn, Protocol
 
 from stalwart.agent._cluster import NodeFenced
@@ -23,6 +24,7 @@ __all__ = [
     "ENDINGS",
     "Cordoned",
     "Ending",
+    "Handlers",
     "RunFailed",
     "Terminated",
     "catch_sigterm",
@@ -30,6 +32,7 @@ __all__ = [
     "ending",
     "ignore_signals",
     "quietly",
+    "signals_of_a_run",
 ]
 
 
@@ -49,21 +52,40 @@ def _terminate(signum: int, _frame: object) -> None:
     raise Terminated
 
 
-def catch_sigterm() -> bool:
+Handlers = dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None]
+"""The process's own SIGINT and SIGTERM handlers, as they were before a run."""
+
+
+def catch_sigterm() -> Handlers | None:
     """SIGTERM ends the run as :class:`Terminated` (only the main thread can set a
-    handler: an agent run in a thread, as in tests, keeps the default); True if set."""
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        signal.signal(signal.SIGTERM, _terminate)
-    return main
+    handler: an agent run in a thread, as in tests, keeps the default); returns the
+    handlers it found, for :func:`restore_signals` (None: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _terminate)
+    return saved
 
 
-def ignore_signals(main: bool) -> None:
+def ignore_signals(saved: Handlers | None) -> None:
     """Once the run ended: a second Ctrl-C or SIGTERM must not cut the teardown short
     (it would leave shared memory and workers behind)."""
-    if main:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+    for sig in saved or {}:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def signals_of_a_run() -> Iterator[Handlers | None]:
+    """SIGTERM ends the run while it runs (:func:`catch_sigterm`; what it yields goes to
+    :func:`ignore_signals` for the teardown); at the exit, the handlers the process had
+    before the run (an agent run in a longer-lived process, a test suite's or a
+    notebook's, gives Ctrl-C back)."""
+    saved = catch_sigterm()
+    try:
+        yield saved
+    finally:
+        for sig, handler in (saved or {}).items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 class _Publisher(Protocol):

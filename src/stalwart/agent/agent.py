@@ -39,10 +39,10 @@ from stalwart.agent._lifecycle import (
 from stalwart.agent._outcome import (
     ENDINGS,
     RunFailed,
-    catch_sigterm,
     ending,
     ignore_signals,
     quietly,
+    signals_of_a_run,
 )
 from stalwart.agent._policies import choose_policy
 from stalwart.agent._replica import NodeReplicas
@@ -241,10 +241,10 @@ class Agent:
 
 def run_agent(config: LaunchConfig) -> int:
     """Run one node's agent to the end of the job; returns the exit code."""
-    main = catch_sigterm()
-    agent = Agent(config)
-    try:
-        return agent.run()
-    finally:
-        ignore_signals(main)
-        agent.close()
+    with signals_of_a_run() as saved:
+        agent = Agent(config)
+        try:
+            return agent.run()
+        finally:
+            ignore_signals(saved)
+            agent.close()
