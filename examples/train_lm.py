@@ -69,6 +69,13 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every N steps")
     p.add_argument("--eval-iters", type=int, default=50, help="batches per evaluation")
     p.add_argument(
+        "--step-s",
+        type=float,
+        default=0.0,
+        help="each step also waits this long (a far data store, a device sync): a job that "
+        "lasts at least steps x this on any machine, with the same parameters",
+    )
+    p.add_argument(
         "--skip-steps",
         default="",
         help="comma-separated steps whose batch is not trained on (the fault-free peer of "
@@ -91,6 +98,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.step_s:
+            time.sleep(args.step_s)
         sess.log(loss=loss)  # stalwart
         if args.eval_every and step % args.eval_every == 0 and sess.rank == 0:
             with sess.pause("eval"):  # stalwart: not a step (the others wait meanwhile)

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -51,12 +51,19 @@ def etcd() -> Iterator[SecureEtcd]:
 
 
 def _run(
-    etcd: SecureEtcd, run_dir: Path, extra: list[str] = (), during: Hook | None = None
+    etcd: SecureEtcd,
+    run_dir: Path,
+    extra: Sequence[str] = (),
+    during: Hook | None = None,
+    script: Sequence[str] = (),
 ) -> tuple[str, list[tuple[int, str]], dict[str, torch.Tensor]]:
+    """The job (``extra``: the launch's flags; ``script``: more of the script's own)."""
     job = JOBS.pop()
     url = etcd.job_url(job)
     out = run_dir.parent / f"{run_dir.name}.pt"
-    procs = start_etcd_agents(url, run_dir, [*extra, str(EXAMPLE), *ARGS, "--out", str(out)])
+    procs = start_etcd_agents(
+        url, run_dir, [*extra, str(EXAMPLE), *ARGS, *script, "--out", str(out)]
+    )
     results = []
     try:
         if during is not None:
@@ -88,7 +95,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 def _wait_event(run_dir: Path, pred: Callable[[str, dict[str, object]], bool], t: float) -> None:
-    deadline = time.monotonic() + t
+    deadline = time.monotonic() + scaled(t)
     path = run_dir / "events.jsonl"
     while time.monotonic() < deadline:
         if path.exists():
@@ -184,7 +191,10 @@ def test_a_stopped_agent_is_fenced_and_leaves(
             os.kill(procs[1].pid, signal.SIGCONT)
 
     run_dir = tmp_path / "stop"
-    url, results, params = _run(etcd, run_dir, [], stop_node_1)
+    # steps of at least 0.1 s (the same parameters): node 1's lease, the partition grace
+    # and the recovery all fall inside the job however fast the machine (at 30 ms a step
+    # the job ended before the grace did, with nothing fenced)
+    url, results, params = _run(etcd, run_dir, [], stop_node_1, ["--step-s", "0.1"])
     assert results[0][0] == 0, results[0][1][-3000:]
     assert results[1][0] == 3, results[1][1][-3000:]
     assert "node 1 was fenced" in results[1][1]
