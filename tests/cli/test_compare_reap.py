@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from _load import wait_until
+from _terminal import ctrl_c_as_in_a_terminal
 
 _LAUNCHER = """
 import signal, subprocess, sys, time
@@ -69,6 +70,7 @@ def _compare(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int
         [sys.executable, "-c", _COMPARE, _LAUNCHER, str(worker_file),
          str(tmp_path / "launcher.log"), str(launcher_file)],
         start_new_session=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,  # the INT case: a terminal's Ctrl-C
     )  # fmt: skip
     started: list[int] = []
     try:
