@@ -51,9 +51,12 @@ test: lint typecheck
 		--cov=stalwart --cov-report=term:skip-covered --durations=40
 
 # the rest of the multi-host matrix: jobs across network namespaces with network faults
-# (root, iproute2 and nftables; tests/hosts/conftest.py)
+# (root, iproute2 and nftables; tests/hosts/conftest.py). Its tests wait most of their
+# time (a partition, a lease, TCP's backoff after a heal) and each lab is its own bridge,
+# namespaces and nftables table, so HOSTS_WORKERS labs run at once (tests/_workers.py).
+HOSTS_WORKERS ?= 2
 test-hosts: setup
-	$(VENV)/bin/pytest tests/hosts -m hosts_matrix
+	$(VENV)/bin/pytest tests/hosts -m hosts_matrix -n $(HOSTS_WORKERS) --dist loadgroup
 
 # every benchmark on the harness (bench/_harness.py: medians and spread over repetitions),
 # results in bench/results/latest.json, the table in docs/benchmarks.md (issue 34).

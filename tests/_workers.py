@@ -14,7 +14,10 @@ is in use):
 - **The corpus matrix runs a script at a time** (tests/corpus/test_matrix.py marks each
   cell ``corpus-<script>``): it is the largest module, and the cells of one script share
   their fault-free references (one session fixture per worker computes each once).
-- **tests/hosts is one group**: its labs put nftables rules on the host's bridge family.
+- **A multi-host test is a group of its own** (tests/hosts): it waits most of its wall
+  time (a partition, a lease, TCP's backoff after a heal), and its lab shares nothing with
+  another lab: its own bridge, namespaces and nftables table, whose rules match only
+  packets that enter the lab's own bridge ports (tests/hosts/_lab.py).
 
 xdist hands out the groups with the most tests first (its ``loadscopereorder``), so no
 long group starts last and runs alone at the end.
@@ -34,7 +37,7 @@ __all__ = ["group_for_workers"]
 
 def _group(item: pytest.Item) -> str:
     path = item.nodeid.split("::", 1)[0]
-    return "hosts" if path.startswith("tests/hosts/") else path
+    return item.nodeid if path.startswith("tests/hosts/") else path
 
 
 def group_for_workers(items: list[pytest.Item]) -> None:

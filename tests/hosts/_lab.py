@@ -187,7 +187,10 @@ class Lab:
                 _sh("nft", "add", "chain", "bridge", self.table, chain)
                 for rule in nft_rules(f, addr):
                     _sh("nft", f"add rule bridge {self.table} {chain} {rule}")
-                _sh("nft", "add", "rule", "bridge", self.table, "forward", "jump", chain)
+                # only the packets that enter this lab's own bridge ports (``sw<tag><i>``):
+                # another lab running beside it may have drawn the same subnet
+                jump = f'forward iifname "sw{self.tag}*" jump {chain}'
+                _sh("nft", f"add rule bridge {self.table} {jump}")
             if f.duration_s is not None:
                 t = threading.Timer(f.duration_s, self.heal, args=(slot,))
                 t.daemon = True
