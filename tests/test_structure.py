@@ -42,7 +42,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (e) functions over 60 lines (module: qualified name).
     "long_function": frozenset({}),
     # (f) a value named for the strategy compared with a strategy's name as a string,
-    # outside cli/: none left (agent/ and runtime/ ask the parsed runtime.env.Strategy,
+    # outside cli/: none left (agent/ and runtime/ ask the parsed contract.env.Strategy,
     # the simulator its sim.strategies.TRAITS).
     "strategy_comparison": frozenset({}),
     # (g) another project's private module, name or module attribute used outside

@@ -25,9 +25,9 @@ from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.detect import Activity, HangConfig
 from stalwart.agent.incidents import WorkerExited
 from stalwart.agent.policy import RecoveryParts
-from stalwart.agent.progress import OBSERVED, ProgressBoard, Slot
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
+from stalwart.contract.board import OBSERVED, ProgressBoard, Slot
 from stalwart.errors import ConfigError
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote, coordinator

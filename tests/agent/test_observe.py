@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent.observe import _Observer
-from stalwart.agent.progress import ProgressBoard
+from stalwart.contract.board import ProgressBoard
 
 
 @pytest.fixture

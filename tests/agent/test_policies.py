@@ -25,12 +25,12 @@ from stalwart.agent._restart import RestartAll
 from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.incidents import NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
-from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.contract.board import ProgressBoard
+from stalwart.contract.env import Strategy
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.elastic_keys import Keys, replica_root
-from stalwart.runtime.env import Strategy
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
 

@@ -1,4 +1,4 @@
-"""The agent-to-worker contract (runtime/env.py): one round trip, one version, bounds."""
+"""The agent-to-worker contract (contract/env.py): one round trip, one version, bounds."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from _load import scaled
 
 from stalwart.agent._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.agent.config import LaunchConfig, RuntimeKnobs
+from stalwart.contract.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 from stalwart.errors import ContractError
-from stalwart.runtime.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "worker-contract.md"
 

@@ -15,8 +15,8 @@ from stalwart.agent.detect import HangConfig
 from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
 from stalwart.agent.straggler import StragglerConfig
+from stalwart.contract.env import DEFAULTS, STRATEGIES, Strategy, replica_group_size
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy, replica_group_size
 
 __all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs", "ZygoteStart"]
 
@@ -50,7 +50,7 @@ class ZygoteStart:
 @dataclass(frozen=True)
 class RuntimeKnobs:
     """Worker-runtime policy the agent hands to its workers (in their contract,
-    runtime/env.py, whose defaults these are)."""
+    contract/env.py, whose defaults these are)."""
 
     persist_every: int = DEFAULTS.persist_every
     """Steps between persisted checkpoints (0: off; -1: auto)."""

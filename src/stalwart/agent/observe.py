@@ -31,7 +31,7 @@ from typing import Any
 
 from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent._plain_chaos import install_plain_chaos
-from stalwart.agent.progress import OBSERVED, ProgressBoard
+from stalwart.contract.board import OBSERVED, ProgressBoard
 
 __all__ = ["detach", "independent_replicas", "install", "warn_independent_replicas"]
 

@@ -11,7 +11,7 @@ __all__ = ["integrity_flags"]
 
 def integrity_flags(p: argparse.ArgumentParser) -> None:
     """Silent data corruption and numerical faults (docs/detection.md)."""
-    from stalwart.runtime.env import DEFAULTS, NAN_POLICIES, SDC_POLICIES
+    from stalwart.contract.env import DEFAULTS, NAN_POLICIES, SDC_POLICIES
 
     p.add_argument(
         "--sdc-every",

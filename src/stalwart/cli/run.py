@@ -13,8 +13,8 @@ from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdz
 from stalwart.cli._integrity_flags import integrity_flags
 from stalwart.cli._node_flags import node_flags, node_options
 from stalwart.compat import warn_untested_torch
+from stalwart.contract.env import Strategy
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import Strategy
 
 if TYPE_CHECKING:
     from stalwart.agent import RuntimeKnobs

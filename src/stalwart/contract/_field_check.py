@@ -1,4 +1,4 @@
-"""Checking one worker-contract field (runtime/env.py): its type, bounds and choices."""
+"""Checking one worker-contract field (contract/env.py): its type, bounds and choices."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def check_field(
 def check_names(job: str, shm_run: str, fix: str) -> None:
     """The job id and the run id go into store keys and /dev/shm names: printable ASCII
     without whitespace, ``/`` or ``\\`` (so never a path, a NUL or a control character),
-    at most 200 characters; the run id is hex digits (checkpoint/slots.py draws 16), or empty."""
+    at most 200 characters; the run id is hex digits (contract/shm_names.py draws 16), or empty."""
     if not (
         0 < len(job) <= _JOB_MAX
         and job.isascii()

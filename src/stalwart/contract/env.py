@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
+from stalwart.contract._field_check import INTEGER, check_field, check_names
+from stalwart.contract.strategy import STRATEGIES, Strategy, replica_group_size
 from stalwart.errors import ContractError
-from stalwart.runtime._field_check import INTEGER, check_field, check_names
-from stalwart.runtime.strategy import STRATEGIES, Strategy, replica_group_size
 
 __all__ = [
     "CONTRACT_VAR",
@@ -180,7 +180,7 @@ class WorkerEnv:
     """A parked standby: the file whose appearance activates it (agent/_standby.py)."""
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
-    (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
+    (contract/shm_names.py): another user cannot guess, pre-create or squat them."""
     sdc_every: int = _c(0, low=0, flag="--sdc-every")
     """Steps between comparisons of the DDP replicas' state digests (0: off): replicas
     must be bit-identical, so a mismatch is silent data corruption on a minority."""
@@ -289,7 +289,7 @@ class WorkerEnv:
 
 
 class WorkerFields(TypedDict, total=False):
-    """Contract fields (:class:`~stalwart.runtime.env.WorkerEnv`) a caller sets for one
+    """Contract fields (:class:`~stalwart.contract.env.WorkerEnv`) a caller sets for one
     worker, on top of what the job and the node give every worker (``rank`` and
     ``world_size`` replace the launch's: a sharded elastic job restarted at a new size,
     agent/_elastic_sharded.py)."""
