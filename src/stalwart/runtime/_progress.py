@@ -81,10 +81,9 @@ class Progress:
         self._stop = threading.Event()
         self._board: ProgressBoard | None = None
         if env.managed and env.progress:
-            from stalwart.agent.observe import detach
-            from stalwart.contract.board import ProgressBoard
+            from stalwart.contract.board import ProgressBoard, runtime_attaches
 
-            detach()  # the zygote watched this worker as a plain script until now
+            runtime_attaches()  # the zygote watched this worker as a plain script until now
             self._board = ProgressBoard(env.progress, env.progress_slot + 1)
             threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
 
