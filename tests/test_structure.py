@@ -8,7 +8,9 @@ lines (its docstring and, in cli/, its argparse table calls not counted); (f) no
 comparison on the strategy name outside the CLI's parsing; (g) no other project's private
 name (``torch._C``, ``c10d._world``, ``from x import _y``) used outside the seam,
 src/stalwart/compat/, where a private attribute of another project's object is allowed
-too (``DEPENDENCY_INTERNALS``). The scan itself
+too (``DEPENDENCY_INTERNALS``); (h) each part imports only the parts ``PACKAGE_EDGES``
+lists for it, with no cycle between parts, and importing ``stalwart.contract`` (the
+agent-worker contract) loads no agent, runtime or torch module. The scan itself
 is tests/_structure_scan.py, where each rule's precise reading is documented
 (``.venv/bin/python tests/_structure_scan.py`` prints today's findings).
 
