@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
-from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs, ZygoteStart
+from stalwart.agent.config import STRATEGIES, LaunchConfig, ZygoteStart
 from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 
@@ -16,7 +16,6 @@ __all__ = [
     "HangConfig",
     "HangVerdict",
     "LaunchConfig",
-    "RuntimeKnobs",
     "Stall",
     "ZygoteStart",
     "decide",

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from stalwart.agent.config import LaunchConfig
-from stalwart.contract.env import WorkerEnv, WorkerFields
+from stalwart.contract.env import WorkerEnv, WorkerFields, knob_values
 
 __all__ = [
     "NodeFacts",
@@ -83,7 +83,7 @@ def worker_contract(
         progress_slot=spec.slot,
         chaos_plan=node.chaos_plan,
         hang_ceiling_s=cfg.hang.ceiling_s,
-        **cfg.runtime.contract_fields(),
+        **knob_values(cfg.runtime),
         min_world=cfg.min_world,
         ckpt_tier=cfg.ckpt_tier or "",
         s3_endpoint=cfg.s3_endpoint or "",

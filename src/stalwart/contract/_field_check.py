@@ -48,13 +48,16 @@ def check_field(
             ok, want = False, f"one of {', '.join(choices)}"
     if not ok:
         raise ContractError(f"{where}={value!r} is not {want}: {fix}")
-    low = meta["low"]
-    if low is None:
-        return
-    assert isinstance(value, int | float)
-    if value < low or (meta["gt"] and value == low):
-        bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
-        raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
+    low, lt = meta["low"], meta.get("lt")
+    if low is not None:
+        assert isinstance(value, int | float)
+        if value < low or (meta["gt"] and value == low):
+            bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
+            raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
+    if lt is not None:
+        assert isinstance(value, int | float)
+        if value >= lt:
+            raise ContractError(f"{where}={value!r} is out of bounds (need < {lt:g}): {fix}")
 
 
 def check_names(job: str, shm_run: str, fix: str) -> None:
