@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.straggler import StragglerConfig, StragglerWindows
+from stalwart.contract.board import ProgressBoard
 
 __all__ = ["WindowTrace"]
 

@@ -31,7 +31,8 @@ import time
 import uuid
 from typing import Any
 
-from stalwart.checkpoint.slots import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint.slots import SlotFiles, SlotMeta
+from stalwart.contract.shm_names import slot_dir
 from stalwart.transfer import SendConfig, send_slot
 
 SHM = "/dev/shm"

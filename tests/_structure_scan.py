@@ -465,6 +465,21 @@ def strategy_comparisons(mod: Module) -> set[str]:
     return found
 
 
+def package_edges(mods: list[Module]) -> dict[str, set[str]]:
+    """Which part imports which (:attr:`Module.part`: a package of src/stalwart, or a
+    top-level module such as ``errors``), every import counted as in
+    :func:`import_graph`. Every part is a key, one that imports no other part too."""
+    known = {m.name for m in mods}
+    graph: dict[str, set[str]] = {m.part: set() for m in mods}
+    for m in mods:
+        for imp in imports(m, known):
+            target = _part_of(imp.target)
+            if target != m.part:
+                graph[m.part].add(target)
+                graph.setdefault(target, set())
+    return graph
+
+
 def findings() -> dict[str, set[str]]:
     """Every rule's findings as allowlist entries (``<module path>: <what>``)."""
     mods = modules()

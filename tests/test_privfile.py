@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent.progress import ProgressBoard
+from stalwart.contract.board import ProgressBoard
 from stalwart.metrics import journal
 from stalwart.metrics.journal import StepJournal
 from stalwart.privfile import ForeignFileError, open_own

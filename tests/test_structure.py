@@ -8,7 +8,9 @@ lines (its docstring and, in cli/, its argparse table calls not counted); (f) no
 comparison on the strategy name outside the CLI's parsing; (g) no other project's private
 name (``torch._C``, ``c10d._world``, ``from x import _y``) used outside the seam,
 src/stalwart/compat/, where a private attribute of another project's object is allowed
-too (``DEPENDENCY_INTERNALS``). The scan itself
+too (``DEPENDENCY_INTERNALS``); (h) each part imports only the parts ``PACKAGE_EDGES``
+lists for it, with no cycle between parts, and importing ``stalwart.contract`` (the
+agent-worker contract) loads no agent, runtime or torch module. The scan itself
 is tests/_structure_scan.py, where each rule's precise reading is documented
 (``.venv/bin/python tests/_structure_scan.py`` prints today's findings).
 
@@ -42,7 +44,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (e) functions over 60 lines (module: qualified name).
     "long_function": frozenset({}),
     # (f) a value named for the strategy compared with a strategy's name as a string,
-    # outside cli/: none left (agent/ and runtime/ ask the parsed runtime.env.Strategy,
+    # outside cli/: none left (agent/ and runtime/ ask the parsed contract.env.Strategy,
     # the simulator its sim.strategies.TRAITS).
     "strategy_comparison": frozenset({}),
     # (g) another project's private module, name or module attribute used outside
@@ -85,6 +87,77 @@ DEPENDENCY_INTERNALS = frozenset(
 
 RULES = tuple(ALLOWED)
 
+# Which part may import which (a part: a package of src/stalwart, or a top-level module;
+# "stalwart" is the package's own __init__). Every import counts, TYPE_CHECKING and
+# function-level ones too. The table is exact: an import along an edge not listed fails
+# (a new dependency is a reviewed decision: add it here and to docs/architecture.md's
+# drawing), and so does a listed edge that no module uses any more (delete it). No
+# cycle between parts either way. The layers, bottom up: errors; privfile, userfile,
+# logs, compat; contract, coordinator, metrics, chaos, data; sim, checkpoint; transfer;
+# agent, runtime; integrations, the package, cli.
+PACKAGE_EDGES: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "compat": frozenset(),
+    "logs": frozenset(),
+    "privfile": frozenset({"errors"}),
+    "userfile": frozenset({"errors"}),
+    # the agent-worker contract: the worker env, the strategy, the board, the shm names
+    "contract": frozenset({"errors", "privfile"}),
+    "coordinator": frozenset({"errors", "logs"}),
+    "metrics": frozenset({"errors", "logs", "privfile", "userfile"}),
+    "chaos": frozenset({"errors", "userfile"}),
+    "data": frozenset({"compat", "errors"}),
+    "sim": frozenset({"errors", "metrics", "userfile"}),
+    "checkpoint": frozenset({"compat", "contract", "errors", "logs", "privfile", "userfile"}),
+    "transfer": frozenset({"checkpoint", "contract", "coordinator", "errors", "logs"}),
+    "agent": frozenset(
+        {
+            "chaos",
+            "checkpoint",
+            "compat",
+            "contract",
+            "coordinator",
+            "errors",
+            "logs",
+            "metrics",
+            "transfer",
+        }
+    ),
+    "runtime": frozenset(
+        {
+            "chaos",
+            "checkpoint",
+            "compat",
+            "contract",
+            "coordinator",
+            "data",
+            "errors",
+            "logs",
+            "metrics",
+            # debt (issue 32): Daly's interval (sim.analytic) for --persist-every -1
+            "sim",
+            "transfer",
+        }
+    ),
+    "integrations": frozenset({"checkpoint", "compat", "errors", "logs", "runtime", "stalwart"}),
+    "stalwart": frozenset({"data", "errors", "runtime"}),
+    "cli": frozenset(
+        {
+            "agent",
+            "chaos",
+            "checkpoint",
+            "compat",
+            "contract",
+            "coordinator",
+            "errors",
+            "logs",
+            "metrics",
+            "sim",
+            "stalwart",
+        }
+    ),
+}
+
 
 @pytest.fixture(scope="module")
 def found() -> dict[str, set[str]]:
@@ -107,6 +180,78 @@ def test_the_allowlist_only_shrinks(rule: str, found: dict[str, set[str]]) -> No
     )
     gone = sorted(allowed - found[rule])
     assert not gone, f"fixed, delete from ALLOWED[{rule!r}] in tests/test_structure.py: {gone}"
+
+
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return scan.package_edges(scan.modules())
+
+
+def test_every_part_is_in_the_edge_table(edges: dict[str, set[str]]) -> None:
+    missing = sorted(set(edges) - set(PACKAGE_EDGES))
+    assert not missing, f"new part(s): give each its row in PACKAGE_EDGES: {missing}"
+    gone = sorted(set(PACKAGE_EDGES) - set(edges))
+    assert not gone, f"part(s) gone: delete their rows from PACKAGE_EDGES: {gone}"
+
+
+def test_a_part_imports_only_what_the_edge_table_allows(edges: dict[str, set[str]]) -> None:
+    new = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs - PACKAGE_EDGES.get(a, set()))
+    assert not new, (
+        f"import(s) along an edge not in PACKAGE_EDGES (tests/test_structure.py): {new}; "
+        "import through a lower part, or add the edge there and to docs/architecture.md"
+    )
+
+
+def test_the_edge_table_lists_only_edges_in_use(edges: dict[str, set[str]]) -> None:
+    unused = sorted(
+        f"{a} -> {b}" for a, bs in PACKAGE_EDGES.items() for b in bs - edges.get(a, set())
+    )
+    assert not unused, f"no module imports along these: delete them from PACKAGE_EDGES: {unused}"
+
+
+def test_no_cycle_between_parts() -> None:
+    graph = {a: set(bs) for a, bs in PACKAGE_EDGES.items()}
+    assert scan.cycles(graph) == [], "the edge table allows a cycle between parts"
+
+
+@pytest.mark.process  # a fresh interpreter (tests/_tiers.py)
+def test_importing_the_contract_loads_no_agent_runtime_or_torch() -> None:
+    """A worker reads its contract and writes the board; the agent, which never runs
+    torch, does too: the contract must load neither side nor torch (a fresh process,
+    so nothing this test run imported already counts)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stalwart.contract, stalwart.contract.env, stalwart.contract.board, "
+        "stalwart.contract.shm_names, stalwart.contract.strategy\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or "
+        "m.startswith(('stalwart.agent', 'stalwart.runtime')))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", f"importing stalwart.contract loaded {out.stdout.strip()}"
+
+
+def test_package_edges_count_every_import_once_per_pair() -> None:
+    a = _mod("stalwart.agent.a", "from stalwart.contract.env import WorkerEnv\n")
+    b = _mod(
+        "stalwart.agent.b",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from stalwart.runtime import x\n"
+        "def f():\n    from stalwart.errors import E\n    from stalwart.agent import a\n",
+    )
+    c = _mod("stalwart.contract.env", "import os\nfrom stalwart.errors import E\n")
+    assert scan.package_edges([a, b, c]) == {
+        "agent": {"contract", "runtime", "errors"},
+        "contract": {"errors"},
+        "runtime": set(),
+        "errors": set(),
+    }
+    assert scan.cycles({"agent": {"runtime"}, "runtime": {"agent"}, "errors": set()}) == [
+        ["agent", "runtime"]
+    ]
 
 
 # The rules themselves, on made-up modules: each one must catch what it is for and

@@ -128,4 +128,4 @@ class ReplicaMismatchError(StalwartError):
 
 class ContractError(ConfigError):
     """The environment a worker was started with (the agent-to-worker contract,
-    runtime/env.py) is malformed, out of bounds or of another version."""
+    contract/env.py) is malformed, out of bounds or of another version."""

@@ -16,7 +16,7 @@ it is not INFO (``stalwart: coordinator: warning: ...``). The part is the packag
 spoke (``agent``, ``runtime``, ``coordinator``, ``transfer``...): the agent and every
 worker of a node share one stderr, and the part says which side of the agent-to-worker
 line a message comes from. The message is passed through
-:func:`stalwart.metrics.console.terminal_safe`: diagnostics quote peers' addresses, file
+:func:`terminal_safe`: diagnostics quote peers' addresses, file
 contents and user exceptions, and none of those may move a terminal's cursor or forge a
 line (a newline is written as ``\\n``). A traceback (``log.exception``, an internal error,
 i.e. a bug) is kept as it is, below the line.
@@ -32,9 +32,8 @@ Python's last-resort handler (WARNING and above, bare message), as any library's
 from __future__ import annotations
 
 import logging
+import re
 import sys
-
-from stalwart.metrics.console import terminal_safe
 
 __all__ = [
     "ROOT",
@@ -43,11 +42,31 @@ __all__ = [
     "install",
     "install_unless_configured",
     "part_of",
+    "terminal_safe",
     "uninstall",
 ]
 
 ROOT = "stalwart"
 """The logger every part's logger sits under: configure this one to configure them all."""
+
+
+# C0 and C1 controls, DEL, line/paragraph separators and the bidi overrides: a string
+# from events.jsonl (any worker, i.e. user code, writes there) must not move the cursor,
+# recolour, retitle or reorder what a terminal shows
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str, *, newlines: bool = False) -> str:
+    """``text`` with every control character written as an escape (``ESC`` -> ``\\x1b``),
+    so it prints as what it is; ``newlines``: keep ``\\n`` (a multi-line summary)."""
+    if newlines:
+        return "\n".join(_UNSAFE.sub(_escape, line) for line in text.split("\n"))
+    return _UNSAFE.sub(_escape, text)
 
 
 def part_of(name: str) -> str:

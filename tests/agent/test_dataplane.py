@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stalwart.agent import Activity, HangConfig, Slot, decide, find_stall
+from stalwart.agent import Activity, HangConfig, decide, find_stall
 from stalwart.agent._cluster import ring_successor
 from stalwart.agent._dataplane import DataPlaneWatch, probe
 from stalwart.agent._fencing import NodeFenced, NodeLease
 from stalwart.agent._peerwatch import PeerWatch
+from stalwart.contract.board import Slot
 from stalwart.coordinator import MemoryStore
 
 CFG = HangConfig(floor_s=1.0, k=3.0, idle_s=60.0, ceiling_s=300.0)

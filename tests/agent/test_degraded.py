@@ -18,7 +18,7 @@ from stalwart.agent.degraded import (
     LinkWindows,
     agreed,
 )
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError
 from stalwart.metrics.events import EventLog, read_events
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from stalwart.agent import Activity, CpuTracker, HangConfig, Slot, find_hang
+from stalwart.agent import Activity, CpuTracker, HangConfig, find_hang
+from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError
 
 CFG = HangConfig(floor_s=1.0, k=3.0, idle_s=60.0, ceiling_s=300.0)

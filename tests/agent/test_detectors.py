@@ -11,9 +11,9 @@ from stalwart.agent._detectors import CrashDetector, HangWatch, NodeLossDetector
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import HangConfig
 from stalwart.agent.incidents import NodeLost, WorkerExited
-from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import CrashLoops
 from stalwart.chaos import FaultLedger
+from stalwart.contract.board import ProgressBoard
 
 from ._fakes import FakeEvents, FakeZygote
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent import RuntimeKnobs
 from stalwart.agent._detectors import HangDetector, HangWatch
 from stalwart.agent._finished import ExitWatch, hung_at_exit
 from stalwart.agent._generation import JobGeneration
@@ -25,9 +24,10 @@ from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.detect import Activity, HangConfig
 from stalwart.agent.incidents import WorkerExited
 from stalwart.agent.policy import RecoveryParts
-from stalwart.agent.progress import OBSERVED, ProgressBoard, Slot
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
+from stalwart.contract.board import OBSERVED, ProgressBoard, Slot
+from stalwart.contract.env import WorkerEnv
 from stalwart.errors import ConfigError
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote, coordinator
@@ -118,7 +118,7 @@ def _asleep(pid: int) -> None:
 
 def _restart_parts(tmp_path: Path) -> RecoveryParts:
     cfg: Any = SimpleNamespace(job="t", node_rank=0, nproc_per_node=2, max_restarts=3,
-                               world_size=2, runtime=RuntimeKnobs())  # fmt: skip
+                               world_size=2, runtime=WorkerEnv())  # fmt: skip
     coord, launch, events = coordinator(), FakeLaunch(), FakeEvents()
     workers = LocalWorkers([0, 1], _board(tmp_path), FakeZygote())
     gen = JobGeneration(coord, launch, events, world_size=2)

@@ -22,6 +22,7 @@ from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._fencing import NodeLease
 from stalwart.agent._grace import MissingNodes, RejoinClock, claim_lost
 from stalwart.agent.config import LaunchConfig
+from stalwart.contract.env import WorkerEnv
 from stalwart.coordinator import (
     BlocklistedError,
     Coordinator,
@@ -30,7 +31,6 @@ from stalwart.coordinator import (
     StoreUnavailableError,
 )
 from stalwart.runtime._coord import worker_coordinator, worker_fence
-from stalwart.runtime.env import WorkerEnv
 
 from ._forwarder import Forwarder, forwarder
 from ._launch import _free_port

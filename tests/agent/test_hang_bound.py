@@ -5,8 +5,9 @@ process) and is learned from the step time when it is not (agent/detect.py)."""
 
 from __future__ import annotations
 
-from stalwart.agent import Activity, HangConfig, Slot, find_hang
+from stalwart.agent import Activity, HangConfig, find_hang
 from stalwart.agent.dataplane import find_stall
+from stalwart.contract.board import Slot
 
 CFG = HangConfig(floor_s=1.0, k=3.0, idle_s=20.0, ceiling_s=300.0)
 NOW = 1000.0

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent.observe import _Observer
-from stalwart.agent.progress import ProgressBoard
+from stalwart.contract.board import ProgressBoard
 
 
 @pytest.fixture
@@ -69,3 +69,30 @@ def test_replicas_that_train_independently_are_said_so() -> None:
     assert partial is not None and "a process group of 1" in partial
     assert independent_replicas(2, initialized=True, group_size=2) is None
     assert independent_replicas(1, initialized=False, group_size=1) is None
+
+
+def test_the_runtime_attaching_stops_the_plain_script_watcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stalwart.init() in a worker the zygote watched as a plain script stops the watcher
+    through the board's hook (contract/board.py), without importing the agent: after it,
+    the optimizer's steps no longer reach the board."""
+    from stalwart.agent import observe
+    from stalwart.contract.board import runtime_attaches
+
+    monkeypatch.delenv("STALWART_CONTRACT", raising=False)
+    board = ProgressBoard(str(tmp_path / "board"), 1, create=True)
+    try:
+        observe.install(board.path, 0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _train(model, opt, 2)
+        assert board.read(0).step == 2 and board.read(0).observed
+        runtime_attaches()
+        assert not observe.watching()
+        _train(model, opt, 3)
+        assert board.read(0).step == 2  # the watcher's hooks are gone
+        runtime_attaches()  # once only: nothing left to run
+    finally:
+        observe.detach()
+        board.close(unlink=True)

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent import RuntimeKnobs
 from stalwart.agent._async import ReplicaGroups
 from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._generation import JobGeneration
@@ -25,12 +24,12 @@ from stalwart.agent._restart import RestartAll
 from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.incidents import NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
-from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.contract.board import ProgressBoard
+from stalwart.contract.env import Strategy, WorkerEnv
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.elastic_keys import Keys, replica_root
-from stalwart.runtime.env import Strategy
 
 from ._fakes import FakeEvents, FakeLaunch, FakeZygote
 
@@ -39,7 +38,7 @@ _ZYGOTES: dict[int, FakeZygote] = {}  # id(LocalWorkers) -> the fake it forks th
 
 def _parts(tmp_path: Path, *, node: int = 0, nproc: int = 2, **cfg: Any) -> RecoveryParts:
     job = f"t-{uuid.uuid4().hex[:8]}"
-    fields = {"max_restarts": 3, "min_world": 2, "world_size": 4, "runtime": RuntimeKnobs(), **cfg}
+    fields = {"max_restarts": 3, "min_world": 2, "world_size": 4, "runtime": WorkerEnv(), **cfg}
     config = SimpleNamespace(job=job, node_rank=node, nproc_per_node=nproc, **fields)
     coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id=job))
     board = ProgressBoard(str(tmp_path / f"board-{job}"), 8, create=True)
@@ -300,7 +299,7 @@ def test_async_restarts_a_group_of_two_as_one(tmp_path: Path) -> None:
     """--replica-groups 2 of 4 workers: rank 1 dies, so its group peer rank 0 (waiting
     in its failed step) is killed, both start again one life later (the incarnation
     their process groups are named by); group 1 is untouched."""
-    parts = _parts(tmp_path, runtime=RuntimeKnobs(replica_groups=2))
+    parts = _parts(tmp_path, runtime=WorkerEnv(replica_groups=2))
     policy = ReplicaGroups(parts)
     peer = subprocess.Popen(["sleep", "60"])
     try:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from _load import wait_until
 
-from stalwart.checkpoint.slots import SlotNames, new_run_id
+from stalwart.checkpoint.slots import run_owner
+from stalwart.contract.shm_names import SlotNames, new_run_id
 
 from ._launch import stalwart_run, start_run
 
@@ -77,7 +78,7 @@ def test_a_sigkilled_agents_slots_are_swept_by_the_next_agent(tmp_path: Path) ->
     # a live run of this user's that must survive the sweep: this process owns it
     live = SlotNames(f"live-{uuid.uuid4().hex[:8]}", new_run_id())
     os.makedirs(live.rank_dir(0), mode=0o700)
-    live.owner().write()
+    run_owner(live).write()
     job, proc = start_run(tmp_path / "run", ["--snapshot-every", "1", str(tmp_path / "loop.py")])
     below: set[int] = set()
     try:
@@ -96,7 +97,7 @@ def test_a_sigkilled_agents_slots_are_swept_by_the_next_agent(tmp_path: Path) ->
         assert r.returncode == 0, r.stderr[-3000:]
         assert _entries(job) == [], _entries(job)
         assert "removed" in r.stderr and "dead runs" in r.stderr, r.stderr[-3000:]
-        assert os.path.isdir(live.rank_dir(0)) and os.path.exists(live.owner().path)
+        assert os.path.isdir(live.rank_dir(0)) and os.path.exists(run_owner(live).path)
     finally:
         for pid in below:  # only if one outlived the wait above
             if not _gone(pid):

@@ -20,10 +20,10 @@ from stalwart.agent._cluster import ring_successor
 from stalwart.agent._standby import Standbys
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.config import LaunchConfig
-from stalwart.checkpoint.slots import SlotNames, new_run_id
+from stalwart.contract.env import WorkerFields
+from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.errors import ConfigError
 from stalwart.runtime._standby import Preload, park
-from stalwart.runtime.env import WorkerFields
 
 RUN = new_run_id()
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from stalwart.agent._steps import StepRecords
 from stalwart.agent._workers import Worker, WorkerState
-from stalwart.agent.progress import OBSERVED, ProgressBoard
-from stalwart.checkpoint.slots import SlotNames, new_run_id
+from stalwart.contract.board import OBSERVED, ProgressBoard
+from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.metrics import EventLog, read_events
 from stalwart.metrics.goodput import account
 from stalwart.metrics.journal import OPEN, StepJournal

@@ -16,7 +16,6 @@ import pytest
 from stalwart.agent._detectors import CrashDetector, HangWatch, StragglerDetector
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import HangConfig
-from stalwart.agent.progress import Slot
 from stalwart.agent.straggler import (
     ComputeExchange,
     StragglerAction,
@@ -26,6 +25,7 @@ from stalwart.agent.straggler import (
 )
 from stalwart.agent.verdict import CrashLoops
 from stalwart.chaos import FaultLedger
+from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError, StalwartError
 from stalwart.metrics.events import EventLog, read_events
 
@@ -167,7 +167,7 @@ def test_plain_scripts_and_first_steps_are_not_scored() -> None:
 def _detector(
     tmp_path: Path, action: StragglerAction
 ) -> tuple[StragglerDetector, LocalWorkers, FakeEvents, HangWatch]:
-    from stalwart.agent.progress import ProgressBoard
+    from stalwart.contract.board import ProgressBoard
 
     board = ProgressBoard(str(tmp_path / f"board-{uuid.uuid4().hex[:6]}"), 4, create=True)
     zygote = FakeZygote()

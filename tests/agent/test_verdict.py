@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent import Slot
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, failed_at
+from stalwart.contract.board import Slot
 
 
 def fail(rank: int, where: str, error: str = "ValueError: bad batch") -> Failure:

@@ -14,8 +14,8 @@ import pytest
 from stalwart.agent._standby import Standbys
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.config import LaunchConfig
-from stalwart.checkpoint.slots import SlotNames, new_run_id
-from stalwart.runtime.env import WorkerFields
+from stalwart.contract.env import WorkerFields
+from stalwart.contract.shm_names import SlotNames, new_run_id
 
 RUN = new_run_id()
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from stalwart.agent._workers import LocalWorkers, ProcessExit, Worker, WorkerState
-from stalwart.agent.progress import ProgressBoard
+from stalwart.contract.board import ProgressBoard
 
 from ._fakes import FakeZygote
 

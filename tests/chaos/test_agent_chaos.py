@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._workers import Worker, WorkerState
-from stalwart.agent.progress import ProgressBoard, Slot
 from stalwart.chaos import FaultLedger, FaultPlan
+from stalwart.contract.board import ProgressBoard, Slot
 
 
 class _Events:

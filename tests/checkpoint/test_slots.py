@@ -1,5 +1,6 @@
-"""checkpoint/slots.py: every /dev/shm name of a job from one SlotNames, the per-run
-component that makes them unguessable, and the owner and link checks behind them."""
+"""contract/shm_names.py and checkpoint/slots.py: every /dev/shm name of a job from one
+SlotNames, the per-run component that makes them unguessable, and the owner and link
+checks behind them."""
 
 from __future__ import annotations
 
@@ -11,16 +12,13 @@ import pytest
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
 from stalwart.checkpoint.slots import (
-    REPLICA_MARKER,
     SlotFiles,
-    SlotNames,
     ensure_private_dir,
-    new_run_id,
     open_private,
     read_replica_marker,
-    slot_dir,
     write_replica_marker,
 )
+from stalwart.contract.shm_names import REPLICA_MARKER, SlotNames, new_run_id, slot_dir
 from stalwart.errors import ConfigError
 from stalwart.transfer import ReceiverConfig, SlotReceiver, TransferError
 

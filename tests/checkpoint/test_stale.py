@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.checkpoint.slots import SlotNames, new_run_id, sweep_stale
+from stalwart.checkpoint.slots import run_owner, sweep_stale
+from stalwart.contract.shm_names import SlotNames, new_run_id
 
 
 def _leftovers(names: SlotNames) -> list[str]:
@@ -24,8 +25,8 @@ def _leftovers(names: SlotNames) -> list[str]:
 def _dead_record(names: SlotNames, **change: object) -> str:
     """An owner record of a process that is gone: this pid, another start time (what a
     reused pid looks like), or what ``change`` says."""
-    names.owner().write()
-    path = names.owner().path
+    run_owner(names).write()
+    path = run_owner(names).path
     doc = json.loads(Path(path).read_text())
     doc["start"] = int(doc["start"]) + 12345
     doc.update(change)
@@ -50,11 +51,11 @@ def test_a_dead_runs_names_are_removed_with_its_record(tmp_path: Path) -> None:
 def test_a_live_runs_names_stay(tmp_path: Path) -> None:
     live = _names(tmp_path)
     left = _leftovers(live)
-    live.owner().write()  # this process: alive
+    run_owner(live).write()  # this process: alive
     assert sweep_stale(str(tmp_path)) == []
-    assert all(os.path.exists(p) for p in [*left, live.owner().path])
-    live.owner().remove()
-    assert not os.path.exists(live.owner().path)
+    assert all(os.path.exists(p) for p in [*left, run_owner(live).path])
+    run_owner(live).remove()
+    assert not os.path.exists(run_owner(live).path)
 
 
 def test_one_live_owner_of_a_run_keeps_it(tmp_path: Path) -> None:
@@ -66,7 +67,7 @@ def test_one_live_owner_of_a_run_keeps_it(tmp_path: Path) -> None:
     other = tmp_path / f"stalwart-{run.job}-{run.run}-owner-{dead_pid}"
     doc = {"v": 1, "stem": f"{run.job}-{run.run}", "pid": dead_pid, "start": 1, "boot": "x"}
     other.write_text(json.dumps(doc))
-    run.owner().write()
+    run_owner(run).write()
     assert sweep_stale(str(tmp_path)) == []
     assert all(os.path.exists(p) for p in left) and other.exists()
 
@@ -87,7 +88,7 @@ def test_each_name_belongs_to_the_longest_recorded_run(tmp_path: Path) -> None:
     mine = _leftovers(short)
     theirs = _leftovers(longer)
     _dead_record(short)
-    longer.owner().write()
+    run_owner(longer).write()
     sweep_stale(str(tmp_path))
     assert not any(os.path.exists(p) for p in mine)
     assert all(os.path.exists(p) for p in theirs)
@@ -110,7 +111,7 @@ def test_an_owner_that_cannot_be_judged_keeps_the_run(tmp_path: Path, change: ob
 def test_an_unreadable_record_keeps_the_run(tmp_path: Path) -> None:
     run = _names(tmp_path)
     left = _leftovers(run)
-    Path(run.owner().path).write_text("{not json")
+    Path(run_owner(run).path).write_text("{not json")
     assert sweep_stale(str(tmp_path)) == []
     assert all(os.path.exists(p) for p in left)
 

@@ -29,8 +29,8 @@ def script(tmp_path: Path) -> Path:
         ),
         (["--nproc-per-node", "2", "--persist-every", "auto"], "give a number of steps"),
         (["--outer", "localsgd", "--outer-lr", "0.5"], "drop --outer-lr"),
-        (["--outer-momentum", "1.0"], "--outer-momentum in [0, 1)"),
-        (["--sync-every", "0"], "--sync-every >= 1"),
+        (["--outer-momentum", "1.0"], "--outer-momentum=1.0 is out of bounds (need < 1)"),
+        (["--sync-every", "0"], "--sync-every=0 is out of bounds (need >= 1)"),
     ],
 )
 def test_bad_async_flags_are_one_line(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from stalwart.cli.main import main
+from stalwart.logs import terminal_safe
 from stalwart.metrics import EventLog
-from stalwart.metrics.console import ConsoleProgress, terminal_safe
+from stalwart.metrics.console import ConsoleProgress
 
 EVIL = "\x1b]0;owned\x07\x1b[2J\u202e\x9b"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent.progress import BoardFormatError, ProgressBoard
+from stalwart.contract.board import BoardFormatError, ProgressBoard
+from stalwart.contract.env import WorkerEnv
 from stalwart.runtime._progress import Progress, RunDelay
-from stalwart.runtime.env import WorkerEnv
 
 
 class FakeDelay(RunDelay):

@@ -1,4 +1,4 @@
-"""The agent-to-worker contract (runtime/env.py): one round trip, one version, bounds."""
+"""The agent-to-worker contract (contract/env.py): one round trip, one version, bounds."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from _load import scaled
 
 from stalwart.agent._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
-from stalwart.agent.config import LaunchConfig, RuntimeKnobs
+from stalwart.agent.config import LaunchConfig
+from stalwart.contract.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 from stalwart.errors import ContractError
-from stalwart.runtime.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "worker-contract.md"
 
@@ -201,7 +201,7 @@ def test_the_agent_writes_its_config_into_the_contract(tmp_path: Path) -> None:
         job="jx",
         strategy="spare",
         spares=1,
-        runtime=RuntimeKnobs(keep_last=5, snapshot_every=4, collective_timeout_s=9.0),
+        runtime=WorkerEnv(keep_last=5, snapshot_every=4, collective_timeout_s=9.0),
     )
     node = NodeFacts(
         run_dir=str(tmp_path),
@@ -243,15 +243,6 @@ def test_a_policy_may_set_the_rank_and_world_size(tmp_path: Path) -> None:
     assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"]) == ("2", "3", "3")
     plain = worker_contract(cfg, spec, node, restarts=0, master_port=1, fields={})
     assert (plain.rank, plain.world_size) == (3, 4)
-
-
-def test_the_agent_config_takes_its_defaults_from_the_contract() -> None:
-    """Every knob is the contract field of its name (the agent hands them on by name:
-    RuntimeKnobs.contract_fields), with the contract's default."""
-    knobs = RuntimeKnobs()
-    names = [f.name for f in dataclasses.fields(RuntimeKnobs)]
-    assert len(names) >= 6
-    assert knobs.contract_fields() == {name: getattr(DEFAULTS, name) for name in names}
 
 
 def test_every_field_is_documented() -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from stalwart.contract.env import WorkerEnv
 from stalwart.coordinator import (
     Coordinator,
     CoordinatorConfig,
@@ -20,7 +21,6 @@ from stalwart.coordinator import (
 from stalwart.errors import CheckpointError, FencedError
 from stalwart.runtime._coord import GenerationWatch, fence_compares, worker_fence
 from stalwart.runtime._fenced import FENCED_EXIT, CommitFence, stop_if_fenced
-from stalwart.runtime.env import WorkerEnv
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
 CFG = CoordinatorConfig(job_id="job", lease_ttl=1.0, heartbeat_interval=0.2)

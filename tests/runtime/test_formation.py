@@ -78,8 +78,8 @@ def test_diverged_replicas_are_raised_not_retried(no_replicas: list[Any]) -> Non
 def test_the_session_is_the_only_writer_of_where_it_stands(
     tmp_path: Path, shm_namespace: str
 ) -> None:
+    from stalwart.contract.env import WorkerEnv
     from stalwart.runtime import Session
-    from stalwart.runtime.env import WorkerEnv
 
     env = dataclasses.replace(WorkerEnv.from_environ({}), run_dir=str(tmp_path), job=shm_namespace)
     sess = Session(env)

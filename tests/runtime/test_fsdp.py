@@ -12,6 +12,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from stalwart.contract.env import Strategy, WorkerEnv
 from stalwart.coordinator.elastic_keys import Keys
 from stalwart.coordinator.memory import MemoryStore
 from stalwart.errors import ConfigError
@@ -23,7 +24,6 @@ from stalwart.runtime._fsdp import (
     resize_by_restarts,
 )
 from stalwart.runtime._world import install, uninstall
-from stalwart.runtime.env import Strategy, WorkerEnv
 from stalwart.runtime.group import GenerationGroup
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stalwart.chaos import ChaosSpecError, Fault, FaultPlan
+from stalwart.contract.env import WorkerEnv
 from stalwart.runtime._digest import (
     flip_bit,
     majority_split,
@@ -20,7 +21,6 @@ from stalwart.runtime._digest import (
 )
 from stalwart.runtime._integrity import Integrity, NumericalFaultError
 from stalwart.runtime._spikes import Reading, SpikeWatch
-from stalwart.runtime.env import WorkerEnv
 
 
 def _tensors() -> list[torch.Tensor]:

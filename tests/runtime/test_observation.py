@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _load import scaled
 
-from stalwart.runtime.env import CONTRACT_VAR, CONTRACT_VERSION
+from stalwart.contract.env import CONTRACT_VAR, CONTRACT_VERSION
 
 _SCRIPT = textwrap.dedent(
     """

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
-from stalwart.checkpoint.slots import SlotNames, slot_count, slot_dir
+from stalwart.checkpoint.slots import slot_count
+from stalwart.contract.shm_names import SlotNames, slot_dir
 from stalwart.runtime._memory import peer_slots, read_slots
 from stalwart.runtime._rejoin import restore_agreed
 from stalwart.runtime._rendezvous import Agreement

@@ -126,8 +126,8 @@ def test_a_tracked_dict_round_trips_through_a_snapshot(shm_namespace: str) -> No
 def test_track_holds_the_rngs_once(tmp_path: Path, shm_namespace: str) -> None:
     """An RNGState the script tracks replaces the one track() adds; a rollback (alone:
     a restore from the step's snapshot) gives back the RNGs and a tracked dict."""
+    from stalwart.contract.env import WorkerEnv
     from stalwart.runtime import Session
-    from stalwart.runtime.env import WorkerEnv
 
     env = WorkerEnv(run_dir=str(tmp_path), job=shm_namespace)
     sess = Session(env)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from stalwart.checkpoint import open_storage
-from stalwart.checkpoint.slots import SlotNames
+from stalwart.contract.env import WorkerEnv
+from stalwart.contract.shm_names import SlotNames
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.token import create_token_file
 from stalwart.runtime import _elastic, _rejoin
@@ -22,7 +23,6 @@ from stalwart.runtime._elastic import ElasticRejoin
 from stalwart.runtime._formation import Formation
 from stalwart.runtime._joiners import Keys
 from stalwart.runtime._rejoin import FixedRejoin
-from stalwart.runtime.env import WorkerEnv
 
 
 class _Group:

@@ -13,8 +13,8 @@ import torch
 
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RNGState, open_storage
 from stalwart.checkpoint.commit import StepCommitter
+from stalwart.contract.env import WorkerEnv
 from stalwart.runtime._tracking import TrackedState
-from stalwart.runtime.env import WorkerEnv
 
 pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
 

@@ -15,7 +15,8 @@ import torch
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
 from stalwart.checkpoint import snapshot as snapshot_module
-from stalwart.checkpoint.slots import SlotFiles, SlotNames, slot_dir
+from stalwart.checkpoint.slots import SlotFiles
+from stalwart.contract.shm_names import SlotNames, slot_dir
 from stalwart.errors import CheckpointNotFoundError
 from stalwart.runtime._rejoin import restore_agreed
 from stalwart.runtime._rendezvous import Agreement, no_common_point

@@ -3,8 +3,8 @@ the same path under the tier's prefix, read directly by a restore; none without 
 
 from __future__ import annotations
 
+from stalwart.contract.env import WorkerEnv
 from stalwart.runtime._tier_roots import tier_options
-from stalwart.runtime.env import WorkerEnv
 
 
 def test_each_root_has_its_bucket_twin() -> None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from stalwart.checkpoint.slots import SlotFiles, SlotMeta, slot_dir
+from stalwart.checkpoint.slots import SlotFiles, SlotMeta
+from stalwart.contract.shm_names import slot_dir
 from stalwart.transfer import ReceiverConfig, SlotReceiver
 
 SHM = "/dev/shm"

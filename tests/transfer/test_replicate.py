@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stalwart.checkpoint.slots import latest_complete, slot_dir
+from stalwart.checkpoint.slots import latest_complete
+from stalwart.contract.shm_names import slot_dir
 from stalwart.transfer import SlotReceiver
 from stalwart.transfer.replicate import BEHIND_GRACE_S, ReplicaConfig, Replicator
 

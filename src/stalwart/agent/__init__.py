@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
-from stalwart.agent.config import STRATEGIES, LaunchConfig, RuntimeKnobs, ZygoteStart
+from stalwart.agent.config import STRATEGIES, LaunchConfig, ZygoteStart
 from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
-from stalwart.agent.progress import ProgressBoard, Slot
 
 __all__ = [
     "STRATEGIES",
@@ -17,9 +16,6 @@ __all__ = [
     "HangConfig",
     "HangVerdict",
     "LaunchConfig",
-    "ProgressBoard",
-    "RuntimeKnobs",
-    "Slot",
     "Stall",
     "ZygoteStart",
     "decide",

@@ -17,8 +17,8 @@ from stalwart.agent._outcome import end_with_verdict
 from stalwart.agent._workers import Worker
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
+from stalwart.contract.env import WorkerFields, replica_group_size
 from stalwart.coordinator.elastic_keys import replica_root
-from stalwart.runtime.env import WorkerFields, replica_group_size
 
 __all__ = ["ReplicaGroups"]
 

@@ -21,8 +21,8 @@ from typing import Protocol
 from stalwart.agent._private import owned_file
 from stalwart.agent._types import EventSink, NodeContext
 from stalwart.agent._workers import Worker, WorkerState
-from stalwart.agent.progress import Slot
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
+from stalwart.contract.board import Slot
 from stalwart.errors import StalwartError
 from stalwart.logs import get_logger
 

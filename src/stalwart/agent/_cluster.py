@@ -29,7 +29,8 @@ from stalwart.agent._link import Waiting, open_link
 from stalwart.agent._members import MemberView, ring_successor
 from stalwart.agent._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
-from stalwart.checkpoint.slots import SlotNames, new_run_id
+from stalwart.contract.env import WorkerFields
+from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.coordinator import (
     Compare,
     Coordinator,
@@ -41,7 +42,6 @@ from stalwart.coordinator import (
     StoreUnavailableError,
 )
 from stalwart.errors import FencedError, StalwartError
-from stalwart.runtime.env import WorkerFields
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
 
@@ -221,7 +221,7 @@ class Cluster:
         return list(range(base, base + self.cfg.nproc_per_node))
 
     def _agree_names(self) -> SlotNames:
-        """The unpredictable part of every /dev/shm name (checkpoint/slots.py): the
+        """The unpredictable part of every /dev/shm name (contract/shm_names.py): the
         first agent's draw wins the compare-and-swap, every node (and any replacement
         agent) reads the same one back; SlotNames refuses a malformed one."""
         run = self.publish_once("shm", {"v": 1, "run": new_run_id()}).get("run")

@@ -31,10 +31,10 @@ from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detect import HangConfig, HangVerdict, find_hang
 from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
-from stalwart.agent.progress import Slot
 from stalwart.agent.straggler import ComputeExchange
 from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
 from stalwart.chaos import FaultLedger
+from stalwart.contract.board import Slot
 
 __all__ = [
     "CrashDetector",

@@ -26,9 +26,9 @@ from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.policy import RecoveryParts
 from stalwart.chaos import Fault
+from stalwart.contract.env import WorkerFields
 from stalwart.coordinator.elastic_keys import Keys, alive_members
 from stalwart.coordinator.store import Compare, Delete
-from stalwart.runtime.env import WorkerFields
 
 __all__ = ["ElasticPolicy", "Joins"]
 

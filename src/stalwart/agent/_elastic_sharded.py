@@ -16,8 +16,8 @@ from __future__ import annotations
 from stalwart.agent._outcome import end_with_verdict
 from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.policy import RecoveryParts
+from stalwart.contract.env import WorkerFields
 from stalwart.coordinator.elastic_keys import Keys
-from stalwart.runtime.env import WorkerFields
 
 __all__ = ["ShardedResize"]
 

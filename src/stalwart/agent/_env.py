@@ -1,6 +1,6 @@
-"""The environment of a worker: its contract (runtime/env.py), built from the launch.
+"""The environment of a worker: its contract (contract/env.py), built from the launch.
 
-The contract's format and defaults live in :mod:`stalwart.runtime.env`; this module only
+The contract's format and defaults live in :mod:`stalwart.contract.env`; this module only
 fills one in for each worker from the job's config and what the node agent learned.
 """
 
@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from stalwart.agent.config import LaunchConfig
-from stalwart.runtime.env import WorkerEnv, WorkerFields
+from stalwart.contract.env import WorkerEnv, WorkerFields, knob_values
 
 __all__ = [
     "NodeFacts",
@@ -83,7 +83,7 @@ def worker_contract(
         progress_slot=spec.slot,
         chaos_plan=node.chaos_plan,
         hang_ceiling_s=cfg.hang.ceiling_s,
-        **cfg.runtime.contract_fields(),
+        **knob_values(cfg.runtime),
         min_world=cfg.min_world,
         ckpt_tier=cfg.ckpt_tier or "",
         s3_endpoint=cfg.s3_endpoint or "",

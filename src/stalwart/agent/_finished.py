@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from stalwart.agent._types import EventSink, Say
 from stalwart.agent.detect import Activity
 from stalwart.agent.incidents import NodeLost, WorkerExited
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 
 __all__ = [
     "EXIT_HANG",

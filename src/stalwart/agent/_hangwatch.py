@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stalwart.agent._proc import read_cpu
 from stalwart.agent.detect import Activity, CpuTracker, HangConfig
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 
 __all__ = ["HangWatch"]
 

@@ -29,12 +29,13 @@ from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.progress import ProgressBoard
 from stalwart.agent.verdict import error_line_path
 from stalwart.chaos import FaultPlan
-from stalwart.checkpoint.slots import SlotNames, sweep_stale
+from stalwart.checkpoint.slots import run_owner, sweep_stale
+from stalwart.contract.board import ProgressBoard
+from stalwart.contract.env import WorkerFields
+from stalwart.contract.shm_names import SlotNames
 from stalwart.logs import get_logger
-from stalwart.runtime.env import WorkerFields
 
 __all__ = [
     "C10d",
@@ -163,7 +164,7 @@ def launch(
     cluster.start()  # (it agrees the run id of the /dev/shm names)
     stack.callback(lambda: cluster.close(goodbye=goodbye()))
     sweep_shm(cluster.names, ctx)
-    stack.callback(cluster.names.owner().remove)
+    stack.callback(run_owner(cluster.names).remove)
     joined()
     board_path = cluster.names.progress_board(cfg.node_rank)
     # room for every rank (a node may adopt the ranks of a lost node), and for a parked
@@ -274,7 +275,7 @@ def sweep_shm(names: SlotNames, ctx: NodeContext) -> None:
     """Claim this run's /dev/shm names (the owner record), then remove what this user's
     dead runs left on this host (a SIGKILLed agent runs no teardown): only runs whose
     every owner is gone, never another user's (checkpoint/_stale.py)."""
-    names.owner().write()
+    run_owner(names).write()
     removed = sweep_stale(names.shm_dir)
     if removed:
         why = f"removed {len(removed)} /dev/shm entries of dead runs of this user's"

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Protocol
 from stalwart.agent._cluster import NodeFenced
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError, StalwartError
-from stalwart.metrics.console import terminal_safe
+from stalwart.logs import terminal_safe
 
 __all__ = [
     "ENDINGS",

@@ -66,7 +66,7 @@ def install_plain_chaos() -> _PlainChaos | None:
     """This worker's step-keyed chaos faults (``before(step, last interval)`` runs them
     before step ``step``), or None when the plan has none for this rank."""
     from stalwart.chaos import FaultPlan
-    from stalwart.runtime.env import WorkerEnv
+    from stalwart.contract.env import WorkerEnv
 
     env = WorkerEnv.from_environ()
     plan_path, run_dir, rank = env.chaos_plan, env.run_dir, env.rank

@@ -7,7 +7,7 @@ from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._inplace import InPlace
 from stalwart.agent._restart import RestartAll
 from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
-from stalwart.runtime.env import Strategy
+from stalwart.contract.env import Strategy
 
 __all__ = ["choose_policy"]
 

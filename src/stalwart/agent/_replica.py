@@ -5,7 +5,7 @@ Every agent runs a :class:`~stalwart.transfer.SlotReceiver` (its address is publ
 streams the newest complete slot of each of its ranks to its *buddy*: the next live node
 in the ring of node ids (node 0 -> 1 -> ... -> 0), chunked, checksummed, authenticated
 with the job token, in the background, under one bandwidth cap per node. Copies land at
-the buddy as namespace ``SlotNames.replica(rank)`` (checkpoint/slots.py).
+the buddy as namespace ``SlotNames.replica(rank)`` (contract/shm_names.py).
 
 When a whole node is lost (agent, workers and its /dev/shm gone), its buddy is the node
 that adopts its ranks (agent/_cluster.py): its memory already holds their snapshots, so

@@ -17,7 +17,7 @@ from stalwart.agent._finished import after_finish, announce_finish, finished_ran
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.policy import RecoveryParts
-from stalwart.runtime.env import WorkerFields
+from stalwart.contract.env import WorkerFields
 
 __all__ = ["RestartAll"]
 

@@ -42,8 +42,9 @@ from typing import Any, Protocol
 
 from stalwart.agent._workers import Worker
 from stalwart.agent.config import LaunchConfig
-from stalwart.checkpoint.slots import SlotNames, open_private
-from stalwart.runtime.env import WorkerFields
+from stalwart.checkpoint.slots import open_private
+from stalwart.contract.env import WorkerFields
+from stalwart.contract.shm_names import SlotNames
 
 __all__ = ["Standbys"]
 

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import Worker, WorkerState
-from stalwart.agent.progress import Slot
-from stalwart.checkpoint.slots import SlotNames
+from stalwart.contract.board import Slot
+from stalwart.contract.shm_names import SlotNames
 from stalwart.metrics.journal import OPEN, read, written
 
 __all__ = ["StepRecords"]

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._finished import EXIT_HANG
-from stalwart.agent.progress import ProgressBoard, Slot
-from stalwart.runtime.env import WorkerFields
+from stalwart.contract.board import ProgressBoard, Slot
+from stalwart.contract.env import WorkerFields
 
 __all__ = ["LocalWorkers", "ProcessExit", "ProcessWatcher", "Worker", "WorkerState"]
 

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from stalwart.agent._teardown import exit_code, finish, hold_destroyed_groups
-from stalwart.runtime.env import WorkerEnv
+from stalwart.contract.env import WorkerEnv
 
 __all__ = ["error_file", "main", "set_pdeathsig"]
 

@@ -4,7 +4,7 @@ One agent per node. It hosts the job's coordinator store (node 0, like torchrun'
 store), starts a zygote that forks every worker, reads the progress board for hangs,
 fires the chaos plan's agent-side faults and writes the run's events. Workers get
 torchrun's environment (a plain script runs unchanged, restarted torchrun's way); with
-``stalwart.init()`` stalwart's contract too (runtime/env.py), recovering by the strategy.
+``stalwart.init()`` stalwart's contract too (contract/env.py), recovering by the strategy.
 
 The parts, each the owner of its state: :class:`~stalwart.agent._workers.LocalWorkers`
 (processes, spares, zygote, board), :class:`~stalwart.agent._generation.JobGeneration`

@@ -5,8 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from stalwart.agent._address import resolve_node_address
 from stalwart.agent._endpoint import parse_endpoint
@@ -15,10 +14,10 @@ from stalwart.agent.detect import HangConfig
 from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
 from stalwart.agent.straggler import StragglerConfig
+from stalwart.contract.env import DEFAULTS, STRATEGIES, Strategy, WorkerEnv, replica_group_size
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import DEFAULTS, STRATEGIES, Strategy, replica_group_size
 
-__all__ = ["STRATEGIES", "LaunchConfig", "RuntimeKnobs", "ZygoteStart"]
+__all__ = ["STRATEGIES", "LaunchConfig", "ZygoteStart"]
 
 
 @dataclass(frozen=True)
@@ -45,78 +44,6 @@ class ZygoteStart:
                 f"--zygote-ready-cpu {self.cpu_s:g} / --zygote-stall {self.stall_s:g}: use "
                 "0 < CPU seconds <= 86400 and 1 <= stall seconds <= 86400"
             )
-
-
-@dataclass(frozen=True)
-class RuntimeKnobs:
-    """Worker-runtime policy the agent hands to its workers (in their contract,
-    runtime/env.py, whose defaults these are)."""
-
-    persist_every: int = DEFAULTS.persist_every
-    """Steps between persisted checkpoints (0: off; -1: auto)."""
-    snapshot_budget: float = DEFAULTS.snapshot_budget
-    """Largest snapshot stall as a fraction of step time."""
-    snapshot_every: int = DEFAULTS.snapshot_every
-    """Steps between memory snapshots (0: from the budget)."""
-    collective_timeout_s: float = DEFAULTS.collective_timeout_s
-    """How long a step's allreduce waits for its peers (torchrun's NCCL/gloo default, 30
-    min): a peer in a long ``sess.pause`` (an eval) makes the others wait that long, and
-    a shorter limit would fail their step and replay the eval forever. Hangs are the
-    agent's to find (a stopped or dead peer ends the wait in seconds); group formation
-    keeps min(60 s, this)."""
-    keep_last: int = DEFAULTS.keep_last
-    """Committed checkpoints each checkpoint directory keeps (retention after each commit):
-    a long run's disk use stays bounded; at least 1, and the newest is always kept."""
-    keep_every: int = DEFAULTS.keep_every
-    """Also keep every step divisible by this as a milestone (0: none)."""
-    sdc_every: int = DEFAULTS.sdc_every
-    """Steps between DDP replica digest comparisons (0: off): silent data corruption."""
-    on_sdc: str = DEFAULTS.on_sdc
-    """What a replica mismatch does (rollback, evict, report)."""
-    on_nan: str = DEFAULTS.on_nan
-    """What a NaN/inf or spiking logged loss does (report, rollback)."""
-    spike_z: float = DEFAULTS.spike_z
-    """z-score over the running window that makes a loss a spike (0: NaN/inf only)."""
-    spike_window: int = DEFAULTS.spike_window
-    """Finite losses per rank the spike's mean and std are over."""
-
-    replica_groups: int = DEFAULTS.replica_groups
-    """``--strategy async``: replica groups (0: one per worker); each trains apart."""
-    sync_every: int = DEFAULTS.sync_every
-    """``--strategy async``: steps between synchronisations (H): fewer rounds cost less
-    communication and let the groups drift further apart."""
-    outer_lr: float = DEFAULTS.outer_lr
-    """``--strategy async``: the outer step's learning rate (1.0 with momentum 0 is
-    LocalSGD's plain average)."""
-    outer_momentum: float = DEFAULTS.outer_momentum
-    """``--strategy async``: the outer step's Nesterov momentum (DiLoCo's 0.9)."""
-
-    def __post_init__(self) -> None:
-        if self.keep_last < 1:
-            raise ConfigError(f"--keep-last {self.keep_last}: keep at least 1 checkpoint")
-        if self.keep_every < 0:
-            raise ConfigError(f"--keep-every {self.keep_every}: use 0 (off) or a step count")
-        if self.collective_timeout_s <= 0:
-            raise ConfigError("--collective-timeout must be > 0 seconds")
-        if self.snapshot_every < 0 or self.persist_every < -1:
-            raise ConfigError("--snapshot-every and --persist-every must be >= 0 steps")
-        if self.sdc_every < 0 or self.spike_window < 2 or not 0 <= self.spike_z < float("inf"):
-            raise ConfigError(
-                "--sdc-every must be >= 0, --spike-window >= 2 and --spike-z a number >= 0"
-            )
-        if self.replica_groups < 0 or self.sync_every < 1:
-            raise ConfigError("--replica-groups must be >= 0 and --sync-every >= 1 step")
-        if not (0 < self.outer_lr < float("inf") and 0 <= self.outer_momentum < 1):
-            raise ConfigError("--outer-lr must be > 0 and --outer-momentum in [0, 1)")
-        if not 0 <= self.snapshot_budget < float("inf"):
-            raise ConfigError(
-                f"--snapshot-budget {self.snapshot_budget}: use a fraction of step time >= 0"
-            )
-
-    def contract_fields(self) -> dict[str, Any]:
-        """The knobs as worker contract fields: each knob is the WorkerEnv field of the
-        same name, so the agent hands them on without naming them again."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -153,7 +80,10 @@ class LaunchConfig:
     """How a degraded link between nodes is judged (the step rate collapses while the
     ranks compute as before, agent/degraded.py) and what is done with one
     (``--on-degraded``: report, or evict the node behind it)."""
-    runtime: RuntimeKnobs = field(default_factory=RuntimeKnobs)
+    runtime: WorkerEnv = DEFAULTS
+    """The runtime knobs (``contract.env.KNOBS``: `stalwart run`'s flags generated from
+    the contract) as a contract, checked when built; the agent hands every worker these
+    fields (``knob_values``), the rest of it is ignored."""
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
     metrics_host: str = "127.0.0.1"  # its bind address (0.0.0.0 in a pod, for scrapes)
     health: HealthEndpointConfig = field(default_factory=HealthEndpointConfig)

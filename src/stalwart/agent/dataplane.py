@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stalwart.agent.detect import Activity, HangConfig
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 
 __all__ = ["Cut", "Stall", "decide", "find_stall"]
 

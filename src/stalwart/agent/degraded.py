@@ -57,7 +57,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError
 
 __all__ = [

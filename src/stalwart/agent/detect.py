@@ -32,9 +32,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
+from stalwart.contract.env import DEFAULTS
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import DEFAULTS
 
 __all__ = ["Activity", "CpuTracker", "HangConfig", "HangVerdict", "find_hang"]
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from stalwart.agent._outer_step import OuterSteps
 from stalwart.agent._plain_chaos import install_plain_chaos
-from stalwart.agent.progress import OBSERVED, ProgressBoard
+from stalwart.contract.board import OBSERVED, ProgressBoard, on_runtime_attach
 
-__all__ = ["detach", "independent_replicas", "install", "warn_independent_replicas"]
+__all__ = ["detach", "independent_replicas", "install", "warn_independent_replicas", "watching"]
 
 _WINDOW = 64  # recent step intervals kept for the p99
 
@@ -157,6 +157,12 @@ def install(board_path: str, slot: int) -> None:
     observer.remove = steps.install()
     observer.thread.start()
     _OBSERVER = observer
+    on_runtime_attach(detach)
+
+
+def watching() -> bool:
+    """Whether this process's optimizer steps are being watched (:func:`install`)."""
+    return _OBSERVER is not None
 
 
 def detach() -> None:

@@ -26,8 +26,8 @@ from stalwart.agent._workers import LocalWorkers, Worker
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.incidents import Incident
 from stalwart.chaos import FaultLedger
+from stalwart.contract.env import WorkerFields
 from stalwart.coordinator import Coordinator
-from stalwart.runtime.env import WorkerFields
 
 if TYPE_CHECKING:
     from stalwart.agent._standby import Standbys

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError, StalwartError
 
 __all__ = [

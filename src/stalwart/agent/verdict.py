@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from stalwart.agent.progress import Slot
+from stalwart.contract.board import Slot
 
 __all__ = ["CrashLoops", "Failure", "error_line", "error_line_path", "failed_at"]
 

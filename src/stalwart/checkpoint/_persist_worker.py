@@ -164,7 +164,9 @@ def handle_persist(req: dict[str, Any]) -> dict[str, Any]:
             storage,
             world_size=int(req["world_size"]),
             replicated=bool(req.get("replicated", False)),
-            retention=RetentionPolicy(int(req.get("keep_last", 3)), req.get("keep_every")),
+            retention=RetentionPolicy(
+                int(req.get("keep_last", RetentionPolicy.keep_last)), req.get("keep_every")
+            ),
         )
         done = committer.commit(meta.step, generation=int(req.get("generation", 0)))
         reply["committed"] = True

@@ -40,19 +40,11 @@ __all__ = [
     "pin_slot",
     "pinned_slots",
     "slot_count",
-    "slot_dir",
     "unpin_slot",
 ]
 
 SLOT_FORMAT = "stalwart.shm-slot"
 SLOT_VERSION = 1
-SHM_DIR = "/dev/shm"  # where slots live unless a config says otherwise (tests)
-
-
-def slot_dir(shm_dir: str, namespace: str) -> str:
-    return os.path.join(shm_dir, f"stalwart-{namespace}")
-
-
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 

@@ -32,6 +32,7 @@ from stalwart.checkpoint.format import (
     step_dir,
 )
 from stalwart.checkpoint.storage import Storage
+from stalwart.contract.env import DEFAULTS
 from stalwart.errors import CheckpointFormatError, ConfigError
 
 __all__ = ["GcReport", "RetentionPolicy", "collect_garbage"]
@@ -40,9 +41,10 @@ __all__ = ["GcReport", "RetentionPolicy", "collect_garbage"]
 @dataclass(frozen=True)
 class RetentionPolicy:
     """Keep the newest ``keep_last`` committed steps, and every step divisible by
-    ``keep_every`` (e.g. 1000 to keep a long-term history)."""
+    ``keep_every`` (e.g. 1000 to keep a long-term history). The default of
+    ``keep_last`` is the worker contract's (``--keep-last``), stated there only."""
 
-    keep_last: int = 3
+    keep_last: int = DEFAULTS.keep_last
     keep_every: int | None = None
 
     def __post_init__(self) -> None:

@@ -27,17 +27,16 @@ import torch
 
 from stalwart.checkpoint._load import load_slot
 from stalwart.checkpoint._shm import (
-    SHM_DIR,
     SlotFiles,
     SlotMeta,
     check_fits,
     ensure_private_dir,
     latest_complete,
     pinned_slots,
-    slot_dir,
 )
 from stalwart.checkpoint._state import capture, deferrable_ptrs, local_and_shard
 from stalwart.checkpoint._tree import Leaf
+from stalwart.contract.shm_names import SHM_DIR, slot_dir
 from stalwart.errors import CheckpointNotFoundError, ConfigError
 
 __all__ = ["SnapshotConfig", "SnapshotResult", "Snapshotter", "load_slot", "local_and_shard"]

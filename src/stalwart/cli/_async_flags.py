@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from stalwart.cli._knob_flags import knob_flag
+from stalwart.contract.env import DEFAULTS
 from stalwart.errors import ConfigError
 
 __all__ = ["async_flags", "outer_settings"]
@@ -11,15 +13,8 @@ __all__ = ["async_flags", "outer_settings"]
 
 def async_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("--strategy async (replica groups: LocalSGD / DiLoCo)")
-    g.add_argument(
-        "--replica-groups",
-        type=int,
-        default=0,
-        help="replica groups of consecutive ranks, each training apart (default: one per worker)",
-    )
-    g.add_argument(
-        "--sync-every", type=int, default=50, help="steps between synchronisations (default 50)"
-    )
+    knob_flag(g, "replica_groups")
+    knob_flag(g, "sync_every")
     g.add_argument(
         "--outer",
         choices=("diloco", "localsgd"),
@@ -27,10 +22,8 @@ def async_flags(p: argparse.ArgumentParser) -> None:
         help="diloco: Nesterov outer step on the pseudo-gradient (default); localsgd: the "
         "groups' parameters averaged",
     )
-    g.add_argument("--outer-lr", type=float, default=None, help="diloco's outer rate (0.7)")
-    g.add_argument(
-        "--outer-momentum", type=float, default=None, help="diloco's Nesterov momentum (0.9)"
-    )
+    knob_flag(g, "outer_lr")
+    knob_flag(g, "outer_momentum")
 
 
 def outer_settings(args: argparse.Namespace) -> tuple[float, float]:
@@ -42,5 +35,5 @@ def outer_settings(args: argparse.Namespace) -> tuple[float, float]:
                 "(or use --outer diloco)"
             )
         return 1.0, 0.0
-    lr = 0.7 if args.outer_lr is None else args.outer_lr
-    return lr, 0.9 if args.outer_momentum is None else args.outer_momentum
+    lr = DEFAULTS.outer_lr if args.outer_lr is None else args.outer_lr
+    return lr, DEFAULTS.outer_momentum if args.outer_momentum is None else args.outer_momentum

@@ -115,7 +115,7 @@ def _print_text(
 ) -> None:
     import sys
 
-    from stalwart.metrics.console import terminal_safe
+    from stalwart.logs import terminal_safe
 
     cal = run.calibration
     for w in warnings:

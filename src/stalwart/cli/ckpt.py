@@ -307,7 +307,7 @@ def register(sub: Any) -> None:
 
     g = cmds.add_parser("gc", help="apply retention and delete unreferenced chunks")
     g.add_argument("dir")
-    g.add_argument("--keep-last", type=int, default=3)
+    g.add_argument("--keep-last", type=int, default=RetentionPolicy.keep_last)
     g.add_argument("--keep-every", type=int, default=None)
     _endpoint_flag(g)
     g.set_defaults(func=_one_line(_gc))

@@ -22,6 +22,7 @@ from stalwart.chaos.trace import FaultTrace, compile_trace, load_trace
 from stalwart.cli._compare_run import Route, RunSettings, load_route, run_route, term_exits
 from stalwart.cli._compare_sim import simulate_injected, simulate_route
 from stalwart.cli._torchft_launch import lighthouse_binary
+from stalwart.contract.env import Strategy
 from stalwart.errors import ConfigError
 from stalwart.metrics.routes import (
     RouteFigures,
@@ -32,7 +33,6 @@ from stalwart.metrics.routes import (
     route_figures,
 )
 from stalwart.metrics.routes_render import routes_html, routes_markdown
-from stalwart.runtime.env import Strategy
 
 __all__ = ["ROUTE_NAMES", "register"]
 

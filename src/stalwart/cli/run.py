@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stalwart.cli._async_flags import async_flags, outer_settings
 from stalwart.cli._detect_flags import detection, detection_flags
 from stalwart.cli._etcd_flags import add_etcd_security_flags, refuse_without_rdzv, with_security
 from stalwart.cli._integrity_flags import integrity_flags
+from stalwart.cli._knob_flags import knob_flag, runtime_knobs
 from stalwart.cli._node_flags import node_flags, node_options
 from stalwart.compat import warn_untested_torch
+from stalwart.contract.env import Strategy
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import Strategy
-
-if TYPE_CHECKING:
-    from stalwart.agent import RuntimeKnobs
 
 __all__ = ["EXIT_NOT_ADMITTED", "register"]
 
@@ -31,16 +29,6 @@ def _range(text: str, flag: str) -> tuple[int | None, int]:
     if not _COUNT.fullmatch(high if sep else low) or (sep and not _COUNT.fullmatch(low)):
         raise ConfigError(f"{flag} {text!r}: use N or MIN:MAX, e.g. {flag} 2:4")
     return (int(low), int(high)) if sep else (None, int(low))
-
-
-def _persist_every(text: str | None, strategy: Strategy) -> int:
-    if text is None:  # a job without memory restores persists by default
-        return 0 if strategy.restores_from_memory else 20
-    if text == "auto":
-        return -1
-    if not _COUNT.fullmatch(text):
-        raise ConfigError(f"--persist-every {text!r}: use a number of steps or 'auto'")
-    return int(text)
 
 
 def register(sub: Any) -> None:
@@ -149,14 +137,7 @@ def register(sub: Any) -> None:
         help="job token file (nodes > 0; with --rdzv etcd: the same file on every node)",
     )
     detection_flags(p)
-    p.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=1800.0,
-        help="seconds a stalwart.init() worker's step allreduce may wait for its peers "
-        "(default 1800, torchrun's): an eval in sess.pause on one rank makes the others "
-        "wait that long; stopped or dead peers are found by the agent in seconds",
-    )
+    knob_flag(p, "collective_timeout_s")
     p.add_argument(
         "--node-lease",
         type=float,
@@ -186,38 +167,11 @@ def register(sub: Any) -> None:
         help="seconds the starting zygote may use no CPU at all before it counts as "
         "stuck (default 120)",
     )
-    p.add_argument(
-        "--persist-every",
-        default=None,
-        help="steps between persisted checkpoints, 0 (off) or 'auto' (Young/Daly from the "
-        "observed persist time and MTBF); default 20 under --strategy restart, else 0",
-    )
-    p.add_argument(
-        "--keep-last",
-        type=int,
-        default=3,
-        help="committed checkpoints kept on disk (retention runs after each commit; default 3)",
-    )
-    p.add_argument(
-        "--keep-every",
-        type=int,
-        default=0,
-        help="also keep every step divisible by this as a milestone (default 0: none)",
-    )
-    p.add_argument(
-        "--snapshot-every",
-        type=int,
-        default=0,
-        help="steps between memory snapshots (default 0: chosen from --snapshot-budget); "
-        "with --replica-rate, keep it longer than one replication round",
-    )
-    p.add_argument(
-        "--snapshot-budget",
-        type=float,
-        default=0.02,
-        help="largest snapshot stall as a fraction of step time; sets how often workers "
-        "snapshot to memory (default 0.02)",
-    )
+    knob_flag(p, "persist_every")
+    knob_flag(p, "keep_last")
+    knob_flag(p, "keep_every")
+    knob_flag(p, "snapshot_every")
+    knob_flag(p, "snapshot_budget")
     integrity_flags(p)
     p.add_argument(
         "--replica-rate",
@@ -282,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--standalone runs one node; drop --nnodes or --standalone")
     given = args.strategy
     strategy = Strategy.parse(given, lambda fix: ConfigError(f"--strategy {given!r}: {fix}"))
-    knobs = _knobs(args, strategy)
+    knobs = runtime_knobs(args, strategy, outer_settings(args))
     kwargs = _rendezvous(args)
     cfg = LaunchConfig(
         script=args.script,
@@ -323,30 +277,6 @@ def _run(args: argparse.Namespace) -> int:
     except BlocklistedError as err:  # not the user's error: the job just runs without us
         print(f"stalwart: {err}; the job goes on without this node", file=sys.stderr)
         return EXIT_NOT_ADMITTED
-
-
-def _knobs(args: argparse.Namespace, strategy: Strategy) -> RuntimeKnobs:
-    """The worker-runtime flags, as the agent hands them to its workers."""
-    from stalwart.agent import RuntimeKnobs
-
-    outer_lr, outer_momentum = outer_settings(args)
-    return RuntimeKnobs(
-        persist_every=_persist_every(args.persist_every, strategy),
-        snapshot_budget=args.snapshot_budget,
-        snapshot_every=args.snapshot_every,
-        keep_last=args.keep_last,
-        keep_every=args.keep_every,
-        collective_timeout_s=args.collective_timeout,
-        sdc_every=args.sdc_every,
-        on_sdc=args.on_sdc,
-        on_nan=args.on_nan,
-        spike_z=args.spike_z,
-        spike_window=args.spike_window,
-        replica_groups=args.replica_groups,
-        sync_every=args.sync_every,
-        outer_lr=outer_lr,
-        outer_momentum=outer_momentum,
-    )
 
 
 def _rendezvous(args: argparse.Namespace) -> dict[str, Any]:

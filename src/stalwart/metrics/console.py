@@ -9,31 +9,13 @@ events' own timestamps, so what is printed depends only on the events fed.
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any, TextIO
 
+from stalwart.logs import terminal_safe
 from stalwart.metrics.live import LiveFigures, LiveSnapshot
 
-__all__ = ["ConsoleProgress", "domain_text", "format_status", "terminal_safe"]
-
-# C0 and C1 controls, DEL, line/paragraph separators and the bidi overrides: a string
-# from events.jsonl (any worker, i.e. user code, writes there) must not move the cursor,
-# recolour, retitle or reorder what a terminal shows
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(m: re.Match[str]) -> str:
-    code = ord(m.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def terminal_safe(text: str, *, newlines: bool = False) -> str:
-    """``text`` with every control character written as an escape (``ESC`` -> ``\\x1b``),
-    so it prints as what it is; ``newlines``: keep ``\\n`` (a multi-line summary)."""
-    if newlines:
-        return "\n".join(_UNSAFE.sub(_escape, line) for line in text.split("\n"))
-    return _UNSAFE.sub(_escape, text)
+__all__ = ["ConsoleProgress", "domain_text", "format_status"]
 
 
 def domain_text(domain: Any) -> str:

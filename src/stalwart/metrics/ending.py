@@ -15,7 +15,7 @@ import shlex
 import sys
 from typing import Any
 
-from stalwart.metrics.console import terminal_safe
+from stalwart.logs import terminal_safe
 
 __all__ = ["end_lines", "format_end", "print_end"]
 

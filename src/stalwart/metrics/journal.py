@@ -13,7 +13,7 @@ t_end generation seq`` (``q q q q q d d d q q``; ``t_end``: when the last step e
 ``seq`` is written first and last: a record whose two copies differ was cut mid-write
 and is ignored. ``state``: 0 empty, 1 open (not written), 2 being written (the event
 may or may not have reached the log: the reader looks for it there). The file is
-``SlotNames.step_journal(pid)`` (checkpoint/slots.py:
+``SlotNames.step_journal(pid)`` (contract/shm_names.py:
 ``/dev/shm/stalwart-<job>-<run>-steps-<pid>``); the agent removes it when the process is
 gone.
 """

@@ -322,8 +322,8 @@ def incident_line(i: dict[str, Any]) -> str:
 def format_summary(d: dict[str, Any]) -> str:
     """The terminal summary of a :meth:`RunReport.to_dict` document. Every string that
     comes from the event log is printed with its control characters escaped (an ESC
-    sequence in events.jsonl must not reach the terminal): metrics.console.terminal_safe."""
-    from stalwart.metrics.console import terminal_safe
+    sequence in events.jsonl must not reach the terminal): logs.terminal_safe."""
+    from stalwart.logs import terminal_safe
 
     def t(value: Any) -> str:
         return terminal_safe(str(value))

@@ -1,20 +1,18 @@
 """The worker runtime: ``stalwart.init()``, :class:`Session`, the per-generation group.
 
-Importing this package imports no torch (PEP 562): the agent, which never runs torch,
-imports the worker contract (:mod:`stalwart.runtime.env`) from here.
+Importing this package imports no torch (PEP 562). The worker contract it reads
+(:class:`~stalwart.contract.env.WorkerEnv`) lives in :mod:`stalwart.contract`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stalwart.runtime.env import WorkerEnv
-
 if TYPE_CHECKING:
     from stalwart.runtime.group import GenerationGroup, ensure_local_default_group
     from stalwart.runtime.session import Session, init
 
-__all__ = ["GenerationGroup", "Session", "WorkerEnv", "ensure_local_default_group", "init"]
+__all__ = ["GenerationGroup", "Session", "ensure_local_default_group", "init"]
 
 
 def __getattr__(name: str) -> Any:

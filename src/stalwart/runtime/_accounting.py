@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from stalwart.checkpoint.slots import SlotNames
+from stalwart.contract.shm_names import SlotNames
 from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.logs import get_logger
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
@@ -29,11 +29,11 @@ from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
     from stalwart.checkpoint import CommitResult, PersistResult, SnapshotResult
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["StepAccounting"]
 

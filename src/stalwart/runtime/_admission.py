@@ -30,10 +30,10 @@ from stalwart.runtime._joiners import (
 from stalwart.runtime._membership import POLL_S, ElasticWaitError
 
 if TYPE_CHECKING:
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.transfer import SlotReceiver
 
 __all__ = ["Admission"]

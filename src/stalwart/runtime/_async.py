@@ -34,11 +34,11 @@ from stalwart.runtime._outer import OuterConfig, OuterOptimizer, decode, encode
 from stalwart.runtime._rounds import RoundError, Rounds
 
 if TYPE_CHECKING:
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
     from stalwart.data import BatchConfig
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = ["AsyncRejoin", "group_of", "group_position"]
@@ -47,7 +47,7 @@ _log = get_logger(__name__)
 
 
 def group_of(env: WorkerEnv) -> tuple[int, int, int]:
-    """(replica group, rank in it, its size) of this worker (runtime/env.py)."""
+    """(replica group, rank in it, its size) of this worker (contract/env.py)."""
     assert env.replica_group is not None, "only under --strategy async"
     return env.replica_group
 

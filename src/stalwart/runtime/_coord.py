@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from stalwart.checkpoint.slots import SlotNames
+from stalwart.contract.env import WorkerEnv
+from stalwart.contract.shm_names import SlotNames
 from stalwart.coordinator import (
     Compare,
     Coordinator,
@@ -33,7 +34,6 @@ from stalwart.coordinator import (
     StoreClient,
 )
 from stalwart.errors import ConfigError
-from stalwart.runtime.env import WorkerEnv
 
 if TYPE_CHECKING:
     from stalwart.coordinator import Watch

@@ -43,11 +43,11 @@ from stalwart.runtime._perrank import derive_rng
 from stalwart.runtime._rendezvous import choose
 
 if TYPE_CHECKING:
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
     from stalwart.data import BatchConfig
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = ["ElasticRejoin", "ElasticWaitError", "join_point"]

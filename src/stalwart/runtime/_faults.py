@@ -17,8 +17,8 @@ from stalwart.chaos.inject import inject
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
+    from stalwart.contract.env import WorkerEnv
     from stalwart.metrics.events import EventLog
-    from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["WorkerFaults"]
 

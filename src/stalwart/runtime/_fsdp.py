@@ -44,8 +44,8 @@ from stalwart.errors import ConfigError, GroupNotFormedError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Store
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = [

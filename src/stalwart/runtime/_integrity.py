@@ -49,10 +49,10 @@ from stalwart.runtime._spikes import Reading, SpikeWatch
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
+    from stalwart.contract.env import WorkerEnv
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = ["Integrity", "NumericalFaultError", "Rollback"]

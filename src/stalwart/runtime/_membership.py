@@ -22,8 +22,8 @@ from stalwart.runtime._coord import fence_compares
 from stalwart.runtime._joiners import Keys, alive_members, decode_admit
 
 if TYPE_CHECKING:
+    from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
-    from stalwart.runtime.env import WorkerEnv
 
 __all__ = ["Agreed", "ElasticWaitError", "Members", "Roster"]
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from stalwart.checkpoint.slots import SlotNames, read_replica_marker, slot_count
+from stalwart.checkpoint.slots import read_replica_marker, slot_count
 from stalwart.checkpoint.snapshot import SnapshotConfig, Snapshotter
+from stalwart.contract.shm_names import SlotNames
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager

@@ -33,9 +33,9 @@ from stalwart.runtime._tier_roots import tier_options
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager
+    from stalwart.contract.env import WorkerEnv
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
-    from stalwart.runtime.env import WorkerEnv
 
 __all__ = [
     "PerRankPart",

@@ -1,6 +1,6 @@
 """The worker's line on its agent's progress board: phase, last progress, heartbeat.
 
-The agent judges hangs by what this line says (agent/progress.py): the phase (a rank in
+The agent judges hangs by what this line says (contract/board.py): the phase (a rank in
 ``paused`` or ``collective`` is never blamed for its step time), the time of the last
 progress and a heartbeat touched every 100 ms by a daemon thread. Outside ``stalwart
 run`` there is no board and :class:`Progress` only keeps the phase and the pause time
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stalwart.agent.progress import ProgressBoard
-    from stalwart.runtime.env import WorkerEnv
+    from stalwart.contract.board import ProgressBoard
+    from stalwart.contract.env import WorkerEnv
 
 __all__ = ["Progress", "RunDelay", "Status"]
 
@@ -81,10 +81,9 @@ class Progress:
         self._stop = threading.Event()
         self._board: ProgressBoard | None = None
         if env.managed and env.progress:
-            from stalwart.agent.observe import detach
-            from stalwart.agent.progress import ProgressBoard
+            from stalwart.contract.board import ProgressBoard, runtime_attaches
 
-            detach()  # the zygote watched this worker as a plain script until now
+            runtime_attaches()  # the zygote watched this worker as a plain script until now
             self._board = ProgressBoard(env.progress, env.progress_slot + 1)
             threading.Thread(target=self._heartbeat, name="stalwart-alive", daemon=True).start()
 

@@ -32,12 +32,12 @@ from stalwart.runtime._rendezvous import Agreement, agree, leaving, no_common_po
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import Snapshotter
-    from stalwart.checkpoint.slots import SlotNames
+    from stalwart.contract.env import WorkerEnv
+    from stalwart.contract.shm_names import SlotNames
     from stalwart.coordinator import Coordinator, Store
     from stalwart.data import BatchConfig
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._tracking import TrackedState
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = ["FixedRejoin", "memory_source", "restore_agreed"]

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stalwart.checkpoint.slots import SlotFiles, SlotNames, latest_complete, pin_slot, unpin_slot
+from stalwart.checkpoint.slots import SlotFiles, latest_complete, pin_slot, unpin_slot
+from stalwart.contract.shm_names import SlotNames
 
 __all__ = ["Preload", "park"]
 

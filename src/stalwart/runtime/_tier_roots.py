@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stalwart.runtime.env import WorkerEnv
+    from stalwart.contract.env import WorkerEnv
 
 __all__ = ["tier_options"]
 

@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stalwart.checkpoint.slots import SlotNames
 from stalwart.compat.torch_optim import keep_lr_scheduler_mark
+from stalwart.contract.shm_names import SlotNames
 from stalwart.runtime._memory import peer_slots, restore_memory_step
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import CheckpointManager, Snapshotter
+    from stalwart.contract.env import WorkerEnv
     from stalwart.metrics.events import EventLog
     from stalwart.runtime._formation import Position
     from stalwart.runtime._perrank import PerRankPart
     from stalwart.runtime._standby import Preload
-    from stalwart.runtime.env import WorkerEnv
     from stalwart.runtime.group import GenerationGroup
 
 __all__ = ["TrackedState", "guard_optimizer"]

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from stalwart.contract.env import WorkerEnv
 from stalwart.logs import install_unless_configured
 from stalwart.runtime._accounting import StepAccounting
 from stalwart.runtime._async import AsyncRejoin, group_position
@@ -36,7 +37,6 @@ from stalwart.runtime._rejoin import FixedRejoin
 from stalwart.runtime._rendezvous import finish_barrier
 from stalwart.runtime._tracking import TrackedState
 from stalwart.runtime._world import install
-from stalwart.runtime.env import WorkerEnv
 from stalwart.runtime.group import GenerationGroup, leak_abandoned
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stalwart.checkpoint.slots import SHM_DIR
+from stalwart.contract.shm_names import SHM_DIR
 from stalwart.errors import ConfigError
 
 __all__ = ["ReceiveResult", "ReceiverConfig"]

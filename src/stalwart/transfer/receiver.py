@@ -28,7 +28,8 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from stalwart.checkpoint.slots import SlotMeta, Window, ensure_private_dir, pinned_slots, slot_dir
+from stalwart.checkpoint.slots import SlotMeta, Window, ensure_private_dir, pinned_slots
+from stalwart.contract.shm_names import slot_dir
 from stalwart.coordinator.admission import LISTEN_BACKLOG, Admission, accept_loop
 from stalwart.errors import ConfigError
 from stalwart.logs import get_logger

@@ -1,6 +1,6 @@
 """The recovery strategy (``stalwart run --strategy``) as a type, and what it implies.
 
-Re-exported by runtime/env.py, the worker contract that carries it.
+Re-exported by contract/env.py, the worker contract that carries it.
 """
 
 from __future__ import annotations

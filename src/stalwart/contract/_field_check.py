@@ -1,4 +1,4 @@
-"""Checking one worker-contract field (runtime/env.py): its type, bounds and choices."""
+"""Checking one worker-contract field (contract/env.py): its type, bounds and choices."""
 
 from __future__ import annotations
 
@@ -48,19 +48,22 @@ def check_field(
             ok, want = False, f"one of {', '.join(choices)}"
     if not ok:
         raise ContractError(f"{where}={value!r} is not {want}: {fix}")
-    low = meta["low"]
-    if low is None:
-        return
-    assert isinstance(value, int | float)
-    if value < low or (meta["gt"] and value == low):
-        bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
-        raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
+    low, lt = meta["low"], meta.get("lt")
+    if low is not None:
+        assert isinstance(value, int | float)
+        if value < low or (meta["gt"] and value == low):
+            bound = f"> {low:g}" if meta["gt"] else f">= {low:g}"
+            raise ContractError(f"{where}={value!r} is out of bounds (need {bound}): {fix}")
+    if lt is not None:
+        assert isinstance(value, int | float)
+        if value >= lt:
+            raise ContractError(f"{where}={value!r} is out of bounds (need < {lt:g}): {fix}")
 
 
 def check_names(job: str, shm_run: str, fix: str) -> None:
     """The job id and the run id go into store keys and /dev/shm names: printable ASCII
     without whitespace, ``/`` or ``\\`` (so never a path, a NUL or a control character),
-    at most 200 characters; the run id is hex digits (checkpoint/slots.py draws 16), or empty."""
+    at most 200 characters; the run id is hex digits (contract/shm_names.py draws 16), or empty."""
     if not (
         0 < len(job) <= _JOB_MAX
         and job.isascii()

@@ -28,6 +28,7 @@ import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stalwart.errors import StalwartError
@@ -41,6 +42,8 @@ __all__ = [
     "BoardFormatError",
     "ProgressBoard",
     "Slot",
+    "on_runtime_attach",
+    "runtime_attaches",
 ]
 
 BOARD_VERSION = 2
@@ -58,6 +61,25 @@ ATTACHED = 1
 OBSERVED = 2
 """Mode of a slot written by :mod:`stalwart.agent.observe` for a plain script: its steps
 are watched for hangs, and it recovers by torchrun's route (restart everything)."""
+
+
+_ATTACH_HOOKS: list[Callable[[], None]] = []
+
+
+def on_runtime_attach(hook: Callable[[], None]) -> None:
+    """Call ``hook`` once when the stalwart runtime takes this worker's slot over: the
+    agent's watcher of a plain script (agent/observe.py) registers its own stop, so the
+    runtime stops it without importing the agent."""
+    _ATTACH_HOOKS.append(hook)
+
+
+def runtime_attaches() -> None:
+    """The stalwart runtime is about to publish this worker's progress itself: run (and
+    forget) the hooks :func:`on_runtime_attach` registered in this process."""
+    hooks = list(_ATTACH_HOOKS)
+    _ATTACH_HOOKS.clear()
+    for hook in hooks:
+        hook()
 
 
 class BoardFormatError(StalwartError):

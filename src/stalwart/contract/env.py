@@ -30,20 +30,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
+from stalwart.contract._field_check import INTEGER, check_field, check_names
+from stalwart.contract.strategy import STRATEGIES, Strategy, replica_group_size
 from stalwart.errors import ContractError
-from stalwart.runtime._field_check import INTEGER, check_field, check_names
-from stalwart.runtime.strategy import STRATEGIES, Strategy, replica_group_size
 
 __all__ = [
     "CONTRACT_VAR",
     "CONTRACT_VERSION",
     "DEFAULTS",
+    "KNOBS",
     "NAN_POLICIES",
     "SDC_POLICIES",
     "STRATEGIES",
     "Strategy",
     "WorkerEnv",
     "WorkerFields",
+    "check_value",
+    "knob_values",
     "replica_group_size",
 ]
 
@@ -69,13 +72,19 @@ def _c(
     var: str = "",
     low: float | None = None,
     gt: bool = False,
+    lt: float | None = None,
     flag: str = "",
     choices: tuple[str, ...] = (),
+    knob: bool = False,
 ) -> _T:
     """A contract field: ``var`` is the torchrun variable carrying it (empty: a key of
-    the JSON part); ``low`` its lower bound (exclusive with ``gt``); ``flag`` the `stalwart
-    run` flag that sets it (named in the error's fix); ``choices`` the names it takes."""
-    meta = {"var": var, "low": low, "gt": gt, "flag": flag, "choices": choices}
+    the JSON part); ``low`` its lower bound (exclusive with ``gt``), ``lt`` an exclusive
+    upper one; ``flag`` the `stalwart run` flag that sets it (named in the error's fix);
+    ``choices`` the names it takes; ``knob``: a runtime knob, whose flag `stalwart run`
+    generates from this field (cli/_knob_flags.py: the flag, its bounds, and the field's
+    docstring as its help)."""
+    meta = {"var": var, "low": low, "gt": gt, "lt": lt, "flag": flag, "choices": choices}
+    meta["knob"] = knob
     return field(default=default, metadata=meta)
 
 
@@ -141,18 +150,23 @@ class WorkerEnv:
     hang_ceiling_s: float = _c(300.0, low=0, gt=True)
     """Longest a step may look stuck before the agent calls it a hang: the runtime
     sizes its own waits (formation, peer restores) under it."""
-    persist_every: int = _c(0, low=-1, flag="--persist-every")
-    """Steps between persisted checkpoints (0: off; -1: auto, Young/Daly)."""
-    snapshot_budget: float = _c(0.02, low=0, flag="--snapshot-budget")
-    """Largest snapshot stall as a fraction of step time: sets the snapshot cadence."""
-    snapshot_every: int = _c(0, low=0, flag="--snapshot-every")
-    """A fixed snapshot cadence in steps (0: chosen from the budget)."""
-    collective_timeout_s: float = _c(1800.0, low=0, gt=True, flag="--collective-timeout")
+    persist_every: int = _c(0, low=-1, flag="--persist-every", knob=True)
+    """Steps between persisted checkpoints (0: off; -1, 'auto' on the command line:
+    Young/Daly from the observed persist time and MTBF); `stalwart run` defaults to 20
+    under --strategy restart, else 0."""
+    snapshot_budget: float = _c(0.02, low=0, flag="--snapshot-budget", knob=True)
+    """Largest snapshot stall as a fraction of step time: sets how often the workers
+    snapshot to memory."""
+    snapshot_every: int = _c(0, low=0, flag="--snapshot-every", knob=True)
+    """A fixed snapshot cadence in steps (0: chosen from the budget); with
+    --replica-rate, keep it longer than one replication round."""
+    collective_timeout_s: float = _c(1800.0, low=0, gt=True, flag="--collective-timeout", knob=True)
     """How long a step's allreduce waits for its peers (torchrun's 30 min): a peer in a
     long ``sess.pause`` makes the others wait; hangs are the agent's to find."""
-    keep_last: int = _c(3, low=1, flag="--keep-last")
-    """Committed checkpoints kept per checkpoint directory (the newest always is)."""
-    keep_every: int = _c(0, low=0, flag="--keep-every")
+    keep_last: int = _c(3, low=1, flag="--keep-last", knob=True)
+    """Committed checkpoints kept per checkpoint directory (retention runs after each
+    commit; the newest always is)."""
+    keep_every: int = _c(0, low=0, flag="--keep-every", knob=True)
     """Also keep every step divisible by this as a milestone (0: none)."""
     ckpt_tier: str = _c("", flag="--ckpt-tier")
     """The bucket prefix ckpt/ is copied to ("": none): a restore reads the steps ckpt/
@@ -163,13 +177,14 @@ class WorkerEnv:
     """Elastic: the fewest members the job trains with."""
     elastic_wait_s: float = _c(600.0, low=0, gt=True, flag="--elastic-wait")
     """Elastic: how long the members wait below ``min_world`` before the job fails."""
-    replica_groups: int = _c(0, low=0, flag="--replica-groups")
+    replica_groups: int = _c(0, low=0, flag="--replica-groups", knob=True)
     """Async: replica groups of consecutive ranks (0: one per worker)."""
-    sync_every: int = _c(50, low=1, flag="--sync-every")
+    sync_every: int = _c(50, low=1, flag="--sync-every", knob=True)
     """Async: steps between two synchronisations of the replica groups (H)."""
-    outer_lr: float = _c(0.7, low=0, gt=True, flag="--outer-lr")
-    """Async: the outer step's learning rate (1.0 with momentum 0: LocalSGD's mean)."""
-    outer_momentum: float = _c(0.9, low=0, flag="--outer-momentum")
+    outer_lr: float = _c(0.7, low=0, gt=True, flag="--outer-lr", knob=True)
+    """Async: the outer step's learning rate (1.0 with momentum 0, what --outer
+    localsgd sets, is LocalSGD's mean)."""
+    outer_momentum: float = _c(0.9, low=0, lt=1, flag="--outer-momentum", knob=True)
     """Async: the outer step's Nesterov momentum (DiLoCo's 0.9; 0 for LocalSGD)."""
     incarnation: str = _c("")
     """Elastic: this process's life of its member slot (registered by the agent)."""
@@ -180,20 +195,20 @@ class WorkerEnv:
     """A parked standby: the file whose appearance activates it (agent/_standby.py)."""
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
-    (checkpoint/slots.py): another user cannot guess, pre-create or squat them."""
-    sdc_every: int = _c(0, low=0, flag="--sdc-every")
+    (contract/shm_names.py): another user cannot guess, pre-create or squat them."""
+    sdc_every: int = _c(0, low=0, flag="--sdc-every", knob=True)
     """Steps between comparisons of the DDP replicas' state digests (0: off): replicas
     must be bit-identical, so a mismatch is silent data corruption on a minority."""
-    on_sdc: str = _c("rollback", flag="--on-sdc", choices=SDC_POLICIES)
+    on_sdc: str = _c("rollback", flag="--on-sdc", choices=SDC_POLICIES, knob=True)
     """A digest mismatch: roll back to the newest snapshot every replica agreed on
     (``rollback``), and also evict the minority rank (``evict``), or only report it."""
-    on_nan: str = _c("report", flag="--on-nan", choices=NAN_POLICIES)
+    on_nan: str = _c("report", flag="--on-nan", choices=NAN_POLICIES, knob=True)
     """A non-finite or spiking ``sess.log(loss=...)``: report it, or roll back to the
     snapshot before it and skip that step's batch (``rollback``, one more small
     collective per step: every rank must decide at the same step)."""
-    spike_z: float = _c(6.0, low=0, flag="--spike-z")
+    spike_z: float = _c(6.0, low=0, flag="--spike-z", knob=True)
     """A loss above mean + z * std of its running window is a spike (0: only NaN/inf)."""
-    spike_window: int = _c(100, low=2, flag="--spike-window")
+    spike_window: int = _c(100, low=2, flag="--spike-window", knob=True)
     """How many recent finite losses (per rank) the spike's mean and std are over."""
 
     def __post_init__(self) -> None:
@@ -289,7 +304,7 @@ class WorkerEnv:
 
 
 class WorkerFields(TypedDict, total=False):
-    """Contract fields (:class:`~stalwart.runtime.env.WorkerEnv`) a caller sets for one
+    """Contract fields (:class:`~stalwart.contract.env.WorkerEnv`) a caller sets for one
     worker, on top of what the job and the node give every worker (``rank`` and
     ``world_size`` replace the launch's: a sharded elastic job restarted at a new size,
     agent/_elastic_sharded.py)."""
@@ -357,3 +372,19 @@ def _parse_blob(raw: str, names: set[str]) -> dict[str, Any]:
 
 DEFAULTS = WorkerEnv()
 """Every field's default: the agent's config (agent/config.py) takes its defaults here."""
+
+KNOBS = tuple(f.name for f in fields(WorkerEnv) if f.metadata["knob"])
+"""The runtime knobs: the fields `stalwart run` has a generated flag for, which the
+agent hands on to every worker as they were given (``LaunchConfig.runtime``)."""
+
+
+def check_value(name: str, value: object, where: str, fix: str) -> None:
+    """``value`` has field ``name``'s type, bounds and choices, else a ContractError
+    naming ``where`` (a flag, a variable) and ``fix``."""
+    f = next(f for f in fields(WorkerEnv) if f.name == name)
+    check_field(name, f.metadata, f.default, value, where, fix)
+
+
+def knob_values(env: WorkerEnv) -> dict[str, Any]:
+    """``env``'s runtime knobs, by field name (the agent's part of every worker's contract)."""
+    return {name: getattr(env, name) for name in KNOBS}
