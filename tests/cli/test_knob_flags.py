@@ -36,9 +36,13 @@ def test_every_knob_has_exactly_one_flag_whose_help_is_its_docstring() -> None:
         assert len(mine) == 1, f"{f.name}: {len(mine)} flags {flag} in `stalwart run`"
         assert [a for a in actions if a.dest == f.name] == mine, f"{f.name}: another flag sets it"
         assert mine[0].help is not None
-        assert mine[0].help.replace("%%", "%") == docs[f.name], (
-            f"{flag}'s help is not its docstring"
+        shown = mine[0].help.replace("%%", "%")
+        said = (
+            ""
+            if mine[0].default is None
+            else f" (default: {getattr(f.default, 'value', f.default)})"
         )
+        assert shown == docs[f.name] + said, f"{flag}'s help is not its docstring and default"
 
 
 def test_every_knob_field_is_documented_and_flagged() -> None:

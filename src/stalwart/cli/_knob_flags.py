@@ -36,6 +36,15 @@ def knob_help(name: str) -> str:
     return field_docs(WorkerEnv)[name]
 
 
+def _default_said(name: str, default: object) -> str:
+    """`` (default: N)`` after a knob's help, as argparse users expect; a knob whose
+    default `stalwart run` decides after parsing says so in its docstring instead."""
+    if name in _LATE:
+        return ""
+    shown = default.value if hasattr(default, "value") else default
+    return f" (default: {shown})"
+
+
 def knob_flag(group: Any, name: str) -> None:
     """Add knob ``name``'s flag (the contract field's ``flag``) to ``group``."""
     f = _FIELDS[name]
@@ -43,7 +52,7 @@ def knob_flag(group: Any, name: str) -> None:
     kwargs: dict[str, Any] = {
         "dest": name,
         "default": None if name in _LATE else f.default,
-        "help": knob_help(name).replace("%", "%%"),
+        "help": knob_help(name).replace("%", "%%") + _default_said(name, f.default),
     }
     if meta["choices"]:
         kwargs["choices"] = meta["choices"]
