@@ -134,9 +134,23 @@ def _serve(token_file: str, max_connections: int) -> None:
     # kill -USR1 <pid>: every thread's stack into stacks.log beside the token
     stacks = open(os.path.join(os.path.dirname(token_file), "stacks.log"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    profile = os.environ.get("STALWART_STORE_PROFILE")
+    if profile:  # where the store's CPU goes (bench/_store_profile.py)
+        import _store_profile
+
+        _store_profile.start()
+        out = f"{profile}.{os.getpid()}"
+
+        def _dump(signum: int, frame: object) -> None:  # Backend.stop terminates us
+            _store_profile.dump(out)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, _dump)
     with StoreServer(read_token_file(token_file), config).start() as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the bench closes our stdin (or ends)
+    if profile:
+        _store_profile.dump(out)
 
 
 if __name__ == "__main__":
