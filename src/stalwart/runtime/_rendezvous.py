@@ -193,38 +193,13 @@ def agree(
             got = _await(store, coord, result, gen, deadline, timeout_s)
             if got is None:
                 continue  # the generation moved on: start over at the new one
-            target = None if got["target"] is None else int(got["target"])
-            return Agreement(
-                gen,
-                target,
-                str(got["tier"]),
-                int(got["last"]),
-                tuple(got.get("infos") or ()),
-                tuple(int(m) for m in got.get("members", ())),
-                tuple(int(r) for r in got.get("leavers", ())),
-                fetch=_reader(store, prefix),
-            )
+            return _from_record(got, gen, _reader(store, prefix))
         kvs = _gather(store, coord, prefix, world_size, gen, deadline, timeout_s)
         if kvs is None:
             continue  # the generation moved on: start over at the new one
-        infos = [json.loads(kv.value) for kv in kvs]
-        target, tier = choose(infos, disk_step, use_memory and gen > 0)
-        last = max(int(i.get("done", -1)) for i in infos)
-        kv = store.get(f"/stalwart/{job}/launch/last-done")
-        if kv is not None:  # a restart: the relaunched workers start from nothing
-            last = max(last, int(json.loads(kv.value)["step"]))
-        own = Agreement(gen, target, tier, last, tuple(infos))
-        own = Agreement(gen, target, tier, last, own.infos, members_of(own), tuple(leaving(own)))
-        # what every member needs, O(1) in N (the leavers: one node's ranks at most, in
-        # practice); every member's info only where every member reads them (a fresh
-        # start after generation 0, no_common_point's message), if they fit: N members
-        # reading N infos was O(N^2) bytes per failure (docs/scale.md)
-        decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
-        decided.update(members=list(own.members), leavers=list(own.leavers))
-        body = json.dumps(decided).encode()
-        if target is None and gen > 0:
-            with_infos = json.dumps({**decided, "infos": infos}).encode()
-            body = with_infos if len(with_infos) <= _MAX_VALUE else body
+        own, body = _decide(
+            store, job, gen, [json.loads(kv.value) for kv in kvs], disk_step, use_memory
+        )
         if not store.txn(list(fence), [Put(result, body)]).succeeded:
             raise FencedError(
                 f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
@@ -232,6 +207,52 @@ def agree(
                 f"agreement of generation {gen}"
             )
         return own
+
+
+def _from_record(
+    got: dict[str, Any], gen: int, fetch: Callable[[], tuple[dict[str, Any], ...]]
+) -> Agreement:
+    """A member's agreement from the record rank 0 published."""
+    target = None if got["target"] is None else int(got["target"])
+    return Agreement(
+        gen,
+        target,
+        str(got["tier"]),
+        int(got["last"]),
+        tuple(got.get("infos") or ()),
+        tuple(int(m) for m in got.get("members", ())),
+        tuple(int(r) for r in got.get("leavers", ())),
+        fetch=fetch,
+    )
+
+
+def _decide(
+    store: Store,
+    job: str,
+    gen: int,
+    infos: list[dict[str, Any]],
+    disk_step: int | None,
+    use_memory: bool,
+) -> tuple[Agreement, bytes]:
+    """Rank 0's agreement from every member's info, and the record it publishes."""
+    target, tier = choose(infos, disk_step, use_memory and gen > 0)
+    last = max(int(i.get("done", -1)) for i in infos)
+    kv = store.get(f"/stalwart/{job}/launch/last-done")
+    if kv is not None:  # a restart: the relaunched workers start from nothing
+        last = max(last, int(json.loads(kv.value)["step"]))
+    own = Agreement(gen, target, tier, last, tuple(infos))
+    own = Agreement(gen, target, tier, last, own.infos, members_of(own), tuple(leaving(own)))
+    # what every member needs, O(1) in N (the leavers: one node's ranks at most, in
+    # practice); every member's info only where every member reads them (a fresh
+    # start after generation 0, no_common_point's message), if they fit: N members
+    # reading N infos was O(N^2) bytes per failure (docs/scale.md)
+    decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
+    decided.update(members=list(own.members), leavers=list(own.leavers))
+    body = json.dumps(decided).encode()
+    if target is None and gen > 0:
+        with_infos = json.dumps({**decided, "infos": infos}).encode()
+        body = with_infos if len(with_infos) <= _MAX_VALUE else body
+    return own, body
 
 
 def _reader(store: Store, prefix: str) -> Callable[[], tuple[dict[str, Any], ...]]:
