@@ -195,10 +195,7 @@ class EventLoop:
                 self._drop(conn)
 
     def _read(self, conn: Conn) -> None:
-        started = not conn.inbuf
         conn.receive()
-        if started and conn.key and conn.deadline is None:  # a frame began
-            self._set_deadline(conn, time.monotonic() + self._cfg.frame_timeout)
         while conn.inbuf and conn.watch is None and not conn.closing and conn.sock.fileno() >= 0:
             try:
                 frame = conn.frame(self._cfg.max_frame_bytes if conn.key else _HANDSHAKE_BYTES)
@@ -215,8 +212,11 @@ class EventLoop:
         if conn.inbuf and conn.watch is not None:
             if len(conn.inbuf) > self._cfg.max_frame_bytes + 36:  # frames while it waits
                 self._drop(conn)
-        elif conn.key and not conn.inbuf and not conn.closing:
-            conn.deadline = None  # no frame begun
+        elif conn.key and not conn.closing:  # a frame begun and not whole: its deadline
+            if not conn.inbuf:
+                conn.deadline = None
+            elif conn.deadline is None:
+                self._set_deadline(conn, time.monotonic() + self._cfg.frame_timeout)
 
     def _handshake(self, conn: Conn, mac: bytes, body: bytes) -> None:
         try:
