@@ -67,14 +67,14 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def start_embedded(max_connections: int) -> tuple[Backend, bytes]:
-    """The embedded store in a process of its own; (backend, job token)."""
+def start_embedded(max_connections: int, nice: int = 0) -> tuple[Backend, bytes]:
+    """The embedded store in a process of its own at ``nice``; (backend, job token)."""
     from stalwart.coordinator import create_token_file
 
     tmp = tempfile.mkdtemp(prefix="scale-store-")
     token_file = os.path.join(tmp, "token")
     token = create_token_file(token_file)
-    cmd = [sys.executable, __file__, "serve", token_file, str(max_connections)]
+    cmd = [sys.executable, __file__, "serve", token_file, str(max_connections), str(nice)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()  # the port, once it listens
@@ -121,8 +121,11 @@ def start_etcd(timeout_s: float = 30.0) -> Backend:
             time.sleep(0.1)
 
 
-def _serve(token_file: str, max_connections: int) -> None:
+def _serve(token_file: str, max_connections: int, nice: int) -> None:
     from stalwart.coordinator import StoreServer, StoreServerConfig, read_token_file
+
+    if nice:  # every thread of this process, the ones it starts included
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
 
     # as agent/_link.py sizes it for the job: every node's handshakes at once
     config = StoreServerConfig(
@@ -134,10 +137,24 @@ def _serve(token_file: str, max_connections: int) -> None:
     # kill -USR1 <pid>: every thread's stack into stacks.log beside the token
     stacks = open(os.path.join(os.path.dirname(token_file), "stacks.log"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    profile = os.environ.get("STALWART_STORE_PROFILE")
+    if profile:  # where the store's CPU goes (bench/_store_profile.py)
+        import _store_profile
+
+        _store_profile.start()
+        out = f"{profile}.{os.getpid()}"
+
+        def _dump(signum: int, frame: object) -> None:  # Backend.stop terminates us
+            _store_profile.dump(out)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, _dump)
     with StoreServer(read_token_file(token_file), config).start() as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the bench closes our stdin (or ends)
+    if profile:
+        _store_profile.dump(out)
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[2], int(sys.argv[3]))
+    _serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)

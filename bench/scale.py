@@ -41,7 +41,7 @@ from _scale_peers import torchft, torchrun
 def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     lease_s = args.lease_s or (10.0 if n >= 256 else 3.0)  # docs/scale.md: what to configure
     if kind == "embedded":
-        backend, token = start_embedded(max_connections=8 * n + 64)
+        backend, token = start_embedded(max_connections=8 * n + 64, nice=args.store_nice)
     else:
         backend, token = start_etcd(), b""
     cfg: dict[str, Any] = {
@@ -55,6 +55,8 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     procs = args.procs or max(1, -(-n // args.per_proc))
     out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
+    if kind == "embedded" and args.store_nice:
+        out["store_nice"] = args.store_nice
     config = {
         "backend": kind,
         "address": backend.address,
@@ -153,6 +155,13 @@ def main() -> None:
         "--poll-generation", action="store_true", help="the agent reads it per poll (before)"
     )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
+    p.add_argument(
+        "--store-nice",
+        type=int,
+        default=0,
+        help="the embedded store's nice value (negative: root): the emulator's ~N busy "
+        "threads on this host take the cores node 0 would have to itself on a real job",
+    )
     args = p.parse_args()
     curves: dict[str, list[dict[str, Any]]] = {}
     for n in [int(x) for x in args.n.split(",")]:

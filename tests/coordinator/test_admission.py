@@ -190,22 +190,49 @@ def test_a_lease_ttl_out_of_bounds_is_refused(server: StoreServer, ttl: bytes) -
         raw.close()
 
 
+class _TwoConnections:
+    """accept() hands out two real connections, then stops the loop."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.pairs = [socket.socketpair() for _ in range(2)]
+        self.stop = stop
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.pairs:
+            conn, _ = self.pairs.pop(0)
+            return conn, (f"10.0.0.{2 - len(self.pairs)}", 1)
+        self.stop.set()
+        raise OSError(errno.EBADF, "closed")
+
+
 def test_thread_start_failure_does_not_end_the_accept_loop(
-    server: StoreServer, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The replica receiver's and the peer watch's accept loop (a thread per connection;
+    the store server has its event loop, no thread per connection)."""
     real_start = threading.Thread.start
     failed = threading.Event()
 
     def start_once_failing(self: threading.Thread) -> None:
-        if self.name.startswith("store-") and not failed.is_set():
+        if self.name.startswith("test-") and not failed.is_set():
             failed.set()
             raise RuntimeError("can't start new thread")
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", start_once_failing)
-    with StoreClient("127.0.0.1", server.port, TOKEN, client_config()) as client:
-        assert client.ping() >= 0  # the first connection was dropped; the retry got in
-    assert failed.is_set()
+    stop = threading.Event()
+    served: list[Any] = []
+    listener = _TwoConnections(stop)
+    accept_loop(
+        listener,  # type: ignore[arg-type]
+        Admission(4, 4, 4),
+        lambda conn, peer: served.append(peer),
+        stop.is_set,
+        "test",
+        logging.getLogger("test"),
+    )
+    assert failed.is_set()  # the first connection got no thread and was dropped
+    assert wait_until(lambda: served == [("10.0.0.2", 1)], timeout=10)
 
 
 class _FlakyListener:

@@ -100,7 +100,7 @@ class _ThreadRecordingStore(MemoryStore):
 
 def test_short_requests_run_on_one_thread_not_on_each_connections() -> None:
     """No convoy on the store's lock: the requests of many connections run on the
-    server's one executor thread (they ran on each connection's own thread)."""
+    server's one event-loop thread (they ran on each connection's own thread)."""
     store = _ThreadRecordingStore()
     with StoreServer(TOKEN, store=store) as server:
         clients = [StoreClient("127.0.0.1", server.port, TOKEN, client_config()) for _ in range(6)]

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
-from stalwart.runtime._rendezvous import Agreement, agree, choose
+from stalwart.runtime._rendezvous import Agreement, agree, choose, leaving, members_of
 
 
 def test_newest_step_every_member_holds() -> None:
@@ -137,7 +137,7 @@ def test_an_agreement_costs_each_member_but_rank_0_one_event() -> None:
         futures = [pool.submit(join, r) for r in range(n - 1, -1, -1)]
         agreed = [f.result() for f in futures]
     assert {(a.generation, a.target, a.tier, a.last_done) for a in agreed} == {(1, 4, "memory", 4)}
-    assert {len(a.infos) for a in agreed} == {n}
+    assert {len(a.everyone()) for a in agreed} == {n}
     assert max(s.events for s in stores[1:]) <= 1
 
 
@@ -186,8 +186,8 @@ def test_members_wait_for_each_other_without_reading_every_arrival_again() -> No
     with ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(join, r) for r in range(n)]
         agreed = [f.result() for f in futures]
-    assert {(a.generation, len(a.infos)) for a in agreed} == {(0, n)}
-    assert max(s.ranges for s in stores) <= 2
+    assert {(a.generation, len(a.everyone())) for a in agreed} == {(0, n)}
+    assert max(s.ranges for s in stores) <= 3  # the third: everyone(), asked here
 
 
 class _EventCounting:
@@ -207,3 +207,54 @@ class _EventCounting:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _agree_all(n: int, shared: MemoryStore, gen_min: int, infos: Any) -> list[Agreement]:
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+
+    def join(rank: int) -> Agreement:
+        return agree(
+            shared,
+            coord,
+            "j",
+            rank,
+            n,
+            infos(rank),
+            use_memory=True,
+            disk_step=None,
+            min_generation=gen_min,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:
+        return [f.result() for f in [pool.submit(join, r) for r in range(n - 1, -1, -1)]]
+
+
+def _record_bytes(shared: MemoryStore) -> int:
+    return max(len(kv.value) for kv in shared.range("/stalwart/j/agreed/").kvs)
+
+
+def test_the_agreement_every_survivor_reads_does_not_grow_with_the_members() -> None:
+    """Issue 31: rank 0 published every member's info in the agreement and every member
+    read it: N members reading N infos, O(N^2) bytes per failure. Now the record holds
+    what every member needs (the restore point, who formed it, who leaves), the same
+    size at any N, and every member still agrees on who formed the generation."""
+    sizes = []
+    for n in (3, 24):
+        shared = MemoryStore()
+        agreed = _agree_all(
+            n, shared, 1, lambda r: {"steps": [3, 4], "done": 4, "rank": r, "pid": 100 + r}
+        )
+        assert {(a.target, a.tier) for a in agreed} == {(4, "memory")}
+        assert len({members_of(a) for a in agreed}) == 1 and members_of(agreed[0])
+        assert [len(a.everyone()) for a in agreed] == [n] * n  # read where needed
+        sizes.append(_record_bytes(shared))
+    assert sizes[0] == sizes[1]
+
+
+def test_at_a_fresh_start_every_member_still_gets_the_infos_and_the_leavers() -> None:
+    shared = MemoryStore()
+    agreed = _agree_all(4, shared, 1, lambda r: {"steps": [], "done": 7 * (r % 2), "rank": r})
+    assert {a.target for a in agreed} == {None}
+    assert {tuple(leaving(a)) for a in agreed} == {(1, 3)}
+    assert {len(a.infos) for a in agreed} == {4}  # no_common_point names what each held

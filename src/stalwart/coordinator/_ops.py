@@ -9,7 +9,6 @@ server turns into error replies.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,19 +20,16 @@ from stalwart.coordinator.store import Put
 
 __all__: list[str] = []
 
-WAIT_SLICE = 0.25  # the accept loop re-checks for server shutdown this often
-
 
 @dataclass(frozen=True)
 class OpContext:
-    """What a handler may use: the store, the size limits, the server's stop flag."""
+    """What a handler may use: the store and the size limits."""
 
     store: MemoryStore
     max_frame_bytes: int
     max_key_bytes: int
     max_value_bytes: int
     max_watch_wait: float
-    stopping: threading.Event
 
 
 def _key(ctx: OpContext, args: dict[str, Any], name: str = "key") -> str:
@@ -97,18 +93,24 @@ def _op_revoke(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
     return {"revoked": ctx.store.revoke(wire.field(a, "lease", int))}
 
 
-def _op_watch(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
-    """One long-poll, one sleep: woken by a write under the prefix, its timeout, or the
-    server's stop (StoreServer.stop wakes every waiter). It used to wake every 0.25 s to
-    look at the stop flag: at N nodes ~3N long-polls asleep, 12 wakes a second per node
-    under the store's lock, more than the requests themselves (docs/scale.md)."""
+def watch_args(ctx: OpContext, a: dict[str, Any]) -> tuple[str, int, float]:
+    """A watch's ``(prefix, start_revision, seconds to wait)``, each field checked."""
     prefix = _key(ctx, a, "prefix") if a.get("prefix") else ""
     start = wire.field(a, "start_revision", int)
-    wait = min(wire.number(a, "timeout", 0.0, math.inf, 0.0), ctx.max_watch_wait)
-    events = ctx.store.wait_events(
-        prefix, start, wait, max_bytes=ctx.max_frame_bytes // 4, cancelled=ctx.stopping.is_set
-    )
+    return prefix, start, min(wire.number(a, "timeout", 0.0, math.inf, 0.0), ctx.max_watch_wait)
+
+
+def watch_poll(ctx: OpContext, prefix: str, start: int) -> dict[str, Any]:
+    """The events under ``prefix`` from ``start`` now (maybe none): never blocks."""
+    events = ctx.store.wait_events(prefix, start, 0.0, max_bytes=ctx.max_frame_bytes // 4)
     return {"events": [wire.event_to_json(e) for e in events]}
+
+
+def _op_watch(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:
+    """A long-poll: the server's event loop parks it until a write under its prefix, its
+    timeout or the server's stop (_loop.py); this is its first look."""
+    prefix, start, _ = watch_args(ctx, a)
+    return watch_poll(ctx, prefix, start)
 
 
 def _op_ping(ctx: OpContext, a: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,11 @@ earliest lease deadline: O(N) per call, O(N^2) a second for the job (docs/scale.
 a long-poll sleeps on the condition of its prefix, woken only by writes under it; the
 lease deadlines are a heap; one sleeping long-poll, the timer, wakes at the earliest
 deadline to expire the lease (and to tell a stall, _stall.py), and hands the role to
-another sleeper when it returns. The caller holds the store's lock.
+another sleeper when it returns. An event loop serving the store (the server's,
+_loop.py) parks its long-polls itself and listens here instead: ``listen(fn)`` has
+``fn(keys)`` called with the keys of every write, ``fn(())`` on a new lease deadline
+and ``fn(None)`` when every waiter must look again (stop, close). The caller holds the
+store's lock.
 """
 
 from __future__ import annotations
@@ -81,6 +85,19 @@ class Waiters:
         self._prefixes: dict[str, _Prefix] = {}
         self._timer: object | None = None  # the long-poll that wakes at lease expiry
         self._timer_cond: threading.Condition | None = None
+        self._listeners: list[Callable[[tuple[str, ...] | None], None]] = []
+
+    def listen(self, fn: Callable[[tuple[str, ...] | None], None]) -> None:
+        """Call ``fn`` (under the store's lock: it must only take note) on every change."""
+        self._listeners.append(fn)
+
+    def unlisten(self, fn: Callable[[tuple[str, ...] | None], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def _tell(self, keys: tuple[str, ...] | None) -> None:
+        for fn in self._listeners:
+            fn(keys)
 
     def enter(self, prefix: str) -> Any:
         entry = self._prefixes.get(prefix)
@@ -124,16 +141,19 @@ class Waiters:
 
     def wrote(self, keys: Iterable[str]) -> None:
         """Wake the long-polls of every prefix one of ``keys`` falls under."""
-        keys = list(keys)
+        keys = tuple(keys)
+        self._tell(keys)
         for prefix, entry in self._prefixes.items():
             if entry.sleeping and any(k.startswith(prefix) for k in keys):
                 entry.cond.notify_all()
 
     def new_deadline(self) -> None:
         """A lease was granted: the timer may need to wake sooner."""
+        self._tell(())
         if self._timer_cond is not None:
             self._timer_cond.notify_all()
 
     def wake_all(self) -> None:
+        self._tell(None)
         for entry in self._prefixes.values():
             entry.cond.notify_all()

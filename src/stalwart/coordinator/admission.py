@@ -12,17 +12,18 @@ own, apart from authenticated ones:
   always gets in (refusing new ones instead would let anyone who holds the pool keep
   every member out). Over the per-peer cap it evicts that address's own oldest once
   that one had ``min_age`` for its handshake, else it is closed at once: one address
-  cannot churn the server (a thread per connection) faster than ``per_peer /
-  min_age`` a second. An honest client finishes its handshake within one round trip;
-  if it loses its place anyway it sees the connection end and reconnects.
+  cannot churn the server's connections faster than ``per_peer / min_age`` a second.
+  An honest client finishes its handshake within one round trip; if it loses its
+  place anyway it sees the connection end and reconnects.
 * the handshake has a deadline for the whole exchange (the servers' own setting), so
   a byte dribbled now and then keeps nothing alive;
 * authenticated connections have their own cap (``max_authenticated``), which only
   token holders can fill.
 
-:func:`accept_loop` is the accept loop all three listeners share: one thread per
-connection, and no error (a failed ``accept``, a ``Thread.start`` that cannot get a
-thread) ends it while the server runs.
+:func:`accept_loop` is the accept loop of the replica receiver and the peer watch: one
+thread per connection, and no error (a failed ``accept``, a ``Thread.start`` that cannot
+get a thread) ends it while the server runs. The store server admits through the same
+:class:`Admission` from its event loop (_loop.py), with no thread per connection.
 """
 
 from __future__ import annotations

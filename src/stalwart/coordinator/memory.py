@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 
+from stalwart.coordinator._memwatch import MemoryWatch
 from stalwart.coordinator._stall import StallWatch
 from stalwart.coordinator._waiters import ExpiryQueue, Waiters
 from stalwart.coordinator.errors import CompactedError, LeaseNotFoundError, StoreClosedError
@@ -104,6 +105,7 @@ class MemoryStore:
         self._history_max = history
         self._stall = StallWatch(clock)
         self._expiry, self._waiters = ExpiryQueue(), Waiters(self._lock, self._stall)
+        self._planned: float | None = None  # the deadline an event loop's tick() awaits
 
     @property
     def stalls(self) -> int:
@@ -202,12 +204,12 @@ class MemoryStore:
 
     # -- watch ----------------------------------------------------------
 
-    def watch(self, prefix: str, start_revision: int | None = None) -> _MemoryWatch:
+    def watch(self, prefix: str, start_revision: int | None = None) -> MemoryWatch:
         with self._lock:
             self._enter_locked()
             start = self._revision + 1 if start_revision is None else start_revision
             self._check_watchable_locked(start)
-        return _MemoryWatch(self, prefix, start)
+        return MemoryWatch(self, prefix, start)
 
     def wait_events(
         self,
@@ -223,6 +225,11 @@ class MemoryStore:
         Returns them (whole revisions only, up to ``max_bytes`` of values), or ``[]``
         after ``timeout`` or once ``cancelled()`` (looked at under the lock at each wake:
         set it, then :meth:`wake_waiters`). The server's ``watch`` long-poll."""
+        if timeout == 0:  # a poll (the server's event loop parks its long-polls itself)
+            with self._lock:
+                self._enter_locked()
+                self._check_watchable_locked(start_revision)
+                return self._collect_locked(prefix, start_revision, max_bytes)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             waiter = self._waiters.enter(prefix)
@@ -240,6 +247,29 @@ class MemoryStore:
                         self._renew_all_locked()
             finally:
                 self._waiters.leave(waiter)
+
+    def tick(self) -> float | None:
+        """For an event loop serving the store (the server's, _loop.py), each pass:
+        expire the leases due, after renewing every one if this pass, or any call,
+        comes ``STALL_S`` past the deadline the last pass returned (the loop did not
+        run: _stall.py); the seconds until the next lease deadline."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._enter_locked()
+            until = self._until_expiry_locked()
+            self._planned = None if until is None else self._clock() + until
+            return until
+
+    def listen(self, fn: Callable[[tuple[str, ...] | None], None]) -> None:
+        """``fn(keys)`` at every write, ``fn(())`` at a new lease, ``fn(None)`` at a wake
+        of every waiter (_waiters.py); called under the store's lock: only take note."""
+        with self._lock:
+            self._waiters.listen(fn)
+
+    def unlisten(self, fn: Callable[[tuple[str, ...] | None], None]) -> None:
+        with self._lock:
+            self._waiters.unlisten(fn)
 
     def _until_expiry_locked(self) -> float | None:
         earliest = self._expiry.earliest(self._leases)
@@ -278,7 +308,8 @@ class MemoryStore:
     def _enter_locked(self) -> None:
         if self._closed:
             raise StoreClosedError("the store is closed; create a new one")
-        if self._stall.stalled():
+        if self._stall.stalled(self._planned):  # a sleeping watcher's or the loop's
+            self._planned = None
             self._renew_all_locked()
         now = self._clock()
         for lease_id in self._expiry.due(now, self._leases):
@@ -360,40 +391,3 @@ class MemoryStore:
         )
         self._kv[op.key] = kv
         return Event("put", kv)
-
-
-class _MemoryWatch:
-    """A :class:`~stalwart.coordinator.store.Watch` over a :class:`MemoryStore`."""
-
-    def __init__(self, store: MemoryStore, prefix: str, start: int) -> None:
-        self._store = store
-        self._prefix = prefix
-        self._next = start
-        self._closed = False
-
-    @property
-    def next_revision(self) -> int:
-        """The first revision the next :meth:`get` can return."""
-        return self._next
-
-    def get(self, timeout: float | None = None) -> list[Event]:
-        if self._closed:
-            raise StoreClosedError("this watch is closed; open a new one")
-        events = self._store.wait_events(self._prefix, self._next, timeout)
-        if events:
-            self._next = events[-1].kv.mod_revision + 1
-        return events
-
-    def close(self) -> None:
-        self._closed = True
-
-    def __enter__(self) -> _MemoryWatch:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -35,7 +35,8 @@ class RecoveryLoops:
         self._count = 0
 
     def failed(self, reason: str, members: tuple[int, ...], same_cause: str = "") -> None:
-        """A step of the generation formed by ``members`` (pids by rank; empty: unknown)
+        """A step of the generation formed by ``members`` (who, compared only: a digest of
+        their pids by rank, _rendezvous.members_of; empty: unknown)
         failed for ``reason``: judged when the next generation forms. ``same_cause`` is
         why the generation ended as the coordinator recorded it: counted only when a
         member ended it for this failure (same first clause), not the agent for a lost

@@ -28,7 +28,7 @@ from stalwart.runtime._memory import (
     restore_memory_step,
     taken_from_replica,
 )
-from stalwart.runtime._rendezvous import Agreement, agree, leaving, no_common_point
+from stalwart.runtime._rendezvous import Agreement, agree, leaving, members_of, no_common_point
 
 if TYPE_CHECKING:
     from stalwart.checkpoint import Snapshotter
@@ -96,8 +96,7 @@ class FixedRejoin:
                 min_generation = a.generation + 1
                 continue
             lost = max(0, a.last_done - restored) if a.generation > 0 else 0
-            by_rank = sorted(a.infos, key=lambda i: int(i.get("rank", -1)))
-            self._members = tuple(int(i.get("pid", -1)) for i in by_rank)
+            self._members = members_of(a)
             self.loops.formed(self._members)  # raises: a failure that changed nothing
             return Formation(a.generation, rank, world, restored, a.tier, lost)
 
@@ -215,10 +214,11 @@ def peer_rank(agreement: Agreement, rank: int) -> int | None:
     """The lowest-ranked member on this host whose published slots hold the agreed step
     and the same state as ``rank`` (any member of a replicated DDP job; under HSDP, one
     of the same ``copy`` key: the same shards in another replica group)."""
-    mine = next((i for i in agreement.infos if int(i.get("rank", -1)) == rank), {})
+    infos = agreement.everyone()
+    mine = next((i for i in infos if int(i.get("rank", -1)) == rank), {})
     holders = [
         (int(i.get("rank", 0)), i)
-        for i in agreement.infos
+        for i in infos
         if i.get("copy") == mine.get("copy") and int(i.get("rank", -1)) != rank
     ]
     target = agreement.target

@@ -11,16 +11,25 @@ starts over at the new one; nothing from an old generation is used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stalwart.coordinator import Compare, Coordinator, KeyValue, Put, Store
 from stalwart.errors import CheckpointNotFoundError, FencedError
 
-__all__ = ["Agreement", "agree", "choose", "finish_barrier", "leaving", "no_common_point"]
+__all__ = [
+    "Agreement",
+    "agree",
+    "choose",
+    "finish_barrier",
+    "leaving",
+    "members_of",
+    "no_common_point",
+]
 
 _IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
 _MAX_VALUE = 512 << 10  # an agreement with every member's info, if it fits (etcd: 1.5 MiB)
@@ -33,6 +42,20 @@ class Agreement:
     tier: str  # memory | peer | disk | none (``replica``: decided per rank at the restore)
     last_done: int  # newest step any member had completed (for steps_lost)
     infos: tuple[dict[str, Any], ...] = ()
+    """Every member's info where this member holds them: rank 0, and every member at a
+    fresh start after generation 0 (no_common_point's message); else :meth:`everyone`."""
+    members: tuple[int, ...] = ()  # a digest of the members' pids by rank (members_of)
+    leavers: tuple[int, ...] = ()  # the ranks that exit (leaving), decided by rank 0
+    fetch: Callable[[], tuple[dict[str, Any], ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    def everyone(self) -> tuple[dict[str, Any], ...]:
+        """Every member's info: held, else read once from the arrivals (one range, by
+        the few members that need them: a rank restoring from a peer's slots)."""
+        if not self.infos and self.fetch is not None:
+            object.__setattr__(self, "infos", self.fetch())
+        return self.infos
 
 
 def choose(
@@ -85,7 +108,20 @@ def leaving(a: Agreement) -> list[int]:
     where their replacements join."""
     if a.target is not None or a.generation == 0:
         return []
+    if not a.infos:
+        return sorted(a.leavers)
     return sorted(int(str(i.get("rank", -1))) for i in a.infos if int(str(i.get("done", 0))) > 0)
+
+
+def members_of(a: Agreement) -> tuple[int, ...]:
+    """Who formed ``a``, for telling a recovery that changed nothing (runtime/_loops.py
+    compares them, nothing else): a digest of the members' pids by rank, the same at
+    every member, published by rank 0 so that no member reads N infos for it."""
+    if a.members or not a.infos:
+        return a.members
+    by_rank = sorted(a.infos, key=lambda i: int(i.get("rank", -1)))
+    pids = json.dumps([int(i.get("pid", -1)) for i in by_rank]).encode()
+    return (int.from_bytes(hashlib.sha256(pids).digest()[:8], "big"),)
 
 
 def _held(a: Agreement) -> str:
@@ -157,31 +193,71 @@ def agree(
             got = _await(store, coord, result, gen, deadline, timeout_s)
             if got is None:
                 continue  # the generation moved on: start over at the new one
-            infos = got.get("infos")
-            if infos is None:  # too many to publish in one value: one range
-                infos = [json.loads(kv.value) for kv in store.range(prefix).kvs]
-            target = None if got["target"] is None else int(got["target"])
-            return Agreement(gen, target, str(got["tier"]), int(got["last"]), tuple(infos))
+            return _from_record(got, gen, _reader(store, prefix))
         kvs = _gather(store, coord, prefix, world_size, gen, deadline, timeout_s)
         if kvs is None:
             continue  # the generation moved on: start over at the new one
-        infos = [json.loads(kv.value) for kv in kvs]
-        target, tier = choose(infos, disk_step, use_memory and gen > 0)
-        last = max(int(i.get("done", -1)) for i in infos)
-        kv = store.get(f"/stalwart/{job}/launch/last-done")
-        if kv is not None:  # a restart: the relaunched workers start from nothing
-            last = max(last, int(json.loads(kv.value)["step"]))
-        decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
-        body = json.dumps({**decided, "infos": infos}).encode()
-        if len(body) > _MAX_VALUE:
-            body = json.dumps(decided).encode()
+        own, body = _decide(
+            store, job, gen, [json.loads(kv.value) for kv in kvs], disk_step, use_memory
+        )
         if not store.txn(list(fence), [Put(result, body)]).succeeded:
             raise FencedError(
                 f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
                 "longer than --node-lease); this worker stops instead of publishing the "
                 f"agreement of generation {gen}"
             )
-        return Agreement(gen, target, tier, last, tuple(infos))
+        return own
+
+
+def _from_record(
+    got: dict[str, Any], gen: int, fetch: Callable[[], tuple[dict[str, Any], ...]]
+) -> Agreement:
+    """A member's agreement from the record rank 0 published."""
+    target = None if got["target"] is None else int(got["target"])
+    return Agreement(
+        gen,
+        target,
+        str(got["tier"]),
+        int(got["last"]),
+        tuple(got.get("infos") or ()),
+        tuple(int(m) for m in got.get("members", ())),
+        tuple(int(r) for r in got.get("leavers", ())),
+        fetch=fetch,
+    )
+
+
+def _decide(
+    store: Store,
+    job: str,
+    gen: int,
+    infos: list[dict[str, Any]],
+    disk_step: int | None,
+    use_memory: bool,
+) -> tuple[Agreement, bytes]:
+    """Rank 0's agreement from every member's info, and the record it publishes."""
+    target, tier = choose(infos, disk_step, use_memory and gen > 0)
+    last = max(int(i.get("done", -1)) for i in infos)
+    kv = store.get(f"/stalwart/{job}/launch/last-done")
+    if kv is not None:  # a restart: the relaunched workers start from nothing
+        last = max(last, int(json.loads(kv.value)["step"]))
+    own = Agreement(gen, target, tier, last, tuple(infos))
+    own = Agreement(gen, target, tier, last, own.infos, members_of(own), tuple(leaving(own)))
+    # what every member needs, O(1) in N (the leavers: one node's ranks at most, in
+    # practice); every member's info only where every member reads them (a fresh
+    # start after generation 0, no_common_point's message), if they fit: N members
+    # reading N infos was O(N^2) bytes per failure (docs/scale.md)
+    decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
+    decided.update(members=list(own.members), leavers=list(own.leavers))
+    body = json.dumps(decided).encode()
+    if target is None and gen > 0:
+        with_infos = json.dumps({**decided, "infos": infos}).encode()
+        body = with_infos if len(with_infos) <= _MAX_VALUE else body
+    return own, body
+
+
+def _reader(store: Store, prefix: str) -> Callable[[], tuple[dict[str, Any], ...]]:
+    """Every member's info, read from the arrivals under ``prefix`` when called."""
+    return lambda: tuple(json.loads(kv.value) for kv in store.range(prefix).kvs)
 
 
 def _await(
