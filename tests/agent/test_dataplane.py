@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _load import scaled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,6 +157,32 @@ def test_the_probe_answers_for_a_live_watch_listener_and_never_counts_as_a_watch
         port = spare.getsockname()[1]
     assert not probe(f"127.0.0.1:{port}", timeout=1.0)
     assert not probe("not-an-address")
+
+
+def test_a_probe_answered_on_one_connection_of_several_is_answered() -> None:
+    """A lossy link loses some connections of a probe, not all: a listener that answers
+    only one connection in four (the others close unanswered, as a lost SYN or nonce
+    leaves them) still answers the probe; a lone connection would not have been."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        served: list[int] = []
+
+        def serve(n: int) -> None:
+            for i in range(n):
+                conn, _ = srv.accept()
+                with conn:
+                    if i % 4 == 3:
+                        conn.sendall(b"n" * 16)
+                served.append(i)
+
+        t = threading.Thread(target=serve, args=(5,), daemon=True)
+        t.start()
+        assert not probe(address, attempts=1)  # the first connection: closed unanswered
+        assert probe(address, attempts=4)  # one of the four gets its nonce
+        t.join(timeout=scaled(10))
+        assert served == [0, 1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------- the agent's side
