@@ -96,7 +96,9 @@ def test_a_sigkilled_agents_slots_are_swept_by_the_next_agent(tmp_path: Path) ->
         r = stalwart_run(tmp_path / "next", [str(tmp_path / "short.py")], timeout=90)
         assert r.returncode == 0, r.stderr[-3000:]
         assert _entries(job) == [], _entries(job)
-        assert "removed" in r.stderr and "dead runs" in r.stderr, r.stderr[-3000:]
+        # Not asserted: that this run said so. Another agent of this user on the host (a
+        # job test on another xdist worker) may start first and sweep them; any agent's
+        # start does. The line is tested in-process (tests/agent/test_sweep_line.py).
         assert os.path.isdir(live.rank_dir(0)) and os.path.exists(run_owner(live).path)
     finally:
         for pid in below:  # only if one outlived the wait above
