@@ -138,3 +138,27 @@ def test_a_long_wait_says_once_what_it_waits_for_and_until_when(
     waiting.tick()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("waiting for node 0's store until "), lines
+
+
+def test_the_store_hosts_own_lease_never_lapses(tmp_path: Path) -> None:
+    """Node 0 hosts the embedded store: its agent and the store live and die together,
+    so its lease lapsing could only mean its heartbeat thread was starved (a single-node
+    job fenced itself so at load 100+). Here its heartbeat stops for 4 leases: node 0 is
+    not fenced, its member key stays; node 1's lease, under the same silence, lapses."""
+    job, port = f"pin-{uuid.uuid4().hex[:8]}", _free_port()
+    node0 = Cluster(_config(tmp_path, job, 0, f"127.0.0.1:{port}"), str(tmp_path))
+    node0.start()
+    node1 = Cluster(_config(tmp_path, job, 1, f"127.0.0.1:{port}"), str(tmp_path))
+    node1.start()
+    try:
+        for node in (node0, node1):
+            node._member._stop.set()  # the heartbeat threads end: no keepalive any more
+            node._member._thread.join(timeout=30)
+        _wait(lambda: node1.fenced(), "lapse of node 1's lease")
+        t_lapse = time.monotonic()
+        _wait(lambda: time.monotonic() - t_lapse > 3 * LEASE, "three more leases")
+        assert not node0.fenced()
+        assert node0.store.get(node0.lease.key) is not None
+    finally:
+        node1.close(goodbye=False)
+        node0.close()

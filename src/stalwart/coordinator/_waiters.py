@@ -19,6 +19,7 @@ store's lock.
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -40,7 +41,8 @@ class ExpiryQueue:
         self._heap: list[tuple[float, int]] = []
 
     def push(self, deadline: float, lease_id: int) -> None:
-        heapq.heappush(self._heap, (deadline, lease_id))
+        if deadline != math.inf:  # a pinned lease (MemoryStore.pin) has no deadline
+            heapq.heappush(self._heap, (deadline, lease_id))
 
     def push_all(self, leases: Mapping[int, _Deadline]) -> None:
         for lease_id, entry in leases.items():

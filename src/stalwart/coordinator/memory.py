@@ -13,11 +13,18 @@ finds that a sleeping watcher overslept its planned wake by more than 1 s (_stal
 every lease is renewed to a full ttl from now before anything expires, as etcd renews every
 lease when a new leader takes over; a client that really stopped loses its lease one
 ttl later than it would have.
+
+A lease held by the store's own process (``pin``: node 0's agent under the embedded
+store) never expires: that agent and the store live and die together, so its lease
+lapsing could only mean its heartbeat thread was starved while the store ran, and
+the one agent that acts on it would be that agent itself (a single-node job fenced
+itself so on a host at load 100+).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 import secrets
 import threading
@@ -184,15 +191,36 @@ class MemoryStore:
                 raise LeaseNotFoundError(
                     f"lease {lease} not found (expired or revoked); grant a new one"
                 )
-            entry.deadline = self._clock() + entry.ttl
-            self._expiry.push(entry.deadline, lease)
+            if entry.deadline != math.inf:  # a pinned lease stays pinned
+                entry.deadline = self._clock() + entry.ttl
+                self._expiry.push(entry.deadline, lease)
             return entry.ttl
 
     def time_to_live(self, lease: int) -> float | None:
         with self._lock:
             self._enter_locked()
             entry = self._leases.get(lease)
-            return None if entry is None else max(0.0, entry.deadline - self._clock())
+            if entry is None:
+                return None
+            return (
+                entry.ttl
+                if entry.deadline == math.inf
+                else max(0.0, entry.deadline - self._clock())
+            )
+
+    def pin(self, lease: int) -> None:
+        """Keep ``lease`` until it is revoked (or the store closes): for the lease of
+        this store's own process only (see the module), never a remote client's, whose
+        lease is how the others learn it is gone. Keepalives of a pinned lease succeed
+        and change nothing. :class:`LeaseNotFoundError` if it is already gone."""
+        with self._lock:
+            self._enter_locked()
+            entry = self._leases.get(lease)
+            if entry is None:
+                raise LeaseNotFoundError(
+                    f"lease {lease} not found (expired or revoked); grant a new one"
+                )
+            entry.deadline = math.inf  # its heap entries are stale now: skipped
 
     def revoke(self, lease: int) -> bool:
         with self._lock:
