@@ -52,6 +52,6 @@ def test_pinning_a_lease_that_is_gone_says_so() -> None:
     store = MemoryStore(clock=clock)
     lease = store.grant(1.0)
     clock.now += 2.0
-    with pytest.raises(LeaseNotFoundError, match="grant a new one"):
+    with pytest.raises(LeaseNotFoundError, match="grant one"):
         store.pin(lease)
     store.close()

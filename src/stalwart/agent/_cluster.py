@@ -100,9 +100,8 @@ class Cluster:
     def _become_member(self, member: Member) -> None:
         """Heartbeat ``member``'s lease, fence every bump with it (at start, on a rejoin)."""
         self._member = member
-        if self.server is not None:  # we host the store: our lease lives as long as it does
-            self.server.store.pin(member.lease)  # (coordinator/memory.py says why)
-        # an etcd outage is not a node failure: etcd extends every lease when it is back
+        if self.server is not None:  # we host the store: our lease lives as long as it
+            self.server.store.pin(member.lease)
         member.start_heartbeat(on_lost=self._expired, give_up=not self.cfg.etcd)
         fence = self.coord.fence_of(member)
         self.coord = self.coord.as_member(fence)  # every bump checks our lease

@@ -1,24 +1,7 @@
 """``MemoryStore``: the in-process :class:`~stalwart.coordinator.store.Store`.
 
-It is the reference implementation of the Store semantics (the conformance suite
-runs against it first) and the state behind :class:`StoreServer`. Lease expiry is
-lazy and thread-free: every call first expires overdue leases, and one waiting watcher
-sleeps no longer than the next lease deadline (_waiters.py), so watchers see an expired
-lease's delete events on time even when nobody else calls the store.
-
-A store that could not run is not a client that stopped calling: when the store's
-process was descheduled (a loaded host, a long pause), keepalives sent in time wait
-unread in its sockets while their leases' deadlines pass. So when a call or a waiter
-finds that a sleeping watcher overslept its planned wake by more than 1 s (_stall.py),
-every lease is renewed to a full ttl from now before anything expires, as etcd renews every
-lease when a new leader takes over; a client that really stopped loses its lease one
-ttl later than it would have.
-
-A lease held by the store's own process (``pin``: node 0's agent under the embedded
-store) never expires: that agent and the store live and die together, so its lease
-lapsing could only mean its heartbeat thread was starved while the store ran, and
-the one agent that acts on it would be that agent itself (a single-node job fenced
-itself so on a host at load 100+).
+The reference Store, behind StoreServer. Lazy expiry (_waiters.py); a descheduled store
+renews every lease before expiring any (_stall.py); ``pin``: docs/detection.md.
 """
 
 from __future__ import annotations
@@ -209,17 +192,12 @@ class MemoryStore:
             )
 
     def pin(self, lease: int) -> None:
-        """Keep ``lease`` until it is revoked (or the store closes): for the lease of
-        this store's own process only (see the module), never a remote client's, whose
-        lease is how the others learn it is gone. Keepalives of a pinned lease succeed
-        and change nothing. :class:`LeaseNotFoundError` if it is already gone."""
+        """Keep ``lease`` until revoked: only the store host's own (see the module)."""
         with self._lock:
             self._enter_locked()
             entry = self._leases.get(lease)
             if entry is None:
-                raise LeaseNotFoundError(
-                    f"lease {lease} not found (expired or revoked); grant a new one"
-                )
+                raise LeaseNotFoundError(f"lease {lease} gone (expired or revoked); grant one")
             entry.deadline = math.inf  # its heap entries are stale now: skipped
 
     def revoke(self, lease: int) -> bool:
