@@ -47,6 +47,23 @@ def _flash(lab: Lab, job: HostJob, fault: str, reference: list[str]) -> tuple[in
     return ended[1]
 
 
+def _flash_under_etcd(
+    lab_factory: Callable[..., Lab],
+    jobs: Callable[..., HostJob],
+    work: Path,
+    fault: str,
+    reference: list[str],
+) -> tuple[HostJob, int, str]:
+    """_flash with etcd on a third host (host 2) both nodes reach unless ``fault`` cuts it:
+    the job, the cut node's exit code and stderr."""
+    lab = lab_factory(3)
+    (work / "etcd").mkdir()
+    with etcd_on(lab, 2, require_etcd(), work / "etcd" / "data") as addr:
+        job = jobs(lab, work, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
+        rc1, err1 = _flash(lab, job, fault, reference)
+    return job, rc1, err1
+
+
 def test_one_way_partition_30s(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
@@ -124,13 +141,10 @@ def test_control_plane_cut_30s_under_etcd(
 ) -> None:
     """etcd on a third host; node 1 cannot reach it for 30 s, its link to node 0 intact:
     node 1 loses its lease and is fenced (or rejoins), the majority finishes."""
-    binary = require_etcd()
-    lab = lab_factory(3)
-    (tmp_path / "etcd").mkdir()
-    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
-        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
-        rc1, err1 = _flash(lab, job, f"partition 1->2:{CLIENT_PORT} for 30s", reference)
-        assert rc1 in (0, 3), err1[-3000:]
+    _job, rc1, err1 = _flash_under_etcd(
+        lab_factory, jobs, tmp_path, f"partition 1->2:{CLIENT_PORT} for 30s", reference
+    )
+    assert rc1 in (0, 3), err1[-3000:]
 
 
 @pytest.mark.parametrize("backend", ["embedded", "etcd"])
@@ -173,12 +187,9 @@ def test_one_way_partition_30s_under_etcd(
 ) -> None:
     """etcd on a third host; what node 1 sends to node 0 is dropped for 30 s (both still
     reach etcd): the watched data plane finds the cut, the majority finishes."""
-    binary = require_etcd()
-    lab = lab_factory(3)
-    (tmp_path / "etcd").mkdir()
-    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
-        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
-        rc1, err1 = _flash(lab, job, "partition 1->0 for 30s", reference)
+    _job, rc1, err1 = _flash_under_etcd(
+        lab_factory, jobs, tmp_path, "partition 1->0 for 30s", reference
+    )
     assert rc1 in (0, 3), err1[-3000:]
 
 
@@ -217,12 +228,9 @@ def test_short_partition_3s_under_etcd(
     """etcd on a third host both nodes still reach; the nodes cut from each other for
     3 s: no lease lapses and the stall is shorter than the hang bound, so nothing is
     declared lost, nothing evicted; the job finishes on both nodes, bit-identical."""
-    binary = require_etcd()
-    lab = lab_factory(3)
-    (tmp_path / "etcd").mkdir()
-    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
-        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
-        rc1, err1 = _flash(lab, job, "partition 0<->1 for 3s", reference)
+    job, rc1, err1 = _flash_under_etcd(
+        lab_factory, jobs, tmp_path, "partition 0<->1 for 3s", reference
+    )
     _rejoined(job, rc1, err1)
 
 
@@ -236,12 +244,9 @@ def test_partition_30s_then_heal_under_etcd(
     30 s, then healed: both keep their leases, the watched data plane finds the cut and
     fences node 1 (the side without rank 0), the majority finishes bit-identical; node 1
     exits 3, or 0 had it ridden the cut out."""
-    binary = require_etcd()
-    lab = lab_factory(3)
-    (tmp_path / "etcd").mkdir()
-    with etcd_on(lab, 2, binary, tmp_path / "etcd" / "data") as addr:
-        job = jobs(lab, tmp_path, [0, 1], ARGS, flags=FLAGS, rdzv=f"etcd://{addr}/hostjob")
-        rc1, err1 = _flash(lab, job, "partition 0<->1 for 30s", reference)
+    job, rc1, err1 = _flash_under_etcd(
+        lab_factory, jobs, tmp_path, "partition 0<->1 for 30s", reference
+    )
     assert rc1 in (0, 3), err1[-3000:]
     events = read_events(str(job.run_dir / "events.jsonl")).events
     cut = [e for e in events if e.kind == "fault_detected" and e["fault"] == "node_loss"]
