@@ -107,7 +107,8 @@ PACKAGE_EDGES: dict[str, frozenset[str]] = {
     "metrics": frozenset({"errors", "logs", "privfile", "userfile"}),
     "chaos": frozenset({"errors", "userfile"}),
     "data": frozenset({"compat", "errors"}),
-    "sim": frozenset({"errors", "metrics", "userfile"}),
+    # the planner's Daly interval is the checkpoint's own (checkpoint/interval.py)
+    "sim": frozenset({"checkpoint", "errors", "metrics", "userfile"}),
     "checkpoint": frozenset({"compat", "contract", "errors", "logs", "privfile", "userfile"}),
     "transfer": frozenset({"checkpoint", "contract", "coordinator", "errors", "logs"}),
     "agent": frozenset(
@@ -134,8 +135,6 @@ PACKAGE_EDGES: dict[str, frozenset[str]] = {
             "errors",
             "logs",
             "metrics",
-            # debt (issue 32): Daly's interval (sim.analytic) for --persist-every -1
-            "sim",
             "transfer",
         }
     ),

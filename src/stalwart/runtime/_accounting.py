@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from stalwart.checkpoint.interval import daly_interval
 from stalwart.contract.shm_names import SlotNames
 from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.logs import get_logger
@@ -216,8 +217,6 @@ class StepAccounting:
     def auto_interval(self) -> float:
         """Daly's optimum interval from the last persist's duration and the MTBF seen so
         far (failures = generations; a 1 h prior before the first)."""
-        from stalwart.sim.analytic import daly_interval
-
         elapsed = time.monotonic() - self._t_start
         failures = self.position.generation
         mtbf = elapsed / failures if failures else max(3600.0, elapsed)

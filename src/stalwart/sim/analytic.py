@@ -13,6 +13,9 @@ Sources
   else ``tau = M`` (his eq. 37). His examples with ``delta`` = 5 min: M = 24 h -> 117 min,
   6 h -> 57 min, 15 min -> 9.1 min.
 
+Young's and Daly's optimum intervals live in stalwart/checkpoint/interval.py (the worker's
+``--persist-every -1`` cadence uses Daly's too) and are re-exported here.
+
 Trade-off: these hold for ``restart`` only (every failure rolls back to the last checkpoint and
 the whole job pays ``R``); the simulator covers the other strategies, and is checked against
 these formulas where both apply (tests/sim/test_fidelity.py).
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from stalwart.checkpoint.interval import check_inputs as _check
+from stalwart.checkpoint.interval import daly_interval, young_interval
 from stalwart.errors import ConfigError
 
 __all__ = [
@@ -31,30 +36,6 @@ __all__ = [
     "optimal_interval",
     "young_interval",
 ]
-
-
-def _check(delta: float, mtbf: float) -> None:
-    if not (math.isfinite(delta) and delta >= 0):
-        raise ConfigError(f"checkpoint cost must be a finite number >= 0 s, got {delta!r}")
-    if not mtbf > 0:
-        raise ConfigError(f"MTBF must be > 0 s, got {mtbf!r}; check the failure rates")
-
-
-def young_interval(delta: float, mtbf: float) -> float:
-    """Young's first-order optimum ``sqrt(2 delta M)`` (seconds of compute)."""
-    _check(delta, mtbf)
-    return math.sqrt(2.0 * delta * mtbf)
-
-
-def daly_interval(delta: float, mtbf: float) -> float:
-    """Daly's higher-order optimum (seconds of compute between checkpoints)."""
-    _check(delta, mtbf)
-    if math.isinf(mtbf):
-        return math.inf
-    if delta >= 2.0 * mtbf:
-        return mtbf
-    x = delta / (2.0 * mtbf)
-    return math.sqrt(2.0 * delta * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
 
 
 def expected_wall_time(
