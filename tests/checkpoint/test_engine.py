@@ -12,12 +12,20 @@ from _models import assert_same, make_state, params, train_step
 from stalwart.checkpoint import (
     CheckpointConfig,
     CheckpointManager,
+    CommitPlan,
+    FencedCommit,
     RetentionPolicy,
     committed_steps,
     open_storage,
     verify_step,
 )
-from stalwart.errors import CheckpointCorruptError, CheckpointNotFoundError, StateMismatchError
+from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+    FencedError,
+    StateMismatchError,
+)
 
 pytestmark = pytest.mark.process  # the checkpoint persister: a helper process (tests/_tiers.py)
 
@@ -293,6 +301,34 @@ def test_replicated_state_restores_into_another_world_size(
         finally:
             mgr.close()
         assert_same(params(fresh), want)
+
+
+def test_a_persist_under_a_commit_plan_says_what_was_committed(
+    tmp_path: Path, shm_namespace: str
+) -> None:
+    """Under a coordinator the persister writes the step uncommitted and the engine
+    commits it, fenced, before the persist's future resolves: its result says what was
+    committed, or that the fence refused it (an outcome, not the future's error)."""
+    coord = Coordinator(MemoryStore(), CoordinatorConfig(job_id="job"))
+    fenced = FencedCommit(coord, shard="rank0", job_record=True)
+    state = make_state()
+    mgr = _mgr(tmp_path, shm_namespace)
+    try:
+        mgr.snapshot(state, 1)
+        done = mgr.persist(commit=CommitPlan(fenced, generation=0)).result(timeout=60)
+        assert not done.committed  # not by the persister: by the plan, fenced
+        assert done.commit is not None and done.commit.result is not None
+        assert done.commit.result.manifest.step == 1 and committed_steps(mgr.storage) == [1]
+        assert coord.shard_commits()["rank0"].step == 1
+        assert coord.advance_generation(0, "a member failed").won
+        train_step(state)
+        mgr.snapshot(state, 2)
+        stale = mgr.persist(commit=CommitPlan(fenced, generation=0)).result(timeout=60)
+        assert stale.commit is not None and stale.commit.refused
+        assert isinstance(stale.commit.error, FencedError)
+        assert committed_steps(mgr.storage) == [1]
+    finally:
+        mgr.close()
 
 
 def test_a_persist_after_a_background_snapshot_writes_that_snapshot(

@@ -4,7 +4,11 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from stalwart.coordinator import MemoryStore
 from stalwart.runtime._accounting import StepAccounting
+from stalwart.runtime._cadence import AutoPersist, CadenceRecordError
 
 
 def _acct(persist_every: int, generation: int = 0, rank: int = 0) -> StepAccounting:
@@ -194,3 +198,36 @@ def test_an_integrity_check_that_falls_inside_a_cycle_is_refused_with_its_fix() 
     acct.alignment.align(2, 4)
     with pytest.raises(ConfigError, match="align once"):
         acct.alignment.align(3, 0)
+
+
+# ``--persist-every auto`` for a sharded job: the same persist steps on every rank
+
+
+def test_auto_becomes_the_same_persist_steps_on_every_rank() -> None:
+    store = MemoryStore()
+    zero, one = AutoPersist(store, "job", 0), AutoPersist(store, "job", 1)
+    assert not one.due(10, 10.0, [1.0])  # rank 0 has not chosen yet: nobody persists
+    # rank 0 at step 10: Daly's 10 s over a 2 s median step = every 5 steps, from step 12,
+    # so step 10 (a multiple of 5) is not a persist point for rank 0 either: rank 1
+    # looked before rank 0 published, and a step only one rank wrote never commits
+    assert not zero.due(10, 10.0, [2.0, 2.0, 3.0])
+    assert (zero.every, zero.start) == (5, 12)
+    assert not one.due(11, 99.0, [9.0])  # reads the job's record, ignores its own timing
+    assert (one.every, one.start) == (5, 12)
+    persisted = [s for s in range(12, 31) if zero.due(s, 1.0, [1.0])]
+    assert persisted == [15, 20, 25, 30]
+    assert [s for s in range(12, 31) if one.due(s, 1.0, [1.0])] == persisted
+
+
+def test_a_restarted_rank_0_adopts_the_jobs_record() -> None:
+    store = MemoryStore()
+    assert not AutoPersist(store, "job", 0).due(8, 10.0, [2.0])  # every 5 from 10
+    again = AutoPersist(store, "job", 0)  # a later generation, another MTBF and step time
+    assert again.due(10, 70.0, [1.0]) and (again.every, again.start) == (5, 10)
+
+
+def test_a_malformed_auto_record_is_refused() -> None:
+    store = MemoryStore()
+    store.put("/stalwart/job/persist-auto", b'{"every": 0, "from": 3}')
+    with pytest.raises(CadenceRecordError, match="persist-every auto"):
+        AutoPersist(store, "job", 1).due(9, 1.0, [1.0])

@@ -208,6 +208,6 @@ def test_a_2d_mesh_is_refused_under_elastic() -> None:
 
 def test_a_sharded_state_is_told_from_a_replicated_one(mesh: Any) -> None:
     """A DTensor-parameter module makes the state sharded: every rank persists its
-    shard into one multi-rank checkpoint (runtime/_sharded.py)."""
+    shard into one multi-rank checkpoint (checkpoint/commit.py)."""
     assert not is_sharded({"model": torch.nn.Linear(4, 6), "meta": {"a": 1}})
     assert is_sharded({"model": _sharded(mesh)})

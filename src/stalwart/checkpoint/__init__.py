@@ -15,7 +15,16 @@ if TYPE_CHECKING:
     from stalwart.checkpoint._state import RNGState
     from stalwart.checkpoint._writer import publish_step
     from stalwart.checkpoint.catalog import VerifyReport, committed_steps, verify_step
-    from stalwart.checkpoint.commit import CommitFence, CommitResult, FencedCommit, StepCommitter
+    from stalwart.checkpoint.commit import (
+        CommitFence,
+        CommitOutcome,
+        CommitPlan,
+        CommitResult,
+        CommitStore,
+        FencedCommit,
+        ShardedCommit,
+        StepCommitter,
+    )
     from stalwart.checkpoint.manager import CheckpointConfig, CheckpointManager
     from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
     from stalwart.checkpoint.restore import RestoreResult, restore_state
@@ -27,7 +36,10 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointManager",
     "CommitFence",
+    "CommitOutcome",
+    "CommitPlan",
     "CommitResult",
+    "CommitStore",
     "FencedCommit",
     "GcReport",
     "PersistConfig",
@@ -36,6 +48,7 @@ __all__ = [
     "RNGState",
     "RestoreResult",
     "RetentionPolicy",
+    "ShardedCommit",
     "SnapshotConfig",
     "SnapshotResult",
     "Snapshotter",
@@ -60,8 +73,12 @@ _WHERE = {
     "committed_steps": "catalog",
     "verify_step": "catalog",
     "CommitFence": "commit",
+    "CommitOutcome": "commit",
+    "CommitPlan": "commit",
     "CommitResult": "commit",
+    "CommitStore": "commit",
     "FencedCommit": "commit",
+    "ShardedCommit": "commit",
     "StepCommitter": "commit",
     "CheckpointConfig": "manager",
     "CheckpointManager": "manager",

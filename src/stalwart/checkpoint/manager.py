@@ -5,10 +5,14 @@ persist cadence, :meth:`persist`, which hands the newest complete slot to the pe
 process and returns at once. The slot stays pinned until the persist is done, so later
 snapshots never overwrite bytes that are being written out.
 
-Multi-rank jobs: every rank persists its own shard with ``commit=False``; the committer
-calls :meth:`CheckpointManager.commit` once every rank has finished, with its generation
-and the coordinator's fence (:class:`stalwart.checkpoint.commit.StepCommitter`, the one
-commit path the persister process uses too) so that a fenced member cannot commit.
+Under a coordinator the persist carries a :class:`~stalwart.checkpoint.commit.CommitPlan`
+(the coordinator's fence, this member's shard, the generation, a sharded job's claim):
+the persister writes the step uncommitted and, once its reply is in, the manager commits
+it through :class:`~stalwart.checkpoint.commit.StepCommitter` (the one commit path the
+persister process uses too) before the persist's future resolves, so a fenced member
+cannot commit and the result says what was committed, or why not
+(``PersistResult.commit``). :meth:`CheckpointManager.commit` commits a step persisted
+with ``commit=False`` by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stalwart.checkpoint.catalog import committed_steps
-from stalwart.checkpoint.commit import CommitResult, FencedCommit, StepCommitter
+from stalwart.checkpoint.commit import CommitPlan, CommitResult, FencedCommit, StepCommitter
 from stalwart.checkpoint.persist import PersistConfig, Persister, PersistResult
 from stalwart.checkpoint.restore import RestoreResult, restore_state
 from stalwart.checkpoint.retention import RetentionPolicy
@@ -78,29 +82,43 @@ class CheckpointManager:
         return self.snapshots.snapshot(state, step, blocking=blocking, on_done=on_done)
 
     def persist(
-        self, *, commit: bool | None = None, generation: int = 0, copy_of: int | None = None
+        self,
+        *,
+        commit: bool | CommitPlan | None = None,
+        generation: int = 0,
+        copy_of: int | None = None,
     ) -> Future[PersistResult]:
         """Write the newest snapshot in the background. One persist at a time: a second
         call waits for the first (what a slow disk costs shows up here, not in snapshot).
         A snapshot still copying in the background is not waited for: the request is
         handed to the persister once the copy is complete. ``copy_of``: this rank's
-        DTensor shards are that rank's (HSDP replicas): written as references only."""
+        DTensor shards are that rank's (HSDP replicas): written as references only.
+
+        ``commit``: True, the persister commits the step itself (alone, no fence; the
+        default for one rank); False, it is left uncommitted (:meth:`commit` later); a
+        :class:`CommitPlan`, it is written uncommitted and then committed as the plan
+        says before the future resolves, its result's ``commit`` saying what was
+        committed or why not (a fenced refusal is an outcome, not the future's error:
+        only a failed write is)."""
         if self._inflight is not None:
             self._inflight.exception()
         cfg = self.config
+        plan = commit if isinstance(commit, CommitPlan) else None
+        alone = cfg.world_size == 1 if commit is None else commit is True
         fut = self._hand_over(
             {
                 "storage": self.storage.url,
                 "s3": storage_options(self.storage),
                 "rank": cfg.rank,
                 "world_size": cfg.world_size,
-                "commit": cfg.world_size == 1 if commit is None else commit,
+                "commit": alone,
                 "generation": generation,
                 "replicated": cfg.replicated,
                 "keep_last": cfg.retention.keep_last,
                 "keep_every": cfg.retention.keep_every,
                 "copy_of": copy_of,
-            }
+            },
+            plan,
         )
         self._inflight = fut
         return fut
@@ -122,11 +140,14 @@ class CheckpointManager:
         request.update(only=list(names), keep_last=keep_last, keep_every=keep_every)
         return self._hand_over(request)
 
-    def _hand_over(self, request: dict[str, Any]) -> Future[PersistResult]:
+    def _hand_over(
+        self, request: dict[str, Any], plan: CommitPlan | None = None
+    ) -> Future[PersistResult]:
         """Submit ``request`` for the newest complete slot, pinned until its persist is
         done, once the snapshot in flight is complete (on its copying thread: see
-        :meth:`Snapshotter.after_copy`). A failure before the request is submitted here
-        and now (no snapshot, no persister) is raised, as it always was."""
+        :meth:`Snapshotter.after_copy`), and commit it by ``plan`` once written. A
+        failure before the request is submitted here and now (no snapshot, no
+        persister) is raised, as it always was."""
         self.persister.start()
         out: Future[PersistResult] = Future()
         submitted: list[bool] = []
@@ -149,21 +170,34 @@ class CheckpointManager:
                 out.set_exception(err)
                 return
             submitted.append(True)
-            inner.add_done_callback(lambda f: self._done(slot, f, out))
+            inner.add_done_callback(lambda f: self._done(slot, f, out, plan))
 
         self.snapshots.after_copy(submit)
         if out.done() and not submitted:
             raise out.exception() or CheckpointError("the persist was not handed over")
         return out
 
-    def _done(self, slot: int, inner: Future[PersistResult], out: Future[PersistResult]) -> None:
-        """The persister's reply: the slot is unpinned first, then ``out`` resolved."""
+    def _done(
+        self,
+        slot: int,
+        inner: Future[PersistResult],
+        out: Future[PersistResult],
+        plan: CommitPlan | None,
+    ) -> None:
+        """The persister's reply (on its reader thread): the slot is unpinned first, the
+        written step committed by ``plan``, then ``out`` resolved."""
         self.snapshots.unpin(slot)
         err = inner.exception()
         if err is not None:
             out.set_exception(err)
-        else:
-            out.set_result(inner.result())
+            return
+        result = inner.result()
+        if plan is not None:
+            committer = self._committer(plan.fenced)
+            result.commit = committer.commit_written(
+                result.step, generation=plan.generation, sharded=plan.sharded
+            )
+        out.set_result(result)
 
     def commit(
         self,
@@ -177,14 +211,16 @@ class CheckpointManager:
         record under ``fenced``: see :class:`StepCommitter`), then apply the retention
         policy. ``protect`` names steps GC must keep (ones another member may still
         restore from); the newest committed step is always kept."""
-        committer = StepCommitter(
+        return self._committer(fenced).commit(step, generation=generation, protect=protect)
+
+    def _committer(self, fenced: FencedCommit | None) -> StepCommitter:
+        return StepCommitter(
             self.storage,
             world_size=self.config.world_size,
             replicated=self.config.replicated,
             retention=self.config.retention,
             fenced=fenced,
         )
-        return committer.commit(step, generation=generation, protect=protect)
 
     def save(self, state: Mapping[str, Any], step: int) -> PersistResult:
         """Snapshot and persist, and wait for the commit (for scripts and tests)."""

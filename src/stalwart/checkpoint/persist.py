@@ -9,9 +9,12 @@ import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from stalwart.errors import CheckpointError, DiskFullError, FencedError
+
+if TYPE_CHECKING:
+    from stalwart.checkpoint.commit import CommitOutcome
 
 __all__ = ["PersistConfig", "PersistResult", "Persister"]
 
@@ -32,7 +35,11 @@ class PersistResult:
     total_bytes: int
     seconds: float
     committed: bool
+    """Committed by the persister itself (alone: no coordinator to fence it)."""
     raw: dict[str, Any]
+    commit: CommitOutcome | None = None
+    """Persisted under a commit plan (a coordinator's fence): what became of the commit,
+    carried out by the manager once the write was durable (checkpoint/commit.py)."""
 
 
 _ERRORS: dict[str, type[CheckpointError]] = {"DiskFullError": DiskFullError}

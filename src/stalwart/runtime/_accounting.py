@@ -4,6 +4,10 @@ Snapshot cadence: the job's one record, chosen by rank 0 from the stalls and ste
 measured here and applied from the same step by every member (runtime/_cadence.py: a
 rollback target must be a step every member holds). No training step blocks on the
 store for it.
+
+Persist: the engine writes and commits the step as a ``CommitPlan`` made here says
+(checkpoint/commit.py) and says what became of it; this logs it and hands a refusal to
+the session (runtime/_fenced.py).
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from stalwart.errors import SnapshotWontFitError, StalwartError
 from stalwart.logs import get_logger
 from stalwart.metrics.journal import EMPTY, OPEN, WRITING, StepJournal
 from stalwart.runtime._align import StepAlignment
-from stalwart.runtime._cadence import CALIBRATE, SnapshotCadence, choose_every
+from stalwart.runtime._cadence import CALIBRATE, AutoPersist, SnapshotCadence, choose_every
+from stalwart.runtime._coord import CommitKeys
 from stalwart.runtime._metric_log import MetricLog
-from stalwart.runtime._sharded import SHARD_NAME, AutoPersist, ShardedCommit
 
 if TYPE_CHECKING:
     from stalwart.chaos import Fault
-    from stalwart.checkpoint import CommitResult, PersistResult, SnapshotResult
+    from stalwart.checkpoint import CommitPlan, PersistResult, ShardedCommit, SnapshotResult
     from stalwart.contract.env import WorkerEnv
     from stalwart.coordinator import Coordinator, Store
     from stalwart.metrics.events import EventLog
@@ -206,7 +210,7 @@ class StepAccounting:
         if every > 0:
             return step % every == 0
         if self.tracked.sharded and self.position.world_size > 1:
-            # sharded: every rank at the same steps (runtime/_sharded.py)
+            # sharded: every rank at the same steps (a step is committed once all wrote it)
             if self._auto is None:
                 self._auto = AutoPersist(self.store, self.env.job, self.position.rank)
             return step >= CALIBRATE and self._auto.due(
@@ -292,15 +296,16 @@ class StepAccounting:
         self._last_persist = time.monotonic()
         t0 = time.perf_counter()
         generation = self.position.generation
-        # written uncommitted, then committed here with the generation fence: a member
-        # of an old generation (the job moved on meanwhile) cannot make it visible
-        # HSDP: a replica at replicate coordinate > 0 writes references to its
-        # coordinate-0 peer's shards, not the same bytes again (runtime/_mesh.py)
+        # under a coordinator the engine commits it by the plan, fenced: a member of an
+        # old generation cannot make it visible (alone: the persister commits it). HSDP:
+        # a replica at replicate coordinate > 0 writes references to its coordinate-0
+        # peer's shards, not the same bytes again (runtime/_mesh.py)
         key = tracked.copy_key
         copy_of = key if sharded and key is not None and key != self.position.rank else None
-        fut = tracked.checkpoints.persist(commit=self.coord is None, copy_of=copy_of)
+        plan = None if self.coord is None else self._commit_plan(generation)
+        fut = tracked.checkpoints.persist(commit=True if plan is None else plan, copy_of=copy_of)
         # waited for: committed and logged, not ``fut`` (its waiters wake before its
-        # callbacks: the session exited while the reader thread committed the last step)
+        # callbacks: the session exited while the reader thread logged the last step)
         settled: Future[str | None] = Future()
         self._persist = settled
 
@@ -316,17 +321,13 @@ class StepAccounting:
     def _persist_done(
         self, f: Future[PersistResult], step: int, generation: int, t0: float
     ) -> str | None:
-        """This rank's write is done (or failed): commit it, and log the outcome (a
-        failure's line returned). A sharded step is committed, and logged, by the last
-        rank to write it."""
+        """This rank's persist is done (written; committed or why not): log it, a
+        failure's line returned. A sharded step is logged by the rank that committed it."""
         err = f.exception()
-        committed: CommitResult | None = None
-        if err is None and self.coord is not None:
-            try:
-                committed = self._commit(step, generation)
-            except Exception as e:  # FencedError, storage errors: reported, never raised
-                err = e
-                self.on_refused(e, step, generation)
+        outcome = f.result().commit if err is None else None
+        if outcome is not None and outcome.error is not None:
+            err = outcome.error  # FencedError, store or storage errors: reported, not raised
+            self.on_refused(err, step, generation)
         events = self.events
         if err is not None:
             line = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -336,6 +337,7 @@ class StepAccounting:
         r = f.result()
         self._persist_s = time.perf_counter() - t0
         sharded = self.tracked.sharded and self.position.world_size > 1
+        committed = outcome.result if outcome is not None else None
         if events is None or (sharded and committed is None):
             return None  # another rank commits this step and logs it
         m = committed.manifest if committed is not None and sharded else None
@@ -349,28 +351,17 @@ class StepAccounting:
         )
         return None
 
-    def _commit(self, step: int, generation: int) -> CommitResult | None:
-        """Commit through the one commit path (the coordinator's record fences it:
-        docs/checkpoint-format.md). A sharded step: once, by the last rank to write it
-        (runtime/_sharded.py; None on the others). Else this rank's directory, keeping
-        the newest step every rank's directory holds; rank 0 then records the job's
-        checkpoint."""
-        from stalwart.checkpoint import FencedCommit
+    def _commit_plan(self, generation: int) -> CommitPlan:
+        """How the engine commits this rank's persist (checkpoint/commit.py), fenced by
+        the coordinator's record. A sharded step: once, by the last rank to write it,
+        as the job's one root. Else this rank's directory, keeping the newest step every
+        rank's directory holds; rank 0 then records the job's checkpoint."""
+        from stalwart.checkpoint import CommitPlan, FencedCommit
 
         coord, rank, world = self.coord, self.position.rank, self.position.world_size
         assert coord is not None
         if self.tracked.sharded and world > 1:
-            assert self.store is not None
-            if self._sharded is None:
-                self._sharded = ShardedCommit(
-                    self.store, self.env.job, self.env.restart_count, rank, world
-                )
-            if not self._sharded.written(generation, step):
-                return None
-            fenced = FencedCommit(coord, shard=SHARD_NAME, job_record=True)
-            done = self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
-            self._sharded.prune(generation, step)
-            return done
+            return CommitPlan.sharded_step(coord, self._claim(rank, world), generation)
         _, world, shard = self._writer()  # async: the replica group's directory
         own = not self.tracked.replicated and world > 1
         fenced = FencedCommit(
@@ -379,7 +370,17 @@ class StepAccounting:
             peers=tuple(f"rank{r}" for r in range(world)) if own else (),
             job_record=self.position.rank == 0,  # the job's record (each committed its own)
         )
-        return self.tracked.checkpoints.commit(step, generation=generation, fenced=fenced)
+        return CommitPlan(fenced, generation)
+
+    def _claim(self, rank: int, world: int) -> ShardedCommit:
+        """The job's record of who wrote a sharded step (in the job's store)."""
+        from stalwart.checkpoint import ShardedCommit
+
+        if self._sharded is None:
+            assert self.store is not None
+            keys, launch = CommitKeys(self.store), self.env.restart_count
+            self._sharded = ShardedCommit(keys, self.env.job, launch, rank, world)
+        return self._sharded
 
     def _writer(self) -> tuple[int, int, str]:
         """(rank, world size, shard name) among the writers of this rank's checkpoint:

@@ -26,6 +26,10 @@ again.)
 A member that learns the record only after ``F`` (a job without a collective per step)
 took extra snapshots meanwhile; it says so once, since until two common snapshots have
 passed a failure may find no common step.
+
+The persist cadence of a sharded job under ``--persist-every auto`` is the same kind of
+record (:class:`AutoPersist`): a sharded step is committed only when every rank wrote it
+(checkpoint/commit.py), so every rank must persist at the same steps.
 """
 
 from __future__ import annotations
@@ -45,7 +49,14 @@ if TYPE_CHECKING:
     from stalwart.coordinator import Store
     from stalwart.runtime._formation import Position
 
-__all__ = ["CALIBRATE", "CadenceRecordError", "SnapshotCadence", "choose_every", "parse_every"]
+__all__ = [
+    "CALIBRATE",
+    "AutoPersist",
+    "CadenceRecordError",
+    "SnapshotCadence",
+    "choose_every",
+    "parse_every",
+]
 
 CALIBRATE = 6
 _MAX_EVERY = 1_000_000
@@ -153,3 +164,50 @@ def choose_every(stalls: list[float], durations: list[float], budget_fraction: f
     stall = statistics.median(stalls)
     budget = budget_fraction * statistics.median(durations)
     return 1 if stall <= budget or budget <= 0 else math.ceil(stall / budget)
+
+
+class AutoPersist:
+    """``--persist-every auto`` for a sharded job: every rank must persist at the same
+    steps (a step is committed only when every rank wrote it: checkpoint/commit.py).
+
+    Rank 0 turns Daly's interval into a step count once and publishes one record for the
+    job, ``{"every": k, "from": F}`` at ``/stalwart/<job>/persist-auto``, created only if
+    absent (a restarted rank 0 adopts the job's record, it does not choose again), with
+    ``F`` two steps after the step it publishes at: the snapshot cadence's scheme (the
+    module's docstring says why every member then knows the record before ``F``). No
+    rank persists before it knows the record, and every rank persists the steps
+    ``s >= F`` with ``s % k == 0``, so a rank reading it a step late still persists the
+    same steps. (The previous scheme published a choice per generation that applied at
+    once: a rank that read it late missed persist steps, which then never committed.)"""
+
+    def __init__(self, store: Store | None, job: str, rank: int) -> None:
+        self.store, self.rank = store, rank
+        self.key = f"/stalwart/{job}/persist-auto"
+        self.every: int | None = None
+        self.start = 0  # the first step at which ``every`` applies
+
+    def due(self, step: int, interval_s: float, step_s: list[float]) -> bool:
+        """Whether ``step`` is a persist point; ``interval_s``: Daly's interval now,
+        ``step_s``: recent step durations (rank 0 turns one into steps with the other)."""
+        if self.every is None:
+            self._learn(step, interval_s, step_s)
+        return self.every is not None and step >= self.start and step % self.every == 0
+
+    def _learn(self, step: int, interval_s: float, step_s: list[float]) -> None:
+        store = self.store
+        if store is None:  # alone: nobody to agree with
+            if step_s:
+                self.every = _persist_steps(interval_s, step_s)
+            return
+        found = store.get(self.key)
+        if found is None and self.rank == 0 and step_s:
+            every = _persist_steps(interval_s, step_s)
+            doc = json.dumps({"every": every, "from": step + 2})
+            store.txn([Compare(self.key, "mod_revision", "==", 0)], [Put(self.key, doc.encode())])
+            found = store.get(self.key)  # the record that won is the job's, ours or not
+        if found is not None:
+            self.every, self.start = parse_every(found.value, self.key, "--persist-every auto")
+
+
+def _persist_steps(interval_s: float, step_s: list[float]) -> int:
+    return max(1, math.ceil(interval_s / max(statistics.median(step_s), 1e-6)))

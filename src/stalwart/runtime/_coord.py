@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +27,11 @@ from stalwart.coordinator import (
     Compare,
     Coordinator,
     CoordinatorConfig,
+    Delete,
     Fence,
     GenerationChange,
     Op,
+    Put,
     Store,
     StoreClient,
 )
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from stalwart.runtime._c10d_store import CoordStoreC10d
 
 __all__ = [
+    "CommitKeys",
     "GenerationWatch",
     "c10d_store",
     "fence_compares",
@@ -115,6 +118,28 @@ def fence_compares(env: WorkerEnv) -> list[Compare]:
     """Compares that hold while this worker's agent still holds its lease."""
     fence = worker_fence(env)
     return [] if fence is None else [fence.compare()]
+
+
+class CommitKeys:
+    """The job's store as the sharded commit uses it (``checkpoint.CommitStore``: the
+    claim of who commits a sharded step, checkpoint/commit.py): four key operations on
+    the coordinator's :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def put(self, key: str, value: bytes) -> None:
+        self.store.put(key, value)
+
+    def keys(self, prefix: str) -> list[str]:
+        return [kv.key for kv in self.store.range(prefix).kvs]
+
+    def create(self, key: str, value: bytes) -> bool:
+        absent = Compare(key, "mod_revision", "==", 0)
+        return self.store.txn([absent], [Put(key, value)]).succeeded
+
+    def delete_prefixes(self, prefixes: Collection[str]) -> None:
+        self.store.txn([], [Delete(p, prefix=True) for p in prefixes])
 
 
 class GenerationWatch:

@@ -107,7 +107,7 @@ class TrackedState:
             group, rank, world_size = env.replica_group
             sub = [f"group{group}"]
         # replicated (DDP) state: rank 0 persists the one copy; sharded (FSDP2) state:
-        # every rank its shard into one multi-rank checkpoint (runtime/_sharded.py);
+        # every rank its shard into one multi-rank checkpoint (checkpoint/commit.py);
         # else (state of its own per rank) every rank its own one-rank checkpoint
         multi = self.sharded and world_size > 1
         own = not self.replicated and not multi and world_size > 1
