@@ -122,7 +122,7 @@ def _digest_s(dim: int) -> float:
     sys.path.insert(0, str(ROOT / "examples"))
     from train_lm import TinyLM
 
-    from stalwart.runtime._digest import state_digest
+    from stalwart.runtime.integrity._digest import state_digest
 
     model = TinyLM(128, dim, 2, 32)
     tensors = [p.detach() for p in model.parameters()] * 3  # + exp_avg, exp_avg_sq

@@ -201,7 +201,7 @@ def _child() -> None:
     from stalwart.coordinator import StoreError
     from stalwart.logs import get_logger
 
-    get_logger("stalwart.runtime._cadence").setLevel(logging.ERROR)
+    get_logger("stalwart.runtime.steps._cadence").setLevel(logging.ERROR)
     config = json.loads(sys.stdin.readline())
     lo, hi, n = int(config["lo"]), int(config["hi"]), int(config["n"])
     alive = set(range(n))

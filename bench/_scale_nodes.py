@@ -9,8 +9,8 @@ verdict, the generation, and (the leader, or every node under etcd:
 agent/_cluster.py ``lost_nodes``) the membership; plus the ring successor's
 membership read of agent/_peerwatch.py (once a second). Its one emulated worker
 follows the generation with the worker's real :class:`GenerationWatch`, agrees on the
-restore step with the real ``agree`` (runtime/_rendezvous.py) and asks the real
-snapshot cadence at every step (runtime/_cadence.py), its store calls counted apart.
+restore step with the real ``agree`` (runtime/rejoin/_rendezvous.py) and asks the real
+snapshot cadence at every step (runtime/steps/_cadence.py), its store calls counted apart.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 from stalwart.agent._generation import JobGeneration
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
-from stalwart.runtime._cadence import SnapshotCadence
-from stalwart.runtime._coord import GenerationWatch
-from stalwart.runtime._rendezvous import agree
+from stalwart.runtime.comm._coord import GenerationWatch
+from stalwart.runtime.rejoin._rendezvous import agree
+from stalwart.runtime.steps._cadence import SnapshotCadence
 
 __all__ = ["Counter", "CountingStore", "Node"]
 

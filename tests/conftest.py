@@ -139,7 +139,9 @@ def _no_default_group_leaks() -> Iterator[None]:
     """A test module that initialised torch.distributed's default group in this process
     ends it with the module (its tests may share one): ``stalwart.init()`` refuses a
     process where one already exists (a script that called ``init_process_group`` first),
-    so a leaked one would fail every later runtime test."""
+    so a leaked one would fail every later runtime test. A session's default group is
+    undone with what else ``stalwart.init()`` installed (its ``init_process_group``
+    refusal, which a later module that builds its own group would meet)."""
     yield
     import sys
 
@@ -149,3 +151,6 @@ def _no_default_group_leaks() -> Iterator[None]:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    world = sys.modules.get("stalwart.runtime.comm._world")
+    if world is not None:
+        world.uninstall()  # the group is gone: what is left is the refusal to undo

@@ -271,7 +271,7 @@ import stalwart.agent._zygote
 from stalwart import __version__
 from stalwart.checkpoint import _internal, snapshot
 from stalwart.checkpoint._shm import ShmSlot
-from stalwart.runtime._memory import Memory
+from stalwart.runtime.state._memory_tier import peer_slots
 if TYPE_CHECKING:
     from stalwart.coordinator._ops import Op
 def later() -> None:
@@ -286,7 +286,7 @@ def later() -> None:
         "stalwart.coordinator._ops",
         "stalwart.metrics.report._fmt",
         "stalwart.sim._x",
-    }  # not runtime._memory (the same part), not __version__ (a dunder)
+    }  # not runtime.state._memory_tier (the same part), not __version__ (a dunder)
 
 
 def test_a_relative_import_resolves_to_its_part() -> None:

@@ -30,7 +30,7 @@ from stalwart.coordinator import (
     MemoryStore,
     StoreUnavailableError,
 )
-from stalwart.runtime._coord import worker_coordinator, worker_fence
+from stalwart.runtime.comm._coord import worker_coordinator, worker_fence
 
 from ._forwarder import Forwarder, forwarder
 from ._launch import _free_port

@@ -282,7 +282,7 @@ def test_elastic_lets_a_member_that_fails_too_often_go_and_ends_below_min(
 
 def test_async_drops_the_failed_group_from_the_rounds_and_restarts_it(tmp_path: Path) -> None:
     """No generation for the others to re-form; the group's alive key is gone at once,
-    so the other groups stop waiting for it (runtime/_rounds.py)."""
+    so the other groups stop waiting for it (runtime/replica_groups/_rounds.py)."""
     parts = _parts(tmp_path)
     store, root = parts.coord.store, replica_root(parts.cfg.job)
     for g in (0, 1):

@@ -1,4 +1,4 @@
-"""Standby workers (agent/_standby.py, runtime/_standby.py), in-process: which ranks a
+"""Standby workers (agent/_standby.py, runtime/state/_standby.py), in-process: which ranks a
 node stands by for, starting and stopping them as the ring changes, claiming one for a
 lost rank and activating it; the worker's park; the config's refusals. The real thing
 (a node lost, its ranks resumed in standbys, the result bit-identical) is in
@@ -23,7 +23,7 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.errors import ConfigError
-from stalwart.runtime._standby import Preload, park
+from stalwart.runtime.state._standby import Preload, park
 
 RUN = new_run_id()
 

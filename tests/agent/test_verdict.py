@@ -82,7 +82,7 @@ def test_a_collective_or_group_refused_before_the_loop_is_a_verdict_at_once(name
 
 
 def test_a_worker_that_counted_its_own_recovery_loop_is_a_verdict_at_once() -> None:
-    """runtime/_loops.py: the worker saw its step fail alike after in-place recoveries
+    """runtime/rejoin/_loops.py: the worker saw its step fail alike after in-place recoveries
     (no process died for the agent to count): its line is the verdict, the first time."""
     err = "stalwart.errors.RecoveryLoopError: collective failed in step 44 again after 1"
     line = CrashLoops(3).record(fail(1, "step 44", err))

@@ -11,7 +11,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
-from stalwart.runtime.group import ensure_local_default_group
+from stalwart.runtime.comm.group import ensure_local_default_group
 
 
 def _build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

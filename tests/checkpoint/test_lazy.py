@@ -11,7 +11,7 @@ import torch
 from _titan import inner_states, make_titan, titan_step
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter, load_state_of, state_dict_of
-from stalwart.runtime._digest import replicated_tensors, state_digest
+from stalwart.runtime.integrity._digest import replicated_tensors, state_digest
 
 STEPS = 6
 
@@ -186,7 +186,7 @@ def test_a_fresh_fsdp2_container_restores_dtensor_moments(snap: Snapshotter) -> 
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from stalwart.runtime.group import ensure_local_default_group
+    from stalwart.runtime.comm.group import ensure_local_default_group
 
     ensure_local_default_group()
     import torch.distributed as dist

@@ -1,5 +1,5 @@
 """Who commits a sharded step (the last rank to write it, exactly once per generation),
-over the job's store as the worker gives it (runtime/_coord.py ``CommitKeys``), and what
+over the job's store as the worker gives it (runtime/comm/_coord.py ``CommitKeys``), and what
 the engine's commit of a persisted step says (committed, left to a peer, refused)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from stalwart.checkpoint._writer import write_rank
 from stalwart.checkpoint.storage import LocalStorage
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.errors import FencedError
-from stalwart.runtime._coord import CommitKeys
+from stalwart.runtime.comm._coord import CommitKeys
 
 
 def _members(store: MemoryStore, world: int, launch: int = 0) -> list[ShardedCommit]:

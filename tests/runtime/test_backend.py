@@ -10,7 +10,7 @@ import torch
 from torch._C._distributed_c10d import HashStore
 
 from stalwart.runtime.backend import GLOO, GlooBackend, GroupBackend
-from stalwart.runtime.group import GenerationGroup, GenerationMovedError
+from stalwart.runtime.comm.group import GenerationGroup, GenerationMovedError
 
 
 class _Work:
@@ -106,7 +106,7 @@ def test_a_generation_change_during_a_wait_abandons_the_communicator() -> None:
 
 
 def test_at_exit_goes_to_the_backend() -> None:
-    from stalwart.runtime.group import leak_abandoned
+    from stalwart.runtime.comm.group import leak_abandoned
 
     fake = _FakeBackend()
     leak_abandoned(fake)

@@ -1,5 +1,5 @@
 """Firing a worker-side fault on the process that runs it: one helper for the runtime
-(runtime/_faults.py) and a plain script's optimizer hook (agent/_plain_chaos.py), so a
+(runtime/steps/_faults.py) and a plain script's optimizer hook (agent/_plain_chaos.py), so a
 fault kind means the same wherever it fires and its ``fault_injected`` event is the same.
 """
 
@@ -27,7 +27,7 @@ def inject(
     """Record ``fault`` (a ``fault_injected`` event through ``emit``, when there is a
     log) and fire it on this process: ``kill`` is SIGKILL (a crash), ``hang`` is SIGSTOP
     (the process stops, its heartbeat too), ``slow`` is ``slow(fault)``, ``corrupt`` and
-    ``nan`` are ``tamper(fault)`` on the tracked state (runtime/_integrity.py), fired
+    ``nan`` are ``tamper(fault)`` on the tracked state (runtime/integrity/_checks.py), fired
     before the event so that it says what was changed. The caller has claimed it in the
     ledger first (each fault fires once; ``nan``, a bad batch, at every run of its step).
     """

@@ -26,7 +26,7 @@ the fault ``join`` (``join node=1 at=step:40``, ``join rank=3 at=time:30s``): th
 ``rank`` names a member by the rank it was launched with (ranks are renumbered densely
 after a resize).
 
-Numerical faults, for the integrity checks (runtime/_integrity.py, docs/detection.md):
+Numerical faults, for the integrity checks (runtime/integrity/_checks.py, docs/detection.md):
 ``corrupt rank=R at=step:S`` flips one bit of one element of one replicated tensor (a
 parameter or an optimizer moment) of that rank, a silent data corruption its DDP peers
 do not share; ``param=I`` (the tensor's index among them, wrapped), ``elem=E`` (wrapped)

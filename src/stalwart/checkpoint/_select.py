@@ -1,7 +1,7 @@
 """A part of a snapshot: some of its top-level names, with only their tensors.
 
 The per-rank part of a replicated (DDP) job's state (RNG, loader, tracked values: see
-runtime/_perrank.py) is persisted by every rank from the rank's own snapshot slot; the
+runtime/state/_perrank.py) is persisted by every rank from the rank's own snapshot slot; the
 persister writes only these entries. No torch here: the persister process imports none.
 """
 

@@ -264,7 +264,7 @@ def slot_count(directory: str) -> int:
 
     Why read it from the files: the number of slots is the writer's choice (two, double
     buffered; three for a DDP job with replica digest checks, whose verified snapshot
-    stays pinned: runtime/_integrity.py), and a reader of another process's slots (a
+    stays pinned: runtime/integrity/_checks.py), and a reader of another process's slots (a
     peer's, a taken-over replica) does not know it. Reading only the first two misses a
     step held in the third. Raises FileNotFoundError if the directory is missing."""
     found = [int(m.group(1)) for n in os.listdir(directory) if (m := _SLOT_DATA_RE.match(n))]

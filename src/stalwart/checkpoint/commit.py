@@ -101,7 +101,7 @@ class CommitFence(Protocol):
 
 class CommitStore(Protocol):
     """What the sharded commit needs of the job's key/value store: four key operations
-    (the coordinator's ``Store`` behind them: runtime/_coord.py ``CommitKeys``), so the
+    (the coordinator's ``Store`` behind them: runtime/comm/_coord.py ``CommitKeys``), so the
     checkpoint engine imports no coordinator."""
 
     def put(self, key: str, value: bytes) -> None: ...

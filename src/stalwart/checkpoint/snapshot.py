@@ -324,7 +324,7 @@ class Snapshotter:
 
     def discard_newer(self, step: int) -> None:
         """Invalidate the unpinned complete slots of steps after ``step``: a rollback to
-        ``step`` (runtime/_integrity.py) must not leave a later, corrupted or
+        ``step`` (runtime/integrity/_checks.py) must not leave a later, corrupted or
         discarded, snapshot to be chosen by the next recovery."""
         self.wait()
         with self._cond:

@@ -1,5 +1,5 @@
 """``stalwart run``'s flags for silent data corruption and numerical faults, generated
-from their worker contract fields (cli/_knob_flags.py; runtime/_integrity.py reads them
+from their worker contract fields (cli/_knob_flags.py; runtime/integrity/_checks.py reads them
 from the contract; docs/detection.md)."""
 
 from __future__ import annotations

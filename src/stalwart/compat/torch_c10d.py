@@ -1,7 +1,7 @@
 """torch.distributed's c10d internals stalwart relies on, in one place.
 
-stalwart swaps the process group under a live job (runtime/_world.py: the job's default
-group; runtime/_fsdp.py and runtime/_mesh.py: the group under an FSDP2 mesh) and keeps
+stalwart swaps the process group under a live job (runtime/comm/_world.py: the job's default
+group; runtime/comm/_fsdp.py and runtime/comm/_mesh.py: the group under an FSDP2 mesh) and keeps
 the groups a script destroys alive (agent/_teardown.py). torch has no public API for any
 of that: c10d's registry of groups (``distributed_c10d._world``) and the default group
 can only be changed through ``init_process_group``/``new_group``, which make a new

@@ -2,7 +2,7 @@
 
 A DDP model is built over the default group before any member of the job is connected;
 stalwart moves it onto a local world-size-1 group and runs its gradients through the
-generation's comm hook (runtime/_world.py). DDP has no public way to change its group.
+generation's comm hook (runtime/comm/_world.py). DDP has no public way to change its group.
 tests/compat/test_torch_ddp.py fails when torch changes it. Tested with torch 2.13.
 """
 

@@ -58,7 +58,7 @@ workers always run the same installation, so a mismatch is a broken install."""
 
 
 SDC_POLICIES = ("rollback", "evict", "report")
-"""What a replica digest mismatch does (``--on-sdc``; runtime/_integrity.py)."""
+"""What a replica digest mismatch does (``--on-sdc``; runtime/integrity/_checks.py)."""
 NAN_POLICIES = ("report", "rollback")
 """What a non-finite or spiking logged loss does (``--on-nan``)."""
 

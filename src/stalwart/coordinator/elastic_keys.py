@@ -19,7 +19,7 @@ class Keys:
         self.admit = self.root + "admit/"  # <gen> -> [{member, inc, step, digest}, ...]
         self.failed = self.root + "failed"  # why the job cannot go on (the agent ends it)
         self.finished = self.root + "finished"  # the group trained to the end
-        self.sharded = self.root + "sharded"  # FSDP2: resized by restarts (runtime/_fsdp.py)
+        self.sharded = self.root + "sharded"  # FSDP2: resized by restarts (runtime/comm/_fsdp.py)
         self.info = f"/stalwart/{job}/rt/"  # <gen>/<member> -> a member's join info
 
     def member(self, prefix: str, member: int) -> str:
@@ -35,6 +35,6 @@ def alive_members(store: Store, keys: Keys) -> dict[int, str]:
 
 
 def replica_root(job: str) -> str:
-    """Where ``--strategy async`` keeps its rounds (runtime/_rounds.py): the agent
+    """Where ``--strategy async`` keeps its rounds (runtime/replica_groups/_rounds.py): the agent
     deletes ``<root>m/alive/<group>`` when a group's worker exits."""
     return f"/stalwart/{job}/async/"

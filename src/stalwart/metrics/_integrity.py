@@ -1,7 +1,7 @@
 """The report's integrity section: the DDP replica digest checks (``sdc_check`` for each
 one every replica passed, ``sdc_detected`` for each mismatch) and the numerical faults
 (``numeric_fault``: a NaN/inf or spiking logged loss) with what was done about each
-(runtime/_integrity.py; docs/detection.md).
+(runtime/integrity/_checks.py; docs/detection.md).
 
 Why the passed checks are counted: "no silent data corruption found" means something
 only beside how many checks ran and up to which step; a run with the checks off (or a

@@ -73,7 +73,7 @@ class LiveSnapshot:
     probe_failures: int = 0  # probe readings that started failing (ok false, not skipped)
     preflight_s: float | None = None  # the latest preflight node check's wall time
     preflight: tuple[tuple[str, int], ...] = ()  # (member, 1 fit / 0 unfit) per node checked
-    sdc_checks: int = 0  # replica digest checks every replica passed (runtime/_integrity.py)
+    sdc_checks: int = 0  # replica digest checks every replica passed (runtime/integrity/_checks.py)
     sdc_detections: int = 0  # replica digest mismatches
     numeric_faults: int = 0  # NaN/inf/spiking logged losses (one per step and action)
     sdc_last_check_step: int | None = None  # the newest step every replica agreed on

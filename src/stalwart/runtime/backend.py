@@ -1,6 +1,6 @@
 """The seam between a generation's group and the c10d backend that carries it.
 
-:class:`~stalwart.runtime.group.GenerationGroup` owns the generations (when a group is
+:class:`~stalwart.runtime.comm.group.GenerationGroup` owns the generations (when a group is
 formed, left and re-formed); a :class:`GroupBackend` owns what differs between gloo and
 NCCL: how a generation's communicator is created over the job's store, how one collective
 is issued with its own timeout, and what is done with a communicator that is left (a

@@ -1,7 +1,7 @@
 """``stalwart.init()`` and :class:`Session`: the few lines a training script changes.
 
     sess = stalwart.init()
-    model = DDP(build_model())                 # unchanged (runtime/_world.py)
+    model = DDP(build_model())                 # unchanged (runtime/comm/_world.py)
     opt = torch.optim.AdamW(model.parameters())
     sess.track(model=model, optimizer=opt)     # hook + snapshots + rollback
     for step in sess.steps(total=1000):        # 1..total; recovers between steps
@@ -24,20 +24,20 @@ from typing import TYPE_CHECKING, Any
 
 from stalwart.contract.env import WorkerEnv
 from stalwart.logs import install_unless_configured
-from stalwart.runtime._accounting import StepAccounting
-from stalwart.runtime._async import AsyncRejoin, group_position
-from stalwart.runtime._coord import GenerationWatch, c10d_store, open_store, worker_coordinator
-from stalwart.runtime._faults import WorkerFaults
-from stalwart.runtime._fenced import CommitFence, stop_if_fenced
-from stalwart.runtime._formation import Formation, Rejoin
-from stalwart.runtime._integrity import Integrity, Rollback
-from stalwart.runtime._perrank import check_values
-from stalwart.runtime._progress import Progress
-from stalwart.runtime._rejoin import FixedRejoin
-from stalwart.runtime._rendezvous import finish_barrier
-from stalwart.runtime._tracking import TrackedState
-from stalwart.runtime._world import install
-from stalwart.runtime.group import GenerationGroup, leak_abandoned
+from stalwart.runtime.comm._coord import GenerationWatch, c10d_store, open_store, worker_coordinator
+from stalwart.runtime.comm._fenced import CommitRefusals, stop_if_fenced
+from stalwart.runtime.comm._formation import Formation, Rejoin
+from stalwart.runtime.comm._world import install
+from stalwart.runtime.comm.group import GenerationGroup, leak_abandoned
+from stalwart.runtime.integrity._checks import Integrity, Rollback
+from stalwart.runtime.rejoin._fixed import FixedRejoin
+from stalwart.runtime.rejoin._rendezvous import finish_barrier
+from stalwart.runtime.replica_groups._rejoin import AsyncRejoin, group_position
+from stalwart.runtime.state._perrank import check_values
+from stalwart.runtime.state._tracking import TrackedState
+from stalwart.runtime.steps._accounting import StepAccounting
+from stalwart.runtime.steps._faults import WorkerFaults
+from stalwart.runtime.steps._progress import Progress
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -86,7 +86,7 @@ class Session:
         self.tracked = TrackedState(env)
         self.acct = StepAccounting(env, self, self.tracked, self.events, self.coord, self.store)
         if self._genwatch is not None:  # a fenced commit: said, then its generation left
-            self.acct.on_refused = CommitFence(self, self._genwatch.moved.set).refused
+            self.acct.on_refused = CommitRefusals(self, self._genwatch.moved.set).refused
         self.integrity = Integrity(env, self.tracked, self.group, self, self.events)
         self.faults = WorkerFaults(env, self.events, self.acct.slow, self.integrity.inject)
         self._rejoin = self._open_rejoin(env)
@@ -130,7 +130,7 @@ class Session:
         parts = (env, self.group, self.tracked)
         resizes = env.strategy.resizes and not sharded  # sharded: resized by restarts
         if env.managed and (env.strategy.syncs_replica_groups or resizes):
-            from stalwart.runtime._elastic import ElasticRejoin
+            from stalwart.runtime.elastic._rejoin import ElasticRejoin
 
             assert self.coord is not None and self.store is not None
             if env.strategy.syncs_replica_groups:
@@ -188,9 +188,9 @@ class Session:
     @property
     def mesh(self) -> DeviceMesh:
         """A 1-D DeviceMesh for FSDP2 (``fully_shard(m, mesh=sess.mesh)``) over the current
-        generation's group (runtime/_fsdp.py); after :meth:`init_device_mesh`, that mesh."""
+        generation's group (runtime/comm/_fsdp.py); after :meth:`init_device_mesh`, that mesh."""
         if self._mesh is None:
-            from stalwart.runtime._fsdp import generation_mesh, resize_by_restarts
+            from stalwart.runtime.comm._fsdp import generation_mesh, resize_by_restarts
 
             if self._rejoin.resizes:  # elastic: sharded state resizes by restarts (_fsdp.py)
                 resize_by_restarts(self.env, self.group, self.store, self._rejoin)
@@ -203,9 +203,10 @@ class Session:
     ) -> DeviceMesh:
         """torch's ``init_device_mesh("cpu", mesh_shape, mesh_dim_names=...)`` under
         stalwart, before the first step: ``((2, 2), ("replicate", "shard"))`` is HSDP, and a
-        lost rank restores its shards from its ``replicate`` peer's memory (runtime/_mesh.py)."""
-        from stalwart.runtime._fsdp import refuse_elastic_mesh
-        from stalwart.runtime._mesh import MeshLayout, layout_mesh
+        lost rank restores its shards from its ``replicate`` peer's memory
+        (runtime/comm/_mesh.py)."""
+        from stalwart.runtime.comm._fsdp import refuse_elastic_mesh
+        from stalwart.runtime.comm._mesh import MeshLayout, layout_mesh
 
         refuse_elastic_mesh(self._rejoin.resizes)
         layout = MeshLayout(tuple(mesh_shape), tuple(mesh_dim_names))
@@ -250,11 +251,11 @@ class Session:
     def log(self, **metrics: Any) -> None:
         """Record scalar metrics of the current step: ``loss`` feeds the report's loss
         curve and ``--reference``; rank 0 writes them as events, sampled (tensors are
-        read with .item() only when written; runtime/_metric_log.py)."""
+        read with .item() only when written; runtime/steps/_metric_log.py)."""
         # detached: a loss kept here must not keep its step's autograd graph alive
         detached = {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
         self.metrics.update(detached)
-        self.integrity.observe(metrics)  # NaN/inf and loss spikes (runtime/_spikes.py)
+        self.integrity.observe(metrics)  # NaN/inf and loss spikes (runtime/integrity/_spikes.py)
         if self.rank == 0:
             self.acct.metrics.log(metrics)
 
@@ -305,8 +306,8 @@ class Session:
                 self._grow(step)
 
     def _park(self) -> None:
-        """A standby: until the agent hands us a lost node's rank (runtime/_standby.py)."""
-        from stalwart.runtime._standby import Preload, park
+        """A standby: until the agent hands us a lost node's rank (runtime/state/_standby.py)."""
+        from stalwart.runtime.state._standby import Preload, park
 
         preload = self.tracked.preload = Preload(self.tracked.names, self.rank)
         park(self.env.standby, preload, self.tracked.state, self._publish)
@@ -348,7 +349,8 @@ class Session:
         self._publish("step")
 
     def _rolled_back(self, back: Rollback) -> None:
-        """runtime/_integrity.py restored ``back.step`` in place on every rank: redo from it."""
+        """runtime/integrity/_checks.py restored ``back.step`` in place on every rank:
+        redo from it."""
         self.acct.flush()
         self._step = back.step
         self.acct.recovered(0.0)

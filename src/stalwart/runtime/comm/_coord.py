@@ -1,0 +1,234 @@
+"""How a worker reaches the coordinator (the embedded store or etcd), its fence and
+its watch on the generation.
+
+Under ``--rdzv etcd://...`` a worker talks to etcd itself (nothing on node 0) and forms
+its gloo groups over etcd too (:class:`CoordStoreC10d`). Under every backend it joins a
+generation, and moves one, only while its agent's lease is alive (the *fence*: a
+compare on the agent's member key in the same transaction, coordinator/fence.py), so
+the workers of a partitioned node can never rejoin under ranks adopted elsewhere nor
+move the job; and it watches the generation: when a leader bumps it (a lost node's
+ranks were adopted), live workers leave their old group at the next step boundary
+instead of training on with the members of a generation the job has left (a node cut
+from the coordinator only still reaches its peers: nothing else would stop them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from stalwart.contract.env import WorkerEnv
+from stalwart.contract.shm_names import SlotNames
+from stalwart.coordinator import (
+    Compare,
+    Coordinator,
+    CoordinatorConfig,
+    Delete,
+    Fence,
+    GenerationChange,
+    Op,
+    Put,
+    Store,
+    StoreClient,
+)
+from stalwart.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stalwart.coordinator import Watch
+    from stalwart.runtime.comm._c10d_store import CoordStoreC10d
+
+__all__ = [
+    "CommitKeys",
+    "GenerationWatch",
+    "c10d_store",
+    "fence_compares",
+    "open_store",
+    "worker_coordinator",
+    "worker_fence",
+]
+
+_WAIT_S = 5.0  # one generation long-poll (embedded store): a request per 5 s per worker
+
+
+def open_store(env: WorkerEnv) -> Store:
+    if env.rdzv:
+        from stalwart.coordinator import EtcdStore, EtcdStoreConfig
+
+        return EtcdStore.from_url(env.rdzv, EtcdStoreConfig(reconnect_timeout=60.0))
+    assert env.store is not None
+    return StoreClient.from_token_file(env.store[0], env.store[1], env.token_file)
+
+
+def c10d_store(env: WorkerEnv, store: Store | None) -> CoordStoreC10d | None:
+    """The torch Store gloo forms groups over (None: the TCPStore at ``env.c10d``)."""
+    if not env.rdzv or store is None:
+        return None
+    from stalwart.runtime.comm._c10d_store import CoordStoreC10d
+
+    return CoordStoreC10d(store, f"/stalwart/{env.job}/c10d/", timedelta(seconds=300))
+
+
+def _agent_fence(env: WorkerEnv) -> str:
+    """``node:revision`` of the agent's lease: the contract's, or the newer one the agent
+    wrote to /dev/shm after it rejoined within the partition grace (agent/_grace.py)."""
+    node = env.fence.partition(":")[0]
+    if env.shm_run and node.isdigit():
+        with contextlib.suppress(OSError, ConfigError, UnicodeDecodeError):
+            with open(SlotNames(env.job, env.shm_run).fence_file(int(node)), "rb") as f:
+                text = f.read(64).decode().strip()
+            if text.partition(":")[0] == node:
+                return text
+    return env.fence
+
+
+def worker_fence(env: WorkerEnv) -> Fence | None:
+    """The lease that vouches for this worker: its agent's (None: no agent gave one)."""
+    node, sep, rev = _agent_fence(env).partition(":")
+    if not sep or not rev.isdigit() or int(rev) <= 0:
+        return None
+    key = f"/stalwart/{env.job}/members/node{node}"
+    return Fence(key, int(rev), f"rank {env.rank} of node {node}")
+
+
+class _WorkerCoordinator(Coordinator):
+    """A worker's coordinator: its fence read again before every bump (the agent's lease
+    may be a new one since the worker started: a rejoin within the partition grace)."""
+
+    def __init__(self, store: Store, env: WorkerEnv) -> None:
+        super().__init__(store, CoordinatorConfig(job_id=env.job), fence=worker_fence(env))
+        self._env = env
+
+    def advance_generation(
+        self, expected: int, reason: str, *, also: Sequence[Op] = ()
+    ) -> GenerationChange:
+        self.fence = worker_fence(self._env)
+        return super().advance_generation(expected, reason, also=also)
+
+
+def worker_coordinator(env: WorkerEnv, store: Store) -> Coordinator:
+    """The worker's coordinator: every generation bump through it checks the fence."""
+    return _WorkerCoordinator(store, env)
+
+
+def fence_compares(env: WorkerEnv) -> list[Compare]:
+    """Compares that hold while this worker's agent still holds its lease."""
+    fence = worker_fence(env)
+    return [] if fence is None else [fence.compare()]
+
+
+class CommitKeys:
+    """The job's store as the sharded commit uses it (``checkpoint.CommitStore``: the
+    claim of who commits a sharded step, checkpoint/commit.py): four key operations on
+    the coordinator's :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def put(self, key: str, value: bytes) -> None:
+        self.store.put(key, value)
+
+    def keys(self, prefix: str) -> list[str]:
+        return [kv.key for kv in self.store.range(prefix).kvs]
+
+    def create(self, key: str, value: bytes) -> bool:
+        absent = Compare(key, "mod_revision", "==", 0)
+        return self.store.txn([absent], [Put(key, value)]).succeeded
+
+    def delete_prefixes(self, prefixes: Collection[str]) -> None:
+        self.store.txn([], [Delete(p, prefix=True) for p in prefixes])
+
+
+class GenerationWatch:
+    """Follows the job's generation; :attr:`moved` is set once it passes ``current``.
+
+    A store watch on the generation key says so at once (a worker stuck in a collective
+    with a lost peer leaves it then, runtime/comm/group.py); a read every ``read_s``
+    is a belt-and-braces look besides it; a watch that broke (etcd restarted, its history
+    compacted) raises, and the generation is read every ``interval_s`` until a new one is
+    open. On the embedded store a watch is a long-poll of up to ``_WAIT_S``: one request
+    per 5 s per worker in steady state (it was a 0.5 s long-poll and a read a second: 3
+    requests a second per worker, the largest steady load at N nodes, docs/scale.md)."""
+
+    def __init__(self, coord: Coordinator, interval_s: float = 1.0, read_s: float = 30.0) -> None:
+        self.coord = coord
+        self.current = 0
+        self.seen = 0  # the newest generation this watch saw (only ever increased)
+        self.interval_s, self.read_s = interval_s, max(read_s, interval_s)
+        self.moved = threading.Event()
+        self._lock = threading.Lock()  # a set() never lands after follow() moved past it
+        self._stop = threading.Event()
+        self._watch: Watch | None = None
+        self._thread = threading.Thread(target=self._run, name="stalwart-genwatch", daemon=True)
+        self._thread.start()
+
+    def follow(self, generation: int) -> None:
+        with self._lock:
+            self.current = generation
+            self.moved.clear()
+
+    def left(self, generation: int) -> bool:
+        """The job moved past ``generation`` (a group of it waits in vain: leave it).
+        Relative to the group's own generation, not to :attr:`current`: a group being
+        formed for a newer generation is not left for the bump that made it."""
+        return self.seen > generation
+
+    def _saw(self, generation: int) -> bool:
+        with self._lock:
+            self.seen = max(self.seen, generation)
+            if generation > self.current:
+                self.moved.set()
+        return self.moved.is_set()
+
+    def _check(self) -> None:
+        self._saw(self.coord.generation())
+
+    def _seen(self, events: list[Any]) -> None:
+        """A watch event carries the new generation: no read needed (one store round
+        trip less between a node's loss and its survivors leaving their collective)."""
+        for event in events:
+            try:
+                generation = int(event.kv.value)
+            except (AttributeError, TypeError, ValueError):  # a delete, or unexpected
+                self._check()
+                return
+            if self._saw(generation):
+                return
+
+    def _run(self) -> None:
+        watch: Watch | None = None
+        next_read = 0.0
+        while not self._stop.is_set():
+            try:
+                if watch is None:  # open first, then read: no bump falls in between
+                    watch = self._watch = self.coord.store.watch(self.coord.generation_key)
+                    next_read = 0.0
+                if time.monotonic() >= next_read:
+                    self._check()
+                    next_read = time.monotonic() + self.read_s
+                events = watch.get(timeout=min(_WAIT_S, self.read_s))
+                if events:
+                    self._seen(events)
+            except Exception:  # etcd away for a moment: poll until a watch opens again
+                if watch is not None:
+                    with contextlib.suppress(Exception):
+                        watch.close()
+                watch = None
+                with contextlib.suppress(Exception):
+                    self._check()
+                self._stop.wait(self.interval_s)
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                watch.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watch is not None:  # ends a get() in progress on an in-process store
+            with contextlib.suppress(Exception):
+                self._watch.close()
+        # a long-poll over the network ends when its client closes (the session's next
+        # step): not waited for here, as agent/_genfeed.py
+        self._thread.join(0.5)

@@ -1,0 +1,347 @@
+"""Joining a generation: agree on the step to resume from, then form the group.
+
+Every member publishes, under the generation's key, the steps its shared-memory
+snapshots hold and the last step it completed. When all ``world_size`` members are in,
+each computes the same answer from the same data: the newest step that *every* member
+holds in memory (a member that failed mid-step, or a replacement reading the dead
+worker's slots, holds one step less at most), else the newest persisted checkpoint,
+else a fresh start. If the generation moves on meanwhile (another failure), everyone
+starts over at the new one; nothing from an old generation is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stalwart.coordinator import Compare, Coordinator, KeyValue, Put, Store
+from stalwart.errors import CheckpointNotFoundError, FencedError
+
+__all__ = [
+    "Agreement",
+    "agree",
+    "choose",
+    "finish_barrier",
+    "leaving",
+    "members_of",
+    "no_common_point",
+]
+
+_IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
+_MAX_VALUE = 512 << 10  # an agreement with every member's info, if it fits (etcd: 1.5 MiB)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    generation: int
+    target: int | None  # step to restore (None: fresh start)
+    tier: str  # memory | peer | disk | none (``replica``: decided per rank at the restore)
+    last_done: int  # newest step any member had completed (for steps_lost)
+    infos: tuple[dict[str, Any], ...] = ()
+    """Every member's info where this member holds them: rank 0, and every member at a
+    fresh start after generation 0 (no_common_point's message); else :meth:`everyone`."""
+    members: tuple[int, ...] = ()  # a digest of the members' pids by rank (members_of)
+    leavers: tuple[int, ...] = ()  # the ranks that exit (leaving), decided by rank 0
+    fetch: Callable[[], tuple[dict[str, Any], ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    def everyone(self) -> tuple[dict[str, Any], ...]:
+        """Every member's info: held, else read once from the arrivals (one range, by
+        the few members that need them: a rank restoring from a peer's slots)."""
+        if not self.infos and self.fetch is not None:
+            object.__setattr__(self, "infos", self.fetch())
+        return self.infos
+
+
+def choose(
+    infos: list[dict[str, object]], disk_step: int | None, use_memory: bool
+) -> tuple[int | None, str]:
+    """The restore point from every member's published info (pure; unit-tested).
+    Members whose state is their own (not replicated) publish their persisted steps
+    (``disk``): the disk tier is then the newest step that every one of them holds."""
+    disks = [d for i in infos if isinstance(d := i.get("disk"), list)]
+    if infos and len(disks) == len(infos):
+        common_disk = set.intersection(*({int(s) for s in d} for d in disks))
+        disk_step = max(common_disk) if common_disk else None
+    if use_memory and infos:
+        held = [{int(s) for s in i.get("steps", [])} for i in infos]  # type: ignore[attr-defined]
+        found = _from_memory(held, infos)
+        if found is None and any(i.get("replica") for i in infos):
+            # slots taken over from a buddy's replica hold no step the others still
+            # have: count those members as having lost their memory
+            held = [set() if i.get("replica") else h for h, i in zip(held, infos, strict=True)]
+            found = _from_memory(held, infos)
+        if found is not None:
+            return found
+    if disk_step is not None:
+        return disk_step, "disk"
+    return None, "none"
+
+
+def no_common_point(a: Agreement, done: int, rank: int, *, preloaded: bool = False) -> None:
+    """A worker that trained (``done`` > 0), or a standby that preloaded a replica into its
+    state, cannot join a fresh start: its tensors hold state that no restore will
+    overwrite. It exits instead; its replacement starts from the initial state like every
+    other member (the job restarts from step 0, bit-identical, slowly) rather than
+    silently mixing trained and initial state."""
+    if a.target is None and a.generation > 0 and (done > 0 or preloaded):
+        held = f"trained to step {done}" if done > 0 else "preloaded a replica"
+        raise CheckpointNotFoundError(
+            f"rank {rank}: generation {a.generation} has no step that every member holds "
+            f"(memory, replica or disk; held: {_held(a)}) and this worker {held}; it exits so "
+            "that the job restarts from the initial state. Keep a common restore point: "
+            "--persist-every N, or --replica-rate with --snapshot-every longer than one "
+            "replication round"
+        )
+
+
+def leaving(a: Agreement) -> list[int]:
+    """The ranks of ``a`` that exit instead of forming its group (:func:`no_common_point`:
+    they trained, and ``a`` is a fresh start after generation 0), as every member can
+    tell from the agreement. A member that forms the group anyway waits the formation
+    timeout (60 s) for ranks that never come; it moves on to the next generation instead,
+    where their replacements join."""
+    if a.target is not None or a.generation == 0:
+        return []
+    if not a.infos:
+        return sorted(a.leavers)
+    return sorted(int(str(i.get("rank", -1))) for i in a.infos if int(str(i.get("done", 0))) > 0)
+
+
+def members_of(a: Agreement) -> tuple[int, ...]:
+    """Who formed ``a``, for telling a recovery that changed nothing (runtime/rejoin/_loops.py
+    compares them, nothing else): a digest of the members' pids by rank, the same at
+    every member, published by rank 0 so that no member reads N infos for it."""
+    if a.members or not a.infos:
+        return a.members
+    by_rank = sorted(a.infos, key=lambda i: int(i.get("rank", -1)))
+    pids = json.dumps([int(i.get("pid", -1)) for i in by_rank]).encode()
+    return (int.from_bytes(hashlib.sha256(pids).digest()[:8], "big"),)
+
+
+def _held(a: Agreement) -> str:
+    """What each member said it holds, for the error message."""
+    parts = []
+    for i in sorted(a.infos, key=lambda i: int(i.get("rank", -1))):
+        disk = f" disk {i['disk']}" if "disk" in i else ""
+        parts.append(f"rank {i.get('rank')} memory {i.get('steps', [])}{disk}")
+    return "; ".join(parts) or "nothing"
+
+
+def _from_memory(held: list[set[int]], infos: list[dict[str, object]]) -> tuple[int, str] | None:
+    holders = [h for h in held if h]
+    common = set.intersection(*holders) if holders else set()
+    if common and len(holders) == len(held):
+        return max(common), "memory"
+    # members that lost their memory (a lost node) copy a peer's snapshot, which is
+    # the same state when every member holds a replica (DDP), or, under HSDP, when a
+    # holder on the same host has the same ``copy`` key (the same shards)
+    if common and all(i.get("replicated") for i in infos):
+        return max(common), "peer"
+    copies = {
+        (i["copy"], i.get("host")) for h, i in zip(held, infos, strict=True) if h and "copy" in i
+    }
+    if common and all(
+        h or (i.get("copy"), i.get("host")) in copies for h, i in zip(held, infos, strict=True)
+    ):
+        return max(common), "peer"
+    return None
+
+
+def agree(
+    store: Store,
+    coord: Coordinator,
+    job: str,
+    rank: int,
+    world_size: int,
+    info: dict[str, object],
+    *,
+    use_memory: bool,
+    disk_step: int | None,
+    min_generation: int,
+    timeout_s: float,
+    fence: Sequence[Compare] = (),
+    launch: int = 0,
+) -> Agreement:
+    """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
+    members; raises TimeoutError at the deadline, and FencedError when a ``fence``
+    compare fails (the worker's agent lost its lease: its ranks may run elsewhere).
+    ``launch`` (the restart count) keeps apart the workers of a restart and those of the
+    launch before it, which may have reached the same generation before being killed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gen = coord.generation()
+        if gen < min_generation:
+            coord.advance_generation(gen, "a member saw a collective fail")
+            continue
+        prefix = f"/stalwart/{job}/rt/{gen:012d}.{launch}/"
+        arrive = Put(prefix + f"{rank:06d}", json.dumps(info).encode())
+        if not store.txn(list(fence), [arrive]).succeeded:
+            raise FencedError(
+                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
+                "longer than --node-lease), so its ranks may have moved to another node; "
+                "this worker stops instead of joining generation "
+                f"{gen}"
+            )
+        result = f"/stalwart/{job}/agreed/{gen:012d}.{launch}"
+        if rank != 0:  # rank 0 gathers and publishes; the others watch one key
+            got = _await(store, coord, result, gen, deadline, timeout_s)
+            if got is None:
+                continue  # the generation moved on: start over at the new one
+            return _from_record(got, gen, _reader(store, prefix))
+        kvs = _gather(store, coord, prefix, world_size, gen, deadline, timeout_s)
+        if kvs is None:
+            continue  # the generation moved on: start over at the new one
+        own, body = _decide(
+            store, job, gen, [json.loads(kv.value) for kv in kvs], disk_step, use_memory
+        )
+        if not store.txn(list(fence), [Put(result, body)]).succeeded:
+            raise FencedError(
+                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
+                "longer than --node-lease); this worker stops instead of publishing the "
+                f"agreement of generation {gen}"
+            )
+        return own
+
+
+def _from_record(
+    got: dict[str, Any], gen: int, fetch: Callable[[], tuple[dict[str, Any], ...]]
+) -> Agreement:
+    """A member's agreement from the record rank 0 published."""
+    target = None if got["target"] is None else int(got["target"])
+    return Agreement(
+        gen,
+        target,
+        str(got["tier"]),
+        int(got["last"]),
+        tuple(got.get("infos") or ()),
+        tuple(int(m) for m in got.get("members", ())),
+        tuple(int(r) for r in got.get("leavers", ())),
+        fetch=fetch,
+    )
+
+
+def _decide(
+    store: Store,
+    job: str,
+    gen: int,
+    infos: list[dict[str, Any]],
+    disk_step: int | None,
+    use_memory: bool,
+) -> tuple[Agreement, bytes]:
+    """Rank 0's agreement from every member's info, and the record it publishes."""
+    target, tier = choose(infos, disk_step, use_memory and gen > 0)
+    last = max(int(i.get("done", -1)) for i in infos)
+    kv = store.get(f"/stalwart/{job}/launch/last-done")
+    if kv is not None:  # a restart: the relaunched workers start from nothing
+        last = max(last, int(json.loads(kv.value)["step"]))
+    own = Agreement(gen, target, tier, last, tuple(infos))
+    own = Agreement(gen, target, tier, last, own.infos, members_of(own), tuple(leaving(own)))
+    # what every member needs, O(1) in N (the leavers: one node's ranks at most, in
+    # practice); every member's info only where every member reads them (a fresh
+    # start after generation 0, no_common_point's message), if they fit: N members
+    # reading N infos was O(N^2) bytes per failure (docs/scale.md)
+    decided: dict[str, Any] = {"target": target, "tier": tier, "last": last}
+    decided.update(members=list(own.members), leavers=list(own.leavers))
+    body = json.dumps(decided).encode()
+    if target is None and gen > 0:
+        with_infos = json.dumps({**decided, "infos": infos}).encode()
+        body = with_infos if len(with_infos) <= _MAX_VALUE else body
+    return own, body
+
+
+def _reader(store: Store, prefix: str) -> Callable[[], tuple[dict[str, Any], ...]]:
+    """Every member's info, read from the arrivals under ``prefix`` when called."""
+    return lambda: tuple(json.loads(kv.value) for kv in store.range(prefix).kvs)
+
+
+def _await(
+    store: Store, coord: Coordinator, key: str, gen: int, deadline: float, timeout_s: float
+) -> dict[str, Any] | None:
+    """Rank 0's published agreement at ``key`` (None: the generation moved on). One read
+    and one watch on one key: a member makes O(1) requests and receives one event, so an
+    agreement of N members costs O(N) in all (every member counting every arrival from a
+    watch was N events each, O(N^2): docs/scale.md)."""
+    snap = store.range(key)  # the value or the revision to watch from, in one read
+    for kv in snap.kvs:
+        if kv.key == key:
+            return dict(json.loads(kv.value))
+    start = snap.revision + 1
+    next_check = time.monotonic() + _IDLE_S
+    with store.watch(key, start) as watch:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(
+                    f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
+                )
+            if now >= next_check:
+                if coord.generation() != gen:
+                    return None
+                next_check = now + _IDLE_S
+            for event in watch.get(min(next_check, deadline) - now):
+                if event.type == "put" and event.kv.key == key:
+                    return dict(json.loads(event.kv.value))
+
+
+def _gather(
+    store: Store,
+    coord: Coordinator,
+    prefix: str,
+    world_size: int,
+    gen: int,
+    deadline: float,
+    timeout_s: float,
+) -> list[KeyValue] | None:
+    """Every member's arrival under ``prefix`` once ``world_size`` are in (None: the
+    generation moved on). Counted from a watch's events and read once when complete: a
+    member makes O(1) requests however many arrive (a range every 2 ms by every member
+    read O(N^2) keys every 2 ms at N members: docs/scale.md), and reads the generation
+    every ``_IDLE_S`` (a bump deletes nothing under ``prefix``)."""
+    while True:
+        snap = store.range(prefix)
+        arrived = {kv.key for kv in snap.kvs}
+        next_check = time.monotonic() + _IDLE_S
+        with store.watch(prefix, snap.revision + 1) as watch:
+            while len(arrived) < world_size:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"generation {gen}: {len(arrived)} of {world_size} workers arrived "
+                        f"within {timeout_s:.0f}s"
+                    )
+                if now >= next_check:
+                    if coord.generation() != gen:
+                        return None
+                    next_check = now + _IDLE_S
+                for event in watch.get(min(next_check, deadline) - now):
+                    if event.type == "put":
+                        arrived.add(event.kv.key)
+                    else:
+                        arrived.discard(event.kv.key)
+        kvs = store.range(prefix).kvs
+        if len(kvs) >= world_size:
+            return kvs
+
+
+def finish_barrier(
+    store: Store, coord: Coordinator, prefix: str, who: tuple[int, int, int], timeout_s: float
+) -> bool:
+    """The end of the job: ``who`` = (rank, world_size, generation) reached the last step;
+    True once every member did in this generation, False if the generation moves (a
+    member failed on the way) or ``timeout_s`` passes."""
+    rank, world_size, generation = who
+    store.put(prefix + f"{rank:06d}", b"1")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(store.range(prefix).kvs) >= world_size:
+            return True
+        if coord.generation() != generation:
+            return False
+        time.sleep(0.005)
+    return False

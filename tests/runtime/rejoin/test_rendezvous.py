@@ -1,0 +1,260 @@
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
+from stalwart.runtime.rejoin._rendezvous import Agreement, agree, choose, leaving, members_of
+
+
+def test_newest_step_every_member_holds() -> None:
+    infos: list[dict[str, object]] = [
+        {"steps": [8, 9]},  # survivor that finished step 9
+        {"steps": [7, 8]},  # replacement reading the dead worker's slots
+        {"steps": [8, 9]},
+    ]
+    assert choose(infos, None, use_memory=True) == (8, "memory")
+
+
+def test_falls_back_to_disk_then_fresh() -> None:
+    infos: list[dict[str, object]] = [{"steps": [8]}, {"steps": []}]
+    assert choose(infos, 5, use_memory=True) == (5, "disk")
+    assert choose(infos, None, use_memory=True) == (None, "none")
+    assert choose([{"steps": [8]}], 5, use_memory=False) == (5, "disk")
+
+
+def test_ranks_with_their_own_shards_agree_on_a_step_all_of_them_persisted() -> None:
+    infos: list[dict[str, object]] = [
+        {"steps": [], "disk": [10, 20, 30]},
+        {"steps": [], "disk": [10, 20]},  # its persist of step 30 did not finish
+    ]
+    assert choose(infos, 30, use_memory=True) == (20, "disk")
+    assert choose([{"steps": [], "disk": [10]}, {"steps": [], "disk": [20]}], 30, True) == (
+        None,
+        "none",
+    )
+
+
+def test_a_stale_replica_does_not_block_the_peer_or_disk_tiers() -> None:
+    survivors: list[dict[str, object]] = [{"steps": [50, 75], "replicated": True}] * 2
+    fresh = {"steps": [75], "replicated": True, "replica": True}
+    assert choose([*survivors, fresh], None, True) == (75, "memory")
+    stale = {"steps": [25], "replicated": True, "replica": True}
+    assert choose([*survivors, stale], None, True) == (75, "peer")
+    own = [{"steps": [50, 75], "disk": [25]}] * 2
+    assert choose([*own, {"steps": [25], "replica": True, "disk": [25]}], None, True) == (
+        25,
+        "disk",
+    )
+
+
+def test_a_trained_worker_never_joins_a_fresh_start() -> None:
+    import pytest
+
+    from stalwart.errors import CheckpointNotFoundError
+    from stalwart.runtime.rejoin._rendezvous import Agreement, no_common_point
+
+    fresh = Agreement(generation=2, target=None, tier="none", last_done=60)
+    no_common_point(fresh, 0, rank=2)  # a new process: starting over is right
+    no_common_point(Agreement(0, None, "none", 0), 0, rank=0)  # the job's first start
+    with pytest.raises(CheckpointNotFoundError, match="trained to step 60"):
+        no_common_point(fresh, 60, rank=0)
+
+
+def test_members_that_trained_are_known_to_leave_a_fresh_start() -> None:
+    """A node lost with no common restore point (issue 25's partition cells): the
+    survivors trained and exit (no_common_point), the adopted ranks are new. Every member
+    reads who leaves from the agreement, so the new ones do not wait the formation
+    timeout (60 s) for them."""
+    from stalwart.runtime.rejoin._rendezvous import Agreement, leaving
+
+    infos = tuple({"rank": r, "done": d} for r, d in [(0, 64), (1, 64), (2, 0), (3, 0)])
+    assert leaving(Agreement(1, None, "none", 64, infos)) == [0, 1]
+    assert leaving(Agreement(1, 56, "memory", 64, infos)) == []  # a restore point: all stay
+    assert leaving(Agreement(0, None, "none", 0, infos)) == []  # the first start
+    fresh = tuple({"rank": r, "done": 0} for r in range(4))
+    assert leaving(Agreement(3, None, "none", 64, fresh)) == []  # the replacements
+
+
+def test_a_restarts_workers_never_count_the_infos_of_killed_ones() -> None:
+    """Both workers of the launch before a restart reached generation 1 (and agreed)
+    before they were killed; a restarted worker (launch 1) must wait for its own peers,
+    not agree with the dead ones' infos."""
+    store = MemoryStore()
+    coord = Coordinator(store, CoordinatorConfig(job_id="j"))
+    coord.advance_generation(0, "restart after a crash")
+
+    def join(rank: int, launch: int, timeout_s: float) -> Agreement:
+        info = {"steps": [8], "done": 9, "rank": rank, "host": "h", "replicated": True}
+        return agree(
+            store,
+            coord,
+            "j",
+            rank,
+            2,
+            info,
+            use_memory=True,
+            disk_step=4,
+            min_generation=1,
+            timeout_s=timeout_s,
+            launch=launch,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        old = [pool.submit(join, r, 0, 30.0) for r in (0, 1)]
+        assert [f.result().generation for f in old] == [1, 1]
+    with pytest.raises(TimeoutError, match="1 of 2 workers"):
+        join(0, 1, 0.3)
+
+
+def test_an_agreement_costs_each_member_but_rank_0_one_event() -> None:
+    """Issue 31: rank 0 gathers the arrivals and publishes the agreement as one key; the
+    others watch that key. Every member counting every arrival from a watch received N
+    events each, O(N^2) for the job."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    n = 12
+    stores = [_RangeCounting(shared) for _ in range(n)]
+
+    def join(rank: int) -> Agreement:
+        info = {"steps": [3, 4], "done": 4 - rank % 2, "rank": rank}
+        return agree(
+            stores[rank],  # type: ignore[arg-type]
+            coord,
+            "j",
+            rank,
+            n,
+            info,
+            use_memory=True,
+            disk_step=None,
+            min_generation=1,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:  # rank 0 last: the others wait for it
+        futures = [pool.submit(join, r) for r in range(n - 1, -1, -1)]
+        agreed = [f.result() for f in futures]
+    assert {(a.generation, a.target, a.tier, a.last_done) for a in agreed} == {(1, 4, "memory", 4)}
+    assert {len(a.everyone()) for a in agreed} == {n}
+    assert max(s.events for s in stores[1:]) <= 1
+
+
+class _RangeCounting:
+    """A member's store: counts the reads of every arrival (ranges) it makes, and the
+    watch events it receives."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner, self.ranges, self.events = inner, 0, 0
+
+    def range(self, prefix: str) -> Any:
+        self.ranges += 1
+        return self.inner.range(prefix)
+
+    def watch(self, prefix: str, start: int | None = None) -> Any:
+        return _EventCounting(self, self.inner.watch(prefix, start))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_members_wait_for_each_other_without_reading_every_arrival_again() -> None:
+    """Issue 31: a member waiting for the others reads the arrivals twice (before its
+    watch, and once all are in), not every few ms: N members polling N keys were
+    O(N^2) reads per poll period."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    n = 12
+    stores = [_RangeCounting(shared) for _ in range(n)]
+
+    def join(rank: int) -> Agreement:
+        info = {"steps": [3], "done": 3, "rank": rank}
+        return agree(
+            stores[rank],  # type: ignore[arg-type]
+            coord,
+            "j",
+            rank,
+            n,
+            info,
+            use_memory=True,
+            disk_step=None,
+            min_generation=0,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(join, r) for r in range(n)]
+        agreed = [f.result() for f in futures]
+    assert {(a.generation, len(a.everyone())) for a in agreed} == {(0, n)}
+    assert max(s.ranges for s in stores) <= 3  # the third: everyone(), asked here
+
+
+class _EventCounting:
+    def __init__(self, owner: _RangeCounting, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    def get(self, timeout: float | None = None) -> Any:
+        events = self.inner.get(timeout)
+        self.owner.events += len(events)
+        return events
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> _EventCounting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _agree_all(n: int, shared: MemoryStore, gen_min: int, infos: Any) -> list[Agreement]:
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+
+    def join(rank: int) -> Agreement:
+        return agree(
+            shared,
+            coord,
+            "j",
+            rank,
+            n,
+            infos(rank),
+            use_memory=True,
+            disk_step=None,
+            min_generation=gen_min,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:
+        return [f.result() for f in [pool.submit(join, r) for r in range(n - 1, -1, -1)]]
+
+
+def _record_bytes(shared: MemoryStore) -> int:
+    return max(len(kv.value) for kv in shared.range("/stalwart/j/agreed/").kvs)
+
+
+def test_the_agreement_every_survivor_reads_does_not_grow_with_the_members() -> None:
+    """Issue 31: rank 0 published every member's info in the agreement and every member
+    read it: N members reading N infos, O(N^2) bytes per failure. Now the record holds
+    what every member needs (the restore point, who formed it, who leaves), the same
+    size at any N, and every member still agrees on who formed the generation."""
+    sizes = []
+    for n in (3, 24):
+        shared = MemoryStore()
+        agreed = _agree_all(
+            n, shared, 1, lambda r: {"steps": [3, 4], "done": 4, "rank": r, "pid": 100 + r}
+        )
+        assert {(a.target, a.tier) for a in agreed} == {(4, "memory")}
+        assert len({members_of(a) for a in agreed}) == 1 and members_of(agreed[0])
+        assert [len(a.everyone()) for a in agreed] == [n] * n  # read where needed
+        sizes.append(_record_bytes(shared))
+    assert sizes[0] == sizes[1]
+
+
+def test_at_a_fresh_start_every_member_still_gets_the_infos_and_the_leavers() -> None:
+    shared = MemoryStore()
+    agreed = _agree_all(4, shared, 1, lambda r: {"steps": [], "done": 7 * (r % 2), "rank": r})
+    assert {a.target for a in agreed} == {None}
+    assert {tuple(leaving(a)) for a in agreed} == {(1, 3)}
+    assert {len(a.infos) for a in agreed} == {4}  # no_common_point names what each held
