@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "stalwart"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
+# issue 32: limits that serve reading (a module around 600 lines, a function around 80),
+# not limits the code is cut to fit
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
 CYCLE_PACKAGES = ("agent", "runtime")
 # the package that holds every use of another project's internals (rule g)
 SEAM = "compat"

@@ -3,7 +3,7 @@
 (a) no module imports a private module or name (``stalwart.x._y``, ``from stalwart.x
 import _z``) of another part; (b) no module reads or writes another object's private
 attribute; (c) no import cycle inside agent/ or runtime/, ``TYPE_CHECKING`` and
-function-level imports included; (d) no module over 400 lines; (e) no function over 60
+function-level imports included; (d) no module over 600 lines; (e) no function over 80
 lines (its docstring and, in cli/, its argparse table calls not counted); (f) no string
 comparison on the strategy name outside the CLI's parsing; (g) no other project's private
 name (``torch._C``, ``c10d._world``, ``from x import _y``) used outside the seam,
@@ -39,9 +39,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (c) the strongly connected components of each package's import graph (sorted
     # members): none left in agent/ or runtime/.
     "import_cycle": frozenset({}),
-    # (d) modules over 400 lines.
+    # (d) modules over 600 lines.
     "long_module": frozenset({}),
-    # (e) functions over 60 lines (module: qualified name).
+    # (e) functions over 80 lines (module: qualified name).
     "long_function": frozenset({}),
     # (f) a value named for the strategy compared with a strategy's name as a string,
     # outside cli/: none left (agent/ and runtime/ ask the parsed contract.env.Strategy,
@@ -380,14 +380,19 @@ def test_a_cycle_counts_type_checking_and_function_level_imports() -> None:
 
 
 def test_function_length_leaves_out_docstrings_and_cli_argument_tables() -> None:
+    limit = scan.MAX_FUNCTION_LINES
     doc = '    """' + "why\n" * 80 + '    """\n'
-    code = "    x = 1\n" * 59
+    code = "    x = 1\n" * (limit - 1)
     table = "    p.add_argument(\n        '--x',\n        help='y',\n    )\n" * 20
     src = (
         f"def documented():\n{doc}{code}def table(p):\n{table}{code}def long():\n{code}    x = 2\n"
     )
-    assert scan.long_functions(_mod("stalwart.agent.x", src)) == {"table": 140, "long": 61}
-    assert scan.long_functions(_mod("stalwart.cli.x", src)) == {"long": 61}
+    table_lines, long_lines = limit + 80, limit + 1  # 20 four-line calls; one line over
+    assert scan.long_functions(_mod("stalwart.agent.x", src)) == {
+        "table": table_lines,
+        "long": long_lines,
+    }
+    assert scan.long_functions(_mod("stalwart.cli.x", src)) == {"long": long_lines}
 
 
 def test_a_strategy_name_compared_as_a_string_is_found_outside_the_cli() -> None:
