@@ -50,13 +50,13 @@ class Module:
     """One source file of src/stalwart."""
 
     path: Path
-    name: str  # dotted: stalwart.agent._elastic
+    name: str  # dotted: stalwart.agent.strategies._elastic
     tree: ast.Module
     lines: int
 
     @property
     def rel(self) -> str:
-        """The path as allowlist entries spell it: ``agent/_elastic.py``."""
+        """The path as allowlist entries spell it: ``agent/strategies/_elastic.py``."""
         return self.path.relative_to(SRC).as_posix()
 
     @property

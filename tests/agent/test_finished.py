@@ -19,11 +19,11 @@ from stalwart.agent._finished import ExitWatch, hung_at_exit
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._outcome import RunFailed
 from stalwart.agent._proc import read_cpu
-from stalwart.agent._restart import RestartAll
 from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.detect import Activity, HangConfig
 from stalwart.agent.incidents import WorkerExited
-from stalwart.agent.policy import RecoveryParts
+from stalwart.agent.strategies._restart import RestartAll
+from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import OBSERVED, ProgressBoard, Slot

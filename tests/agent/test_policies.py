@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent._async import ReplicaGroups
-from stalwart.agent._elastic import ElasticPolicy, Joins
 from stalwart.agent._generation import JobGeneration
-from stalwart.agent._inplace import InPlace
 from stalwart.agent._outcome import Cordoned, RunFailed
-from stalwart.agent._policies import choose_policy
-from stalwart.agent._restart import RestartAll
 from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.incidents import NodeLost, WorkerExited
-from stalwart.agent.policy import RecoveryParts
+from stalwart.agent.strategies import choose_policy
+from stalwart.agent.strategies._async import ReplicaGroups
+from stalwart.agent.strategies._elastic import ElasticPolicy, Joins
+from stalwart.agent.strategies._inplace import InPlace
+from stalwart.agent.strategies._restart import RestartAll
+from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.contract.board import ProgressBoard
@@ -368,7 +368,7 @@ def test_a_sharded_job_shrinks_by_restarting_every_member_at_the_smaller_size(
     tmp_path: Path,
 ) -> None:
     """FSDP2 cannot go on at another size in place: the survivors start again, renumbered
-    densely in launch-rank order, with the new world size (agent/_elastic_sharded.py)."""
+    densely in launch-rank order, with the new world size (agent/strategies/_elastic.py)."""
     parts, policy, _ = _sharded(tmp_path)
     before = len(_sent(parts))
     policy.on_incident(_left_for_good(parts, 1))

@@ -65,7 +65,7 @@ class AgentChaos:
     ) -> None:
         """``faults``: this agent fires them; ``answerable``: the faults aimed at this
         node (reported when they never fired); ``join``: fires a ``join`` fault
-        (agent/_elastic.py); ``kill_node``: ends every process of the node."""
+        (agent/strategies/_elastic.py); ``kill_node``: ends every process of the node."""
         self._node, self._run_dir, self._workers = node, run_dir, workers
         self._events, self._ledger, self._join, self._kill_node = events, ledger, join, kill_node
         self.pending = list(faults)

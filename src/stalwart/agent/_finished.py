@@ -1,6 +1,6 @@
 """Whether the job has finished training, as this node can tell: one of its ranks exited
 0 or passed the runtime's finish barrier (its board says ``done``), or another node
-published the first of its ranks to do so (``launch/finished``, agent/_inplace.py).
+published the first of its ranks to do so (``launch/finished``, agent/strategies/_inplace.py).
 
 Why the agent asks: the finish barrier passes for every member at once, so once one rank
 finished, nobody needs a rank started again. A node lost, cordoned or isolated by a

@@ -6,12 +6,12 @@ fires the chaos plan's agent-side faults and writes the run's events. Workers ge
 torchrun's environment (a plain script runs unchanged, restarted torchrun's way); with
 ``stalwart.init()`` stalwart's contract too (contract/env.py), recovering by the strategy.
 
-The parts, each the owner of its state: :class:`~stalwart.agent._workers.LocalWorkers`
-(processes, spares, zygote, board), :class:`~stalwart.agent._generation.JobGeneration`
-(generation, restarts, port), the detectors (agent/_detectors.py: typed incidents), the
-:class:`~stalwart.agent.policy.RecoveryPolicy` of ``--strategy``, the cluster (membership,
-leases, fencing: agent/_fencing.py), the node's health endpoint (agent/healthz.py). Teardown
-is one ``ExitStack``: each part's end is registered when the part is set up.
+The parts, each the owner of its state, each a sub-package: the worker processes
+(processes/: ``LocalWorkers``, spares, zygote, board), the detectors (detection/: typed
+incidents), the ``RecoveryPolicy`` of ``--strategy`` (strategies/), the cluster
+(cluster/: store, membership, leases, fencing, the ``JobGeneration``), the node's health
+(health/) and the run directory's records (rundir/). Teardown is one ``ExitStack``: each
+part's end is registered when the part is set up.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from collections.abc import Callable
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._detectors import Detectors, HangWatch
-from stalwart.agent._elastic import Joins
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._grace import noting
 from stalwart.agent._health import NodeHealth
@@ -44,9 +43,7 @@ from stalwart.agent._outcome import (
     quietly,
     signals_of_a_run,
 )
-from stalwart.agent._policies import choose_policy
 from stalwart.agent._replica import NodeReplicas
-from stalwart.agent._restart import RestartAll
 from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import Standbys
 from stalwart.agent._steps import StepRecords
@@ -56,7 +53,10 @@ from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.healthz import NodeStatus, serve_health
 from stalwart.agent.incidents import Incident, NodeLost
-from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
+from stalwart.agent.strategies import choose_policy
+from stalwart.agent.strategies._elastic import Joins
+from stalwart.agent.strategies._restart import RestartAll
+from stalwart.agent.strategies.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog

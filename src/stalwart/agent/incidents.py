@@ -2,7 +2,7 @@
 
 A detector decides and reports; it does not recover. The agent isolates (kills a hung
 rank, blocklists a lost node) and hands the incidents that need a recovery to the job's
-:class:`~stalwart.agent.policy.RecoveryPolicy`. A new detector (stragglers, health
+:class:`~stalwart.agent.strategies.policy.RecoveryPolicy`. A new detector (stragglers, health
 probes, silent data corruption) adds a record here and a branch in the policies that
 act on it; nothing else changes.
 """

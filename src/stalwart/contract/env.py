@@ -307,7 +307,7 @@ class WorkerFields(TypedDict, total=False):
     """Contract fields (:class:`~stalwart.contract.env.WorkerEnv`) a caller sets for one
     worker, on top of what the job and the node give every worker (``rank`` and
     ``world_size`` replace the launch's: a sharded elastic job restarted at a new size,
-    agent/_elastic_sharded.py)."""
+    agent/strategies/_elastic.py)."""
 
     rank: int
     world_size: int

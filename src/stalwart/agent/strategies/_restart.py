@@ -16,7 +16,7 @@ from __future__ import annotations
 from stalwart.agent._finished import after_finish, announce_finish, finished_rank, finishing
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent.incidents import Incident, NodeLost
-from stalwart.agent.policy import RecoveryParts
+from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.contract.env import WorkerFields
 
 __all__ = ["RestartAll"]

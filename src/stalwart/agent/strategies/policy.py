@@ -5,7 +5,7 @@ worker of the job and starts them again (torchrun's route, and the only one a pl
 script can take), ``flash``/``spare`` replace the failed rank in place while the others
 keep their processes and memory, ``elastic`` goes on without the failed member and lets
 it rejoin. Each is one class implementing :class:`RecoveryPolicy`, chosen once from the
-config (agent/_policies.py); the agent's loop never asks which one it runs.
+config (agent/strategies/__init__.py); the agent's loop never asks which one it runs.
 
 What a policy decides: the recovery of a :class:`~stalwart.agent.incidents.WorkerExited`
 or :class:`~stalwart.agent.incidents.NodeLost` (a hang is isolated by the agent, whose
