@@ -1,7 +1,7 @@
 """A watched data plane: the stall rule, the probe, and which side of a cut is fenced.
 
-In-process: the decisions are pure (agent/dataplane.py), the probe meets a real peer
-watch listener on loopback, and the agent's side (agent/_dataplane.py) acts on an
+In-process: the decisions are pure (agent/detection/dataplane.py), the probe meets a real peer
+watch listener on loopback, and the agent's side (agent/detection/_dataplane_watch.py) acts on an
 in-memory store with a probe the test answers.
 """
 
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from stalwart.agent import Activity, HangConfig, decide, find_stall
 from stalwart.agent._cluster import ring_successor
-from stalwart.agent._dataplane import DataPlaneWatch, probe
 from stalwart.agent._fencing import NodeFenced, NodeLease
 from stalwart.agent._peerwatch import PeerWatch
+from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, probe
 from stalwart.contract.board import Slot
 from stalwart.coordinator import MemoryStore
 

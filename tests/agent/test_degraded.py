@@ -1,6 +1,7 @@
-"""Degraded-link detection, in-process: the windows' judgement (agent/degraded.py) fed
+"""Degraded-link detection, in-process: the windows' judgement (agent/detection/degraded.py) fed
 with simulated board readings (steps, compute time per step, the phase), the agreement
-of the nodes' verdicts, and the detector's events, line and eviction (agent/_degraded.py)."""
+of the nodes' verdicts, and the detector's events, line and eviction
+(agent/detection/_degraded_watch.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._degraded import LinkDetector
-from stalwart.agent.degraded import (
+from stalwart.agent.detection._degraded_watch import LinkDetector
+from stalwart.agent.detection.degraded import (
     DegradedAction,
     DegradedConfig,
     LinkWindow,

@@ -1,6 +1,6 @@
 """A job whose ranks have begun to exit cleanly is finishing, in-process: a rank stuck
 after its peer exited 0 is ended and counted as finished (never a restart), and a rank
-that fails then ends the job under the restart route too (agent/_finished.py)."""
+that fails then ends the job under the restart route too (agent/detection/_finished.py)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent._detectors import HangDetector, HangWatch
-from stalwart.agent._finished import ExitWatch, hung_at_exit
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._outcome import RunFailed
 from stalwart.agent._proc import read_cpu
 from stalwart.agent._workers import LocalWorkers, WorkerState
-from stalwart.agent.detect import Activity, HangConfig
-from stalwart.agent.incidents import WorkerExited
+from stalwart.agent.detection._detectors import HangDetector, HangWatch
+from stalwart.agent.detection._finished import ExitWatch, hung_at_exit
+from stalwart.agent.detection.hang import Activity, HangConfig
+from stalwart.agent.detection.incidents import WorkerExited
+from stalwart.agent.detection.verdict import Failure
 from stalwart.agent.strategies._restart import RestartAll
 from stalwart.agent.strategies.policy import RecoveryParts
-from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import OBSERVED, ProgressBoard, Slot
 from stalwart.contract.env import WorkerEnv

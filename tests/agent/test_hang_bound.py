@@ -1,12 +1,12 @@
 """The hang bound for jobs of slow steps (issue 28): a step of seconds, or a long first
 step (a compile, a first batch from far away), is never a hang, and a real hang is found
 within a bound that does not grow with the step time when it is certain (a stopped
-process) and is learned from the step time when it is not (agent/detect.py)."""
+process) and is learned from the step time when it is not (agent/detection/hang.py)."""
 
 from __future__ import annotations
 
 from stalwart.agent import Activity, HangConfig, find_hang
-from stalwart.agent.dataplane import find_stall
+from stalwart.agent.detection.dataplane import find_stall
 from stalwart.contract.board import Slot
 
 CFG = HangConfig(floor_s=1.0, k=3.0, idle_s=20.0, ceiling_s=300.0)

@@ -17,14 +17,14 @@ from _load import scaled
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._outcome import Cordoned, RunFailed
 from stalwart.agent._workers import LocalWorkers, WorkerState
-from stalwart.agent.incidents import NodeLost, WorkerExited
+from stalwart.agent.detection.incidents import NodeLost, WorkerExited
+from stalwart.agent.detection.verdict import Failure
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._async import ReplicaGroups
 from stalwart.agent.strategies._elastic import ElasticPolicy, Joins
 from stalwart.agent.strategies._inplace import InPlace
 from stalwart.agent.strategies._restart import RestartAll
 from stalwart.agent.strategies.policy import RecoveryParts
-from stalwart.agent.verdict import Failure
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.contract.board import ProgressBoard
 from stalwart.contract.env import Strategy, WorkerEnv
@@ -212,7 +212,7 @@ def test_in_place_starts_a_lost_nodes_ranks_here(tmp_path: Path) -> None:
 def test_a_node_lost_after_a_rank_finished_the_job_is_not_adopted(tmp_path: Path) -> None:
     # the probe/finish race: node 1 left (isolated by a failing probe) after the finish
     # barrier; adopting its ranks would start processes that wait for exited peers
-    from stalwart.agent._finished import finished_rank, skip_adoption
+    from stalwart.agent.detection._finished import finished_rank, skip_adoption
 
     parts = _parts(tmp_path)
     lost = NodeLost(1, (2, 3), "cordoned", 0.0, True)

@@ -1,4 +1,4 @@
-"""Straggler detection, in-process: the robust score (agent/straggler.py), the windows'
+"""Straggler detection, in-process: the robust score (agent/detection/stragglers.py), the windows'
 persistence rule, and the detector's typed incident, records and eviction against a real
 progress board written as workers would (compute time per step)."""
 
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._detectors import CrashDetector, HangWatch, StragglerDetector
 from stalwart.agent._workers import LocalWorkers, ProcessExit
-from stalwart.agent.detect import HangConfig
-from stalwart.agent.straggler import (
+from stalwart.agent.detection._detectors import CrashDetector, HangWatch, StragglerDetector
+from stalwart.agent.detection.hang import HangConfig
+from stalwart.agent.detection.stragglers import (
     ComputeExchange,
     StragglerAction,
     StragglerConfig,
     StragglerWindows,
     robust_scores,
 )
-from stalwart.agent.verdict import CrashLoops
+from stalwart.agent.detection.verdict import CrashLoops
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError, StalwartError

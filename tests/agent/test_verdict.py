@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent.verdict import CrashLoops, Failure, error_line, failed_at
+from stalwart.agent.detection.verdict import CrashLoops, Failure, error_line, failed_at
 from stalwart.contract.board import Slot
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from stalwart.agent.agent import Agent, run_agent
 from stalwart.agent.config import STRATEGIES, LaunchConfig, ZygoteStart
-from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
-from stalwart.agent.detect import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
+from stalwart.agent.detection.dataplane import Cut, Stall, decide, find_stall
+from stalwart.agent.detection.hang import Activity, CpuTracker, HangConfig, HangVerdict, find_hang
 
 __all__ = [
     "STRATEGIES",

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 
 from stalwart.agent._cluster import Cluster
-from stalwart.agent._finished import finished_rank
 from stalwart.agent._preflight import PreflightConfig, report, run_check, run_preflight
 from stalwart.agent._probe_watch import ProbeWatch, build_probes, isolate_node
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
-from stalwart.agent.incidents import ProbeFailed
+from stalwart.agent.detection._finished import finished_rank
+from stalwart.agent.detection.incidents import ProbeFailed
 from stalwart.agent.probes import slot_growth
 
 __all__ = ["NodeHealth"]
@@ -53,7 +53,7 @@ class NodeHealth:
         what = f"GPU {failed.device} " if failed.device is not None else ""
         why = f"probe {failed.probe} failed: {what}{failed.detail}"
         ctx = self.ctx
-        # a rank that finished the job (agent/_finished.py): nothing is left to move
+        # a rank that finished the job (agent/detection/_finished.py): nothing is left to move
         done = finished_rank(self._workers, self.cluster, ctx.cfg.world_size)
         isolate_node(ctx.cfg, self.cluster, ctx.events, ctx.say, why, finished=done)
 

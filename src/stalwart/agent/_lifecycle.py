@@ -29,7 +29,7 @@ from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
 from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.verdict import error_line_path
+from stalwart.agent.detection.verdict import error_line_path
 from stalwart.chaos import FaultPlan
 from stalwart.checkpoint.slots import run_owner, sweep_stale
 from stalwart.contract.board import ProgressBoard

@@ -4,7 +4,7 @@ Why a thread: the write-speed probe writes and fsyncs a few MiB and NVML calls c
 milliseconds; the agent's loop polls its workers every 20 ms and must not wait for
 either. The loop calls :meth:`ProbeWatch.failures` each turn: the events are written
 there (on the loop's thread), and a probe that starts failing comes back as a
-:class:`~stalwart.agent.incidents.ProbeFailed` for the agent to isolate the node
+:class:`~stalwart.agent.detection.incidents.ProbeFailed` for the agent to isolate the node
 (agent/agent.py; the ``--on-probe`` policy).
 
 What is written (docs/events.md, ``probe``): every probe's first reading (so a report
@@ -23,7 +23,7 @@ from stalwart.agent._nvml import NvmlHealth
 from stalwart.agent._outcome import Cordoned
 from stalwart.agent._types import EventSink, Say
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.incidents import ProbeFailed
+from stalwart.agent.detection.incidents import ProbeFailed
 from stalwart.agent.probes import (
     DiskSpace,
     DiskWriteSpeed,
@@ -180,7 +180,7 @@ def isolate_node(
     leader adopts its ranks, which recover by the job's strategy. A node that cannot
     leave (the only node; node 0 when it hosts the embedded store) says why it stays,
     and so does ``--on-probe report``, and a node once rank ``finished`` finished the
-    job (agent/_finished.py: its ranks trained to the end, there is nothing to move, and
+    job (agent/detection/_finished.py: its ranks trained to the end, there is nothing to move, and
     adopted elsewhere they would wait for peers that have exited)."""
     node = cfg.node_rank
     if finished is not None:

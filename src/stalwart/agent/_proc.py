@@ -1,4 +1,4 @@
-"""A worker's CPU time and state from /proc (what :class:`~stalwart.agent.detect.CpuTracker`
+"""A worker's CPU time and state from /proc (what :class:`~stalwart.agent.detection.hang.CpuTracker`
 is fed). Linux only; elsewhere nothing is read and no worker is ever blamed for idling."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ as RUNNING (``adopt(..., pid=...)``). ``cause`` says why the agent itself ended 
 process (a hang, a restart, the shutdown): such an exit is not a new failure.
 
 Exits reach the agent as typed :class:`ProcessExit` events; the agent's detectors turn
-the failures among them into incidents (agent/incidents.py). This follows
+the failures among them into incidents (agent/detection/incidents.py). This follows
 torch.distributed.elastic's ``WorkerState``, but per worker: a stalwart node recovers
 one rank in place while the others keep running.
 """
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._finished import EXIT_HANG
+from stalwart.agent.detection._finished import EXIT_HANG
 from stalwart.contract.board import ProgressBoard, Slot
 from stalwart.contract.env import WorkerFields
 

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._detectors import Detectors, HangWatch
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._grace import noting
 from stalwart.agent._health import NodeHealth
@@ -51,8 +50,9 @@ from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.detection._detectors import Detectors, HangWatch
+from stalwart.agent.detection.incidents import Incident, NodeLost
 from stalwart.agent.healthz import NodeStatus, serve_health
-from stalwart.agent.incidents import Incident, NodeLost
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._elastic import Joins
 from stalwart.agent.strategies._restart import RestartAll

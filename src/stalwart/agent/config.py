@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from stalwart.agent._address import resolve_node_address
 from stalwart.agent._endpoint import parse_endpoint
-from stalwart.agent.degraded import DegradedConfig
-from stalwart.agent.detect import HangConfig
+from stalwart.agent.detection.degraded import DegradedConfig
+from stalwart.agent.detection.hang import HangConfig
+from stalwart.agent.detection.stragglers import StragglerConfig
 from stalwart.agent.healthz import HealthEndpointConfig
 from stalwart.agent.probes import ProbeConfig
-from stalwart.agent.straggler import StragglerConfig
 from stalwart.contract.env import DEFAULTS, STRATEGIES, Strategy, WorkerEnv, replica_group_size
 from stalwart.errors import ConfigError
 
@@ -62,7 +62,7 @@ class LaunchConfig:
     loss under restart). torchrun defaults to 0, which ends a job at its first fault."""
     crash_loop_limit: int = 3
     """A rank failing this many times in a row at the same step (or at start-up) ends the
-    job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
+    job with a verdict (agent/detection/verdict.py): a deterministic failure only repeats."""
     blocklist_after: int = 3
     """Failures of one member within 10 minutes that blocklist it (the coordinator's
     failure threshold): a rank that keeps failing is on sick hardware. ``stalwart
@@ -78,7 +78,7 @@ class LaunchConfig:
     """How stragglers are judged and what is done with one (``--on-straggler``)."""
     degraded: DegradedConfig = field(default_factory=DegradedConfig)
     """How a degraded link between nodes is judged (the step rate collapses while the
-    ranks compute as before, agent/degraded.py) and what is done with one
+    ranks compute as before, agent/detection/degraded.py) and what is done with one
     (``--on-degraded``: report, or evict the node behind it)."""
     runtime: WorkerEnv = DEFAULTS
     """The runtime knobs (``contract.env.KNOBS``: `stalwart run`'s flags generated from

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from stalwart.agent._outcome import end_with_verdict
 from stalwart.agent._workers import Worker
-from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.detection.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.contract.env import WorkerFields, replica_group_size
 from stalwart.coordinator.elastic_keys import replica_root

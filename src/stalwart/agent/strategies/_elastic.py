@@ -31,7 +31,7 @@ from typing import Any
 
 from stalwart.agent._outcome import RunFailed, end_with_verdict
 from stalwart.agent._workers import Worker, WorkerState
-from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.detection.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.chaos import Fault
 from stalwart.contract.env import WorkerFields

@@ -18,9 +18,14 @@ node whose rank fails later knows.
 
 from __future__ import annotations
 
-from stalwart.agent._finished import after_finish, announce_finish, finished_rank, finishing
 from stalwart.agent._outcome import Cordoned, end_with_verdict
-from stalwart.agent.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.detection._finished import (
+    after_finish,
+    announce_finish,
+    finished_rank,
+    finishing,
+)
+from stalwart.agent.detection.incidents import Incident, NodeLost, WorkerExited
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.contract.env import WorkerFields
 

@@ -6,16 +6,21 @@ the node that saw the failure bumps the generation with a reason starting with
 "restart" and publishes a fresh ``MASTER_PORT`` under it; the others follow
 (agent/_generation.py). Each restart counts against ``--max-restarts``.
 
-Never once a rank finished the job (agent/_finished.py): a plain script restarted then
+Never once a rank finished the job (agent/detection/_finished.py): a plain script restarted then
 resumes from its own snapshot and trains its last epochs again, ending rc 0 with another
 result. A rank that fails after a peer finished ends the job with its failure instead.
 """
 
 from __future__ import annotations
 
-from stalwart.agent._finished import after_finish, announce_finish, finished_rank, finishing
 from stalwart.agent._outcome import RunFailed, end_with_verdict
-from stalwart.agent.incidents import Incident, NodeLost
+from stalwart.agent.detection._finished import (
+    after_finish,
+    announce_finish,
+    finished_rank,
+    finishing,
+)
+from stalwart.agent.detection.incidents import Incident, NodeLost
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.contract.env import WorkerFields
 

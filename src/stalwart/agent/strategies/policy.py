@@ -7,8 +7,8 @@ keep their processes and memory, ``elastic`` goes on without the failed member a
 it rejoin. Each is one class implementing :class:`RecoveryPolicy`, chosen once from the
 config (agent/strategies/__init__.py); the agent's loop never asks which one it runs.
 
-What a policy decides: the recovery of a :class:`~stalwart.agent.incidents.WorkerExited`
-or :class:`~stalwart.agent.incidents.NodeLost` (a hang is isolated by the agent, whose
+What a policy decides: the recovery of a :class:`~stalwart.agent.detection.incidents.WorkerExited`
+or :class:`~stalwart.agent.detection.incidents.NodeLost` (a hang is isolated by the agent, whose
 kill comes back as a ``WorkerExited``), the variables it adds to a worker's environment,
 whether the agent must stay up though every worker is done (a ``join`` still to come),
 and whether hang detection may compare a worker's generation with the job's.
@@ -24,7 +24,7 @@ from stalwart.agent._generation import JobGeneration
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, Worker
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.incidents import Incident
+from stalwart.agent.detection.incidents import Incident
 from stalwart.chaos import FaultLedger
 from stalwart.contract.env import WorkerFields
 from stalwart.coordinator import Coordinator

@@ -89,7 +89,7 @@ class StragglerAction(enum.Enum):
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    """How the agent judges stragglers (agent/straggler.py's module docstring)."""
+    """How the agent judges stragglers (agent/detection/stragglers.py's module docstring)."""
 
     action: StragglerAction = StragglerAction.REPORT
     """``report`` by default: a slow rank is a cost, not a failure, and replacing it is

@@ -1,6 +1,6 @@
 """A watched data plane: every local rank waits in a collective and nothing moves.
 
-A worker waiting in a collective is never judged hung by itself (agent/detect.py): it
+A worker waiting in a collective is never judged hung by itself (agent/detection/hang.py): it
 waits for a peer, and the peer's own agent judges that peer. That leaves one fault
 nobody judges: the data plane between nodes is cut while each node still reaches the
 store (etcd on a third host, the embedded store behind another link), so every lease
@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stalwart.agent.detect import Activity, HangConfig
+from stalwart.agent.detection.hang import Activity, HangConfig
 from stalwart.contract.board import Slot
 
 __all__ = ["Cut", "Stall", "decide", "find_stall"]
@@ -62,7 +62,7 @@ def find_stall(
     *,
     since: float = 0.0,
 ) -> Stall | None:
-    """``slots``/``activity``/``since`` as for :func:`~stalwart.agent.detect.find_hang`.
+    """``slots``/``activity``/``since`` as for :func:`~stalwart.agent.detection.hang.find_hang`.
     A stall: every live local rank runs the stalwart runtime and its phase says it waits
     in a collective, and none progressed for longer than ``config.floor_s``. Neither a
     bound learned from the step time nor the ranks' CPU: a stall only starts the probe,

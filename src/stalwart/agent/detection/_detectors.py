@@ -1,14 +1,17 @@
 """The agent's detectors: each turns what it observes into typed incidents.
 
 - :class:`CrashDetector`: a worker process that failed (from the zygote's exit events,
-  agent/_workers.py) -> :class:`~stalwart.agent.incidents.WorkerExited`, with where it
-  failed and the crash-loop verdict (agent/verdict.py);
+  agent/processes/_workers.py) -> :class:`~stalwart.agent.detection.incidents.WorkerExited`,
+  with where it failed and the crash-loop verdict (agent/detection/verdict.py);
 - :class:`HangDetector`: the progress board and each process's CPU time (the decision
-  is agent/detect.py's, the reading agent/_proc.py's) -> ``WorkerHung``;
-- :class:`NodeLossDetector`: node leases (agent/_cluster.py) -> ``NodeLost``;
-- :class:`StragglerDetector`: compute times scored against each other -> ``Straggler``;
-- a data plane cut while every lease holds: agent/_dataplane.py's watch;
-- a degraded link (the step rate collapses, compute as before): agent/_degraded.py.
+  is agent/detection/hang.py's, the reading agent/processes/_proc.py's) -> ``WorkerHung``;
+- :class:`NodeLossDetector`: node leases (agent/cluster/_cluster.py) -> ``NodeLost``;
+- :class:`StragglerDetector`: the board's compute times, scored against each other by
+  agent/detection/stragglers.py -> ``Straggler``, with its ``fault_detected`` and
+  ``straggler`` records; under ``--on-straggler evict`` it ends the rank's process;
+- a data plane cut while every lease holds: agent/detection/_dataplane_watch.py;
+- a degraded link (the step rate collapses, compute as before):
+  agent/detection/_degraded_watch.py.
 
 Each writes the ``fault_detected`` record (its latency included); the policy recovers.
 """
@@ -21,18 +24,42 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._cluster import Cluster
-from stalwart.agent._dataplane import DataPlaneWatch, holder_node, revoke_node
-from stalwart.agent._degraded import LinkDetector
 from stalwart.agent._env import error_message
-from stalwart.agent._finished import EXIT_HANG, ExitHang, ExitWatch, finished_rank, skip_adoption
-from stalwart.agent._hangwatch import HangWatch
-from stalwart.agent._stragglers import StragglerDetector
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
-from stalwart.agent.detect import HangConfig, HangVerdict, find_hang
-from stalwart.agent.incidents import COLLATERAL, NodeLost, WorkerExited, WorkerHung
-from stalwart.agent.straggler import ComputeExchange
-from stalwart.agent.verdict import CrashLoops, Failure, error_line, error_line_path, failed_at
+from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, holder_node, revoke_node
+from stalwart.agent.detection._degraded_watch import LinkDetector
+from stalwart.agent.detection._finished import (
+    EXIT_HANG,
+    ExitHang,
+    ExitWatch,
+    finished_rank,
+    skip_adoption,
+)
+from stalwart.agent.detection._hangwatch import HangWatch
+from stalwart.agent.detection.hang import HangConfig, HangVerdict, find_hang
+from stalwart.agent.detection.incidents import (
+    COLLATERAL,
+    NodeLost,
+    Straggler,
+    WorkerExited,
+    WorkerHung,
+)
+from stalwart.agent.detection.stragglers import (
+    ComputeExchange,
+    Declared,
+    PeerMedians,
+    StragglerAction,
+    StragglerConfig,
+    StragglerWindows,
+)
+from stalwart.agent.detection.verdict import (
+    CrashLoops,
+    Failure,
+    error_line,
+    error_line_path,
+    failed_at,
+)
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
 
@@ -108,7 +135,7 @@ class CrashDetector:
 
 
 class HangDetector:
-    """The progress board and /proc -> :class:`WorkerHung` (agent/detect.py decides)."""
+    """The progress board and /proc -> :class:`WorkerHung` (agent/detection/hang.py decides)."""
 
     def __init__(
         self,
@@ -237,7 +264,7 @@ class NodeLossDetector:
         finished: Callable[[], int | None] = lambda: None,
         grace_s: float = 0.0,
     ) -> None:
-        """``finished``: a rank that finished the job, if one did (agent/_finished.py):
+        """``finished``: a rank that finished the job, if one did (agent/detection/_finished.py):
         a node lost after that is isolated but its ranks are not adopted. ``grace_s``: the
         partition grace a silent expiry waited (agent/_grace.py), part of its latency."""
         self._nodes, self._lease_s, self._finished = nodes, lease_s, finished
@@ -267,7 +294,7 @@ class NodeLossDetector:
             if not fired:  # no injected fault to time from: from the connection's end
                 latency = now - closed_at
         if (cut := self._nodes.published(f"cut-node{node}")) is not None:
-            how = f"lease revoked: {cut['how']}"  # agent/_dataplane.py: from the stall
+            how = f"lease revoked: {cut['how']}"  # _dataplane_watch.py: from the stall
             latency = latency if fired else now - float(cut["t0"])
         self._events.emit(
             "fault_detected",
@@ -284,6 +311,83 @@ class NodeLossDetector:
         return NodeLost(node, tuple(self._nodes.ranks_of(node)), how, latency, False)
 
 
+class Killed(Protocol):
+    """Where the agent notes why it killed a process (HangWatch.killed): the failure's
+    error line."""
+
+    killed: dict[int, str]
+
+
+class StragglerDetector:
+    """The board's compute times -> :class:`Straggler` (agent/detection/stragglers.py decides);
+    writes ``fault_detected`` (fault ``straggler``) and the ``straggler`` event."""
+
+    def __init__(
+        self,
+        *,
+        config: StragglerConfig,
+        node: int,
+        workers: LocalWorkers,
+        watch: Killed,
+        ledger: FaultLedger,
+        events: EventSink,
+        say: Say,
+        peers: PeerMedians | None = None,
+    ) -> None:
+        self._node, self._workers, self._watch, self._peers = node, workers, watch, peers
+        self._ledger, self._events, self._say = ledger, events, say
+        self.windows = StragglerWindows(config)
+        self._evict = config.action is StragglerAction.EVICT
+
+    def check(self, now: float) -> list[Straggler]:
+        declared = self.windows.observe(self._workers.judged(), now, self._peers)
+        return [self._report(d, now) for d in declared]
+
+    def _report(self, d: Declared, now: float) -> Straggler:
+        sc, domain = d.score, {"rank": d.score.rank, "node": self._node}
+        fired = self._ledger.fired_at(pid=d.pid)
+        latency = now - (fired if fired is not None else d.t_first)
+        seen = (
+            f"{d.windows} windows in a row"
+            if d.windows == d.of
+            else (f"{d.windows} of its last {d.of} windows")
+        )
+        how = (
+            f"computes {sc.compute_s * 1000:.1f} ms per step, {sc.ratio:.2f}x the other ranks' "
+            f"median {sc.median_s * 1000:.1f} ms (robust z {sc.z:.1f}) for {seen}"
+        )
+        self._events.emit(
+            "fault_detected", fault="straggler", domain=domain, latency_s=latency, how=how
+        )
+        action = "evict" if self._evict else "report"
+        self._events.emit(
+            "straggler",
+            domain=domain,
+            compute_s=sc.compute_s,
+            median_s=sc.median_s,
+            ratio=sc.ratio,
+            score=sc.z,
+            windows=d.windows,
+            action=action,
+            latency_s=latency,
+        )
+        then = "evicting it" if self._evict else "reported (--on-straggler evict replaces it)"
+        self._say(f"rank {sc.rank} is a straggler ({how}); detected in {latency:.1f} s, {then}")
+        return Straggler(
+            sc.rank, d.pid, self._node, sc.compute_s, sc.median_s, sc.ratio, sc.z,
+            d.windows, latency, self._evict,
+        )  # fmt: skip
+
+    def isolate(self, s: Straggler) -> None:
+        """Under ``evict``: end the rank's process; its exit is recovered as a failure
+        with cause ``straggler`` by the strategy (a spare, flash, restart, elastic)."""
+        w = self._workers.get(s.rank)
+        if not s.evict or w is None or w.pid != s.pid:
+            return
+        self._watch.killed[s.pid] = f"evicted as a straggler ({s.ratio:.2f}x the others)"
+        self._workers.kill(w, "straggler")
+
+
 @dataclass(frozen=True)
 class Detectors:
     """The node's detectors, built once from the config."""
@@ -292,8 +396,10 @@ class Detectors:
     hangs: HangDetector
     lost: NodeLossDetector
     stragglers: StragglerDetector
-    dataplane: DataPlaneWatch | None = None  # agent/_dataplane.py (None on one node)
-    link: LinkDetector | None = None  # agent/_degraded.py (None on one node)
+    dataplane: DataPlaneWatch | None = (
+        None  # agent/detection/_dataplane_watch.py (None on one node)
+    )
+    link: LinkDetector | None = None  # agent/detection/_degraded_watch.py (None on one node)
 
     @classmethod
     def for_node(

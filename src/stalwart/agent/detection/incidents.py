@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stalwart.agent.verdict import Failure
+from stalwart.agent.detection.verdict import Failure
 
 __all__ = [
     "COLLATERAL",
@@ -36,7 +36,7 @@ class WorkerExited:
     pid: int
     rc: int
     cause: str  # crash | hang | collateral | straggler
-    failure: Failure  # where it failed, its error (agent/verdict.py)
+    failure: Failure  # where it failed, its error (agent/detection/verdict.py)
     verdict: str | None  # the crash-loop verdict: it would fail the same way again
     collateral: bool = False
     """The agent killed it as collateral of another rank's fault (it waited in a
@@ -46,7 +46,7 @@ class WorkerExited:
 
 @dataclass(frozen=True)
 class WorkerHung:
-    """A worker makes no progress (agent/detect.py): the agent kills it, and its exit
+    """A worker makes no progress (agent/detection/hang.py): the agent kills it, and its exit
     comes back as :class:`WorkerExited` with cause ``hang``."""
 
     rank: int
@@ -84,7 +84,7 @@ class ProbeFailed:
 
 @dataclass(frozen=True)
 class Straggler:
-    """A rank computes persistently slower than the job's others (agent/straggler.py).
+    """A rank computes persistently slower than the job's others (agent/detection/stragglers.py).
     Under ``--on-straggler evict`` the agent ends its process, whose exit comes back as
     :class:`WorkerExited` with cause ``straggler`` and is recovered by the strategy's
     means; under ``report`` it keeps running."""

@@ -1,8 +1,9 @@
-"""The degraded-link detector (agent/_detectors.py composes it with the others): the
-board's step and compute times, judged by agent/degraded.py, become a ``link_degraded``
+"""The degraded-link detector (agent/detection/_detectors.py composes it with the others): the
+board's step and compute times, judged by agent/detection/degraded.py, become a ``link_degraded``
 event and one line (then ``link_recovered`` and a line); under ``--on-degraded evict``
 the node that holds rank 0 revokes the far node's lease, which is then recovered as any
-lost node's (agent/_dataplane.py's ``revoke_node``: the same path as a cut data plane).
+lost node's (agent/detection/_dataplane_watch.py's ``revoke_node``: the same path as a cut data
+plane).
 
 Each window's verdict is published under ``link-n<node>`` (one store write per window,
 as the straggler exchange): the link is declared only when no other live node's
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, Say
 from stalwart.agent._workers import LocalWorkers
-from stalwart.agent.degraded import (
+from stalwart.agent.detection.degraded import (
     DegradedAction,
     DegradedConfig,
     LinkWindow,

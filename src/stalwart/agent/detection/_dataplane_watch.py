@@ -1,6 +1,6 @@
 """The agent's side of a watched data plane: stall -> probe the peers -> fence a side.
 
-The decisions are agent/dataplane.py's (pure); here they meet the board, the peers'
+The decisions are agent/detection/dataplane.py's (pure); here they meet the board, the peers'
 watch listeners (agent/_peerwatch.py) and the store. A probe is a TCP connection to a
 peer agent's watch listener that must answer with its 16-byte nonce within
 :data:`PROBE_TIMEOUT_S`: the peer's kernel and agent are reachable over the nodes' own
@@ -10,7 +10,7 @@ connection (docs/wire-protocol.md): a probe never counts as a watched connection
 Probes run on their own thread, so the agent's loop never waits for a silent peer.
 
 A probe begins once every local rank waited past the hang floor, whatever the step time
-(agent/dataplane.py): the answers decide. One failed probe decides nothing: a peer is cut
+(agent/detection/dataplane.py): the answers decide. One failed probe decides nothing: a peer is cut
 only when it answered no probe for :data:`UNREACHED_S` in a row (a loaded peer may miss
 one), and only once the stall outlived the partition grace (and, to fence this node, the
 lease). A stall lasts until the job moves; while a peer does not answer it is probed again
@@ -34,8 +34,8 @@ from stalwart.agent._cluster import Cluster
 from stalwart.agent._fencing import NodeLease
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers
-from stalwart.agent.dataplane import Cut, Stall, decide, find_stall
-from stalwart.agent.detect import Activity, HangConfig
+from stalwart.agent.detection.dataplane import Cut, Stall, decide, find_stall
+from stalwart.agent.detection.hang import Activity, HangConfig
 from stalwart.logs import get_logger
 
 __all__ = [
@@ -62,7 +62,7 @@ _REPROBE_S = 5.0  # while a stall lasts and every peer answered, look again this
 
 
 class Sampler(Protocol):
-    """What of the hang watch (agent/_detectors.py's ``HangWatch``) a stall is judged
+    """What of the hang watch (agent/detection/_detectors.py's ``HangWatch``) a stall is judged
     with: the same CPU samples as a hang."""
 
     def sample(
@@ -159,7 +159,7 @@ class DataPlaneWatch:
         self._next_probe = 0.0
         self._pending: threading.Thread | None = None
         self._reached: tuple[set[int], set[int]] | None = None  # (live, reached)
-        self._hang_s = max(config.idle_s, config.ceiling_s)  # agent/detect.py's remote wait
+        self._hang_s = max(config.idle_s, config.ceiling_s)  # agent/detection/hang.py's remote wait
 
     @classmethod
     def for_node(

@@ -65,7 +65,7 @@ class HangConfig:
     exit_grace_s: float = 60.0
     """Once a rank finished the job (exited 0, or passed the finish barrier), how long
     another may make no progress (no CPU, no step) before it is ended as hung at exit
-    (agent/_finished.py): its peers are gone, so it waits for nothing that can come; a
+    (agent/detection/_finished.py): its peers are gone, so it waits for nothing that can come; a
     final save or eval it computes alone is busy and never ended. Long enough for a
     final write to a slow file system; the job then ends with its result (rc 0)."""
 

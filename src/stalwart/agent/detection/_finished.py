@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, Say
-from stalwart.agent.detect import Activity
-from stalwart.agent.incidents import NodeLost, WorkerExited
+from stalwart.agent.detection.hang import Activity
+from stalwart.agent.detection.incidents import NodeLost, WorkerExited
 from stalwart.contract.board import Slot
 
 __all__ = [
@@ -144,7 +144,7 @@ def hung_at_exit(
     since: float,
     grace_s: float,
 ) -> ExitHang | None:
-    """The live ranks (``slots``, as for agent/detect.py ``find_hang``) that neither
+    """The live ranks (``slots``, as for agent/detection/hang.py ``find_hang``) that neither
     computed nor stepped for ``grace_s`` since ``since`` (when the agent learned that
     rank ``done`` finished the job). A busy rank (a final eval or save alone) is never
     ended; a stopped one is, after the same grace (nobody will ever wait for it)."""

@@ -4,8 +4,8 @@ Loss or delay on the network between nodes does not fail a synchronous job: it s
 every collective, so every rank's step takes several times its usual time, and every
 rank spends the extra time waiting in a collective, not computing. No detector sees that
 as a fault: no process dies or stops, no rank computes slower than the others (the
-straggler score compares compute times, agent/straggler.py), and the ranks still move,
-so neither the hang bound nor the data plane watch (agent/dataplane.py) is reached. 30%
+straggler score compares compute times, agent/detection/stragglers.py), and the ranks still move,
+so neither the hang bound nor the data plane watch (agent/detection/dataplane.py) is reached. 30%
 loss between two nodes left 47 s between two steps with no event and no line.
 
 The agent reads the same progress board as the straggler detector (compute time per
@@ -95,7 +95,7 @@ class DegradedAction(enum.Enum):
 
 @dataclass(frozen=True)
 class DegradedConfig:
-    """How the agent judges a degraded link (agent/degraded.py's module docstring)."""
+    """How the agent judges a degraded link (agent/detection/degraded.py's module docstring)."""
 
     action: DegradedAction = DegradedAction.REPORT
     """``report`` by default: a slow link is a cost, not a failure; ``evict`` drops the

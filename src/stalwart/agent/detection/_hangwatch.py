@@ -1,10 +1,10 @@
-"""The agent's view of its workers' processes between board reads (agent/_detectors.py's
-hang detector and agent/_dataplane.py's watch sample through it)."""
+"""The agent's view of its workers' processes between board reads (agent/detection/_detectors.py's
+hang detector and agent/detection/_dataplane_watch.py's watch sample through it)."""
 
 from __future__ import annotations
 
 from stalwart.agent._proc import read_cpu
-from stalwart.agent.detect import Activity, CpuTracker, HangConfig
+from stalwart.agent.detection.hang import Activity, CpuTracker, HangConfig
 from stalwart.contract.board import Slot
 
 __all__ = ["HangWatch"]
