@@ -1,4 +1,4 @@
-"""The node's health endpoint (agent/healthz.py): what /healthz and /readyz answer in
+"""The node's health endpoint (agent/health/endpoint.py): what /healthz and /readyz answer in
 each state, over a real loopback HTTP server, and from a real `stalwart run`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent.healthz import (
+from stalwart.agent.health.endpoint import (
     HEALTH_FORMAT_VERSION,
     HealthEndpoint,
     HealthEndpointConfig,

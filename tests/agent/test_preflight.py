@@ -1,4 +1,4 @@
-"""The preflight's verdicts (agent/_preflight.py): DLRover's slow node vs slow link,
+"""The preflight's verdicts (agent/health/preflight.py): DLRover's slow node vs slow link,
 in-process with fake timings and a fake launch record."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from stalwart.agent._preflight import (
+from stalwart.agent.health.preflight import (
     PreflightConfig,
     Timing,
     classify,

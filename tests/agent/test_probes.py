@@ -1,5 +1,5 @@
-"""The health probes (agent/probes.py, agent/_nvml.py) and their detector
-(agent/_probe_watch.py), in-process with fakes."""
+"""The health probes (agent/health/probes.py, agent/health/probes.py) and their detector
+(agent/health/_node.py), in-process with fakes."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._nvml import NvmlHealth
-from stalwart.agent._probe_watch import ProbeWatch, build_probes
-from stalwart.agent.probes import (
+from stalwart.agent.health._node import ProbeWatch
+from stalwart.agent.health.probes import (
     DiskSpace,
     DiskWriteSpeed,
     HostMemory,
+    NvmlHealth,
     ProbeConfig,
     ProbeResult,
     ShmSpace,
+    build_probes,
     parse_probe_names,
     slot_growth,
 )
@@ -260,7 +261,7 @@ def _cfg(tmp_path: Path, **kw: Any) -> Any:
 
 def test_isolate_blocklists_and_leaves_when_the_node_can(tmp_path: Path) -> None:
     from stalwart.agent._outcome import Cordoned
-    from stalwart.agent._probe_watch import isolate_node
+    from stalwart.agent.health._node import isolate_node
 
     log = EventLog(str(tmp_path / "events.jsonl"), node=1)
     cluster = _Cluster()
@@ -288,7 +289,7 @@ def test_isolate_blocklists_and_leaves_when_the_node_can(tmp_path: Path) -> None
 def test_a_node_that_cannot_or_must_not_leave_reports(
     tmp_path: Path, kw: dict[str, Any], why: str
 ) -> None:
-    from stalwart.agent._probe_watch import isolate_node
+    from stalwart.agent.health._node import isolate_node
 
     log = EventLog(str(tmp_path / "events.jsonl"), node=0)
     cluster = _Cluster()
@@ -304,7 +305,7 @@ def test_a_probe_failing_after_the_nodes_ranks_finished_does_not_isolate_it(
 ) -> None:
     # the race: the probe fails once rank 2 passed the finish barrier; isolated, the node
     # would be adopted and its ranks started again, waiting for peers that had exited
-    from stalwart.agent._probe_watch import isolate_node
+    from stalwart.agent.health._node import isolate_node
 
     log = EventLog(str(tmp_path / "events.jsonl"), node=1)
     cluster = _Cluster()
@@ -317,7 +318,7 @@ def test_a_probe_failing_after_the_nodes_ranks_finished_does_not_isolate_it(
 
 
 def test_probe_limits_parse_over_the_defaults() -> None:
-    from stalwart.agent.probes import parse_probe_limits
+    from stalwart.agent.health.probes import parse_probe_limits
 
     cfg = parse_probe_limits("disk_min_free_mb=10,gpu_max_temp_c=80", names=(), interval_s=5)
     assert cfg.disk_min_free_bytes == 10 * 1024 * 1024 and cfg.gpu_max_temp_c == 80

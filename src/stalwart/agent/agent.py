@@ -25,7 +25,6 @@ from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._cluster import Cluster, NodeFenced
 from stalwart.agent._generation import JobGeneration
 from stalwart.agent._grace import noting
-from stalwart.agent._health import NodeHealth
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
@@ -52,7 +51,8 @@ from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection._detectors import Detectors, HangWatch
 from stalwart.agent.detection.incidents import Incident, NodeLost
-from stalwart.agent.healthz import NodeStatus, serve_health
+from stalwart.agent.health._node import NodeHealth
+from stalwart.agent.health.endpoint import NodeStatus, serve_health
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._elastic import Joins
 from stalwart.agent.strategies._restart import RestartAll

@@ -12,8 +12,8 @@ from stalwart.agent._endpoint import parse_endpoint
 from stalwart.agent.detection.degraded import DegradedConfig
 from stalwart.agent.detection.hang import HangConfig
 from stalwart.agent.detection.stragglers import StragglerConfig
-from stalwart.agent.healthz import HealthEndpointConfig
-from stalwart.agent.probes import ProbeConfig
+from stalwart.agent.health.endpoint import HealthEndpointConfig
+from stalwart.agent.health.probes import ProbeConfig
 from stalwart.contract.env import DEFAULTS, STRATEGIES, Strategy, WorkerEnv, replica_group_size
 from stalwart.errors import ConfigError
 
@@ -87,7 +87,7 @@ class LaunchConfig:
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
     metrics_host: str = "127.0.0.1"  # its bind address (0.0.0.0 in a pod, for scrapes)
     health: HealthEndpointConfig = field(default_factory=HealthEndpointConfig)
-    """This node's /healthz and /readyz (--health-port, agent/healthz.py)."""
+    """This node's /healthz and /readyz (--health-port, agent/health/endpoint.py)."""
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
@@ -122,9 +122,9 @@ class LaunchConfig:
     min_nproc_per_node: int | None = None
     elastic_wait_s: float = DEFAULTS.elastic_wait_s
     probes: ProbeConfig = field(default_factory=ProbeConfig)
-    """The node's health probes and their bounds (agent/probes.py, --probes)."""
+    """The node's health probes and their bounds (agent/health/probes.py, --probes)."""
     preflight: bool = False
-    """Check every node before the first generation (--preflight, agent/_preflight.py):
+    """Check every node before the first generation (--preflight, agent/health/preflight.py):
     a matmul and an allreduce with a partner; slow or failing nodes leave."""
 
     def tier_retention(self) -> tuple[int, int | None]:

@@ -8,7 +8,7 @@ failing probe after that point used to have its ranks adopted by the leader, whi
 started them afresh; they then waited in their rendezvous for peers that had exited and
 the job ended with a failure instead of ``ok``. A finished job's ranks are not adopted
 (:func:`skip_adoption`) and a node whose ranks finished is not isolated
-(agent/_probe_watch.py ``isolate_node``).
+(agent/health/_node.py ``isolate_node``).
 
 A job whose ranks have begun to exit cleanly is finishing, never failing: a rank that
 fails after a peer finished ends the job with its failure (:func:`after_finish`), never a

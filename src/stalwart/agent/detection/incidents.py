@@ -72,7 +72,7 @@ class NodeLost:
 
 @dataclass(frozen=True)
 class ProbeFailed:
-    """A health probe of this node started failing (agent/probes.py): the agent
+    """A health probe of this node started failing (agent/health/probes.py): the agent
     isolates the node (``--on-probe isolate``) before the fault takes the job down, or
     only reports it (``report``)."""
 

@@ -1,11 +1,18 @@
-"""The probe detector: runs the node's health probes on a thread, reports changes.
+"""The node's health as one part of the agent: its probes' watch and the preflight.
 
-Why a thread: the write-speed probe writes and fsyncs a few MiB and NVML calls can take
-milliseconds; the agent's loop polls its workers every 20 ms and must not wait for
-either. The loop calls :meth:`ProbeWatch.failures` each turn: the events are written
-there (on the loop's thread), and a probe that starts failing comes back as a
+A failing probe or a preflight verdict against this node takes the node out of the job
+before the fault takes the job down (:func:`isolate_node`). :class:`NodeHealth` owns the
+part: the probes read this node's /dev/shm growth (the slots of the ranks it hosts now),
+the checkpoint disk and, where present, NVML (agent/health/probes.py); the preflight
+pairs this node with the others through the cluster's store (agent/health/preflight.py).
+
+:class:`ProbeWatch` runs the probes on a thread. Why a thread: the write-speed probe
+writes and fsyncs a few MiB and NVML calls can take milliseconds; the agent's loop polls
+its workers every 20 ms and must not wait for either. The loop calls
+:meth:`ProbeWatch.failures` each turn: the events are written there (on the loop's
+thread), and a probe that starts failing comes back as a
 :class:`~stalwart.agent.detection.incidents.ProbeFailed` for the agent to isolate the node
-(agent/agent.py; the ``--on-probe`` policy).
+(the ``--on-probe`` policy).
 
 What is written (docs/events.md, ``probe``): every probe's first reading (so a report
 shows what was watched, and which probes were skipped, with why), then only changes: a
@@ -15,27 +22,23 @@ recovers.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-from stalwart.agent._nvml import NvmlHealth
+from stalwart.agent._cluster import Cluster
 from stalwart.agent._outcome import Cordoned
-from stalwart.agent._types import EventSink, Say
+from stalwart.agent._types import EventSink, NodeContext, Say
+from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.detection._finished import finished_rank
 from stalwart.agent.detection.incidents import ProbeFailed
-from stalwart.agent.probes import (
-    DiskSpace,
-    DiskWriteSpeed,
-    HostMemory,
-    Probe,
-    ProbeConfig,
-    ProbeResult,
-    ShmSpace,
-)
+from stalwart.agent.health.preflight import PreflightConfig, report, run_check, run_preflight
+from stalwart.agent.health.probes import Probe, ProbeResult, build_probes, slot_growth
 from stalwart.logs import get_logger
 
-__all__ = ["Blocklist", "ProbeWatch", "build_probes", "isolate_node", "probe_event"]
+__all__ = ["Blocklist", "NodeHealth", "ProbeWatch", "isolate_node", "probe_event"]
 
 _log = get_logger(__name__)
 
@@ -138,28 +141,6 @@ class ProbeWatch:
             self._thread = None
 
 
-def build_probes(cfg: ProbeConfig, *, ckpt_dir: str, shm_pending: Callable[[], int]) -> list[Probe]:
-    """The probes ``cfg.names`` asks for, bound to this node's paths."""
-    out: list[Probe] = []
-    if "host" in cfg.names:
-        out.append(HostMemory(cfg.host_min_available))
-    if "shm" in cfg.names:
-        out.append(ShmSpace(cfg.shm_reserve_bytes, shm_pending))
-    if "disk" in cfg.names:
-        out.append(DiskSpace(ckpt_dir, cfg.disk_min_free_bytes))
-        out.append(
-            DiskWriteSpeed(
-                ckpt_dir,
-                nbytes=cfg.write_probe_bytes,
-                min_mb_s=cfg.disk_min_mb_s,
-                every_s=cfg.write_every_s,
-            )
-        )
-    if "nvml" in cfg.names:
-        out.append(NvmlHealth(max_temp_c=cfg.gpu_max_temp_c))
-    return out
-
-
 class Blocklist(Protocol):
     """What of the cluster (agent/_cluster.py) isolating a node needs."""
 
@@ -202,3 +183,55 @@ def isolate_node(
     events.emit("isolation", member=member, reason=why, blocklisted=True)
     say(f"node {node} isolated ({why}): blocklisted, its ranks move to a healthy node")
     raise Cordoned(f"node {node} isolated: {why}")
+
+
+class NodeHealth:
+    """Owns the node's :class:`ProbeWatch` thread; ``check()`` isolates the node on a
+    probe failure, ``preflight()`` before the first generation."""
+
+    def __init__(self, ctx: NodeContext, cluster: Cluster, workers: LocalWorkers):
+        self.ctx, self.cluster, self._workers = ctx, cluster, workers
+        cfg, names = ctx.cfg, cluster.names
+        pending = lambda: slot_growth(names.rank_dir(r) for r in workers.ranks())  # noqa: E731
+        ckpt = os.path.join(ctx.run_dir, "ckpt")
+        probes = build_probes(cfg.probes, ckpt_dir=ckpt, shm_pending=pending)
+        self.watch = ProbeWatch(
+            probes,
+            interval_s=cfg.probes.interval_s,
+            node=cfg.node_rank,
+            events=ctx.events,
+            say=ctx.say,
+        )
+        self.watch.start()
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def check(self) -> None:
+        """Isolate the node for a probe that started failing (``--on-probe``)."""
+        for failed in self.watch.failures():
+            self._isolate(failed)
+
+    def _isolate(self, failed: ProbeFailed) -> None:
+        what = f"GPU {failed.device} " if failed.device is not None else ""
+        why = f"probe {failed.probe} failed: {what}{failed.detail}"
+        ctx = self.ctx
+        # a rank that finished the job (agent/detection/_finished.py): nothing is left to move
+        done = finished_rank(self._workers, self.cluster, ctx.cfg.world_size)
+        isolate_node(ctx.cfg, self.cluster, ctx.events, ctx.say, why, finished=done)
+
+    def preflight(self) -> None:
+        """Check this node against the others before the first generation: a slow or
+        failing node leaves now (agent/health/preflight.py), its ranks start elsewhere."""
+        ctx = self.ctx
+        cfg, pcfg = ctx.cfg, PreflightConfig()
+        check = run_check(pcfg, cfg.node_rank)
+        nodes = list(range(cfg.nnodes))
+        verdicts, seconds = run_preflight(
+            nodes, cfg.node_rank, self.cluster, check, host=cfg.node_address, cfg=pcfg
+        )
+        report(ctx.events, verdicts, seconds, node=cfg.node_rank, say=ctx.say)
+        mine = verdicts[cfg.node_rank]
+        if not mine.ok:
+            why = f"preflight {mine.verdict}: {mine.detail}"
+            isolate_node(cfg, self.cluster, ctx.events, ctx.say, why)

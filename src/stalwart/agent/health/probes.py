@@ -5,23 +5,38 @@ memory running out, a full ``/dev/shm`` that the next snapshot would die in, a
 checkpoint disk that is full or has slowed to a crawl, a GPU logging ECC errors, XIDs or
 running hot). Each :class:`Probe` reads one of these and returns a
 :class:`ProbeResult`; the agent runs the node's probes on a thread every
-``--probe-interval`` seconds (:class:`ProbeRunner`) and acts on a failure by the
-``--on-probe`` policy (agent/agent.py): ``isolate`` blocklists the node and moves its
+``--probe-interval`` seconds (agent/health/_node.py ``ProbeWatch``) and acts on a
+failure by the ``--on-probe`` policy: ``isolate`` blocklists the node and moves its
 ranks to a healthy node before the fault takes the job down, ``report`` writes the
 events only. A probe that cannot run here (no ``pynvml``, no GPU) is *skipped* and says
 why once, so a report shows what was not watched.
 
 The built-ins: :class:`HostMemory`, :class:`ShmSpace`, :class:`DiskSpace`,
-:class:`DiskWriteSpeed` and :class:`~stalwart.agent._nvml.NvmlHealth`.
+:class:`DiskWriteSpeed` and :class:`NvmlHealth`; :func:`build_probes` binds the ones
+``--probes`` names to this node's paths.
+
+The NVML probe reads ECC errors, XID events, temperature and clock slowdowns per GPU.
+Why these four: an uncorrectable (volatile) ECC error means the GPU's memory returned
+wrong data since the driver loaded; a critical XID (a GPU-side fault the driver
+logged: 48 double-bit ECC, 79 fallen off the bus, 94/95 contained/uncontained ECC,
+...) usually precedes a hang or a crash; a GPU running hotter than its limit, or
+slowed by its hardware (thermal or power brake), turns its rank into a straggler. Each
+is read through ``pynvml`` (the ``nvidia-ml-py`` package: ``pip install
+stalwart[nvml]``); without it, or without a GPU, the probe is skipped and says so once,
+on the console only where a GPU device exists (``/dev/nvidia<N>``): a machine without
+GPUs gets the event and a debug line, not a line on every run.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib
 import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from types import ModuleType
+from typing import Any, Protocol
 
 __all__ = [
     "ON_PROBE",
@@ -29,10 +44,12 @@ __all__ = [
     "DiskSpace",
     "DiskWriteSpeed",
     "HostMemory",
+    "NvmlHealth",
     "Probe",
     "ProbeConfig",
     "ProbeResult",
     "ShmSpace",
+    "build_probes",
     "parse_probe_limits",
     "parse_probe_names",
     "slot_growth",
@@ -365,3 +382,149 @@ def parse_probe_limits(
         gpu_max_temp_c=v["gpu_max_temp_c"],
         on_failure=on_failure,
     )
+
+
+_SLOWDOWN_BITS = (
+    ("nvmlClocksThrottleReasonHwSlowdown", "hardware slowdown"),
+    ("nvmlClocksThrottleReasonHwThermalSlowdown", "hardware thermal slowdown"),
+    ("nvmlClocksThrottleReasonSwThermalSlowdown", "software thermal slowdown"),
+    ("nvmlClocksThrottleReasonHwPowerBrakeSlowdown", "power brake"),
+)
+
+
+class NvmlHealth:
+    """One result per GPU per round; ``nvml``: the module (a fake in tests)."""
+
+    name = "nvml"
+
+    def __init__(self, *, max_temp_c: float, nvml: ModuleType | None = None) -> None:
+        self._max_temp = max_temp_c
+        self._nv: Any = nvml  # pynvml is untyped: every attribute is Any anyway
+        self._skip: str | None = None
+        self._quiet = False  # skipped where there is no GPU at all: nothing to say
+        self._handles: list[Any] = []
+        self._events: Any = None
+        self._xids: dict[int, list[int]] = {}
+
+    def _open(self) -> bool:
+        if self._handles:
+            return True
+        if self._skip is not None:
+            return False
+        try:
+            if self._nv is None:
+                self._nv = importlib.import_module("pynvml")
+            nv = self._nv
+            nv.nvmlInit()
+            self._handles = [
+                nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())
+            ]
+        except ImportError:
+            self._skip = "pynvml is not installed (pip install stalwart[nvml]): GPUs not probed"
+            self._quiet = not _gpu_devices()
+            return False
+        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self._skip = f"NVML unavailable ({err}): no GPU or no driver here, GPUs not probed"
+            self._quiet = not _gpu_devices()
+            return False
+        if not self._handles:
+            self._skip = "NVML sees no GPU: GPUs not probed"
+            return False
+        self._register_xids()
+        return True
+
+    def _register_xids(self) -> None:
+        nv = self._nv
+        try:
+            self._events = nv.nvmlEventSetCreate()
+            for h in self._handles:
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
+        except Exception:
+            self._events = None  # not supported here (some VMs, MIG): ECC/temp still read
+
+    def check(self) -> list[ProbeResult]:
+        if not self._open():
+            skip = str(self._skip)
+            return [ProbeResult(self.name, True, skip, skipped=True, quiet=self._quiet)]
+        self._drain_xids()
+        return [self._device(i, h) for i, h in enumerate(self._handles)]
+
+    def _drain_xids(self) -> None:
+        if self._events is None:
+            return
+        nv, index = self._nv, {id(h): i for i, h in enumerate(self._handles)}
+        for _ in range(64):  # what arrived since the last round, bounded
+            try:
+                data = nv.nvmlEventSetWait(self._events, 0)
+            except Exception:  # NVMLError_Timeout: nothing more
+                return
+            dev = index.get(id(data.device), 0)
+            self._xids.setdefault(dev, []).append(int(data.eventData))
+
+    def _device(self, i: int, h: Any) -> ProbeResult:
+        nv, problems = self._nv, []
+        try:
+            temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        except Exception:
+            temp = float("nan")
+        if temp > self._max_temp:
+            problems.append(f"{temp:.0f} C, over {self._max_temp:.0f} C")
+        try:
+            ecc = int(
+                nv.nvmlDeviceGetTotalEccErrors(
+                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+                )
+            )
+        except Exception:
+            ecc = 0  # ECC off or not supported: nothing to count
+        if ecc > 0:
+            problems.append(f"{ecc} uncorrectable ECC errors")
+        if xids := self._xids.pop(i, []):
+            problems.append(f"XID {', '.join(str(x) for x in sorted(set(xids)))}")
+        problems += self._slowdowns(h)
+        detail = f"GPU {i}: {temp:.0f} C, {ecc} uncorrectable ECC errors"
+        if problems:
+            detail = (
+                f"GPU {i}: {'; '.join(problems)}: it is failing or slowing its rank; "
+                "drain the node and check it (nvidia-smi -q, dmesg)"
+            )
+        return ProbeResult(self.name, not problems, detail, temp, self._max_temp, "C", device=i)
+
+    def _slowdowns(self, h: Any) -> list[str]:
+        nv = self._nv
+        try:
+            reasons = int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        except Exception:
+            return []
+        return [
+            what
+            for attr, what in _SLOWDOWN_BITS
+            if (bit := getattr(nv, attr, None)) is not None and reasons & int(bit)
+        ]
+
+
+def _gpu_devices() -> list[str]:
+    """The NVIDIA device files of this machine (none: it has no GPU to probe)."""
+    return glob.glob("/dev/nvidia[0-9]*")
+
+
+def build_probes(cfg: ProbeConfig, *, ckpt_dir: str, shm_pending: Callable[[], int]) -> list[Probe]:
+    """The probes ``cfg.names`` asks for, bound to this node's paths."""
+    out: list[Probe] = []
+    if "host" in cfg.names:
+        out.append(HostMemory(cfg.host_min_available))
+    if "shm" in cfg.names:
+        out.append(ShmSpace(cfg.shm_reserve_bytes, shm_pending))
+    if "disk" in cfg.names:
+        out.append(DiskSpace(ckpt_dir, cfg.disk_min_free_bytes))
+        out.append(
+            DiskWriteSpeed(
+                ckpt_dir,
+                nbytes=cfg.write_probe_bytes,
+                min_mb_s=cfg.disk_min_mb_s,
+                every_s=cfg.write_every_s,
+            )
+        )
+    if "nvml" in cfg.names:
+        out.append(NvmlHealth(max_temp_c=cfg.gpu_max_temp_c))
+    return out

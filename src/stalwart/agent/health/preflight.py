@@ -1,7 +1,7 @@
-"""The preflight node check (``stalwart run --preflight``, ``stalwart check``).
+"""The preflight node check (``stalwart run --preflight``, and ``stalwart check``).
 
 Before the first generation every node runs a small matmul and an allreduce with a
-partner (agent/_preflight_check.py, a process of its own). DLRover's method tells a
+partner (agent/health/_preflight_round.py, a process of its own). DLRover's method tells a
 slow node from a slow link: in round 1 the nodes are paired (0-1, 2-3, ...); a node
 whose matmul is far slower than the fastest node's is slow by itself; a pair whose
 allreduce is far slower than the fastest pair's has a slow member *or* a slow link
@@ -14,14 +14,23 @@ fastest (3x by default): this check is for broken hardware, not for noise.
 
 Every node computes the same verdict from the results all nodes published (the
 cluster's launch record); node 0 writes one ``preflight`` event per node with the
-figures, and a slow or failing node isolates itself (agent/_probe_watch.py
+figures, and a slow or failing node isolates itself (agent/health/_node.py
 :func:`isolate_node`): blocklisted, it leaves and its ranks move to a healthy node.
+
+``stalwart check`` (:func:`check_node`) is the same check and one round of the probes
+(agent/health/probes.py) without a training job: every node of the would-be job runs it
+with the flags it would give ``stalwart run`` (``--nnodes``, ``--node-rank``,
+``--rdzv-endpoint`` or ``--rdzv``), joins a coordinator exactly as a job's agents do,
+prints the verdicts and leaves. Nothing is blocklisted (no job to keep a node out of);
+the exit code says whether this node is fit (0) or not (1), so a scheduler can drain it
+before the job starts.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -29,14 +38,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stalwart.agent._cluster import Cluster
+from stalwart.agent._private import make_private_dir
 from stalwart.agent._types import EventSink, Say
+from stalwart.agent.config import LaunchConfig
+from stalwart.agent.health.probes import ProbeResult, build_probes
 from stalwart.errors import ConfigError
+from stalwart.logs import get_logger
+from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = [
+    "CheckResult",
     "Launch",
     "NodeVerdict",
     "PreflightConfig",
     "Timing",
+    "check_node",
     "classify",
     "decide",
     "pair_up",
@@ -216,10 +233,10 @@ Check = Callable[[str, int, int], Timing]
 
 
 def run_check(cfg: PreflightConfig, node: int) -> Check:
-    """The real check: agent/_preflight_check.py as a process of its own."""
+    """The real check: agent/health/_preflight_round.py as a process of its own."""
 
     def check(addr: str, rank: int, partner: int) -> Timing:
-        cmd = [sys.executable, "-m", "stalwart.agent._preflight_check", addr, str(rank)]
+        cmd = [sys.executable, "-m", "stalwart.agent.health._preflight_round", addr, str(rank)]
         cmd += ["--n", str(cfg.n), "--reps", str(cfg.reps), "--mb", str(cfg.mb)]
         cmd += ["--timeout", str(cfg.timeout_s)]
         try:
@@ -343,3 +360,43 @@ def report(
             domain = {"rank": None, "node": n}
             how = f"preflight {v.verdict}: {v.detail}"
             events.emit("fault_detected", fault="preflight", domain=domain, latency_s=0.0, how=how)
+
+
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    verdicts: dict[int, NodeVerdict]  # every node's, alike on every node
+    probes: list[ProbeResult]  # this node's
+    seconds: float  # the paired check's wall time (preflight_s)
+
+    def fit(self, node: int) -> bool:
+        return self.verdicts[node].ok and all(p.ok for p in self.probes)
+
+
+def check_node(cfg: LaunchConfig, preflight: PreflightConfig | None = None) -> CheckResult:
+    """Run this node's part of the check (``cfg``: the job's node flags; its
+    ``script`` is never run)."""
+    pcfg = preflight or PreflightConfig()
+    run_dir = os.path.abspath(cfg.run_dir or os.path.join("runs", cfg.job))
+    make_private_dir(run_dir)  # 0700, this user's (docs/security.md)
+    cluster = Cluster(cfg, run_dir)
+    with EventLog(os.path.join(run_dir, EVENTS_FILE), node=cfg.node_rank) as events:
+        cluster.start()
+        try:
+            check = run_check(pcfg, cfg.node_rank)
+            nodes = list(range(cfg.nnodes))
+            verdicts, seconds = run_preflight(
+                nodes, cfg.node_rank, cluster, check, host=cfg.node_address, cfg=pcfg
+            )
+            report(events, verdicts, seconds, node=cfg.node_rank, say=_log.info)
+            ckpt = os.path.join(run_dir, "ckpt")
+            probes = [
+                r
+                for p in build_probes(cfg.probes, ckpt_dir=ckpt, shm_pending=lambda: 0)
+                for r in p.check()
+            ]
+        finally:
+            cluster.close()
+    return CheckResult(verdicts, probes, seconds)

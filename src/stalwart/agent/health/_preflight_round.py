@@ -1,6 +1,6 @@
 """One node's side of one preflight round, run as its own process by the agent.
 
-``python -m stalwart.agent._preflight_check HOST:PORT RANK --n N --reps R --mb M``
+``python -m stalwart.agent.health._preflight_round HOST:PORT RANK --n N --reps R --mb M``
 times an ``N x N`` float32 matmul (the fastest of ``R``), then joins a two-member gloo
 group over a TCPStore at ``HOST:PORT`` (rank 0 hosts it) and times an allreduce of ``M``
 MiB (the fastest of ``R``, after a warm-up). The fastest, not the median: the check
@@ -56,7 +56,7 @@ def _measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="stalwart.agent._preflight_check")
+    p = argparse.ArgumentParser(prog="stalwart.agent.health._preflight_round")
     p.add_argument("addr")
     p.add_argument("rank", type=int, choices=(0, 1))
     p.add_argument("--n", type=int, default=512)
