@@ -42,7 +42,7 @@ class FakeEvents:
 
 
 class FakeLaunch:
-    """The job's launch record (agent/_cluster.py's publish/read)."""
+    """The job's launch record (agent/cluster/_cluster.py's publish/read)."""
 
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stalwart.agent import Activity, HangConfig, decide, find_stall
-from stalwart.agent._cluster import ring_successor
-from stalwart.agent._fencing import NodeFenced, NodeLease
-from stalwart.agent._peerwatch import PeerWatch
+from stalwart.agent.cluster._cluster import ring_successor
+from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
+from stalwart.agent.cluster._peerwatch import PeerWatch
 from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, probe
 from stalwart.contract.board import Slot
 from stalwart.coordinator import MemoryStore
@@ -323,7 +323,7 @@ def test_a_silent_peer_whose_lease_may_still_expire_is_not_a_cut_yet() -> None:
 
 
 def test_no_cut_is_decided_while_the_stall_is_within_the_partition_grace() -> None:
-    """A partition shorter than the grace (agent/_grace.py) heals into the same
+    """A partition shorter than the grace (agent/cluster/_grace.py) heals into the same
     generation: rank 0's node probes, finds the peer cut, and waits (probing again)."""
     store, lines, events = MemoryStore(), list[str](), _Events()
     _job(store)

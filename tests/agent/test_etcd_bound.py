@@ -1,7 +1,7 @@
 """A node cut from etcd itself (its link to etcd gone, etcd up for everyone else) learns
 it within a bound set by its lease, not after a 30 s request and a 60 s reconnect
 (issue 25): the agent's etcd calls are bounded as the embedded store's are
-(agent/etcd_cluster.py, docs/etcd.md), and an etcd restart is still ridden out
+(agent/cluster/etcd.py, docs/etcd.md), and an etcd restart is still ridden out
 (tests/agent/test_etcd_faults.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from coordinator.etcd_server import running_etcd
 
+from stalwart.agent.cluster.etcd import ETCD_RIDE_OUT_S, agent_etcd_config, open_etcd
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.etcd_cluster import ETCD_RIDE_OUT_S, agent_etcd_config, open_etcd
 from stalwart.coordinator import StoreUnavailableError
 
 from ._forwarder import forwarder

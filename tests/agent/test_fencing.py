@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._link import FENCE_BOUND_LEASES, Waiting, agent_client_config
+from stalwart.agent.cluster._cluster import Cluster, NodeFenced
+from stalwart.agent.cluster._link import FENCE_BOUND_LEASES, Waiting, agent_client_config
 from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent._generation import JobGeneration
 from stalwart.agent._outcome import RunFailed
 from stalwart.agent._proc import read_cpu
 from stalwart.agent._workers import LocalWorkers, WorkerState
+from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.detection._detectors import HangDetector, HangWatch
 from stalwart.agent.detection._finished import ExitWatch, hung_at_exit
 from stalwart.agent.detection.hang import Activity, HangConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stalwart.agent._generation import JobGeneration
+from stalwart.agent.cluster._generation import JobGeneration
 
 from ._fakes import FakeEvents, FakeLaunch, coordinator
 
@@ -63,10 +63,10 @@ def test_following_an_in_place_recovery_is_not_a_restart() -> None:
 
 def test_following_through_a_watch_reads_the_store_only_when_it_moved() -> None:
     """Issue 31: the agent's poll looked at the generation with a store read ten times
-    a second; with the feed (agent/_genfeed.py) a look reads nothing until a bump."""
+    a second; with the feed (agent/cluster/_genfeed.py) a look reads nothing until a bump."""
     import time
 
-    from stalwart.agent._genfeed import GenerationFeed
+    from stalwart.agent.cluster._genfeed import GenerationFeed
 
     coord = coordinator()
     reads = [0]

@@ -1,4 +1,4 @@
-"""The partition grace (agent/_grace.py, docs/detection.md): a node whose lease expired in
+"""The partition grace (agent/cluster/_grace.py, docs/detection.md): a node whose lease expired in
 silence is missing, not lost, for ``--partition-grace`` seconds; it rejoins when the link
 heals, and the loss that lets the job move on is one transaction against its member key.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._fencing import NodeLease
-from stalwart.agent._grace import MissingNodes, RejoinClock, claim_lost
+from stalwart.agent.cluster._cluster import Cluster, NodeFenced
+from stalwart.agent.cluster._fencing import NodeLease
+from stalwart.agent.cluster._grace import MissingNodes, RejoinClock, claim_lost
 from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerEnv
 from stalwart.coordinator import (

@@ -1,10 +1,10 @@
-"""agent/_members.py: the live members from one range and a watch's events."""
+"""agent/cluster/_members.py: the live members from one range and a watch's events."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stalwart.agent._members import MemberView
+from stalwart.agent.cluster._members import MemberView
 from stalwart.coordinator import CompactedError, MemoryStore
 
 

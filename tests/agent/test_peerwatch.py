@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stalwart.agent._cluster import ring_successor
-from stalwart.agent._peerwatch import PeerWatch, parse_hello
+from stalwart.agent.cluster._cluster import ring_successor
+from stalwart.agent.cluster._peerwatch import PeerWatch, parse_hello
 from stalwart.coordinator import MemoryStore
 
 ROOT = "/stalwart/job"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from _load import scaled
 
-from stalwart.agent._generation import JobGeneration
 from stalwart.agent._outcome import Cordoned, RunFailed
 from stalwart.agent._workers import LocalWorkers, WorkerState
+from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.detection.incidents import NodeLost, WorkerExited
 from stalwart.agent.detection.verdict import Failure
 from stalwart.agent.strategies import choose_policy

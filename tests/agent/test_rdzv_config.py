@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._cluster import ring_successor
+from stalwart.agent.cluster._cluster import ring_successor
+from stalwart.agent.cluster.etcd import rdzv_from_file
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.etcd_cluster import rdzv_from_file
 from stalwart.errors import ConfigError
 
 

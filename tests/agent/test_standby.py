@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._cluster import ring_successor
 from stalwart.agent._standby import Standbys
 from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.cluster._cluster import ring_successor
 from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames, new_run_id

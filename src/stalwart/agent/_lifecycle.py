@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
-from stalwart.agent._generation import JobGeneration, free_port
 from stalwart.agent._private import write_private
 from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import Worker
 from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.cluster._cluster import Cluster
+from stalwart.agent.cluster._generation import JobGeneration, free_port
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection.verdict import error_line_path
 from stalwart.chaos import FaultPlan

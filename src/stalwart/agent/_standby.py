@@ -1,6 +1,6 @@
 """Standby workers: a lost node's ranks resume in processes that already did their set-up.
 
-When a node is lost, its adopter (its ring successor, agent/_cluster.py) used to start a
+When a node is lost, its adopter (its ring successor, agent/cluster/_cluster.py) used to start a
 fresh process per lost rank. Before that process can restore anything it runs the
 script's set-up: imports, building the model and optimizer, ``sess.track``. Here that
 costs 0.3-0.4 s for 256 MB of parameters, on a GPU cluster tens of seconds (CUDA
@@ -62,7 +62,7 @@ class _Standby:
 
 
 class Ring(Protocol):
-    """What of agent/_cluster.py says which ranks this node would adopt."""
+    """What of agent/cluster/_cluster.py says which ranks this node would adopt."""
 
     def live_nodes(self) -> set[int]: ...
     def adopter(self, lost: int, live: set[int]) -> int | None: ...

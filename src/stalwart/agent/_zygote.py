@@ -169,7 +169,7 @@ def _host_store(reply_fd: int, close_fds: list[int], host: str) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
-        from stalwart.agent._address import c10d_store
+        from stalwart.agent.cluster._address import c10d_store
 
         port, _store = c10d_store(host)  # bound to the rendezvous host only
         os.write(reply_fd, f"{port}\n".encode())

@@ -22,9 +22,6 @@ import time
 from collections.abc import Callable
 
 from stalwart.agent._chaos_exec import AgentChaos
-from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._generation import JobGeneration
-from stalwart.agent._grace import noting
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
@@ -41,13 +38,16 @@ from stalwart.agent._outcome import (
     quietly,
     signals_of_a_run,
 )
-from stalwart.agent._replica import NodeReplicas
 from stalwart.agent._rundir import claim_run_dir
 from stalwart.agent._standby import Standbys
 from stalwart.agent._steps import StepRecords
 from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
 from stalwart.agent._workers import LocalWorkers
+from stalwart.agent.cluster._cluster import Cluster, NodeFenced
+from stalwart.agent.cluster._generation import JobGeneration
+from stalwart.agent.cluster._grace import noting
+from stalwart.agent.cluster._replica import NodeReplicas
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection._detectors import Detectors, HangWatch
 from stalwart.agent.detection.incidents import Incident, NodeLost
@@ -216,7 +216,7 @@ class Agent:
                 self._poll_store(now)
 
     def _poll_store(self, now: float) -> None:
-        self.cluster.check_fenced(probe=False)  # (a missing lease: rejoins, agent/_grace.py)
+        self.cluster.check_fenced(probe=False)  # (a missing lease: rejoins, cluster/_grace.py)
         self.health.check()
         if (line := self.cluster.published_verdict()) is not None:
             raise RunFailed(line)  # another node ended the job

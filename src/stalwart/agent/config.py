@@ -7,8 +7,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from stalwart.agent._address import resolve_node_address
-from stalwart.agent._endpoint import parse_endpoint
+from stalwart.agent.cluster._address import parse_endpoint, resolve_node_address
 from stalwart.agent.detection.degraded import DegradedConfig
 from stalwart.agent.detection.hang import HangConfig
 from stalwart.agent.detection.stragglers import StragglerConfig
@@ -92,7 +91,7 @@ class LaunchConfig:
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
     partition_grace_s: float = 5.0
-    """Seconds a silently expired node may rejoin before it is lost (agent/_grace.py)."""
+    """Seconds a silently expired node may rejoin before it is lost (agent/cluster/_grace.py)."""
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
     # (and, under --strategy spare, for its own ranks: warm spares past the set-up)
@@ -110,7 +109,7 @@ class LaunchConfig:
     replica_host: str = ""
     """The address this node's peer watch and replica receiver bind and advertise to the
     other nodes (empty: the local address of the route to the rendezvous, 127.0.0.1 when
-    that is loopback or there is none; agent/_address.py)."""
+    that is loopback or there is none; agent/cluster/_address.py)."""
     start_timeout_s: float = 120.0
     """Seconds a node waits for the job's launch records at start (node 0's c10d
     record, the cluster's first agreement); the zygote's own start: ``zygote``."""
@@ -249,7 +248,7 @@ class LaunchConfig:
     @functools.cached_property
     def node_address(self) -> str:
         """The address this node's listeners bind and advertise to the other nodes
-        (``replica_host``, else the route to the rendezvous: agent/_address.py). Raises
+        (``replica_host``, else the route to the rendezvous: agent/cluster/_address.py). Raises
         ``ConfigError`` for a multi-host node whose host name resolves to loopback."""
         rendezvous: tuple[str, int] | None = None
         if self.etcd:

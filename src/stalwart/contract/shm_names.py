@@ -115,7 +115,7 @@ class SlotNames:
 
     def fence_file(self, node: int) -> str:
         """``node:revision`` of node ``node``'s agent lease once it rejoined within the
-        partition grace (agent/_grace.py): its workers' fence from then on."""
+        partition grace (agent/cluster/_grace.py): its workers' fence from then on."""
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-fence-n{node}")
 
     def step_journal(self, pid: int) -> str:

@@ -1,7 +1,7 @@
 """The agent's side of a watched data plane: stall -> probe the peers -> fence a side.
 
 The decisions are agent/detection/dataplane.py's (pure); here they meet the board, the peers'
-watch listeners (agent/_peerwatch.py) and the store. A probe is a TCP connection to a
+watch listeners (agent/cluster/_peerwatch.py) and the store. A probe is a TCP connection to a
 peer agent's watch listener that must answer with its 16-byte nonce within
 :data:`PROBE_TIMEOUT_S`: the peer's kernel and agent are reachable over the nodes' own
 network, the path a cut data plane loses, unlike the store (which may sit elsewhere).
@@ -30,10 +30,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from stalwart.agent._cluster import Cluster
-from stalwart.agent._fencing import NodeLease
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers
+from stalwart.agent.cluster._cluster import Cluster
+from stalwart.agent.cluster._fencing import NodeLease
 from stalwart.agent.detection.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detection.hang import Activity, HangConfig
 from stalwart.logs import get_logger
@@ -142,7 +142,7 @@ class DataPlaneWatch:
         probe_peer: Callable[[str], bool] = probe,
         grace_s: float = 0.0,
     ) -> None:
-        """``grace_s``: the partition grace (agent/_grace.py): a cut is decided only once
+        """``grace_s``: the partition grace (agent/cluster/_grace.py): a cut is decided only once
         the stall outlived it, so a short partition heals into the same generation."""
         self._config, self._node, self._store, self._root = config, node, store, root
         self._live, self._lease, self._workers, self._watch = live, lease, workers, watch
@@ -193,7 +193,7 @@ class DataPlaneWatch:
 
     def check(self, now: float, slowed: frozenset[int]) -> Cut | None:
         """One look per loop turn; the :class:`Cut` once this node acted on one.
-        Raises :class:`~stalwart.agent._fencing.NodeFenced` when it fenced itself."""
+        Raises :class:`~stalwart.agent.cluster._fencing.NodeFenced` when it fenced itself."""
         slots = self._workers.judged()
         pids = {r: self._workers[r].pid for r in slots}
         activity = self._watch.sample(pids, now, slowed)

@@ -29,7 +29,7 @@ __all__ = ["LinkDetector"]
 
 
 class Records(Protocol):
-    """The job's launch records in the coordinator store (agent/_cluster.py)."""
+    """The job's launch records in the coordinator store (agent/cluster/_cluster.py)."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def published(self, key: str) -> dict[str, Any] | None: ...

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._cluster import Cluster
 from stalwart.agent._env import error_message
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, ProcessExit
+from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, holder_node, revoke_node
 from stalwart.agent.detection._degraded_watch import LinkDetector
 from stalwart.agent.detection._finished import (
@@ -236,7 +236,7 @@ class HangDetector:
 
 
 class Nodes(Protocol):
-    """What of agent/_cluster.py the node-loss and straggler detectors need (the
+    """What of agent/cluster/_cluster.py the node-loss and straggler detectors need (the
     straggler detector: the launch records it exchanges window medians through)."""
 
     def lost_nodes(self) -> list[int]: ...
@@ -266,7 +266,7 @@ class NodeLossDetector:
     ) -> None:
         """``finished``: a rank that finished the job, if one did (agent/detection/_finished.py):
         a node lost after that is isolated but its ranks are not adopted. ``grace_s``: the
-        partition grace a silent expiry waited (agent/_grace.py), part of its latency."""
+        partition grace a silent expiry waited (agent/cluster/_grace.py), part of its latency."""
         self._nodes, self._lease_s, self._finished = nodes, lease_s, finished
         self._grace_s = grace_s
         self._ledger, self._events, self._say = ledger, events, say
@@ -289,7 +289,7 @@ class NodeLossDetector:
         if self._grace_s > 0:
             how += f" and the partition grace ({self._grace_s:.1f}s) passed"
         closed_at = self._nodes.watch_closed_at(node)
-        if closed_at is not None:  # agent/_peerwatch.py: the process died, seen at once
+        if closed_at is not None:  # agent/cluster/_peerwatch.py: the process died, seen at once
             how = "agent process gone: its watched connection closed, lease revoked"
             if not fired:  # no injected fault to time from: from the connection's end
                 latency = now - closed_at

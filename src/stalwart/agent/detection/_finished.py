@@ -58,7 +58,7 @@ class FinishedRanks(Protocol):
 
 
 class Records(Protocol):
-    """The job's launch records (agent/_cluster.py)."""
+    """The job's launch records (agent/cluster/_cluster.py)."""
 
     def published(self, key: str) -> dict[str, object] | None: ...
 

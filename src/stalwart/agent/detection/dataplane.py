@@ -11,7 +11,7 @@ collective timeout (30 min); a partition must instead be found within seconds.
 So when every local rank waits in a collective and no rank of the job moved for longer
 than the hang floor (:func:`find_stall`: ``--hang-floor``, whatever the
 step time), the agent probes every live peer agent directly, not through the store
-(agent/_peerwatch.py: the same authenticated hello as the peer watch, over the nodes'
+(agent/cluster/_peerwatch.py: the same authenticated hello as the peer watch, over the nodes'
 own network). :func:`decide` turns the answers into who is fenced:
 
 - every peer answered: the data plane between the agents is whole; the culprit is a
@@ -24,7 +24,7 @@ own network). :func:`decide` turns the answers into who is fenced:
   wins, and the node holding rank 0 on it revokes the leases of the nodes it could not
   reach, which then recover as lost nodes (their ranks adopted, the generation bumped
   under the lease guard, coordinator/fence.py);
-- otherwise it lost: it revokes its own lease, so it is fenced (agent/_fencing.py:
+- otherwise it lost: it revokes its own lease, so it is fenced (agent/cluster/_fencing.py:
   its workers are stopped, it exits 3) even if the winners cannot reach the store.
 
 Why only the side holding rank 0's node revokes others: a partition that is not

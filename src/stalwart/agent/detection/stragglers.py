@@ -293,7 +293,7 @@ class StragglerWindows:
 
 
 class Records(Protocol):
-    """The job's launch records in the coordinator store (agent/_cluster.py)."""
+    """The job's launch records in the coordinator store (agent/cluster/_cluster.py)."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def read(self, key: str, timeout: float) -> dict[str, Any]: ...

@@ -27,10 +27,10 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from stalwart.agent._cluster import Cluster
 from stalwart.agent._outcome import Cordoned
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers
+from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection._finished import finished_rank
 from stalwart.agent.detection.incidents import ProbeFailed
@@ -142,7 +142,7 @@ class ProbeWatch:
 
 
 class Blocklist(Protocol):
-    """What of the cluster (agent/_cluster.py) isolating a node needs."""
+    """What of the cluster (agent/cluster/_cluster.py) isolating a node needs."""
 
     def block(self, member: str, reason: str) -> None: ...
 

@@ -38,9 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._cluster import Cluster
 from stalwart.agent._private import make_private_dir
 from stalwart.agent._types import EventSink, Say
+from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.health.probes import ProbeResult, build_probes
 from stalwart.errors import ConfigError
@@ -222,7 +222,7 @@ def decide(
 
 
 class Launch(Protocol):
-    """What of the cluster (agent/_cluster.py) the preflight exchanges results through."""
+    """What of the cluster (agent/cluster/_cluster.py) the preflight exchanges results through."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def read(self, key: str, timeout: float) -> dict[str, Any]: ...
@@ -262,7 +262,7 @@ def _round(
     host: str,
     timeout: float,
 ) -> dict[int, Timing]:
-    from stalwart.agent._generation import free_port
+    from stalwart.agent.cluster._generation import free_port
 
     for leader, other in pairs:
         if node in (leader, other):
@@ -286,7 +286,7 @@ def _alone(node: int, check: Check, host: str) -> dict[int, NodeVerdict]:
     slower than."""
     import threading
 
-    from stalwart.agent._generation import free_port
+    from stalwart.agent.cluster._generation import free_port
 
     addr = f"{host}:{free_port()}"
     got: dict[int, Timing] = {}

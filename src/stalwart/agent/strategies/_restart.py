@@ -4,7 +4,7 @@ Also the route of a plain script (one that never calls ``stalwart.init()``) unde
 strategy: it cannot re-form in place. Every node restarts its workers when one does:
 the node that saw the failure bumps the generation with a reason starting with
 "restart" and publishes a fresh ``MASTER_PORT`` under it; the others follow
-(agent/_generation.py). Each restart counts against ``--max-restarts``.
+(agent/cluster/_generation.py). Each restart counts against ``--max-restarts``.
 
 Never once a rank finished the job (agent/detection/_finished.py): a plain script restarted then
 resumes from its own snapshot and trains its last epochs again, ending rc 0 with another

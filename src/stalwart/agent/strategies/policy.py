@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stalwart.agent._cluster import Cluster
-from stalwart.agent._generation import JobGeneration
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent._workers import LocalWorkers, Worker
+from stalwart.agent.cluster._cluster import Cluster
+from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection.incidents import Incident
 from stalwart.chaos import FaultLedger
@@ -58,7 +58,7 @@ class RecoveryPolicy(Protocol):
 
 
 class Launch(Protocol):
-    """What of the cluster (agent/_cluster.py) a policy uses."""
+    """What of the cluster (agent/cluster/_cluster.py) a policy uses."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def published(self, key: str) -> dict[str, Any] | None: ...

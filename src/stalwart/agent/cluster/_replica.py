@@ -8,7 +8,7 @@ with the job token, in the background, under one bandwidth cap per node. Copies 
 the buddy as namespace ``SlotNames.replica(rank)`` (contract/shm_names.py).
 
 When a whole node is lost (agent, workers and its /dev/shm gone), its buddy is the node
-that adopts its ranks (agent/_cluster.py): its memory already holds their snapshots, so
+that adopts its ranks (agent/cluster/_cluster.py): its memory already holds their snapshots, so
 taking over is a rename on tmpfs (the received slot directory becomes the rank's own,
 ``<job>-r<rank>``, after the receiver released it), and the adopted workers restore from
 it as from their own memory: no disk, no network. When the buddy has no complete copy of
@@ -30,8 +30,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from stalwart.agent._cluster import Cluster, ring_successor
 from stalwart.agent._types import NodeContext
+from stalwart.agent.cluster._cluster import Cluster, ring_successor
 from stalwart.checkpoint.slots import latest_complete, slot_count, write_replica_marker
 from stalwart.transfer import (
     ReceiverConfig,

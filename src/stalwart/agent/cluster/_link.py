@@ -3,7 +3,7 @@ torchrun's node 0 hosts the c10d store), connects to node 0's with calls bounded
 the lease, or is an etcd client.
 
 Bounded calls: a node cut from the coordinator must learn it within about its lease,
-not after a 30 s request timeout plus a 30 s reconnect (agent/_fencing.py says what it
+not after a 30 s request timeout plus a 30 s reconnect (agent/cluster/_fencing.py says what it
 does then). Waits at start longer than 10 s say what they wait for and until when.
 """
 
@@ -95,7 +95,7 @@ def max_connections(cfg: LaunchConfig) -> int:
 def open_link(cfg: LaunchConfig, token_file: str) -> Link:
     host, port = cfg.endpoint()
     if cfg.etcd:
-        from stalwart.agent.etcd_cluster import open_etcd
+        from stalwart.agent.cluster.etcd import open_etcd
 
         store, token = open_etcd(cfg)
         return Link(None, store, token, str(cfg.rdzv))

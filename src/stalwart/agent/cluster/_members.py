@@ -1,8 +1,8 @@
 """The job's live nodes as this agent sees them, kept by a watch on the membership.
 
 Every agent reads the live nodes often: its ring successor once a second
-(agent/_peerwatch.py) and, under etcd, every agent looks for lost nodes at each store
-poll (agent/_cluster.py, ten a second). A range of every member key per read is O(N)
+(agent/cluster/_peerwatch.py) and, under etcd, every agent looks for lost nodes at each store
+poll (agent/cluster/_cluster.py, ten a second). A range of every member key per read is O(N)
 at N nodes, so O(N^2) a second for the job: at 1,024 nodes, a million member keys a
 second read from etcd (docs/scale.md). The view reads the membership once, then
 applies the watch's join/leave events at each read: O(changes), and a node's loss costs

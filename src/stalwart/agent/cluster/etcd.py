@@ -51,7 +51,7 @@ out; longer, this node takes itself for cut from etcd (its lease expired there).
 
 def agent_etcd_config(lease_s: float) -> EtcdStoreConfig:
     """How long an agent's etcd call may take, bounded by the lease as the embedded
-    store's are (agent/_link.py): a reply within half the lease (at least 1 s: etcd
+    store's are (agent/cluster/_link.py): a reply within half the lease (at least 1 s: etcd
     fsyncs every write), retries for two leases and at least :data:`ETCD_RIDE_OUT_S`.
     A node cut from etcd then learns it within ``max(3 x lease, lease/2 + 10 s)`` plus
     under a second of backoff and exits 3, not after a 30 s request and a 60 s

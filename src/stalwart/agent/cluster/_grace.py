@@ -9,7 +9,7 @@ of the job. With a grace (``--partition-grace``, docs/detection.md):
   member key is still absent and writes the blocklist entry: a node that rejoined
   meanwhile makes the claim fail (it is a member again), and a node that tries to rejoin
   after the claim finds itself blocklisted (``Coordinator.join`` compares the entry);
-- the node itself (:class:`RejoinClock`, with agent/_cluster.py's ``rejoin``) keeps its
+- the node itself (:class:`RejoinClock`, with agent/cluster/_cluster.py's ``rejoin``) keeps its
   workers and tries to join again until ``renewal sent + lease + grace - margin`` on its
   own clock; the store cannot have renewed the lease before that renewal was sent, so the
   expiry, and the adopter's grace after it, start no earlier. Past that it is fenced.
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from stalwart.agent._fencing import NodeLease
 from stalwart.agent._types import EventSink, Say
+from stalwart.agent.cluster._fencing import NodeLease
 from stalwart.coordinator import (
     BlockEntry,
     BlocklistedError,

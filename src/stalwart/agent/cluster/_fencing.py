@@ -8,12 +8,12 @@ against its lease (coordinator/fence.py), and its workers' joins and bumps are c
 against the same member key (the contract's ``fence``, runtime/_coord.py). It learns it
 is fenced from whichever comes first: the heartbeat thread finding the lease gone, a
 probe of its member key before any recovery, a bump refused, or the coordinator not
-answering for longer than the lease (agent/_link.py bounds every call).
+answering for longer than the lease (agent/cluster/_link.py bounds every call).
 Then the agent stops its workers and exits 3 (docs/launch.md).
 
 The one exception is a lease that *expired* (the heartbeat thread found it gone or could
 not renew it) while nothing else happened: the partition grace (``--partition-grace``,
-agent/_grace.py, docs/detection.md). The lease is then *missing*, not lost: until a
+agent/cluster/_grace.py, docs/detection.md). The lease is then *missing*, not lost: until a
 deadline on this node's clock the agent tries to join again as the same node, which the
 store allows only while the majority has not declared it lost (blocklisted) in the same
 transaction that checks the member key is absent. Rejoined, nothing here moved and the

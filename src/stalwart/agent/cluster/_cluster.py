@@ -3,14 +3,14 @@
 By default node 0's agent hosts the store (a :class:`StoreServer` over its in-process
 :class:`MemoryStore`, as torchrun's node 0 hosts the c10d store); the others connect to
 ``--rdzv-endpoint`` with the job token. With ``--rdzv etcd://...`` every agent is an
-etcd client and no node is special (agent/etcd_cluster.py). Every agent joins as
+etcd client and no node is special (agent/cluster/etcd.py). Every agent joins as
 member ``node<k>`` with a lease and heartbeats it; the *leader* notices a node whose
 lease expired without the agent saying goodbye (``agents-done/node<k>``) and treats it
-as a lost node (after the partition grace when the expiry was silent: agent/_grace.py).
+as a lost node (after the partition grace when the expiry was silent: agent/cluster/_grace.py).
 The leader is node 0 with the embedded store (it hosts it), else the lost node's ring
 successor; the loss is claimed in one transaction (``adopted/node<k>`` and the blocklist,
 checking the adopter's lease), so it happens once, never by a fenced agent. Fencing (a
-node whose lease is gone stops and exits 3): agent/_fencing.py.
+node whose lease is gone stops and exits 3): agent/cluster/_fencing.py.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.agent._fencing import NodeFenced, NodeLease
-from stalwart.agent._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
-from stalwart.agent._link import Waiting, open_link
-from stalwart.agent._members import MemberView, ring_successor
-from stalwart.agent._peerwatch import PeerWatch
+from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
+from stalwart.agent.cluster._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
+from stalwart.agent.cluster._link import Waiting, open_link
+from stalwart.agent.cluster._members import MemberView, ring_successor
+from stalwart.agent.cluster._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames, new_run_id
@@ -63,12 +63,12 @@ class Cluster:
         self._lost: set[int] = set()
         self._last_live: set[int] = set()
         self._pending = False
-        self.lease = NodeLease(self.node)  # fencing: agent/_fencing.py
-        self._missing = MissingNodes(cfg.partition_grace_s, note)  # agent/_grace.py
+        self.lease = NodeLease(self.node)  # fencing: agent/cluster/_fencing.py
+        self._missing = MissingNodes(cfg.partition_grace_s, note)  # agent/cluster/_grace.py
         self._rejoin = Rejoin(self.lease, note)
         self._claimed: set[int] = set()  # declared lost here (blocklisted by the claim)
         self.token = b""
-        self.watch: PeerWatch | None = None  # fast node-loss signal (agent/_peerwatch.py)
+        self.watch: PeerWatch | None = None  # fast node-loss signal (agent/cluster/_peerwatch.py)
         # whether close() should remove what lost nodes left in /dev/shm on this host
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
@@ -78,7 +78,7 @@ class Cluster:
 
     def start(self) -> None:
         cfg = self.cfg
-        link = open_link(cfg, self.token_file)  # agent/_link.py
+        link = open_link(cfg, self.token_file)  # agent/cluster/_link.py
         self.server, self.store, self.token, self.address = link
         self.coord = Coordinator(
             self.store,
@@ -115,7 +115,7 @@ class Cluster:
         self.lease.expired(reason, RejoinClock.deadline(sent, self.cfg.node_lease_s, grace))
 
     def _rejoin_if_missing(self) -> None:
-        """Within the grace, join again as the same node (agent/_grace.py)."""
+        """Within the grace, join again as the same node (agent/cluster/_grace.py)."""
         join = lambda: self.coord.join(f"node{self.node}", node=str(self.node))  # noqa: E731
         self._rejoin.tick(self.store, self._member, join, self._become_member)
 
@@ -133,7 +133,7 @@ class Cluster:
         may have adopted our ranks, so nothing here may start or commit any more."""
         return self.lease.probe(self.store)
 
-    # the job's generation (agent/_generation.py owns this node's view of it)
+    # the job's generation (agent/cluster/_generation.py owns this node's view of it)
     def generation(self) -> int:
         return self.coord.generation()
 
@@ -178,7 +178,7 @@ class Cluster:
         self.coord.block(member, reason)
 
     def watch_closed_at(self, node: int) -> float | None:
-        """When a watched connection to ``node`` ended (agent/_peerwatch.py): this
+        """When a watched connection to ``node`` ended (agent/cluster/_peerwatch.py): this
         agent's own watch knows without a store round trip; another agent's wrote it."""
         if self.watch is not None and node in self.watch.closed_at:
             return self.watch.closed_at[node]
@@ -286,7 +286,7 @@ class Cluster:
         return {int(kv.key[len(prefix) :]) for kv in self.store.range(prefix).kvs}
 
     def live_nodes(self) -> set[int]:
-        """The live nodes, from a watch on the membership (agent/_members.py): every
+        """The live nodes, from a watch on the membership (agent/cluster/_members.py): every
         agent asks often, and a range of every member each time is O(N^2) for the job."""
         if self._view is None:
             self._view = MemberView(self.store, f"{self._root}/members/")
@@ -295,7 +295,7 @@ class Cluster:
     def adopter(self, lost: int, live: set[int]) -> int | None:
         """Who adopts the ranks of ``lost``: node 0 with the embedded store (it hosts
         it); under etcd the lost node's ring successor among the live nodes, which is
-        also its replica buddy (agent/_replica.py): its memory holds their snapshots."""
+        also its replica buddy (agent/cluster/_replica.py): its memory holds their snapshots."""
         if not self.cfg.etcd:
             return 0
         return ring_successor(lost, live)
@@ -362,7 +362,7 @@ class Cluster:
         return out
 
     def _loud(self, node: int) -> bool:
-        """A loss with a sign besides the silent expiry: no grace (agent/_grace.py)."""
+        """A loss with a sign besides the silent expiry: no grace (agent/cluster/_grace.py)."""
         if self.watch_closed_at(node) is not None or self.published(f"cut-node{node}"):
             return True
         return f"node{node}" in self.coord.blocklisted()  # it cordoned itself

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._genfeed import GenerationFeed
 from stalwart.agent._types import EventSink
+from stalwart.agent.cluster._genfeed import GenerationFeed
 
 __all__ = ["Change", "Feed", "GenerationStore", "JobGeneration", "LaunchRecord", "free_port"]
 
@@ -40,20 +40,20 @@ class GenerationStore(Protocol):
 
 
 class Feed(Protocol):
-    """The newest generation a watch saw (agent/_genfeed.py); None: unknown."""
+    """The newest generation a watch saw (agent/cluster/_genfeed.py); None: unknown."""
 
     def latest(self) -> int | None: ...
 
 
 class Watched(Protocol):
-    """Where the generation's watch is opened (agent/_cluster.py Cluster)."""
+    """Where the generation's watch is opened (agent/cluster/_cluster.py Cluster)."""
 
     store: Any
     coord: Any
 
 
 class LaunchRecord(Protocol):
-    """The job's launch record (agent/_cluster.py): where a restart's port is published."""
+    """The job's launch record (agent/cluster/_cluster.py): where a restart's port is published."""
 
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def read(self, key: str, timeout: float) -> dict[str, Any]: ...
@@ -89,7 +89,7 @@ class JobGeneration:
 
     def started(self, port: int, cluster: Watched) -> Callable[[], None]:
         """The job's first ``MASTER_PORT`` (:meth:`use_port`), and from now on the
-        generation followed through a watch on ``cluster``'s store (agent/_genfeed.py);
+        generation followed through a watch on ``cluster``'s store (agent/cluster/_genfeed.py);
         returns what closes the watch."""
         self.use_port(port)
         feed = GenerationFeed(
@@ -99,7 +99,7 @@ class JobGeneration:
         return feed.close
 
     def use_feed(self, feed: Feed) -> None:
-        """Look at the generation through ``feed`` (agent/_genfeed.py: a watch) instead of
+        """Look at the generation through ``feed`` (agent/cluster/_genfeed.py: a watch) instead of
         a store read at every :meth:`follow`; the store is read when the feed says it moved
         or does not know."""
         self._feed = feed
