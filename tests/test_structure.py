@@ -267,7 +267,7 @@ def test_a_private_import_of_another_part_is_found_wherever_it_hides() -> None:
     src = """
 import importlib
 from typing import TYPE_CHECKING
-import stalwart.agent._zygote
+import stalwart.agent.processes._zygote
 from stalwart import __version__
 from stalwart.checkpoint import _internal, snapshot
 from stalwart.checkpoint._shm import ShmSlot
@@ -280,7 +280,7 @@ def later() -> None:
 """
     known = {"stalwart.checkpoint.snapshot"}
     assert scan.private_imports(_mod("stalwart.runtime.session", src), known) == {
-        "stalwart.agent._zygote",
+        "stalwart.agent.processes._zygote",
         "stalwart.checkpoint._internal",
         "stalwart.checkpoint._shm",
         "stalwart.coordinator._ops",

@@ -7,11 +7,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detection._detectors import CrashDetector, HangWatch, NodeLossDetector
 from stalwart.agent.detection.hang import HangConfig
 from stalwart.agent.detection.incidents import NodeLost, WorkerExited
 from stalwart.agent.detection.verdict import CrashLoops
+from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import ProgressBoard
 

@@ -15,14 +15,14 @@ import pytest
 from _load import scaled
 
 from stalwart.agent._outcome import RunFailed
-from stalwart.agent._proc import read_cpu
-from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.detection._detectors import HangDetector, HangWatch
 from stalwart.agent.detection._finished import ExitWatch, hung_at_exit
 from stalwart.agent.detection.hang import Activity, HangConfig
 from stalwart.agent.detection.incidents import WorkerExited
 from stalwart.agent.detection.verdict import Failure
+from stalwart.agent.processes._proc import read_cpu
+from stalwart.agent.processes._workers import LocalWorkers, WorkerState
 from stalwart.agent.strategies._restart import RestartAll
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.chaos import FaultLedger

@@ -1,4 +1,4 @@
-"""The zygote's fork probe (agent/_preload.py) and the preload of a Hugging Face script:
+"""The zygote's fork probe (agent/processes/_preload.py) and the preload of a Hugging Face script:
 a deadlocked child is told from one that is only slow, and transformers/Accelerate are
 preloaded (their imports start no thread and run no torch op)."""
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent import _preload
-from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.processes import _preload
+from stalwart.agent.processes._zygote_client import ZygoteClient
 
 
 def _busy(_threads: int) -> bool:
@@ -55,7 +55,7 @@ def test_a_process_that_ran_a_threaded_torch_op_fails_the_probe() -> None:
     code = textwrap.dedent(
         """
         import torch
-        from stalwart.agent._preload import fork_probe
+        from stalwart.agent.processes._preload import fork_probe
         ok = fork_probe(2, stall_s=2.0)  # nothing ran yet: the forked child computes
         torch.set_num_threads(2)
         a = torch.ones(512, 512)

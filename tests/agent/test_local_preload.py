@@ -1,4 +1,4 @@
-"""The script's own modules in the zygote (agent/_local_preload.py): imported when reading
+"""The script's own modules in the zygote (agent/processes/_local_preload.py): imported when reading
 them shows only definitions, skipped with a reason otherwise, dropped when edited."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent import _local_preload
-from stalwart.agent._local_preload import forget_changed, preload_local, verdict
-from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.processes import _local_preload
+from stalwart.agent.processes._local_preload import forget_changed, preload_local, verdict
+from stalwart.agent.processes._zygote_client import ZygoteClient
 
 CLEAN = textwrap.dedent(
     '''

@@ -12,8 +12,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from stalwart.agent._outer_step import OuterSteps
-from stalwart.agent.observe import _Observer
+from stalwart.agent.processes._outer_step import OuterSteps
+from stalwart.agent.processes.observe import _Observer
 from stalwart.contract.board import ProgressBoard
 
 
@@ -60,7 +60,7 @@ def test_a_script_that_loaded_its_optimizer_resumes_at_its_step_count(
 def test_replicas_that_train_independently_are_said_so() -> None:
     """A Trainer or Accelerate script on CPU without --use_cpu forms no process group
     under torchrun: its workers train independent replicas, which the first step tells."""
-    from stalwart.agent.observe import independent_replicas
+    from stalwart.agent.processes.observe import independent_replicas
 
     line = independent_replicas(2, initialized=False, group_size=1)
     assert line is not None and "2 independent replicas" in line and "--use_cpu" in line
@@ -77,7 +77,7 @@ def test_the_runtime_attaching_stops_the_plain_script_watcher(
     """stalwart.init() in a worker the zygote watched as a plain script stops the watcher
     through the board's hook (contract/board.py), without importing the agent: after it,
     the optimizer's steps no longer reach the board."""
-    from stalwart.agent import observe
+    from stalwart.agent.processes import observe
     from stalwart.contract.board import runtime_attaches
 
     monkeypatch.delenv("STALWART_CONTRACT", raising=False)

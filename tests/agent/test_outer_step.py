@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from stalwart.agent._outer_step import OuterSteps
+from stalwart.agent.processes._outer_step import OuterSteps
 
 
 class _Container(torch.optim.Optimizer):

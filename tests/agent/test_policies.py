@@ -15,10 +15,10 @@ import pytest
 from _load import scaled
 
 from stalwart.agent._outcome import Cordoned, RunFailed
-from stalwart.agent._workers import LocalWorkers, WorkerState
 from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.detection.incidents import NodeLost, WorkerExited
 from stalwart.agent.detection.verdict import Failure
+from stalwart.agent.processes._workers import LocalWorkers, WorkerState
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._async import ReplicaGroups
 from stalwart.agent.strategies._elastic import ElasticPolicy, Joins

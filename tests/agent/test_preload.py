@@ -1,4 +1,4 @@
-"""What the zygote preloads of a script's imports (agent/_preload.py)."""
+"""What the zygote preloads of a script's imports (agent/processes/_preload.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._preload import preload, script_imports
-from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.processes._preload import preload, script_imports
+from stalwart.agent.processes._zygote_client import ZygoteClient
 
 SCRIPT = textwrap.dedent(
     """
@@ -70,7 +70,7 @@ def test_installed_packages_in_a_venv_inside_the_working_directory_are_preloaded
 ) -> None:
     """``python -m venv .venv`` in the project: its site-packages lies under the working
     directory, yet holds installed packages (transformers was never preloaded so)."""
-    from stalwart.agent import _preload
+    from stalwart.agent.processes import _preload
 
     proj = tmp_path / "proj"
     site = proj / ".venv" / "lib" / "site-packages"

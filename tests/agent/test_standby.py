@@ -1,4 +1,4 @@
-"""Standby workers (agent/_standby.py, runtime/_standby.py), in-process: which ranks a
+"""Standby workers (agent/processes/_standby.py, runtime/_standby.py), in-process: which ranks a
 node stands by for, starting and stopping them as the ring changes, claiming one for a
 lost rank and activating it; the worker's park; the config's refusals. The real thing
 (a node lost, its ranks resumed in standbys, the result bit-identical) is in
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._standby import Standbys
-from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.cluster._cluster import ring_successor
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.processes._standby import Standbys
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.errors import ConfigError

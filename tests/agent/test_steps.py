@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from stalwart.agent._steps import StepRecords
-from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.contract.board import OBSERVED, ProgressBoard
 from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.metrics import EventLog, read_events

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.detection._detectors import CrashDetector, HangWatch, StragglerDetector
 from stalwart.agent.detection.hang import HangConfig
 from stalwart.agent.detection.stragglers import (
@@ -24,6 +23,7 @@ from stalwart.agent.detection.stragglers import (
     robust_scores,
 )
 from stalwart.agent.detection.verdict import CrashLoops
+from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError, StalwartError

@@ -1,4 +1,4 @@
-"""A forked worker's end (agent/_teardown.py): the process groups a script destroys stay
+"""A forked worker's end (agent/processes/_teardown.py): the process groups a script destroys stay
 referenced until ``os._exit``, so that their destructor (which joins gloo threads that
 may wait for the GIL the destructor holds) never runs; what the script sees is
 unchanged. Run in a fresh interpreter: the hold is process-wide."""
@@ -14,7 +14,7 @@ from _load import scaled
 SCRIPT = textwrap.dedent(
     """
     import torch.distributed as dist
-    from stalwart.agent import _teardown
+    from stalwart.agent.processes import _teardown
 
     _teardown.hold_destroyed_groups()
     _teardown.hold_destroyed_groups()  # once only

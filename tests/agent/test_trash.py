@@ -1,4 +1,4 @@
-"""A lost node's /dev/shm (agent/_trash.py): the name is free at once, the memory is
+"""A lost node's /dev/shm (agent/processes/_trash.py): the name is free at once, the memory is
 freed once this node recovered, or after a bound."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stalwart.agent._trash import Trash
+from stalwart.agent.processes._trash import Trash
 
 
 def _slots(root: Path, name: str = "slots") -> Path:

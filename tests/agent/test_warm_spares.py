@@ -1,5 +1,5 @@
 """Warm spares (issue 28): under ``--strategy spare --standby`` a node parks a standby of
-each of its own ranks, past the script's set-up (agent/_standby.py), and a failed rank
+each of its own ranks, past the script's set-up (agent/processes/_standby.py), and a failed rank
 resumes in it instead of in a spare that has only the imports done. In-process: which
 ranks, the take-over, the refusals; the real job is in test_warm_spares_job.py."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._standby import Standbys
-from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.processes._standby import Standbys
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames, new_run_id
 

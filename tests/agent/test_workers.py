@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stalwart.agent._workers import LocalWorkers, ProcessExit, Worker, WorkerState
+from stalwart.agent.processes._workers import LocalWorkers, ProcessExit, Worker, WorkerState
 from stalwart.contract.board import ProgressBoard
 
 from ._fakes import FakeZygote

@@ -1,4 +1,4 @@
-"""How a zygote-forked worker ends (agent/_zygote.py): as ``python script.py`` does,
+"""How a zygote-forked worker ends (agent/processes/_zygote.py): as ``python script.py`` does,
 without the module teardown that hung after a DDP job (destructors of the script's
 globals), and without losing what the script left in unclosed files."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.processes._zygote_client import ZygoteClient
 
 SCRIPT = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stalwart.agent import ZygoteStart
-from stalwart.agent._zygote_client import ZygoteClient, ZygoteNotReady
+from stalwart.agent.processes._zygote_client import ZygoteClient, ZygoteNotReady
 from stalwart.errors import ConfigError
 
 

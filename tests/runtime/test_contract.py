@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from _load import scaled
 
-from stalwart.agent._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.processes._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.contract.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 from stalwart.errors import ContractError
 

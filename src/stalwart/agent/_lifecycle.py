@@ -20,16 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
 from stalwart.agent._private import write_private
 from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import Worker
-from stalwart.agent._zygote_client import ZygoteClient
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.cluster._generation import JobGeneration, free_port
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection.verdict import error_line_path
+from stalwart.agent.processes._env import (
+    NodeFacts,
+    WorkerSpec,
+    error_dir,
+    worker_contract,
+    worker_environ,
+)
+from stalwart.agent.processes._workers import Worker
+from stalwart.agent.processes._zygote_client import ZygoteClient
 from stalwart.chaos import FaultPlan
 from stalwart.checkpoint.slots import run_owner, sweep_stale
 from stalwart.contract.board import ProgressBoard
@@ -168,7 +174,7 @@ def launch(
     joined()
     board_path = cluster.names.progress_board(cfg.node_rank)
     # room for every rank (a node may adopt the ranks of a lost node), and for a parked
-    # standby of each (its own ranks' under --strategy spare, agent/_standby.py)
+    # standby of each (its own ranks' under --strategy spare, agent/processes/_standby.py)
     board = ProgressBoard(board_path, 2 * cfg.world_size, create=True)
     stack.callback(board.close, unlink=True)
     os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)

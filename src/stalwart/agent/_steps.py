@@ -4,10 +4,10 @@ Two cases. A worker running the stalwart runtime writes its own ``steps`` batche
 process ends without writing the open one (killed, hung, restarted), the agent writes it
 from the process's step journal (metrics/journal.py). A plain script (no
 ``stalwart.init()``) writes nothing: the agent records rank 0's optimizer steps from the
-progress board (agent/observe.py publishes them), so the report of a plain script has its
+progress board (agent/processes/observe.py publishes them), so the report of a plain script has its
 steps, ETTR and RTO too. A plain script that resumes from its own checkpoint resumes at a
 step only it knows: the observer reads it from the optimizer's state at the process's first
-step (Adam's ``step``: agent/observe.py), and the steps are numbered from there, so the
+step (Adam's ``step``: agent/processes/observe.py), and the steps are numbered from there, so the
 steps it redoes count as lost work and no more. Where the optimizer holds no step count
 (SGD, or a script that saves only its model), a restarted process's resume step is not
 known: its steps are numbered on from the last one recorded and marked ``resume_unknown``,
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from stalwart.agent._types import NodeContext
-from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.contract.board import Slot
 from stalwart.contract.shm_names import SlotNames
 from stalwart.metrics.journal import OPEN, read, written
@@ -44,7 +44,7 @@ class Events(Protocol):
 
 
 class Workers(Protocol):
-    """What of agent/_workers.py's LocalWorkers the step records read."""
+    """What of agent/processes/_workers.py's LocalWorkers the step records read."""
 
     def get(self, rank: int) -> Worker | None: ...
     def slot(self, w: Worker) -> Slot: ...

@@ -21,7 +21,6 @@ import os
 import time
 from collections.abc import Callable
 
-from stalwart.agent._chaos_exec import AgentChaos
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
@@ -39,11 +38,8 @@ from stalwart.agent._outcome import (
     signals_of_a_run,
 )
 from stalwart.agent._rundir import claim_run_dir
-from stalwart.agent._standby import Standbys
 from stalwart.agent._steps import StepRecords
-from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
-from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.cluster._cluster import Cluster, NodeFenced
 from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.cluster._grace import noting
@@ -53,6 +49,10 @@ from stalwart.agent.detection._detectors import Detectors, HangWatch
 from stalwart.agent.detection.incidents import Incident, NodeLost
 from stalwart.agent.health._node import NodeHealth
 from stalwart.agent.health.endpoint import NodeStatus, serve_health
+from stalwart.agent.processes._chaos import AgentChaos
+from stalwart.agent.processes._standby import Standbys
+from stalwart.agent.processes._trash import Trash
+from stalwart.agent.processes._workers import LocalWorkers
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._elastic import Joins
 from stalwart.agent.strategies._restart import RestartAll

@@ -59,7 +59,7 @@ PHASES = ("starting", "step", "collective", "recovering", "done", "standby", "pa
 ATTACHED = 1
 """Mode of a slot written by the stalwart runtime (the worker can recover in place)."""
 OBSERVED = 2
-"""Mode of a slot written by :mod:`stalwart.agent.observe` for a plain script: its steps
+"""Mode of a slot written by :mod:`stalwart.agent.processes.observe` for a plain script: its steps
 are watched for hangs, and it recovers by torchrun's route (restart everything)."""
 
 
@@ -68,7 +68,7 @@ _ATTACH_HOOKS: list[Callable[[], None]] = []
 
 def on_runtime_attach(hook: Callable[[], None]) -> None:
     """Call ``hook`` once when the stalwart runtime takes this worker's slot over: the
-    agent's watcher of a plain script (agent/observe.py) registers its own stop, so the
+    agent's watcher of a plain script (agent/processes/observe.py) registers its own stop, so the
     runtime stops it without importing the agent."""
     _ATTACH_HOOKS.append(hook)
 

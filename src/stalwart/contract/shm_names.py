@@ -137,7 +137,7 @@ class SlotNames:
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-steps-")
 
     def standby_go(self, rank: int, nonce: str) -> str:
-        """The activation file of a parked standby of ``rank`` (agent/_standby.py);
+        """The activation file of a parked standby of ``rank`` (agent/processes/_standby.py);
         ``nonce`` is the standby process's own, so a stale file never wakes the next."""
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-standby-r{rank}-{nonce}")
 

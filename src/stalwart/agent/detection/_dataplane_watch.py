@@ -31,11 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.cluster._fencing import NodeLease
 from stalwart.agent.detection.dataplane import Cut, Stall, decide, find_stall
 from stalwart.agent.detection.hang import Activity, HangConfig
+from stalwart.agent.processes._workers import LocalWorkers
 from stalwart.logs import get_logger
 
 __all__ = [

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, Say
-from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.detection.degraded import (
     DegradedAction,
     DegradedConfig,
@@ -23,6 +22,7 @@ from stalwart.agent.detection.degraded import (
     LinkWindows,
     agreed,
 )
+from stalwart.agent.processes._workers import LocalWorkers
 from stalwart.errors import StalwartError
 
 __all__ = ["LinkDetector"]

@@ -23,9 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._env import error_message
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import LocalWorkers, ProcessExit
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, holder_node, revoke_node
 from stalwart.agent.detection._degraded_watch import LinkDetector
@@ -60,6 +58,8 @@ from stalwart.agent.detection.verdict import (
     error_line_path,
     failed_at,
 )
+from stalwart.agent.processes._env import error_message
+from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
 

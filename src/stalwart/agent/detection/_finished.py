@@ -17,7 +17,7 @@ last epochs again and end rc 0 with another result), and a rank that makes no pr
 for ``--exit-grace`` seconds once a peer finished is ended and counted as finished
 (:class:`ExitWatch`): the job ends with its result, rc 0, and one line saying so. Such a
 rank is stuck in its teardown (a gloo group's destructor waiting for a thread that waits
-for the GIL, agent/_zygote.py) or alone with nothing left to wait for: its peers are gone,
+for the GIL, agent/processes/_zygote.py) or alone with nothing left to wait for: its peers are gone,
 so no collective of the job can ever complete.
 """
 
@@ -52,7 +52,7 @@ FINISHED = "finished"
 
 
 class FinishedRanks(Protocol):
-    """What of LocalWorkers (agent/_workers.py) says which local rank finished."""
+    """What of LocalWorkers (agent/processes/_workers.py) says which local rank finished."""
 
     def finished_peer(self, rank: int) -> int | None: ...
 

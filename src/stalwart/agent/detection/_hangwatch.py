@@ -3,8 +3,8 @@ hang detector and agent/detection/_dataplane_watch.py's watch sample through it)
 
 from __future__ import annotations
 
-from stalwart.agent._proc import read_cpu
 from stalwart.agent.detection.hang import Activity, CpuTracker, HangConfig
+from stalwart.agent.processes._proc import read_cpu
 from stalwart.contract.board import Slot
 
 __all__ = ["HangWatch"]

@@ -173,7 +173,7 @@ def find_hang(
     generation: int | None = None,
 ) -> HangVerdict | None:
     """``slots``: rank -> its board slot (live workers only; a plain script's slot is
-    watched once :mod:`stalwart.agent.observe` wrote it); ``activity``: rank -> what its
+    watched once :mod:`stalwart.agent.processes.observe` wrote it); ``activity``: rank -> what its
     process does (a rank without one is never blamed); ``since``: when the last recovery
     began (nobody is blamed for the time before it); ``history``: rank -> the p99 step
     time the job saw for it; ``whole_job``: every member of the job is in ``slots``;

@@ -29,13 +29,13 @@ from typing import Protocol
 
 from stalwart.agent._outcome import Cordoned
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import LocalWorkers
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection._finished import finished_rank
 from stalwart.agent.detection.incidents import ProbeFailed
 from stalwart.agent.health.preflight import PreflightConfig, report, run_check, run_preflight
 from stalwart.agent.health.probes import Probe, ProbeResult, build_probes, slot_growth
+from stalwart.agent.processes._workers import LocalWorkers
 from stalwart.logs import get_logger
 
 __all__ = ["Blocklist", "NodeHealth", "ProbeWatch", "isolate_node", "probe_event"]

@@ -14,8 +14,8 @@ coordinator's failure threshold allows, or crash-loops, ends the job with a verd
 from __future__ import annotations
 
 from stalwart.agent._outcome import end_with_verdict
-from stalwart.agent._workers import Worker
 from stalwart.agent.detection.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.processes._workers import Worker
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.contract.env import WorkerFields, replica_group_size
 from stalwart.coordinator.elastic_keys import replica_root

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.agent._outcome import RunFailed, end_with_verdict
-from stalwart.agent._workers import Worker, WorkerState
 from stalwart.agent.detection.incidents import Incident, NodeLost, WorkerExited
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.agent.strategies.policy import RecoveryParts
 from stalwart.chaos import Fault
 from stalwart.contract.env import WorkerFields
@@ -185,7 +185,7 @@ class Joins:
             self._p.spawn(w)
 
     def follow(self, pending: Callable[[], list[Fault]]) -> None:
-        """``pending``: this node's chaos faults still to fire (agent/_chaos_exec.py)."""
+        """``pending``: this node's chaos faults still to fire (agent/processes/_chaos.py)."""
         self._plan = pending
 
     def pending(self) -> bool:

@@ -84,7 +84,7 @@ class InPlace:
         p.begin(self.name, ex.cause)
         w = p.workers[ex.rank]
         if self.assigns_spares and p.standbys is not None and p.standbys.take(w):
-            p.joined(w, standby=True)  # past its set-up already (agent/_standby.py)
+            p.joined(w, standby=True)  # past its set-up already (agent/processes/_standby.py)
         else:
             p.spawn(w)
 

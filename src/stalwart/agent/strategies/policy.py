@@ -20,17 +20,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import LocalWorkers, Worker
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.detection.incidents import Incident
+from stalwart.agent.processes._workers import LocalWorkers, Worker
 from stalwart.chaos import FaultLedger
 from stalwart.contract.env import WorkerFields
 from stalwart.coordinator import Coordinator
 
 if TYPE_CHECKING:
-    from stalwart.agent._standby import Standbys
+    from stalwart.agent.processes._standby import Standbys
 
 __all__ = ["Launch", "RecoveryParts", "RecoveryPolicy"]
 
@@ -97,7 +97,7 @@ class RecoveryParts:
 
     def joined(self, w: Worker, *, standby: bool = False) -> None:
         """``member_join`` for ``w`` at the current generation (``standby``: it runs in a
-        parked standby process, agent/_standby.py)."""
+        parked standby process, agent/processes/_standby.py)."""
         more = {"standby": True} if standby else {}
         self.events.emit(
             "member_join",

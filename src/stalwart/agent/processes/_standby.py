@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._workers import Worker
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.processes._workers import Worker
 from stalwart.checkpoint.slots import open_private
 from stalwart.contract.env import WorkerFields
 from stalwart.contract.shm_names import SlotNames
@@ -70,7 +70,7 @@ class Ring(Protocol):
 
 
 class Workers(Protocol):
-    """What of agent/_workers.py's LocalWorkers the standbys use."""
+    """What of agent/processes/_workers.py's LocalWorkers the standbys use."""
 
     def ranks(self) -> list[int]: ...
     def last_step(self) -> int | None: ...

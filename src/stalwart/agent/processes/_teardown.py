@@ -4,7 +4,7 @@
 stdio, then tears the interpreter down. A zygote's worker does the first three
 (:func:`finish`) and then ``os._exit``: it never tears down the script's globals, whose
 destructors (a DDP model's, its gloo group's) blocked for minutes after the peer had
-exited (agent/_zygote.py holds them).
+exited (agent/processes/_zygote.py holds them).
 
 A group the script destroys itself is the other way in. ``destroy_process_group()``
 unregisters it, so its last reference is the DDP model's reducer; when ``main()`` returns,

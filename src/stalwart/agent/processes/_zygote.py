@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from stalwart.agent._teardown import exit_code, finish, hold_destroyed_groups
+from stalwart.agent.processes._teardown import exit_code, finish, hold_destroyed_groups
 from stalwart.contract.env import WorkerEnv
 
 __all__ = ["error_file", "main", "set_pdeathsig"]
@@ -54,7 +54,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
     threads' join and the ``atexit`` handlers *before* it tears down ``__main__``, and the
     teardown itself is what hung here (a DDP model's and its gloo group's destructors, run
     when ``runpy`` dropped the globals, blocked for minutes after the peer had exited).
-    Open files the script never closed are flushed instead (agent/_teardown.py)."""
+    Open files the script never closed are flushed instead (agent/processes/_teardown.py)."""
     code = 1
     held: list[object] = []  # the script's globals (or its traceback, which holds them)
     error_line = ""  # where the error's first line goes (the contract's error_line)
@@ -80,7 +80,7 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         sys.argv = argv
         path = os.path.abspath(argv[0])  # `python script.py` gives an absolute __file__
         sys.path[0] = os.path.dirname(path)
-        from stalwart.agent._local_preload import forget_changed
+        from stalwart.agent.processes._local_preload import forget_changed
 
         forget_changed()  # a preloaded module of the script's edited since: import it anew
         # Python-level SIGINT as in `python script.py` (KeyboardInterrupt, then atexit)
@@ -91,10 +91,10 @@ def _run_worker(spec: dict[str, Any], close_fds: list[int]) -> None:
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
         if contract.progress:
-            from stalwart.agent.observe import install
+            from stalwart.agent.processes.observe import install
 
             install(contract.progress, contract.progress_slot)
-        hold_destroyed_groups()  # their destructors may hang (agent/_teardown.py)
+        hold_destroyed_groups()  # their destructors may hang (agent/processes/_teardown.py)
         import runpy
 
         try:
@@ -121,7 +121,7 @@ def _take_environ(spec: dict[str, Any]) -> WorkerEnv:
     os.environ.clear()
     os.environ.update(spec["env"])
     errors = spec.get("error_dir")
-    if errors:  # torchrun's reply file, named by this process (agent/_env.py)
+    if errors:  # torchrun's reply file, named by this process (agent/processes/_env.py)
         os.environ["TORCHELASTIC_ERROR_FILE"] = error_file(
             errors, os.environ.get("RANK", "0"), os.getpid()
         )
@@ -274,8 +274,8 @@ class _Zygote:
 
 
 def _preload_script(script: str) -> dict[str, Any]:
-    """Import the script's top-level imports (agent/_preload.py); ``note``: why not."""
-    from stalwart.agent import _local_preload, _preload
+    """Import the script's top-level imports (agent/processes/_preload.py); ``note``: why not."""
+    from stalwart.agent.processes import _local_preload, _preload
 
     before = _preload.threads()
     items = _preload.script_imports(script)
@@ -335,7 +335,7 @@ def main(argv: list[str]) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "stalwart.agent._zygote",
+                    "stalwart.agent.processes._zygote",
                     str(ctl),
                     str(evt),
                     "--no-script-preload",
@@ -355,7 +355,7 @@ def main(argv: list[str]) -> int:
 
 
 def _end(rc: int) -> None:
-    """End the zygote as its workers end (agent/_teardown.py): stdio flushed, then
+    """End the zygote as its workers end (agent/processes/_teardown.py): stdio flushed, then
     ``os._exit``. Its interpreter teardown would only report what the frozen heap never
     frees: with triton installed, the ``torch._dynamo`` preload imports it and nanobind
     printed some 30 lines of 'leaked' types and functions after every run."""

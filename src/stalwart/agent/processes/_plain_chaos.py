@@ -2,9 +2,9 @@
 
 The stalwart runtime fires a rank's ``at=step:N`` faults itself, at the start of step N. A
 plain script has no step boundary stalwart can see except its optimizer: the zygote watches
-``optimizer.step()`` (agent/observe.py), and step N of a plain script is its Nth outermost
+``optimizer.step()`` (agent/processes/observe.py), and step N of a plain script is its Nth outermost
 ``optimizer.step()`` call (a container's step and its optimizers' are one,
-agent/_outer_step.py). The fault fires just before that call (the observer's global
+agent/processes/_outer_step.py). The fault fires just before that call (the observer's global
 optimizer pre-hook calls :meth:`_PlainChaos.before`), so it lands at the same point of
 training in every run, as for the runtime; ``slow`` sleeps ``factor - 1`` times the last
 step interval before each step of its window. Each fault is claimed in the run's ledger

@@ -32,7 +32,7 @@ __all__ = ["OuterSteps"]
 
 
 class OuterSteps:
-    """The global optimizer step hooks of a plain script's worker (agent/observe.py):
+    """The global optimizer step hooks of a plain script's worker (agent/processes/observe.py):
     ``before()`` runs before an outermost ``step()``, ``after()`` once it returned, and
     ``each(opt)`` (if given) before every ``step()``, nested ones included."""
 

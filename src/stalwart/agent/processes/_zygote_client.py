@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.agent._proc import read_cpu
+from stalwart.agent.processes._proc import read_cpu
 from stalwart.errors import StalwartError
 
 __all__ = ["ZygoteClient", "ZygoteNotReady"]
@@ -66,7 +66,7 @@ class _StartClock:
 class ZygoteClient:
     def __init__(self, preload: list[str], env: dict[str, str], *, script: str = "") -> None:
         """``preload``: modules to import before the first fork; ``script``: the training
-        script, whose top-level imports are preloaded too (agent/_preload.py)."""
+        script, whose top-level imports are preloaded too (agent/processes/_preload.py)."""
         ctl_r, self._ctl_w = os.pipe()
         self._evt_r, evt_w = os.pipe()
         flags = ["--script", script] if script else []
@@ -74,7 +74,7 @@ class ZygoteClient:
             [
                 sys.executable,
                 "-m",
-                "stalwart.agent._zygote",
+                "stalwart.agent.processes._zygote",
                 str(ctl_r),
                 str(evt_w),
                 *flags,

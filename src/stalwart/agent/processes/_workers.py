@@ -87,7 +87,7 @@ class ProcessExit:
 
 
 class Zygote(Protocol):
-    """What :class:`LocalWorkers` needs of agent/_zygote_client.py."""
+    """What :class:`LocalWorkers` needs of agent/processes/_zygote_client.py."""
 
     def send(self, msg: dict[str, Any]) -> None: ...
     def events(self, timeout: float, wake: int | None = None) -> list[dict[str, Any]]: ...

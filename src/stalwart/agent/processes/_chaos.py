@@ -20,7 +20,7 @@ from typing import Protocol
 
 from stalwart.agent._private import owned_file
 from stalwart.agent._types import EventSink, NodeContext
-from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
 from stalwart.contract.board import Slot
 from stalwart.errors import StalwartError
@@ -32,7 +32,7 @@ _log = get_logger(__name__)
 
 
 class Workers(Protocol):
-    """What of agent/_workers.py's LocalWorkers the agent's chaos uses."""
+    """What of agent/processes/_workers.py's LocalWorkers the agent's chaos uses."""
 
     def __iter__(self) -> Iterator[Worker]: ...
     def get(self, rank: int) -> Worker | None: ...

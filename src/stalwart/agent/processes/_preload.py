@@ -10,7 +10,7 @@ script's top-level ``import``/``from`` modules too, read from the script's sourc
 What is preloaded: top-level imports (also inside a top-level ``try``/``if``) of modules
 found outside the script's directory and the working directory (installed packages and
 the standard library: the script's own modules may run its code at import, and may be
-edited between restarts; agent/_local_preload.py imports those that only define
+edited between restarts; agent/processes/_local_preload.py imports those that only define
 things). ``from m import a, b`` also reads ``m.a`` and ``m.b``, which
 loads the lazy submodules of packages such as transformers. Each import gets a time
 limit (judged by the CPU it uses: a waiting import is stopped, a busy one goes on), a
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
-from stalwart.agent._proc import read_cpu
+from stalwart.agent.processes._proc import read_cpu
 
 __all__ = [
     "PreloadResult",

@@ -3,7 +3,7 @@
 Why: a replacement worker runs the script from its first line, so it imports the
 script's own modules again (``from model import GPT``, a ``torchtitan/`` package checked
 out beside the script): a real script's local package took longer to import than torch
-itself. The zygote preloads them as it preloads installed packages (agent/_preload.py),
+itself. The zygote preloads them as it preloads installed packages (agent/processes/_preload.py),
 but a module of the script's own is code nobody vetted, so it is imported only when
 reading it shows that importing it runs nothing but definitions.
 

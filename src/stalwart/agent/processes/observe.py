@@ -4,8 +4,8 @@ A script that never calls ``stalwart.init()`` still steps an optimizer. The zygo
 global optimizer step hooks in every worker it forks; each step is published to the progress
 board (mode ``OBSERVED``), and a heartbeat thread keeps the slot's ``t_alive`` fresh (a
 process blocked in a collective releases the GIL; a SIGSTOPped or frozen one does not). A
-step is an outermost ``optimizer.step()`` (agent/_outer_step.py): a container's step and its
-inner optimizers' are one. The agent then detects a hang exactly as for the stalwart
+step is an outermost ``optimizer.step()`` (agent/processes/_outer_step.py): a container's step and
+its inner optimizers' are one. The agent then detects a hang exactly as for the stalwart
 runtime, and recovers the only way a plain script can be recovered: torchrun's route, every
 worker restarted (within ``--max-restarts``). torchrun itself notices such a hang only when
 a collective times out (30 minutes by default).
@@ -29,8 +29,8 @@ import time
 from collections import deque
 from typing import Any
 
-from stalwart.agent._outer_step import OuterSteps
-from stalwart.agent._plain_chaos import install_plain_chaos
+from stalwart.agent.processes._outer_step import OuterSteps
+from stalwart.agent.processes._plain_chaos import install_plain_chaos
 from stalwart.contract.board import OBSERVED, ProgressBoard, on_runtime_attach
 
 __all__ = ["detach", "independent_replicas", "install", "warn_independent_replicas", "watching"]
@@ -50,7 +50,7 @@ class _Observer:
         self.intervals: deque[float] = deque(maxlen=_WINDOW)
         self.stop = threading.Event()
         self.remove: Any = None  # removes the optimizer hooks
-        self.chaos: Any = None  # step-keyed chaos faults (agent/_plain_chaos.py), or None
+        self.chaos: Any = None  # step-keyed chaos faults (agent/processes/_plain_chaos.py), or None
         self.thread = threading.Thread(target=self._beat, name="stalwart-observe", daemon=True)
 
     def each_step(self, opt: Any) -> None:
