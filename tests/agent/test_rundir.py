@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stalwart.agent._rundir import MARKER, claim_run_dir
+from stalwart.agent.rundir._claim import MARKER, claim_run_dir
 from stalwart.errors import ConfigError
 
 from ._launch import events_of, stalwart_run
@@ -49,7 +49,7 @@ def _agent_elsewhere(run: Path, job: str) -> subprocess.Popen[str]:
     """Another process claiming ``run`` for ``job`` and living on, as an agent of another
     node does (on this host or another: its liveness is its lock, not its pid)."""
     code = (
-        "import sys, time; from stalwart.agent._rundir import claim_run_dir; "
+        "import sys, time; from stalwart.agent.rundir._claim import claim_run_dir; "
         f"claim_run_dir({str(run)!r}, {job!r}); print('ready', flush=True); time.sleep(120)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from stalwart.agent._lifecycle import write_agent_json
-from stalwart.agent._private import make_private_dir, owned_file, write_private
-from stalwart.agent._rundir import MARKER, claim_run_dir
+from stalwart.agent.rundir._claim import MARKER, claim_run_dir
+from stalwart.agent.rundir._private import make_private_dir, owned_file, write_private
 from stalwart.errors import ConfigError
 from stalwart.metrics import EventLog
 

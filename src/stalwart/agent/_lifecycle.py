@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._private import write_private
-from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.cluster._generation import JobGeneration, free_port
@@ -36,6 +34,8 @@ from stalwart.agent.processes._env import (
 )
 from stalwart.agent.processes._workers import Worker
 from stalwart.agent.processes._zygote_client import ZygoteClient
+from stalwart.agent.rundir._private import write_private
+from stalwart.agent.rundir._tier import start_tier
 from stalwart.chaos import FaultPlan
 from stalwart.checkpoint.slots import run_owner, sweep_stale
 from stalwart.contract.board import ProgressBoard

@@ -37,8 +37,6 @@ from stalwart.agent._outcome import (
     quietly,
     signals_of_a_run,
 )
-from stalwart.agent._rundir import claim_run_dir
-from stalwart.agent._steps import StepRecords
 from stalwart.agent._types import NodeContext
 from stalwart.agent.cluster._cluster import Cluster, NodeFenced
 from stalwart.agent.cluster._generation import JobGeneration
@@ -53,6 +51,8 @@ from stalwart.agent.processes._chaos import AgentChaos
 from stalwart.agent.processes._standby import Standbys
 from stalwart.agent.processes._trash import Trash
 from stalwart.agent.processes._workers import LocalWorkers
+from stalwart.agent.rundir._claim import claim_run_dir
+from stalwart.agent.rundir._steps import StepRecords
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._elastic import Joins
 from stalwart.agent.strategies._restart import RestartAll

@@ -98,7 +98,7 @@ class LaunchConfig:
     ckpt_tier: str | None = None
     """A bucket (``s3://bucket/prefix``) that RUN_DIR/ckpt's steps are copied to in the
     background, and that an empty or older RUN_DIR/ckpt is filled from at start (node 0;
-    agent/_tier.py, docs/checkpoint-storage.md)."""
+    agent/rundir/_tier.py, docs/checkpoint-storage.md)."""
     s3_endpoint: str | None = None
     """The S3 endpoint of ``ckpt_tier`` (None: boto3's own, AWS_ENDPOINT_URL or the AWS
     config file, else AWS)."""

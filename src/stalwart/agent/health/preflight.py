@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._private import make_private_dir
 from stalwart.agent._types import EventSink, Say
 from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.config import LaunchConfig
 from stalwart.agent.health.probes import ProbeResult, build_probes
+from stalwart.agent.rundir._private import make_private_dir
 from stalwart.errors import ConfigError
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog

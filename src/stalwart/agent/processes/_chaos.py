@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
 
-from stalwart.agent._private import owned_file
 from stalwart.agent._types import EventSink, NodeContext
 from stalwart.agent.processes._workers import Worker, WorkerState
+from stalwart.agent.rundir._private import owned_file
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
 from stalwart.contract.board import Slot
 from stalwart.errors import StalwartError

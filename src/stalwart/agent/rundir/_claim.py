@@ -35,7 +35,7 @@ import socket
 import time
 from typing import Any
 
-from stalwart.agent._private import DIR_MODE, FILE_MODE, make_private_dir
+from stalwart.agent.rundir._private import DIR_MODE, FILE_MODE, make_private_dir
 from stalwart.errors import ConfigError
 
 __all__ = ["MARKER", "RECORDS", "claim_run_dir"]
