@@ -136,7 +136,7 @@ class Node:
         self.gen = JobGeneration(self.coord, _Quiet(), _Quiet(), int(self.cfg["n"]))
         self.gen.sync()
         if self.cfg.get("feed", True):  # agent.py: the generation from a watch
-            self._feed_close = self.gen.started(0, self)  # type: ignore[arg-type]
+            self._feed_close = self.gen.started(0)
         # the worker: its own coordinator view (fenced by our lease), its generation watch
         self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
         self.genwatch = GenerationWatch(self.wcoord)

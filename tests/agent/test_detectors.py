@@ -69,7 +69,7 @@ def test_a_collateral_kill_is_recovered_but_never_counted_as_the_ranks_failure(
     assert detector.examine(ProcessExit(0, 30, -9, 0.0, "")).verdict is None
 
 
-class _Nodes:
+class _Nodes:  # the cluster and its coordinator (block), faked as one
     def __init__(self, lost: list[int], blocked: set[str]) -> None:
         self.lost, self.blocked, self.blocks = lost, blocked, []
 
@@ -95,8 +95,9 @@ class _Nodes:
 
 def test_a_lost_node_is_isolated_and_reported_once(tmp_path: Path) -> None:
     nodes, events = _Nodes([1], set()), FakeEvents()
-    detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
-                                events=events, say=lambda line: None)  # fmt: skip
+    detector = NodeLossDetector(nodes=nodes, coord=nodes, lease_s=3.0,  # the fake blocklists too
+                                ledger=FaultLedger(str(tmp_path)), events=events,
+                                say=lambda line: None)  # fmt: skip
     (lost,) = detector.check()
     assert lost == NodeLost(1, (2, 3), "agent lease expired (ttl 3.0s)", 3.0, False)
     assert nodes.blocks == ["node1"] and events.kinds() == ["fault_detected", "isolation"]
@@ -105,8 +106,9 @@ def test_a_lost_node_is_isolated_and_reported_once(tmp_path: Path) -> None:
 
 def test_a_node_that_cordoned_itself_is_adopted_without_a_new_report(tmp_path: Path) -> None:
     nodes, events = _Nodes([1], {"node1"}), FakeEvents()
-    detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
-                                events=events, say=lambda line: None)  # fmt: skip
+    detector = NodeLossDetector(nodes=nodes, coord=nodes, lease_s=3.0,  # the fake blocklists too
+                                ledger=FaultLedger(str(tmp_path)), events=events,
+                                say=lambda line: None)  # fmt: skip
     (lost,) = detector.check()
     assert lost.cordoned and lost.ranks == (2, 3) and events.records == [] and not nodes.blocks
 
@@ -117,8 +119,9 @@ def test_a_node_lost_after_a_rank_finished_the_job_is_not_adopted(tmp_path: Path
     # peers that had exited, and the job ended failed instead of ok
     for blocked in ({"node1"}, set()):  # cordoned itself (a probe), or its lease expired
         nodes, events, said = _Nodes([1], blocked), FakeEvents(), []
-        detector = NodeLossDetector(nodes=nodes, lease_s=3.0, ledger=FaultLedger(str(tmp_path)),
-                                    events=events, say=said.append, finished=lambda: 0)  # fmt: skip
+        detector = NodeLossDetector(nodes=nodes, coord=nodes, lease_s=3.0,
+                                    ledger=FaultLedger(str(tmp_path)), events=events,
+                                    say=said.append, finished=lambda: 0)  # fmt: skip
         assert detector.check() == []
         (note,) = events.of("note")
         assert "ranks [2, 3] are not adopted" in note["message"]

@@ -182,25 +182,28 @@ def test_a_partition_shorter_than_the_grace_heals_into_the_same_job(
     nodes: tuple[Cluster, Cluster, Forwarder],
 ) -> None:
     node0, node1, fwd = nodes
-    first = node1.fence
+    first = node1.lease.revision
     fwd.cut()
     lost: list[int] = []
     _wait(lambda: lost.extend(node0.lost_nodes()) or node0.live_nodes() == {0}, "expiry")
     _wait(lambda: node1.lease.missing is not None, "node 1 seeing its lease gone")
     fwd.heal()
     _wait(lambda: lost.extend(node0.lost_nodes()) or _poll(node1), "node 1 rejoining")
-    assert node1.lost_reason is None and node1.fence > first  # a new member key
+    assert node1.lease.lost_reason is None and node1.lease.revision > first  # a new key
     assert any("rejoined the job after its lease expired" in n for n in NOTES[1]), NOTES
     _wait(lambda: lost.extend(node0.lost_nodes()) or "rejoined the job" in str(NOTES[0]), "seen")
     assert "may rejoin within the partition grace" in NOTES[0][0], NOTES
     assert lost == [] and node0.blocklisted() == set()  # never lost, never blocklisted
-    # the new lease guards its bumps; its workers read the new fence from /dev/shm
-    assert node1.advance_generation(node1.generation(), "a worker of node 1 crashed").won
+    # the new lease guards its bumps (the same coordinator object, its fence moved); its
+    # workers read the new fence from /dev/shm
+    coord = node1.coord
+    assert coord.fence is not None and coord.fence.create_revision == node1.lease.revision
+    assert coord.advance_generation(coord.generation(), "a worker of node 1 crashed").won
     env = WorkerEnv(job=node1.cfg.job, fence=f"1:{first}", shm_run=node1.names.run)
     fence = worker_fence(env)
-    assert fence is not None and fence.create_revision == node1.fence
+    assert fence is not None and fence.create_revision == node1.lease.revision
     worker = worker_coordinator(env, node0.store)
-    assert worker.advance_generation(node0.generation(), "a worker saw a collective fail").won
+    assert worker.advance_generation(node0.coord.generation(), "a worker saw a collective fail").won
 
 
 def test_a_lease_the_store_kept_is_resumed_not_joined_again(
@@ -213,7 +216,7 @@ def test_a_lease_the_store_kept_is_resumed_not_joined_again(
     the same lease: no new member key, its workers' fence unchanged, never lost."""
     node0, node1, fwd = nodes
     _wait(lambda: node0.live_nodes() == {0, 1}, "node 1 seen")
-    first = node1.fence
+    first = node1.lease.revision
     kv = node0.store.get(node1.lease.key)
     assert kv is not None and kv.create_revision == first
     stop = threading.Event()
@@ -233,7 +236,7 @@ def test_a_lease_the_store_kept_is_resumed_not_joined_again(
     finally:
         stop.set()
         keeper.join()
-    assert node1.lost_reason is None and node1.fence == first  # the same member key
+    assert node1.lease.lost_reason is None and node1.lease.revision == first  # the same key
     assert any("renewed its lease again" in n for n in NOTES[1]), NOTES
     assert not any("rejoined the job after" in n for n in NOTES[1]), NOTES
     # its own heartbeat holds the lease again: alive several leases after the keeper
@@ -255,7 +258,7 @@ def test_a_partition_longer_than_the_grace_loses_the_node_for_good(
     fwd.heal()
     with pytest.raises((NodeFenced, StoreUnavailableError)):
         _wait(lambda: _poll(node1) and False, "node 1 fenced")
-    _wait(lambda: node1.lost_reason is not None, "node 1 fenced")
+    _wait(lambda: node1.lease.lost_reason is not None, "node 1 fenced")
     assert node0.live_nodes() == {0}  # it never came back
 
 
@@ -276,7 +279,7 @@ def test_a_node_that_cordoned_itself_stays_cordoned_when_its_adopter_claims_it(
     cordoned (NodeLossDetector: no second isolation, no node_loss fault)."""
     node0, node1, _ = nodes
     _wait(lambda: node0.lost_nodes() == [] and node0.live_nodes() == {0, 1}, "node 1 seen")
-    node1.block("node1", "probe disk failed")
+    node1.coord.block("node1", "probe disk failed")
     node1.close(goodbye=False)
     lost: list[int] = []
     _wait(lambda: lost.extend(node0.lost_nodes()) or lost, "node 1 claimed")

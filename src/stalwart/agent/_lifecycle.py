@@ -147,6 +147,7 @@ class Launched:
     c10d: C10d
     ready: dict[str, Any]  # the zygote's start report (import time, preloaded modules)
     files: tuple[str, str]  # the board's path, the chaos plan's
+    generation: JobGeneration  # this node's view of the job's generation, read at join
 
 
 def launch(
@@ -155,13 +156,13 @@ def launch(
     cluster: Cluster,
     stack: contextlib.ExitStack,
     *,
-    joined: Callable[[], object],
     goodbye: Callable[[], bool],
 ) -> Launched:
-    """Join the cluster (``joined`` right after: the generation is read then), create
-    the progress board (its name holds the run id agreed then), write the chaos plan,
-    start the zygote and agree on the c10d record; each part's end goes on ``stack``
-    (``goodbye``: whether this node says one when it leaves)."""
+    """Join the cluster (the node's :class:`JobGeneration` reads the job's generation
+    through its coordinator right after), create the progress board (its name holds the
+    run id agreed then), write the chaos plan, start the zygote and agree on the c10d
+    record; each part's end goes on ``stack`` (``goodbye``: whether this node says one
+    when it leaves)."""
     cfg, run_dir = ctx.cfg, ctx.run_dir
     # the bucket tier (--ckpt-tier): ckpt/ filled from the bucket before anything starts;
     # its uploader ends last, after the workers, with their last step uploaded
@@ -171,7 +172,8 @@ def launch(
     stack.callback(lambda: cluster.close(goodbye=goodbye()))
     sweep_shm(cluster.names, ctx)
     stack.callback(run_owner(cluster.names).remove)
-    joined()
+    generation = JobGeneration(cluster.coord, cluster, ctx.events, cfg.world_size)
+    generation.sync()
     board_path = cluster.names.progress_board(cfg.node_rank)
     # room for every rank (a node may adopt the ranks of a lost node), and for a parked
     # standby of each (its own ranks' under --strategy spare, agent/processes/_standby.py)
@@ -188,7 +190,7 @@ def launch(
     ready = zygote.wait_ready(cfg.zygote.cpu_s, cfg.zygote.stall_s)
     preload_note(cfg, ready, ctx.say)
     c10d = exchange_c10d(cfg, cluster, zygote, free_port())
-    return Launched(board, zygote, c10d, ready, (board_path, plan_path))
+    return Launched(board, zygote, c10d, ready, (board_path, plan_path), generation)
 
 
 def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None]:

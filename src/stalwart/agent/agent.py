@@ -39,7 +39,6 @@ from stalwart.agent._outcome import (
 )
 from stalwart.agent._types import NodeContext
 from stalwart.agent.cluster._cluster import Cluster, NodeFenced
-from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.cluster._grace import noting
 from stalwart.agent.cluster._replica import NodeReplicas
 from stalwart.agent.config import LaunchConfig
@@ -85,7 +84,6 @@ class Agent:
         self.ledger = FaultLedger(self.run_dir)
         self.plan = FaultPlan.parse(config.chaos)
         self.cluster = Cluster(config, self.run_dir, noting(self.events, _say))  # _grace.py
-        self.gen = JobGeneration(self.cluster, self.cluster, self.events, config.world_size)
         self.ctx = NodeContext(config, self.run_dir, self.events, self.ledger, _say)
         self.hangs = HangWatch(config.hang)  # CPU trackers, the job's step-time history
         self.node_status = NodeStatus(config.node_rank)  # /healthz, /readyz
@@ -98,8 +96,9 @@ class Agent:
         stack.callback(serve_health(cfg.health, self.node_status, _say))
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
-        up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
-        stack.callback(self.gen.started(up.c10d.master_port, cluster))  # its watch's end
+        up = launch(ctx, self.plan, cluster, stack, goodbye=goodbye)
+        self.gen = up.generation  # over the cluster's coordinator (cluster/_generation.py)
+        stack.callback(self.gen.started(up.c10d.master_port))  # its watch's end
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
         self._ranks = workers.ranks
         if cfg.node_rank == 0:

@@ -11,6 +11,14 @@ The leader is node 0 with the embedded store (it hosts it), else the lost node's
 successor; the loss is claimed in one transaction (``adopted/node<k>`` and the blocklist,
 checking the adopter's lease), so it happens once, never by a fenced agent. Fencing (a
 node whose lease is gone stops and exits 3): agent/cluster/_fencing.py.
+
+The job's :class:`Coordinator` (``Cluster.coord``, opened by :meth:`Cluster.start`) is
+fenced by this node's lease: every bump through it checks the lease in the same
+transaction, and a rejoin within the grace moves its fence, not the object. Its users
+take it directly (the generation, agent/cluster/_generation.py; the blocklist; the
+policies); a bump it refuses raises ``FencedError``, which the agent's loop ends as
+fenced (:meth:`Cluster.fenced_if_cut`). The cluster keeps what is the node's own: the
+link, the lease, the launch record, the live nodes and who adopts a lost one.
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ from stalwart.coordinator import (
     Compare,
     Coordinator,
     CoordinatorConfig,
-    GenerationChange,
     Member,
     Put,
     StoreServer,
@@ -104,7 +111,9 @@ class Cluster:
             self.server.store.pin(member.lease)
         member.start_heartbeat(on_lost=self._expired, give_up=not self.cfg.etcd)
         fence = self.coord.fence_of(member)
-        self.coord = self.coord.as_member(fence)  # every bump checks our lease
+        # every bump checks our lease, on the one coordinator its users hold (a rejoin
+        # moves the fence, not the object: JobGeneration and the policies keep theirs)
+        self.coord.fence = fence
         if self.lease.revision:  # a rejoin: our workers' fence from now on (_coord.py)
             hand_fence(self.names.fence_file(self.node), self.node, fence.create_revision)
         self.lease.joined(fence.key, fence.create_revision)
@@ -119,31 +128,10 @@ class Cluster:
         join = lambda: self.coord.join(f"node{self.node}", node=str(self.node))  # noqa: E731
         self._rejoin.tick(self.store, self._member, join, self._become_member)
 
-    @property
-    def lost_reason(self) -> str | None:
-        return self.lease.lost_reason
-
-    @property
-    def fence(self) -> int:
-        """Our member key's create_revision: our workers' fence (0 before we joined)."""
-        return self.lease.revision
-
     def fenced(self) -> bool:
         """Our lease is gone (we were unresponsive for longer than it): another node
         may have adopted our ranks, so nothing here may start or commit any more."""
         return self.lease.probe(self.store)
-
-    # the job's generation (agent/cluster/_generation.py owns this node's view of it)
-    def generation(self) -> int:
-        return self.coord.generation()
-
-    def advance_generation(self, expected: int, reason: str) -> GenerationChange:
-        """A bump fenced by our lease: NodeFenced once it is gone."""
-        try:
-            return self.coord.advance_generation(expected, reason)
-        except FencedError as err:
-            self.lease.lost(err)
-            raise self.lease.error() from None
 
     def fenced_if_cut(self, err: BaseException) -> BaseException:
         """What ends the agent: a bump refused for our lease (any part's), or a joined
@@ -158,9 +146,6 @@ class Cluster:
             return self.lease.unreachable(self.address, err)
         return err
 
-    def generation_meta(self) -> dict[str, Any]:
-        return self.coord.generation_meta()
-
     def check_fenced(self, *, probe: bool) -> None:
         """Raise :class:`NodeFenced` if this agent's lease is gone. ``probe``: ask the
         store (before a recovery; a bounded call); else only look at what the heartbeat
@@ -173,9 +158,6 @@ class Cluster:
         """Members (``node<k>``, ``rank<r>``) the job will never readmit (less the nodes
         this agent declared lost itself: lost, not cordoned)."""
         return set(self.coord.blocklisted()) - {f"node{n}" for n in self._claimed}
-
-    def block(self, member: str, reason: str) -> None:
-        self.coord.block(member, reason)
 
     def watch_closed_at(self, node: int) -> float | None:
         """When a watched connection to ``node`` ended (agent/cluster/_peerwatch.py): this
@@ -248,7 +230,10 @@ class Cluster:
         """The run id of the /dev/shm names; what a worker needs to reach the
         coordinator when it lives in etcd, and the fence its joins are checked against
         (this agent's member key)."""
-        fields: WorkerFields = {"shm_run": self.names.run, "fence": f"{self.node}:{self.fence}"}
+        fields: WorkerFields = {
+            "shm_run": self.names.run,
+            "fence": f"{self.node}:{self.lease.revision}",
+        }
         if self.cfg.etcd:
             fields["rdzv"] = str(self.cfg.rdzv)
         return fields
@@ -305,7 +290,7 @@ class Cluster:
         lowest live node, node 0 may be gone)."""
         if not self.cfg.etcd:
             return self.node == 0
-        if self.lost_reason is not None:
+        if self.lease.lost_reason is not None:
             return False
         try:
             live = self.live_nodes()
@@ -342,7 +327,7 @@ class Cluster:
         gone = joined - live - self._lost
         self._pending = bool(gone)
         mine = {n for n in gone if self.adopter(n, live) == self.node}
-        if (not mine and not self._missing.waiting) or self.lost_reason is not None:
+        if (not mine and not self._missing.waiting) or self.lease.lost_reason is not None:
             return []
         handled = self._nodes("agents-done") | self._nodes("adopted")
         out = []

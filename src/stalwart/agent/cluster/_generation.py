@@ -6,7 +6,9 @@ together: the generation it last saw or made, how many whole-job restarts it did
 worker's ``TORCHELASTIC_RESTART_COUNT``), and the ``MASTER_PORT`` its workers use (a
 restart moves to a fresh one, as torchrun's does). They used to be fields of the agent
 written from five modules; here they change only through :meth:`bump`, :meth:`follow`,
-:meth:`restart` and :meth:`sync`.
+:meth:`restart` and :meth:`sync`. It works on the job's coordinator directly (the
+cluster's, fenced by this node's lease: a bump after the lease is gone raises
+``FencedError``, which ends the agent as fenced, agent/cluster/_cluster.py).
 """
 
 from __future__ import annotations
@@ -18,38 +20,15 @@ from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink
 from stalwart.agent.cluster._genfeed import GenerationFeed
+from stalwart.coordinator import Coordinator
 
-__all__ = ["Change", "Feed", "GenerationStore", "JobGeneration", "LaunchRecord", "free_port"]
-
-
-class Change(Protocol):
-    """A compare-and-swap bump's outcome (stalwart.coordinator.GenerationChange)."""
-
-    @property
-    def generation(self) -> int: ...
-    @property
-    def won(self) -> bool: ...
-
-
-class GenerationStore(Protocol):
-    """What of the coordinator this needs (stalwart.coordinator.Coordinator)."""
-
-    def generation(self) -> int: ...
-    def advance_generation(self, expected: int, reason: str) -> Change: ...
-    def generation_meta(self) -> dict[str, Any]: ...
+__all__ = ["Feed", "JobGeneration", "LaunchRecord", "free_port"]
 
 
 class Feed(Protocol):
     """The newest generation a watch saw (agent/cluster/_genfeed.py); None: unknown."""
 
     def latest(self) -> int | None: ...
-
-
-class Watched(Protocol):
-    """Where the generation's watch is opened (agent/cluster/_cluster.py Cluster)."""
-
-    store: Any
-    coord: Any
 
 
 class LaunchRecord(Protocol):
@@ -76,7 +55,7 @@ class Followed:
 
 class JobGeneration:
     def __init__(
-        self, coord: GenerationStore, launch: LaunchRecord, events: EventSink, world_size: int
+        self, coord: Coordinator, launch: LaunchRecord, events: EventSink, world_size: int
     ) -> None:
         self._coord = coord
         self._launch = launch
@@ -87,14 +66,13 @@ class JobGeneration:
         self._master_port = free_port()
         self._feed: Feed | None = None
 
-    def started(self, port: int, cluster: Watched) -> Callable[[], None]:
+    def started(self, port: int) -> Callable[[], None]:
         """The job's first ``MASTER_PORT`` (:meth:`use_port`), and from now on the
-        generation followed through a watch on ``cluster``'s store (agent/cluster/_genfeed.py);
-        returns what closes the watch."""
+        generation followed through a watch on the coordinator's store
+        (agent/cluster/_genfeed.py); returns what closes the watch."""
         self.use_port(port)
-        feed = GenerationFeed(
-            lambda: cluster.store, lambda: cluster.coord.generation_key, self._coord.generation
-        )
+        coord = self._coord
+        feed = GenerationFeed(lambda: coord.store, lambda: coord.generation_key, coord.generation)
         self.use_feed(feed)
         return feed.close
 

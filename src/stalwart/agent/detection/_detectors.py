@@ -62,6 +62,7 @@ from stalwart.agent.processes._env import error_message
 from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
+from stalwart.coordinator import Coordinator
 
 __all__ = [
     "CrashDetector",
@@ -243,7 +244,6 @@ class Nodes(Protocol):
     def ranks_of(self, node: int) -> list[int]: ...
     def watch_closed_at(self, node: int) -> float | None: ...
     def blocklisted(self) -> set[str]: ...
-    def block(self, member: str, reason: str) -> None: ...
     def publish(self, key: str, record: dict[str, Any]) -> None: ...
     def read(self, key: str, timeout: float) -> dict[str, Any]: ...
     def published(self, key: str) -> dict[str, Any] | None: ...
@@ -257,6 +257,7 @@ class NodeLossDetector:
         self,
         *,
         nodes: Nodes,
+        coord: Coordinator,
         lease_s: float,
         ledger: FaultLedger,
         events: EventSink,
@@ -267,7 +268,7 @@ class NodeLossDetector:
         """``finished``: a rank that finished the job, if one did (agent/detection/_finished.py):
         a node lost after that is isolated but its ranks are not adopted. ``grace_s``: the
         partition grace a silent expiry waited (agent/cluster/_grace.py), part of its latency."""
-        self._nodes, self._lease_s, self._finished = nodes, lease_s, finished
+        self._nodes, self._coord, self._lease_s, self._finished = nodes, coord, lease_s, finished
         self._grace_s = grace_s
         self._ledger, self._events, self._say = ledger, events, say
 
@@ -304,7 +305,7 @@ class NodeLossDetector:
             how=how,
         )
         self._say(f"node {node} lost ({how}); detected in {latency:.2f} s")
-        self._nodes.block(f"node{node}", "lease expired: node lost")
+        self._coord.block(f"node{node}", "lease expired: node lost")
         self._events.emit(
             "isolation", member=f"node{node}", reason="lease expired", blocklisted=True
         )
@@ -431,6 +432,7 @@ class Detectors:
         )
         lost = NodeLossDetector(
             nodes=nodes,
+            coord=nodes.coord,
             lease_s=cfg.node_lease_s,
             ledger=ledger,
             events=events,

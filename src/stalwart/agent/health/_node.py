@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from typing import Protocol
 
 from stalwart.agent._outcome import Cordoned
 from stalwart.agent._types import EventSink, NodeContext, Say
@@ -36,9 +35,10 @@ from stalwart.agent.detection.incidents import ProbeFailed
 from stalwart.agent.health.preflight import PreflightConfig, report, run_check, run_preflight
 from stalwart.agent.health.probes import Probe, ProbeResult, build_probes, slot_growth
 from stalwart.agent.processes._workers import LocalWorkers
+from stalwart.coordinator import Coordinator
 from stalwart.logs import get_logger
 
-__all__ = ["Blocklist", "NodeHealth", "ProbeWatch", "isolate_node", "probe_event"]
+__all__ = ["NodeHealth", "ProbeWatch", "isolate_node", "probe_event"]
 
 _log = get_logger(__name__)
 
@@ -141,15 +141,9 @@ class ProbeWatch:
             self._thread = None
 
 
-class Blocklist(Protocol):
-    """What of the cluster (agent/cluster/_cluster.py) isolating a node needs."""
-
-    def block(self, member: str, reason: str) -> None: ...
-
-
 def isolate_node(
     cfg: LaunchConfig,
-    cluster: Blocklist,
+    coord: Coordinator,
     events: EventSink,
     say: Say,
     why: str,
@@ -179,7 +173,7 @@ def isolate_node(
         say(f"node {node}: {why}; {stays}")
         return
     member = f"node{node}"
-    cluster.block(member, why)
+    coord.block(member, why)
     events.emit("isolation", member=member, reason=why, blocklisted=True)
     say(f"node {node} isolated ({why}): blocklisted, its ranks move to a healthy node")
     raise Cordoned(f"node {node} isolated: {why}")
@@ -218,7 +212,7 @@ class NodeHealth:
         ctx = self.ctx
         # a rank that finished the job (agent/detection/_finished.py): nothing is left to move
         done = finished_rank(self._workers, self.cluster, ctx.cfg.world_size)
-        isolate_node(ctx.cfg, self.cluster, ctx.events, ctx.say, why, finished=done)
+        isolate_node(ctx.cfg, self.cluster.coord, ctx.events, ctx.say, why, finished=done)
 
     def preflight(self) -> None:
         """Check this node against the others before the first generation: a slow or
@@ -234,4 +228,4 @@ class NodeHealth:
         mine = verdicts[cfg.node_rank]
         if not mine.ok:
             why = f"preflight {mine.verdict}: {mine.detail}"
-            isolate_node(cfg, self.cluster, ctx.events, ctx.say, why)
+            isolate_node(cfg, self.cluster.coord, ctx.events, ctx.say, why)
