@@ -8,8 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from stalwart.agent.processes._steps import StepRecords
 from stalwart.agent.processes._workers import Worker, WorkerState
-from stalwart.agent.rundir._steps import StepRecords
 from stalwart.contract.board import OBSERVED, ProgressBoard
 from stalwart.contract.shm_names import SlotNames, new_run_id
 from stalwart.metrics import EventLog, read_events

@@ -10,7 +10,7 @@ The parts, each the owner of its state, each a sub-package: the worker processes
 (processes/: ``LocalWorkers``, spares, zygote, board), the detectors (detection/: typed
 incidents), the ``RecoveryPolicy`` of ``--strategy`` (strategies/), the cluster
 (cluster/: store, membership, leases, fencing, the ``JobGeneration``), the node's health
-(health/) and the run directory's records (rundir/). Teardown is one ``ExitStack``: each
+(health/) and the run directory (rundir/). Teardown is one ``ExitStack``: each
 part's end is registered when the part is set up.
 """
 
@@ -48,10 +48,10 @@ from stalwart.agent.health._node import NodeHealth
 from stalwart.agent.health.endpoint import NodeStatus, serve_health
 from stalwart.agent.processes._chaos import AgentChaos
 from stalwart.agent.processes._standby import Standbys
+from stalwart.agent.processes._steps import StepRecords
 from stalwart.agent.processes._trash import Trash
 from stalwart.agent.processes._workers import LocalWorkers
 from stalwart.agent.rundir._claim import claim_run_dir
-from stalwart.agent.rundir._steps import StepRecords
 from stalwart.agent.strategies import choose_policy
 from stalwart.agent.strategies._elastic import Joins
 from stalwart.agent.strategies._restart import RestartAll

@@ -28,7 +28,6 @@ from stalwart.agent.cluster._cluster import Cluster
 from stalwart.agent.detection._dataplane_watch import DataPlaneWatch, holder_node, revoke_node
 from stalwart.agent.detection._degraded_watch import LinkDetector
 from stalwart.agent.detection._finished import (
-    EXIT_HANG,
     ExitHang,
     ExitWatch,
     finished_rank,
@@ -59,7 +58,7 @@ from stalwart.agent.detection.verdict import (
     failed_at,
 )
 from stalwart.agent.processes._env import error_message
-from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
+from stalwart.agent.processes._workers import EXIT_HANG, LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import Slot
 from stalwart.coordinator import Coordinator

@@ -34,7 +34,6 @@ from stalwart.agent.detection.incidents import NodeLost, WorkerExited
 from stalwart.contract.board import Slot
 
 __all__ = [
-    "EXIT_HANG",
     "FINISHED",
     "ExitHang",
     "ExitWatch",
@@ -112,10 +111,6 @@ def after_finish(ex: WorkerExited, done: int) -> str:
         f"them; the job ends with rank {ex.rank}'s failure: fix it (rank {ex.rank}'s output "
         "has the traceback) and resume from the last checkpoint"
     )
-
-
-EXIT_HANG = "exit-hang"
-"""The cause the agent gives a rank it ended for hanging at exit: its end is a finish."""
 
 
 @dataclass(frozen=True)

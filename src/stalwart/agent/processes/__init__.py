@@ -11,6 +11,8 @@
 - _standby.py: parked standbys that take a lost node's ranks over;
 - _proc.py: a process's CPU time and state from /proc;
 - _trash.py: a lost node's shared memory, freed once this node recovered;
+- _steps.py: the step records its processes could not write themselves (a killed
+  process's open batch, from its journal; a plain script's steps, from the board);
 - _chaos.py: the agent's side of chaos (time-keyed rank faults, node faults);
 - in a plain script's workers (no ``stalwart.init()``): observe.py (its steps on the
   board, from the optimizer: _outer_step.py) and _plain_chaos.py (its step-keyed faults).

@@ -35,11 +35,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent.detection._finished import EXIT_HANG
 from stalwart.contract.board import ProgressBoard, Slot
 from stalwart.contract.env import WorkerFields
 
-__all__ = ["LocalWorkers", "ProcessExit", "ProcessWatcher", "Worker", "WorkerState"]
+__all__ = ["EXIT_HANG", "LocalWorkers", "ProcessExit", "ProcessWatcher", "Worker", "WorkerState"]
+
+EXIT_HANG = "exit-hang"
+"""The cause the agent gives a rank it ended for hanging at exit (after another rank
+finished the job, agent/detection/_finished.py): its end is a finish."""
 
 
 class WorkerState(enum.Enum):

@@ -3,7 +3,5 @@
 - _claim.py: a reused run directory is rotated, never merged (``claim_run_dir``);
 - _private.py: the directory and its records are the job user's (0700, 0600), one that
   someone else could write into is refused;
-- _steps.py: the run's step records that rank 0 could not write itself (a killed
-  process's open batch, a plain script's steps);
 - _tier.py: the bucket tier of its ``ckpt/`` (``--ckpt-tier``, on node 0).
 """
