@@ -1,5 +1,6 @@
 """In-process stand-ins for the agent's parts' collaborators (the zygote, the event log,
-the launch record), shared by test_workers.py, test_generation.py and test_policies.py."""
+the launch record), shared by processes/test_workers.py, cluster/test_generation.py and
+strategies/test_policies.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from stalwart.agent.cluster.etcd import ETCD_RIDE_OUT_S, agent_etcd_config, open
 from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import StoreUnavailableError
 
-from ._forwarder import forwarder
+from .._forwarder import forwarder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -31,7 +31,7 @@ from stalwart.contract.env import Strategy, WorkerEnv
 from stalwart.coordinator import Coordinator, CoordinatorConfig, MemoryStore
 from stalwart.coordinator.elastic_keys import Keys, replica_root
 
-from ._fakes import FakeEvents, FakeLaunch, FakeZygote
+from .._fakes import FakeEvents, FakeLaunch, FakeZygote
 
 _ZYGOTES: dict[int, FakeZygote] = {}  # id(LocalWorkers) -> the fake it forks through
 

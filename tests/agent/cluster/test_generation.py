@@ -7,7 +7,7 @@ from typing import Any
 
 from stalwart.agent.cluster._generation import JobGeneration
 
-from ._fakes import FakeEvents, FakeLaunch, coordinator
+from .._fakes import FakeEvents, FakeLaunch, coordinator
 
 
 def _gen() -> tuple[JobGeneration, FakeEvents, FakeLaunch]:

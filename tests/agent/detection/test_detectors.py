@@ -1,5 +1,5 @@
 """The detectors, in-process: what each reports as a typed incident, and the records it
-writes on the way (the hang decision itself is test_detect.py's)."""
+writes on the way (the hang decision itself is detection/test_hang.py's)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from stalwart.agent.processes._workers import LocalWorkers, ProcessExit
 from stalwart.chaos import FaultLedger
 from stalwart.contract.board import ProgressBoard
 
-from ._fakes import FakeEvents, FakeZygote
+from .._fakes import FakeEvents, FakeZygote
 
 
 def _crashes(tmp_path: Path, limit: int = 2) -> tuple[CrashDetector, FakeEvents, list[str]]:

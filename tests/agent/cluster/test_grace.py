@@ -4,7 +4,7 @@ heals, and the loss that lets the job move on is one transaction against its mem
 
 The pure parts with a fake clock and the memory store; then two real ``Cluster`` objects
 in this process, node 1 reaching node 0's store through a forwarder the test cuts
-(tests/agent/_forwarder.py), as tests/agent/test_fencing.py does.
+(tests/agent/_forwarder.py), as tests/agent/cluster/test_fencing.py does.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from stalwart.coordinator import (
 )
 from stalwart.runtime._coord import worker_coordinator, worker_fence
 
-from ._forwarder import Forwarder, forwarder
-from ._launch import _free_port
+from .._forwarder import Forwarder, forwarder
+from .._launch import _free_port
 
 pytestmark = pytest.mark.timeout(180)
 LEASE, GRACE = 1.0, 4.0

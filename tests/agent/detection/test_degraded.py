@@ -23,7 +23,7 @@ from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError
 from stalwart.metrics.events import EventLog, read_events
 
-from ._fakes import FakeEvents
+from .._fakes import FakeEvents
 
 CFG = DegradedConfig()
 

@@ -13,7 +13,7 @@ import pytest
 from stalwart.agent.processes._workers import LocalWorkers, ProcessExit, Worker, WorkerState
 from stalwart.contract.board import ProgressBoard
 
-from ._fakes import FakeZygote
+from .._fakes import FakeZygote
 
 
 def _workers(tmp_path: Path, ranks: list[int] | None = None) -> tuple[LocalWorkers, FakeZygote]:

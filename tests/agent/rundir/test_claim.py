@@ -15,9 +15,9 @@ import torch
 from stalwart.agent.rundir._claim import MARKER, claim_run_dir
 from stalwart.errors import ConfigError
 
-from ._launch import events_of, stalwart_run
+from .._launch import events_of, stalwart_run
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_lm.py"
 ARGS = ["--dim", "32", "--layers", "1", "--seq", "16", "--batch", "4"]
 
 

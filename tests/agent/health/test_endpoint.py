@@ -24,7 +24,7 @@ from stalwart.agent.health.endpoint import (
 )
 from stalwart.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_lm.py"
 
 
 class Clock:

@@ -19,8 +19,8 @@ from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError
 
-from ._forwarder import Forwarder, forwarder
-from ._launch import _free_port
+from .._forwarder import Forwarder, forwarder
+from .._launch import _free_port
 
 LEASE = 1.0
 pytestmark = pytest.mark.timeout(180)

@@ -29,7 +29,7 @@ from stalwart.contract.board import Slot
 from stalwart.errors import ConfigError, StalwartError
 from stalwart.metrics.events import EventLog, read_events
 
-from ._fakes import FakeEvents, FakeZygote
+from .._fakes import FakeEvents, FakeZygote
 
 CFG = StragglerConfig(window_s=4.0)
 

@@ -30,7 +30,7 @@ from stalwart.contract.board import OBSERVED, ProgressBoard, Slot
 from stalwart.contract.env import WorkerEnv
 from stalwart.errors import ConfigError
 
-from ._fakes import FakeEvents, FakeLaunch, FakeZygote, coordinator
+from .._fakes import FakeEvents, FakeLaunch, FakeZygote, coordinator
 
 
 def _slot(pid: int, t_progress: float) -> Slot:
