@@ -1,4 +1,11 @@
-"""The node agent of `stalwart run`: launcher, zygote, worker supervision, detection."""
+"""The node agent of `stalwart run`: launcher, zygote, worker supervision, detection.
+
+agent.py wires one part of each role and runs the loop; config.py is the node's flags.
+The roles, one sub-package each (docs/architecture.md draws them): processes/ (the
+worker processes and the zygote), detection/ (typed incidents), strategies/ (one
+recovery policy per ``--strategy``), health/ (the node's probes, preflight, /healthz),
+cluster/ (the store, membership, leases, the generation) and rundir/ (the run directory).
+"""
 
 from __future__ import annotations
 
