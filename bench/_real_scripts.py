@@ -9,7 +9,7 @@ rank 0's trace shows step 50), ``flash``, ``spare`` (a pre-forked spare) and ``w
 minimal job (bench/_recovery_job.py), a script importing transformers
 (bench/_hf_job.py) and the corpus's torchtitan-style, minGPT-style and HF Trainer scripts
 (their own modules, such as ``_record`` and ``_mingpt``, preloaded:
-agent/_local_preload.py). Ratios: each route against flash, each script against the
+agent/processes/_local_preload.py). Ratios: each route against flash, each script against the
 minimal job, and flash against torchrun per script.
 
 ``warm_overhead``: what parked standbys cost while nothing fails: the steady step time

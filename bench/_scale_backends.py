@@ -127,7 +127,7 @@ def _serve(token_file: str, max_connections: int, nice: int) -> None:
     if nice:  # every thread of this process, the ones it starts included
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
-    # as agent/_link.py sizes it for the job: every node's handshakes at once
+    # as agent/cluster/_link.py sizes it for the job: every node's handshakes at once
     config = StoreServerConfig(
         max_connections=max_connections, max_unauthenticated=max(64, max_connections // 4)
     )

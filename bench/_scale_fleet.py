@@ -184,7 +184,7 @@ def _client(config: dict[str, Any], idx: int) -> Any:
     if config["backend"] == "embedded":
         import dataclasses
 
-        from stalwart.agent._link import agent_client_config
+        from stalwart.agent.cluster._link import agent_client_config
         from stalwart.coordinator import StoreClient
 
         conf = dataclasses.replace(agent_client_config(lease_s), source_address=loopback(idx))

@@ -6,8 +6,8 @@ member ``node<k>`` with its own lease and heartbeat thread (coordinator/membersh
 follows the generation with the agent's :class:`JobGeneration`, and polls the store as
 the agent's loop does (agent/agent.py ``_poll_store``, every ``poll_s``): the published
 verdict, the generation, and (the leader, or every node under etcd:
-agent/_cluster.py ``lost_nodes``) the membership; plus the ring successor's
-membership read of agent/_peerwatch.py (once a second). Its one emulated worker
+agent/cluster/_cluster.py ``lost_nodes``) the membership; plus the ring successor's
+membership read of agent/cluster/_peerwatch.py (once a second). Its one emulated worker
 follows the generation with the worker's real :class:`GenerationWatch`, agrees on the
 restore step with the real ``agree`` (runtime/rejoin/_rendezvous.py) and asks the real
 snapshot cadence at every step (runtime/steps/_cadence.py), its store calls counted apart.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stalwart.agent._generation import JobGeneration
+from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
 from stalwart.runtime.comm._coord import GenerationWatch
 from stalwart.runtime.rejoin._rendezvous import agree
@@ -118,9 +118,9 @@ class Node:
         self._known: set[int] = set()
         self._last_live: set[int] = set()
         self._next_ring = self._next_verdict = 0.0
-        self.view: Any = None  # agent/_members.py (None: --scan range, the old way)
+        self.view: Any = None  # agent/cluster/_members.py (None: --scan range, the old way)
         if cfg["scan"] == "view":
-            from stalwart.agent._members import MemberView
+            from stalwart.agent.cluster._members import MemberView
 
             self.view = MemberView(self.store, f"{ROOT}/members/")
         self.thread = threading.Thread(target=self._run, name=f"node{idx}", daemon=True)
@@ -136,7 +136,7 @@ class Node:
         self.gen = JobGeneration(self.coord, _Quiet(), _Quiet(), int(self.cfg["n"]))
         self.gen.sync()
         if self.cfg.get("feed", True):  # agent.py: the generation from a watch
-            self._feed_close = self.gen.started(0, self)  # type: ignore[arg-type]
+            self._feed_close = self.gen.started(0)
         # the worker: its own coordinator view (fenced by our lease), its generation watch
         self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
         self.genwatch = GenerationWatch(self.wcoord)
@@ -202,7 +202,7 @@ class Node:
         if now >= self._next_verdict:  # agent.py: once a second (every poll before)
             self._next_verdict = now + float(self.cfg["verdict_s"])
             self.store.get(f"{ROOT}/launch/verdict")
-        if now >= self._next_ring:  # agent/_peerwatch.py tick: the ring successor
+        if now >= self._next_ring:  # agent/cluster/_peerwatch.py tick: the ring successor
             self._next_ring = now + 1.0
             self._live()
         if self.leader or self.cfg["backend"] == "etcd":
@@ -214,7 +214,7 @@ class Node:
         return {int(m[4:]) for m in ids if m.startswith("node")}
 
     def _lost_nodes(self) -> None:
-        """agent/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
+        """agent/cluster/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
         the job to the next generation (the adopter's recovery)."""
         live = self._live()
         if live == self._last_live or not live:  # none: every lease lapsed (overload)
@@ -235,7 +235,8 @@ class Node:
 
     # ------------------------------------------------------------ loss
     def peer_gone(self, node: int) -> None:
-        """agent/_peerwatch.py ``_peer_gone``: our watched predecessor's connection ended."""
+        """agent/cluster/_peerwatch.py ``_peer_gone``: our watched predecessor's connection
+        ended."""
         if self.store.get(f"{ROOT}/members/node{self.idx}") is None:
             return
         if self.store.get(f"{ROOT}/agents-done/node{node}") is not None:

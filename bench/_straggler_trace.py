@@ -3,7 +3,7 @@
 The agent keeps only its declarations; to see how close a fault-free rank comes to one
 (and to compare persistence rules on the same seconds of the same machine) this thread
 reads the job's progress board as the agent does, scores the same windows with the
-same :class:`~stalwart.agent.straggler.StragglerWindows`, and writes one JSON line per
+same :class:`~stalwart.agent.detection.stragglers.StragglerWindows`, and writes one JSON line per
 window: ``{"t", "ranks": {rank: [ratio, z, flagged]}, "declared": [rank...]}``.
 """
 
@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from stalwart.agent.straggler import StragglerConfig, StragglerWindows
+from stalwart.agent.detection.stragglers import StragglerConfig, StragglerWindows
 from stalwart.contract.board import ProgressBoard
 
 __all__ = ["WindowTrace"]

@@ -30,7 +30,7 @@ survivors keep their two newest snapshots, so the replica must be one of them.
 
 Definitions (rank 0's step log, wall clock): RTO = fault -> end of the first step
 completed in the generation after it (detection included: the killed agent's watched
-connection ends at once, agent/_peerwatch.py; a silent machine waits for its lease);
+connection ends at once, agent/cluster/_peerwatch.py; a silent machine waits for its lease);
 restore_s = the slowest rank's restore (the "restore" events); progress = fault -> end of the first
 step beyond the last step completed before the fault. etcd_failover_pause_s = the
 longest gap between steps around the outage minus the median step time. In the disk

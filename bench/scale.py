@@ -10,7 +10,7 @@ For every N and backend it measures:
 * ``join_s``: from the nodes' start to every node's worker holding the agreement of
   generation 0 (connect, join with a lease, publish, agree);
 * ``loss_to_agreement_s``: from a node's process dying (its connections closed; its
-  ring successor revokes its lease, agent/_peerwatch.py) to every survivor holding the
+  ring successor revokes its lease, agent/cluster/_peerwatch.py) to every survivor holding the
   new generation and the agreed restore step;
 * ``lease_loss_to_agreement_s`` (``--lease-loss``): the same for a node that goes
   silent (its lease expires);
@@ -147,7 +147,7 @@ def main() -> None:
         "--scan",
         default="view",
         choices=("view", "range"),
-        help="live nodes from a membership watch (agent/_members.py) or a range per read "
+        help="live nodes from a membership watch (agent/cluster/_members.py) or a range per read "
         "(before issue 31; run with PYTHONPATH=<main>/src for the whole old control plane)",
     )
     p.add_argument("--verdict-s", type=float, default=1.0, help="0.1 before issue 31")

@@ -19,7 +19,7 @@ Nothing else: while the tests run, the environment's setting holds, in this proc
 in every process it starts. A test that writes a module, imports it, and rewrites it
 within the same second at the same size would otherwise read the old bytecode (Python
 checks the source's mtime in whole seconds and its size), the preloaded-module tests
-among them (agent/_local_preload.py). Python reads bytecode even where it writes none,
+among them (agent/processes/_local_preload.py). Python reads bytecode even where it writes none,
 and checks it against the source, so an edited file of the project is compiled afresh.
 """
 

@@ -50,13 +50,13 @@ class Module:
     """One source file of src/stalwart."""
 
     path: Path
-    name: str  # dotted: stalwart.agent._elastic
+    name: str  # dotted: stalwart.agent.strategies._elastic
     tree: ast.Module
     lines: int
 
     @property
     def rel(self) -> str:
-        """The path as allowlist entries spell it: ``agent/_elastic.py``."""
+        """The path as allowlist entries spell it: ``agent/strategies/_elastic.py``."""
         return self.path.relative_to(SRC).as_posix()
 
     @property
@@ -479,6 +479,33 @@ def package_edges(mods: list[Module]) -> dict[str, set[str]]:
             if target != m.part:
                 graph[m.part].add(target)
                 graph.setdefault(target, set())
+    return graph
+
+
+def subpackage_edges(mods: list[Module], package: str) -> dict[str, set[str]]:
+    """Which sub-package of ``stalwart.<package>`` imports which (``agent.detection`` ->
+    ``agent.processes``), every import counted as in :func:`import_graph`; the package's
+    top-level modules (agent.py, config.py) are no sub-package and are left out."""
+    known = {m.name for m in mods}
+    prefix = f"stalwart.{package}."
+
+    def sub(name: str) -> str | None:
+        if not name.startswith(prefix):
+            return None
+        rest = name[len(prefix) :].split(".")
+        return rest[0] if len(rest) > 1 or Path(SRC, package, rest[0]).is_dir() else None
+
+    graph: dict[str, set[str]] = {}
+    for m in mods:
+        a = sub(m.name)
+        if a is None:
+            continue
+        graph.setdefault(a, set())
+        for imp in imports(m, known):
+            b = sub(imp.target)
+            if b is not None and b != a:
+                graph[a].add(b)
+                graph.setdefault(b, set())
     return graph
 
 

@@ -32,7 +32,9 @@ def _record(name: str, level: int, msg: str, exc: bool = False) -> logging.LogRe
 
 
 def test_one_logger_per_part_whatever_the_module() -> None:
-    assert logs.get_logger("stalwart.agent._elastic") is logs.get_logger("stalwart.agent")
+    assert logs.get_logger("stalwart.agent.strategies._elastic") is logs.get_logger(
+        "stalwart.agent"
+    )
     assert logs.get_logger("stalwart.transfer.receiver").name == "stalwart.transfer"
     assert logs.get_logger("stalwart").name == "stalwart"
     with pytest.raises(ValueError, match="get_logger\\(__name__\\)"):

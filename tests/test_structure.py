@@ -213,6 +213,35 @@ def test_no_cycle_between_parts() -> None:
     assert scan.cycles(graph) == [], "the edge table allows a cycle between parts"
 
 
+# The agent's sub-packages (issue 32), bottom up: what each may import of the others. A
+# sub-package's private modules may be imported anywhere inside agent/ (they are one part),
+# but the roles stay layered: the strategies act on the detectors' incidents through the
+# processes and the cluster; the cluster and the run directory import no other role.
+AGENT_SUBPACKAGES: dict[str, frozenset[str]] = {
+    "cluster": frozenset(),
+    "rundir": frozenset(),
+    "processes": frozenset({"cluster", "rundir"}),
+    "detection": frozenset({"cluster", "processes"}),
+    "health": frozenset({"cluster", "detection", "processes", "rundir"}),
+    "strategies": frozenset({"cluster", "detection", "processes"}),
+}
+
+
+def test_the_agents_sub_packages_import_one_way() -> None:
+    edges = scan.subpackage_edges(scan.modules(), "agent")
+    assert set(edges) == set(AGENT_SUBPACKAGES), (
+        f"agent/'s sub-packages changed: update AGENT_SUBPACKAGES and docs/architecture.md: "
+        f"{sorted(edges)}"
+    )
+    new = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs - AGENT_SUBPACKAGES[a])
+    assert not new, f"agent/: import(s) between sub-packages not in AGENT_SUBPACKAGES: {new}"
+    unused = sorted(
+        f"{a} -> {b}" for a, bs in AGENT_SUBPACKAGES.items() for b in bs - edges.get(a, set())
+    )
+    assert not unused, f"agent/: no module imports along these any more: {unused}"
+    assert scan.cycles({a: set(bs) for a, bs in AGENT_SUBPACKAGES.items()}) == []
+
+
 @pytest.mark.process  # a fresh interpreter (tests/_tiers.py)
 def test_importing_the_contract_loads_no_agent_runtime_or_torch() -> None:
     """A worker reads its contract and writes the board; the agent, which never runs
@@ -267,7 +296,7 @@ def test_a_private_import_of_another_part_is_found_wherever_it_hides() -> None:
     src = """
 import importlib
 from typing import TYPE_CHECKING
-import stalwart.agent._zygote
+import stalwart.agent.processes._zygote
 from stalwart import __version__
 from stalwart.checkpoint import _internal, snapshot
 from stalwart.checkpoint._shm import ShmSlot
@@ -280,7 +309,7 @@ def later() -> None:
 """
     known = {"stalwart.checkpoint.snapshot"}
     assert scan.private_imports(_mod("stalwart.runtime.session", src), known) == {
-        "stalwart.agent._zygote",
+        "stalwart.agent.processes._zygote",
         "stalwart.checkpoint._internal",
         "stalwart.checkpoint._shm",
         "stalwart.coordinator._ops",

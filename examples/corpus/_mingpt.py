@@ -1,7 +1,7 @@
 """The model file of ``mingpt_ddp.py``, in the style of minGPT's ``model.py``: a GPT with
 a config dataclass, causal self-attention, blocks with dropout, and the optimizer set-up
 (weight decay on matrices only). Definitions only: the agent's zygote preloads it
-(agent/_local_preload.py), as it would a script's own model package."""
+(agent/processes/_local_preload.py), as it would a script's own model package."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def terminal_safe(text: str, *, newlines: bool = False) -> str:
 
 
 def part_of(name: str) -> str:
-    """The part a logger or module name belongs to: ``stalwart.agent._elastic`` ->
+    """The part a logger or module name belongs to: ``stalwart.agent.strategies._elastic`` ->
     ``agent``; ``stalwart`` itself (the top-level package) -> ``stalwart``."""
     parts = name.split(".")
     if parts[0] != ROOT:

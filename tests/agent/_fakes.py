@@ -1,5 +1,6 @@
 """In-process stand-ins for the agent's parts' collaborators (the zygote, the event log,
-the launch record), shared by test_workers.py, test_generation.py and test_policies.py."""
+the launch record), shared by processes/test_workers.py, cluster/test_generation.py and
+strategies/test_policies.py."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class FakeEvents:
 
 
 class FakeLaunch:
-    """The job's launch record (agent/_cluster.py's publish/read)."""
+    """The job's launch record (agent/cluster/_cluster.py's publish/read)."""
 
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}

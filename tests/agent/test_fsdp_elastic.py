@@ -1,7 +1,7 @@
 """FSDP2 under --strategy elastic: 4 -> 3 -> 4 workers (a permanent kill, then a join)
 under a constant global batch follows a fixed 4-worker run's loss curve.
 
-The sharded job resizes by restarts (agent/_elastic_sharded.py): on each change every
+The sharded job resizes by restarts (agent/strategies/_elastic.py): on each change every
 worker starts again at the new size and restores the newest persisted step resharded
 onto it; the loader re-partitions the epoch so each step reads the same samples."""
 

@@ -1,6 +1,6 @@
 """Hang detection that cannot kill a busy rank, and verdicts instead of crash loops
-(multi-process; the logic itself is tested in-process in test_detect.py and
-test_verdict.py)."""
+(multi-process; the logic itself is tested in-process in detection/test_hang.py and
+detection/test_verdict.py)."""
 
 from __future__ import annotations
 

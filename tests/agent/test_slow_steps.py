@@ -1,6 +1,6 @@
 """A plain script of slow steps (2-3 s each, a slower first one) under `stalwart run`
 with the default bounds: never taken for hung, and a real hang in it (SIGSTOP) is found
-after the floor, not after 3 x its p99 step time (issue 28; agent/detect.py)."""
+after the floor, not after 3 x its p99 step time (issue 28; agent/detection/hang.py)."""
 
 from __future__ import annotations
 

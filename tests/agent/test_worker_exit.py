@@ -147,7 +147,7 @@ TEARDOWN_S = 2 * (5 + 5 + 10 + 5 + 30)
 def _ended(proc: subprocess.Popen[str], job: str) -> tuple[int, str]:
     """Wait for the agent to exit (within TEARDOWN_S of its signal), then for every
     process of the job to be gone (the end of its stderr: the zygote, its store host and
-    the workers all hold it; each dies with its parent, agent/_zygote.py); either wait
+    the workers all hold it; each dies with its parent, agent/processes/_zygote.py); either wait
     that runs out names what was still alive."""
     try:
         proc.wait(timeout=TEARDOWN_S)

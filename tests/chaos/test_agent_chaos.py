@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stalwart.agent._chaos_exec import AgentChaos
-from stalwart.agent._workers import Worker, WorkerState
+from stalwart.agent.processes._chaos import AgentChaos
+from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.contract.board import ProgressBoard, Slot
 
@@ -221,7 +221,7 @@ def test_plain_script_slow_fault_sleeps_in_its_window(
 ) -> None:
     """`slow factor=3 steps=2` on a plain script: before optimizer steps 2 and 3 (its
     window) the hook sleeps twice the last step interval; claimed and logged once."""
-    from stalwart.agent import _plain_chaos
+    from stalwart.agent.processes import _plain_chaos
     from stalwart.metrics import read_events
 
     plan = FaultPlan.parse("slow rank=1 factor=3 at=step:2 steps=2; kill rank=0 at=step:2")

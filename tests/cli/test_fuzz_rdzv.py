@@ -10,8 +10,8 @@ import tempfile
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from stalwart.agent._endpoint import parse_endpoint
-from stalwart.agent.etcd_cluster import rdzv_from_file
+from stalwart.agent.cluster._address import parse_endpoint
+from stalwart.agent.cluster.etcd import rdzv_from_file
 from stalwart.coordinator import parse_etcd_url
 from stalwart.errors import ConfigError
 

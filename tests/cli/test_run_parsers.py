@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stalwart.agent._endpoint import parse_endpoint
-from stalwart.agent.etcd_cluster import rdzv_from_file
+from stalwart.agent.cluster._address import parse_endpoint
+from stalwart.agent.cluster.etcd import rdzv_from_file
 from stalwart.cli.main import main
 from stalwart.coordinator import parse_etcd_url
 from stalwart.errors import ConfigError

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from _load import scaled
 
+from stalwart.agent.cluster.etcd import open_etcd
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.etcd_cluster import open_etcd
 from stalwart.coordinator import (
     AuthenticationError,
     EtcdStore,

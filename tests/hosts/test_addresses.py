@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.timeout(300)]
 
 _PROBE = """
 import socket, subprocess
-from stalwart.agent._address import c10d_store, node_address, check_host_name
+from stalwart.agent.cluster._address import c10d_store, node_address, check_host_name
 print(node_address("", ("h0", 29400)))
 print(node_address("", ("127.0.0.1", 29400)))
 port, store = c10d_store("h0")
@@ -33,7 +33,7 @@ print("name ok")
 """
 
 _REFUSE = """
-from stalwart.agent._address import check_host_name, node_address
+from stalwart.agent.cluster._address import check_host_name, node_address
 check_host_name(node_address("", ("h0", 29400)))
 """
 

@@ -3,7 +3,7 @@ under a 2-host flash job of examples/train_sharded.py. The link passes traffic, 
 node is lost and nothing is recovered: the job runs on at the link's pace, and
 
 * the agents say so: a ``link_degraded`` event (the step rate collapsed while every
-  rank computed as before, agent/degraded.py) naming the far node, and a
+  rank computed as before, agent/detection/degraded.py) naming the far node, and a
   ``link_recovered`` once the loss healed;
 * the job finishes rc 0 on both hosts, its final parameters bit-identical to a
   fault-free 1-host run of the same world size, every rank's newest checkpoint at the

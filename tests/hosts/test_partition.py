@@ -20,7 +20,8 @@ these checks are _flash.py's; more cells of the matrix are in test_partition_mat
 Marked ``hosts``; every cell but one per backend (the permanent partition) is also
 ``hosts_matrix``: plain ``make test`` deselects those and ``make test-hosts`` runs them.
 Under etcd both nodes keep their leases: the partition is found by the watched data
-plane (agent/_dataplane.py: every rank waits in a collective, the agents probe each other).
+plane (agent/detection/_dataplane_watch.py: every rank waits in a collective, the agents probe each
+other).
 """
 
 from __future__ import annotations

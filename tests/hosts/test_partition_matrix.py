@@ -79,7 +79,7 @@ def test_one_way_partition_30s(
 
 def _rejoined(job: HostJob, rc1: int, err1: str) -> None:
     """A partition as long as the lease (``--node-lease 3``) but shorter than the
-    partition grace (``--partition-grace``, 5 s by default; agent/_grace.py): node 1's
+    partition grace (``--partition-grace``, 5 s by default; agent/cluster/_grace.py): node 1's
     lease expires in the cut, node 0 waits the grace instead of declaring it lost, node 1
     rejoins at the heal and its ranks go on where they were. Until the grace existed,
     this cell pinned the opposite (node 1 blocklisted, exit 3, its ranks doubled up on

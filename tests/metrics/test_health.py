@@ -1,6 +1,6 @@
 """The node health section of `stalwart report` (summary, JSON, HTML) and its Prometheus
 metrics, from a synthetic log holding ``probe`` and ``preflight`` events as the agents
-write them (agent/_probe_watch.py, agent/_preflight.py)."""
+write them (agent/health/_node.py, agent/health/preflight.py)."""
 
 from __future__ import annotations
 

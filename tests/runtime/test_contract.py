@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from _load import scaled
 
-from stalwart.agent._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.agent.config import LaunchConfig
+from stalwart.agent.processes._env import NodeFacts, WorkerSpec, worker_contract, worker_environ
 from stalwart.contract.env import CONTRACT_VAR, CONTRACT_VERSION, DEFAULTS, WorkerEnv
 from stalwart.errors import ContractError
 
@@ -230,7 +230,7 @@ def test_the_agent_writes_its_config_into_the_contract(tmp_path: Path) -> None:
 
 def test_a_policy_may_set_the_rank_and_world_size(tmp_path: Path) -> None:
     """A sharded elastic job restarted at 3 of its 4 launch ranks: launch rank 3 runs as
-    rank 2 of 3 (agent/_elastic_sharded.py); the RANK/WORLD_SIZE variables say so."""
+    rank 2 of 3 (agent/strategies/_elastic.py); the RANK/WORLD_SIZE variables say so."""
     script = tmp_path / "train.py"
     script.write_text("")
     cfg = LaunchConfig(script=str(script), nproc_per_node=4, job="jr", strategy="elastic")

@@ -20,16 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stalwart.agent._cluster import Cluster
-from stalwart.agent._env import NodeFacts, WorkerSpec, error_dir, worker_contract, worker_environ
-from stalwart.agent._generation import JobGeneration, free_port
-from stalwart.agent._private import write_private
-from stalwart.agent._tier import start_tier
 from stalwart.agent._types import EventSink, NodeContext, Say
-from stalwart.agent._workers import Worker
-from stalwart.agent._zygote_client import ZygoteClient
+from stalwart.agent.cluster._cluster import Cluster
+from stalwart.agent.cluster._generation import JobGeneration, free_port
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.verdict import error_line_path
+from stalwart.agent.detection.verdict import error_line_path
+from stalwart.agent.processes._env import (
+    NodeFacts,
+    WorkerSpec,
+    error_dir,
+    worker_contract,
+    worker_environ,
+)
+from stalwart.agent.processes._workers import Worker
+from stalwart.agent.processes._zygote_client import ZygoteClient
+from stalwart.agent.rundir._private import write_private
+from stalwart.agent.rundir._tier import start_tier
 from stalwart.chaos import FaultPlan
 from stalwart.checkpoint.slots import run_owner, sweep_stale
 from stalwart.contract.board import ProgressBoard
@@ -141,6 +147,7 @@ class Launched:
     c10d: C10d
     ready: dict[str, Any]  # the zygote's start report (import time, preloaded modules)
     files: tuple[str, str]  # the board's path, the chaos plan's
+    generation: JobGeneration  # this node's view of the job's generation, read at join
 
 
 def launch(
@@ -149,13 +156,13 @@ def launch(
     cluster: Cluster,
     stack: contextlib.ExitStack,
     *,
-    joined: Callable[[], object],
     goodbye: Callable[[], bool],
 ) -> Launched:
-    """Join the cluster (``joined`` right after: the generation is read then), create
-    the progress board (its name holds the run id agreed then), write the chaos plan,
-    start the zygote and agree on the c10d record; each part's end goes on ``stack``
-    (``goodbye``: whether this node says one when it leaves)."""
+    """Join the cluster (the node's :class:`JobGeneration` reads the job's generation
+    through its coordinator right after), create the progress board (its name holds the
+    run id agreed then), write the chaos plan, start the zygote and agree on the c10d
+    record; each part's end goes on ``stack`` (``goodbye``: whether this node says one
+    when it leaves)."""
     cfg, run_dir = ctx.cfg, ctx.run_dir
     # the bucket tier (--ckpt-tier): ckpt/ filled from the bucket before anything starts;
     # its uploader ends last, after the workers, with their last step uploaded
@@ -165,10 +172,11 @@ def launch(
     stack.callback(lambda: cluster.close(goodbye=goodbye()))
     sweep_shm(cluster.names, ctx)
     stack.callback(run_owner(cluster.names).remove)
-    joined()
+    generation = JobGeneration(cluster.coord, cluster, ctx.events, cfg.world_size)
+    generation.sync()
     board_path = cluster.names.progress_board(cfg.node_rank)
     # room for every rank (a node may adopt the ranks of a lost node), and for a parked
-    # standby of each (its own ranks' under --strategy spare, agent/_standby.py)
+    # standby of each (its own ranks' under --strategy spare, agent/processes/_standby.py)
     board = ProgressBoard(board_path, 2 * cfg.world_size, create=True)
     stack.callback(board.close, unlink=True)
     os.makedirs(os.path.join(run_dir, "chaos"), mode=0o700, exist_ok=True)
@@ -182,7 +190,7 @@ def launch(
     ready = zygote.wait_ready(cfg.zygote.cpu_s, cfg.zygote.stall_s)
     preload_note(cfg, ready, ctx.say)
     c10d = exchange_c10d(cfg, cluster, zygote, free_port())
-    return Launched(board, zygote, c10d, ready, (board_path, plan_path))
+    return Launched(board, zygote, c10d, ready, (board_path, plan_path), generation)
 
 
 def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None]:

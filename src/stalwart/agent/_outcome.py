@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, NoReturn, Protocol
 
-from stalwart.agent._cluster import NodeFenced
+from stalwart.agent.cluster._cluster import NodeFenced
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError, StalwartError
 from stalwart.logs import terminal_safe
@@ -111,7 +111,7 @@ class Ending:
 
 ENDINGS = (NodeFenced, Cordoned, RunFailed, KeyboardInterrupt, StoreUnavailableError, FencedError)
 """What ends the loop early; :func:`ending` says how (a coordinator that stopped
-answering a joined node, a bump refused for its lease: fenced, agent/_fencing.py)."""
+answering a joined node, a bump refused for its lease: fenced, agent/cluster/_fencing.py)."""
 
 
 def ending(err: BaseException) -> Ending:

@@ -6,12 +6,12 @@ fires the chaos plan's agent-side faults and writes the run's events. Workers ge
 torchrun's environment (a plain script runs unchanged, restarted torchrun's way); with
 ``stalwart.init()`` stalwart's contract too (contract/env.py), recovering by the strategy.
 
-The parts, each the owner of its state: :class:`~stalwart.agent._workers.LocalWorkers`
-(processes, spares, zygote, board), :class:`~stalwart.agent._generation.JobGeneration`
-(generation, restarts, port), the detectors (agent/_detectors.py: typed incidents), the
-:class:`~stalwart.agent.policy.RecoveryPolicy` of ``--strategy``, the cluster (membership,
-leases, fencing: agent/_fencing.py), the node's health endpoint (agent/healthz.py). Teardown
-is one ``ExitStack``: each part's end is registered when the part is set up.
+The parts, each the owner of its state, each a sub-package: the worker processes
+(processes/: ``LocalWorkers``, spares, zygote, board), the detectors (detection/: typed
+incidents), the ``RecoveryPolicy`` of ``--strategy`` (strategies/), the cluster
+(cluster/: store, membership, leases, fencing, the ``JobGeneration``), the node's health
+(health/) and the run directory (rundir/). Teardown is one ``ExitStack``: each
+part's end is registered when the part is set up.
 """
 
 from __future__ import annotations
@@ -21,13 +21,6 @@ import os
 import time
 from collections.abc import Callable
 
-from stalwart.agent._chaos_exec import AgentChaos
-from stalwart.agent._cluster import Cluster, NodeFenced
-from stalwart.agent._detectors import Detectors, HangWatch
-from stalwart.agent._elastic import Joins
-from stalwart.agent._generation import JobGeneration
-from stalwart.agent._grace import noting
-from stalwart.agent._health import NodeHealth
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
@@ -44,19 +37,25 @@ from stalwart.agent._outcome import (
     quietly,
     signals_of_a_run,
 )
-from stalwart.agent._policies import choose_policy
-from stalwart.agent._replica import NodeReplicas
-from stalwart.agent._restart import RestartAll
-from stalwart.agent._rundir import claim_run_dir
-from stalwart.agent._standby import Standbys
-from stalwart.agent._steps import StepRecords
-from stalwart.agent._trash import Trash
 from stalwart.agent._types import NodeContext
-from stalwart.agent._workers import LocalWorkers
+from stalwart.agent.cluster._cluster import Cluster, NodeFenced
+from stalwart.agent.cluster._grace import noting
+from stalwart.agent.cluster._replica import NodeReplicas
 from stalwart.agent.config import LaunchConfig
-from stalwart.agent.healthz import NodeStatus, serve_health
-from stalwart.agent.incidents import Incident, NodeLost
-from stalwart.agent.policy import RecoveryParts, RecoveryPolicy
+from stalwart.agent.detection._detectors import Detectors, HangWatch
+from stalwart.agent.detection.incidents import Incident, NodeLost
+from stalwart.agent.health._node import NodeHealth
+from stalwart.agent.health.endpoint import NodeStatus, serve_health
+from stalwart.agent.processes._chaos import AgentChaos
+from stalwart.agent.processes._standby import Standbys
+from stalwart.agent.processes._steps import StepRecords
+from stalwart.agent.processes._trash import Trash
+from stalwart.agent.processes._workers import LocalWorkers
+from stalwart.agent.rundir._claim import claim_run_dir
+from stalwart.agent.strategies import choose_policy
+from stalwart.agent.strategies._elastic import Joins
+from stalwart.agent.strategies._restart import RestartAll
+from stalwart.agent.strategies.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
 from stalwart.metrics.events import EVENTS_FILE, EventLog
@@ -85,7 +84,6 @@ class Agent:
         self.ledger = FaultLedger(self.run_dir)
         self.plan = FaultPlan.parse(config.chaos)
         self.cluster = Cluster(config, self.run_dir, noting(self.events, _say))  # _grace.py
-        self.gen = JobGeneration(self.cluster, self.cluster, self.events, config.world_size)
         self.ctx = NodeContext(config, self.run_dir, self.events, self.ledger, _say)
         self.hangs = HangWatch(config.hang)  # CPU trackers, the job's step-time history
         self.node_status = NodeStatus(config.node_rank)  # /healthz, /readyz
@@ -98,8 +96,9 @@ class Agent:
         stack.callback(serve_health(cfg.health, self.node_status, _say))
         stack.callback(lambda: clean_shm(cluster, self._ranks()))
         goodbye = lambda: self._goodbye  # noqa: E731 (read when the cluster closes)
-        up = launch(ctx, self.plan, cluster, stack, joined=self.gen.sync, goodbye=goodbye)
-        stack.callback(self.gen.started(up.c10d.master_port, cluster))  # its watch's end
+        up = launch(ctx, self.plan, cluster, stack, goodbye=goodbye)
+        self.gen = up.generation  # over the cluster's coordinator (cluster/_generation.py)
+        stack.callback(self.gen.started(up.c10d.master_port))  # its watch's end
         self.workers = workers = LocalWorkers(cfg.local_ranks, up.board, up.zygote)
         self._ranks = workers.ranks
         if cfg.node_rank == 0:
@@ -216,7 +215,7 @@ class Agent:
                 self._poll_store(now)
 
     def _poll_store(self, now: float) -> None:
-        self.cluster.check_fenced(probe=False)  # (a missing lease: rejoins, agent/_grace.py)
+        self.cluster.check_fenced(probe=False)  # (a missing lease: rejoins, cluster/_grace.py)
         self.health.check()
         if (line := self.cluster.published_verdict()) is not None:
             raise RunFailed(line)  # another node ended the job

@@ -7,13 +7,12 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from stalwart.agent._address import resolve_node_address
-from stalwart.agent._endpoint import parse_endpoint
-from stalwart.agent.degraded import DegradedConfig
-from stalwart.agent.detect import HangConfig
-from stalwart.agent.healthz import HealthEndpointConfig
-from stalwart.agent.probes import ProbeConfig
-from stalwart.agent.straggler import StragglerConfig
+from stalwart.agent.cluster._address import parse_endpoint, resolve_node_address
+from stalwart.agent.detection.degraded import DegradedConfig
+from stalwart.agent.detection.hang import HangConfig
+from stalwart.agent.detection.stragglers import StragglerConfig
+from stalwart.agent.health.endpoint import HealthEndpointConfig
+from stalwart.agent.health.probes import ProbeConfig
 from stalwart.contract.env import DEFAULTS, STRATEGIES, Strategy, WorkerEnv, replica_group_size
 from stalwart.errors import ConfigError
 
@@ -62,7 +61,7 @@ class LaunchConfig:
     loss under restart). torchrun defaults to 0, which ends a job at its first fault."""
     crash_loop_limit: int = 3
     """A rank failing this many times in a row at the same step (or at start-up) ends the
-    job with a verdict (agent/verdict.py): a deterministic failure only repeats."""
+    job with a verdict (agent/detection/verdict.py): a deterministic failure only repeats."""
     blocklist_after: int = 3
     """Failures of one member within 10 minutes that blocklist it (the coordinator's
     failure threshold): a rank that keeps failing is on sick hardware. ``stalwart
@@ -78,7 +77,7 @@ class LaunchConfig:
     """How stragglers are judged and what is done with one (``--on-straggler``)."""
     degraded: DegradedConfig = field(default_factory=DegradedConfig)
     """How a degraded link between nodes is judged (the step rate collapses while the
-    ranks compute as before, agent/degraded.py) and what is done with one
+    ranks compute as before, agent/detection/degraded.py) and what is done with one
     (``--on-degraded``: report, or evict the node behind it)."""
     runtime: WorkerEnv = DEFAULTS
     """The runtime knobs (``contract.env.KNOBS``: `stalwart run`'s flags generated from
@@ -87,19 +86,19 @@ class LaunchConfig:
     metrics_port: int | None = None  # Prometheus endpoint on node 0 (0: a free port)
     metrics_host: str = "127.0.0.1"  # its bind address (0.0.0.0 in a pod, for scrapes)
     health: HealthEndpointConfig = field(default_factory=HealthEndpointConfig)
-    """This node's /healthz and /readyz (--health-port, agent/healthz.py)."""
+    """This node's /healthz and /readyz (--health-port, agent/health/endpoint.py)."""
     progress: bool = False  # console progress line on node 0 (stderr)
     monitor_interval_s: float = 0.02
     node_lease_s: float = 3.0
     partition_grace_s: float = 5.0
-    """Seconds a silently expired node may rejoin before it is lost (agent/_grace.py)."""
+    """Seconds a silently expired node may rejoin before it is lost (agent/cluster/_grace.py)."""
     replica_rate_mb_s: float = 0.0  # peer memory replicas to a buddy node, MB/s (0: off)
     standby: bool = False  # pre-started, parked workers for the ranks this node would adopt
     # (and, under --strategy spare, for its own ranks: warm spares past the set-up)
     ckpt_tier: str | None = None
     """A bucket (``s3://bucket/prefix``) that RUN_DIR/ckpt's steps are copied to in the
     background, and that an empty or older RUN_DIR/ckpt is filled from at start (node 0;
-    agent/_tier.py, docs/checkpoint-storage.md)."""
+    agent/rundir/_tier.py, docs/checkpoint-storage.md)."""
     s3_endpoint: str | None = None
     """The S3 endpoint of ``ckpt_tier`` (None: boto3's own, AWS_ENDPOINT_URL or the AWS
     config file, else AWS)."""
@@ -110,7 +109,7 @@ class LaunchConfig:
     replica_host: str = ""
     """The address this node's peer watch and replica receiver bind and advertise to the
     other nodes (empty: the local address of the route to the rendezvous, 127.0.0.1 when
-    that is loopback or there is none; agent/_address.py)."""
+    that is loopback or there is none; agent/cluster/_address.py)."""
     start_timeout_s: float = 120.0
     """Seconds a node waits for the job's launch records at start (node 0's c10d
     record, the cluster's first agreement); the zygote's own start: ``zygote``."""
@@ -122,9 +121,9 @@ class LaunchConfig:
     min_nproc_per_node: int | None = None
     elastic_wait_s: float = DEFAULTS.elastic_wait_s
     probes: ProbeConfig = field(default_factory=ProbeConfig)
-    """The node's health probes and their bounds (agent/probes.py, --probes)."""
+    """The node's health probes and their bounds (agent/health/probes.py, --probes)."""
     preflight: bool = False
-    """Check every node before the first generation (--preflight, agent/_preflight.py):
+    """Check every node before the first generation (--preflight, agent/health/preflight.py):
     a matmul and an allreduce with a partner; slow or failing nodes leave."""
 
     def tier_retention(self) -> tuple[int, int | None]:
@@ -249,7 +248,7 @@ class LaunchConfig:
     @functools.cached_property
     def node_address(self) -> str:
         """The address this node's listeners bind and advertise to the other nodes
-        (``replica_host``, else the route to the rendezvous: agent/_address.py). Raises
+        (``replica_host``, else the route to the rendezvous: agent/cluster/_address.py). Raises
         ``ConfigError`` for a multi-host node whose host name resolves to loopback."""
         rendezvous: tuple[str, int] | None = None
         if self.etcd:

@@ -1,6 +1,6 @@
 """``stalwart run``'s flags for the detectors (hang, hang at exit, straggler, degraded
 link) and the LaunchConfig fields they make: their own module so that cli/run.py stays
-under 400 lines (agent/_detectors.py runs them; docs/detection.md)."""
+under 400 lines (agent/detection/_detectors.py runs them; docs/detection.md)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def detection_flags(p: argparse.ArgumentParser) -> None:
 def detection(args: argparse.Namespace) -> dict[str, Any]:
     """The detectors' settings (hang, straggler, degraded link), as LaunchConfig fields."""
     from stalwart.agent import HangConfig
-    from stalwart.agent.degraded import DegradedAction, DegradedConfig
-    from stalwart.agent.straggler import StragglerAction, StragglerConfig
+    from stalwart.agent.detection.degraded import DegradedAction, DegradedConfig
+    from stalwart.agent.detection.stragglers import StragglerAction, StragglerConfig
 
     return {
         "hang": HangConfig(

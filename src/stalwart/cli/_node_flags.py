@@ -64,8 +64,8 @@ def node_flags(p: argparse.ArgumentParser) -> None:
 
 def node_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~stalwart.agent.LaunchConfig` fields these flags set."""
-    from stalwart.agent.healthz import HealthEndpointConfig
-    from stalwart.agent.probes import parse_probe_limits, parse_probe_names
+    from stalwart.agent.health.endpoint import HealthEndpointConfig
+    from stalwart.agent.health.probes import parse_probe_limits, parse_probe_names
 
     names = parse_probe_names(args.probes)
     probes = parse_probe_limits(

@@ -48,8 +48,8 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from stalwart.agent import LaunchConfig
-    from stalwart.agent.check import PreflightConfig, check_node
-    from stalwart.agent.probes import ProbeConfig, parse_probe_names
+    from stalwart.agent.health.preflight import PreflightConfig, check_node
+    from stalwart.agent.health.probes import ProbeConfig, parse_probe_names
 
     kwargs: dict[str, Any] = {}
     if args.rdzv:

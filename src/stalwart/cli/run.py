@@ -286,7 +286,7 @@ def _rendezvous(args: argparse.Namespace) -> dict[str, Any]:
     if args.rdzv_id:
         kwargs["job"] = args.rdzv_id
     if args.rdzv_conf:
-        from stalwart.agent.etcd_cluster import rdzv_from_file
+        from stalwart.agent.cluster.etcd import rdzv_from_file
 
         if args.rdzv:
             raise ConfigError("--rdzv and --rdzv-conf exclude each other; pass one")

@@ -1,7 +1,7 @@
 """CPython's interpreter-exit internals stalwart relies on.
 
 A zygote's worker ends like ``python script.py`` without the interpreter's teardown
-(agent/_teardown.py): it joins the non-daemon threads and runs the ``atexit`` handlers
+(agent/processes/_teardown.py): it joins the non-daemon threads and runs the ``atexit`` handlers
 itself, then ``os._exit``. Python has no public call for either step of its own exit.
 tests/compat/test_cpython.py fails when CPython changes them. Tested with 3.11-3.13.
 """

@@ -2,7 +2,7 @@
 
 stalwart swaps the process group under a live job (runtime/comm/_world.py: the job's default
 group; runtime/comm/_fsdp.py and runtime/comm/_mesh.py: the group under an FSDP2 mesh) and keeps
-the groups a script destroys alive (agent/_teardown.py). torch has no public API for any
+the groups a script destroys alive (agent/processes/_teardown.py). torch has no public API for any
 of that: c10d's registry of groups (``distributed_c10d._world``) and the default group
 can only be changed through ``init_process_group``/``new_group``, which make a new
 backend, and a Python ``ProcessGroup`` answers some collectives under private names.

@@ -14,7 +14,7 @@ __all__ = ["DCP_INIT_OPTIM_STATE", "DCP_STATE_DICT", "keep_lr_scheduler_mark"]
 # torch.distributed.checkpoint.state_dict initialises an optimizer's empty state by
 # running a zero step (``_init_optim_state(optim)``) before it reads or loads it; stalwart
 # swaps that function while it only looks (checkpoint/_lazy.py) and tells its zero step
-# from a real one (agent/_outer_step.py). DCP offers no switch to leave the state empty.
+# from a real one (agent/processes/_outer_step.py). DCP offers no switch to leave the state empty.
 DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
 DCP_INIT_OPTIM_STATE = "_init_optim_state"
 

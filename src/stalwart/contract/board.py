@@ -6,7 +6,7 @@ socket or lock is involved, so the board works while the store or the network is
 thing that is broken. A heartbeat thread in the worker refreshes ``t_alive``: a process
 blocked in a collective keeps it fresh (the collective releases the GIL); the agent
 tells a hung rank from a busy one by the process's state and CPU time, not by the
-heartbeat (agent/detect.py). Phase ``paused`` is ``with sess.pause(...)``: declared
+heartbeat (agent/detection/hang.py). Phase ``paused`` is ``with sess.pause(...)``: declared
 non-step work (an eval, a save) that is never judged by step time.
 
 Format version 2 (docs/recovery.md, "The progress board"): a 64-byte header (magic,
@@ -14,7 +14,7 @@ version, slot size, slot count) and 96-byte slots. Version 2 added each worker's
 *compute time*: the seconds its steps spent outside collectives and pauses, summed
 since its process started, and how many steps that sum covers. Its peers' waits in a
 collective for a slow rank are not compute, so the straggler detector
-(agent/straggler.py) compares ranks by it; step time cannot tell them apart in a
+(agent/detection/stragglers.py) compares ranks by it; step time cannot tell them apart in a
 synchronous job (every rank's step takes as long as the slowest). Version 1 (no header,
 64-byte slots) is refused with a message naming the fix: the board lives only as long as
 its agent, whose workers run the same install, so a mismatch is a mixed install.
@@ -59,7 +59,7 @@ PHASES = ("starting", "step", "collective", "recovering", "done", "standby", "pa
 ATTACHED = 1
 """Mode of a slot written by the stalwart runtime (the worker can recover in place)."""
 OBSERVED = 2
-"""Mode of a slot written by :mod:`stalwart.agent.observe` for a plain script: its steps
+"""Mode of a slot written by :mod:`stalwart.agent.processes.observe` for a plain script: its steps
 are watched for hangs, and it recovers by torchrun's route (restart everything)."""
 
 
@@ -68,7 +68,7 @@ _ATTACH_HOOKS: list[Callable[[], None]] = []
 
 def on_runtime_attach(hook: Callable[[], None]) -> None:
     """Call ``hook`` once when the stalwart runtime takes this worker's slot over: the
-    agent's watcher of a plain script (agent/observe.py) registers its own stop, so the
+    agent's watcher of a plain script (agent/processes/observe.py) registers its own stop, so the
     runtime stops it without importing the agent."""
     _ATTACH_HOOKS.append(hook)
 

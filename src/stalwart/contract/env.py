@@ -12,7 +12,7 @@ Two parts travel (docs/worker-contract.md):
   ``stalwart.init()``) reads them and must run unchanged;
 - everything else as one JSON object in ``STALWART_CONTRACT``, carrying a ``version``.
   Why one variable and not one per field: a worker is forked from the zygote with its
-  environment replaced wholesale (agent/_zygote.py), so the contract is always written
+  environment replaced wholesale (agent/processes/_zygote.py), so the contract is always written
   whole; a stray ``STALWART_*`` variable in the user's shell cannot leak into a worker
   as part of it; the version is checked once for every field; and no plain script reads
   it (only stalwart's own code does).
@@ -192,7 +192,7 @@ class WorkerEnv:
     """The rank's p99 step time so far in the job: a replacement starts with its
     predecessor's, so its hang limit is not back at the floor."""
     standby: str = _c("")
-    """A parked standby: the file whose appearance activates it (agent/_standby.py)."""
+    """A parked standby: the file whose appearance activates it (agent/processes/_standby.py)."""
     shm_run: str = _c("")
     """The run's unpredictable part of every /dev/shm name of the job
     (contract/shm_names.py): another user cannot guess, pre-create or squat them."""
@@ -307,7 +307,7 @@ class WorkerFields(TypedDict, total=False):
     """Contract fields (:class:`~stalwart.contract.env.WorkerEnv`) a caller sets for one
     worker, on top of what the job and the node give every worker (``rank`` and
     ``world_size`` replace the launch's: a sharded elastic job restarted at a new size,
-    agent/_elastic_sharded.py)."""
+    agent/strategies/_elastic.py)."""
 
     rank: int
     world_size: int

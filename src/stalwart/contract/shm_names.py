@@ -115,7 +115,7 @@ class SlotNames:
 
     def fence_file(self, node: int) -> str:
         """``node:revision`` of node ``node``'s agent lease once it rejoined within the
-        partition grace (agent/_grace.py): its workers' fence from then on."""
+        partition grace (agent/cluster/_grace.py): its workers' fence from then on."""
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-fence-n{node}")
 
     def step_journal(self, pid: int) -> str:
@@ -137,7 +137,7 @@ class SlotNames:
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-steps-")
 
     def standby_go(self, rank: int, nonce: str) -> str:
-        """The activation file of a parked standby of ``rank`` (agent/_standby.py);
+        """The activation file of a parked standby of ``rank`` (agent/processes/_standby.py);
         ``nonce`` is the standby process's own, so a stale file never wakes the next."""
         return os.path.join(self.shm_dir, f"stalwart-{self.stem}-standby-r{rank}-{nonce}")
 

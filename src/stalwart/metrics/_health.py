@@ -1,7 +1,7 @@
 """The report's node health section: the health probes' last readings per node, each
 probe failure with what the agent did about it, and the preflight node check's verdicts
-with their figures (``probe`` and ``preflight`` events, agent/_probe_watch.py and
-agent/_preflight.py; docs/detection.md).
+with their figures (``probe`` and ``preflight`` events, agent/health/_node.py and
+agent/health/preflight.py; docs/detection.md).
 
 Why derived from the log alone: the agent writes a probe's first reading and then only
 its changes, so the last ``probe`` event of a (node, probe, device, rank) is its current

@@ -1,4 +1,4 @@
-"""The report's straggler section: every ``straggler`` event (agent/straggler.py) as a
+"""The report's straggler section: every ``straggler`` event (agent/detection/stragglers.py) as a
 row, for the JSON document, the terminal summary and the HTML report.
 
 A straggler is not a failure: under ``--on-straggler report`` the job never stopped for

@@ -67,7 +67,7 @@ class LiveSnapshot:
     persisted_bytes: int
     restores: int
     restore_s: float
-    stragglers: int = 0  # ranks declared stragglers (agent/straggler.py)
+    stragglers: int = 0  # ranks declared stragglers (agent/detection/stragglers.py)
     # the probes' last readings, (node, probe, device, 1 ok / 0 failing); skipped ones out
     probes: tuple[tuple[str, str, str, int], ...] = ()
     probe_failures: int = 0  # probe readings that started failing (ok false, not skipped)

@@ -1,5 +1,5 @@
 """A small GET-only HTTP server for stalwart's endpoints: the job's Prometheus metrics
-(metrics/prometheus.py) and each node's /healthz and /readyz (agent/healthz.py).
+(metrics/prometheus.py) and each node's /healthz and /readyz (agent/health/endpoint.py).
 
 Why one server for both: each must hold up against clients that open connections and
 dribble or send nothing (a port scanner, a stuck scraper), or send megabytes of headers,

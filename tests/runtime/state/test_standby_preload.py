@@ -94,7 +94,7 @@ def test_restore_of_the_preloaded_step_copies_nothing(job: str) -> None:
     pre = Preload(SlotNames(job, shm_dir=SHM), 1)
     pre.poll(state)
     replica.close()
-    # the adopter takes the replica over as rank 1's own slots (agent/_replica.py)
+    # the adopter takes the replica over as rank 1's own slots (agent/cluster/_replica.py)
     shutil.move(slot_dir(SHM, f"{job}-replica-r1"), slot_dir(SHM, f"{job}-r1"))
     own = Snapshotter(SnapshotConfig(f"{job}-r1", shm_dir=SHM))
     with open(f"{own.directory}/replica.json", "w") as f:
