@@ -1,6 +1,7 @@
 """Firing a worker-side fault on the process that runs it: one helper for the runtime
-(runtime/steps/_faults.py) and a plain script's optimizer hook (agent/processes/_plain_chaos.py), so a
-fault kind means the same wherever it fires and its ``fault_injected`` event is the same.
+(runtime/steps/_faults.py) and a plain script's optimizer hook
+(agent/processes/_plain_chaos.py), so a fault kind means the same wherever it fires and
+its ``fault_injected`` event is the same.
 """
 
 from __future__ import annotations

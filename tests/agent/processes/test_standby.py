@@ -1,5 +1,5 @@
-"""Standby workers (agent/processes/_standby.py, runtime/state/_standby.py), in-process: which ranks a
-node stands by for, starting and stopping them as the ring changes, claiming one for a
+"""Standby workers (agent/processes/_standby.py, runtime/state/_standby.py), in-process:
+which ranks a node stands by for, starting and stopping them as the ring changes, claiming one for a
 lost rank and activating it; the worker's park; the config's refusals. The real thing
 (a node lost, its ranks resumed in standbys, the result bit-identical) is in
 test_node_replicas.py."""

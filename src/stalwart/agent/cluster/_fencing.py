@@ -5,7 +5,7 @@ only) was declared lost while it was unresponsive: the leader bumped the generat
 adopted its ranks. It must not restart or replace any worker (those ranks run elsewhere
 now), nor move the job's generation: every bump it makes is one transaction checked
 against its lease (coordinator/fence.py), and its workers' joins and bumps are checked
-against the same member key (the contract's ``fence``, runtime/_coord.py). It learns it
+against the same member key (the contract's ``fence``, runtime/comm/_coord.py). It learns it
 is fenced from whichever comes first: the heartbeat thread finding the lease gone, a
 probe of its member key before any recovery, a bump refused, or the coordinator not
 answering for longer than the lease (agent/cluster/_link.py bounds every call).

@@ -192,7 +192,7 @@ class Rejoin:
 
 
 def hand_fence(path: str, node: int, revision: int) -> None:
-    """Write ``node:revision`` for this node's workers (runtime/_coord.py reads it before
+    """Write ``node:revision`` for this node's workers (runtime/comm/_coord.py reads it before
     every bump and rendezvous): after a rejoin their fence is the new member key's."""
     with open(f"{path}.tmp", "w") as f:
         f.write(f"{node}:{revision}")

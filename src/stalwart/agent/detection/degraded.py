@@ -9,7 +9,7 @@ so neither the hang bound nor the data plane watch (agent/detection/dataplane.py
 loss between two nodes left 47 s between two steps with no event and no line.
 
 The agent reads the same progress board as the straggler detector (compute time per
-step, format version 2: runtime/_progress.py) and adds nothing to the worker's step
+step, format version 2: runtime/steps/_progress.py) and adds nothing to the worker's step
 loop. Every ``window_s`` (a window closes once every local rank completed a step in it,
 or once its ranks waited ``window_s`` with none: a window with no step is judged on the
 time since the last one) it judges this node's ranks (:class:`LinkWindows`):

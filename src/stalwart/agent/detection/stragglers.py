@@ -4,7 +4,7 @@ A straggler holds a synchronous job back without failing: every rank's step last
 long as the slowest one's, so step time is the same everywhere and names nobody. What
 differs is *compute time*, a step's wall time less the time the rank was blocked in a
 collective or a ``sess.pause`` (published on the progress board, format version 2:
-runtime/_progress.py): the slow rank computes, its peers wait for it.
+runtime/steps/_progress.py): the slow rank computes, its peers wait for it.
 
 The decision is NVRx's and Falcon's shape, made robust for small jobs on noisy machines:
 

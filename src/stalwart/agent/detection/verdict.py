@@ -94,7 +94,7 @@ class CrashLoops:
         once for a stalwart refusal (it names its fix and would refuse again), or at the
         first repeat of a start-up failure while no rank of the job got past its start-up
         (``job_started`` False)."""
-        if failure.error.startswith(_LOOP):  # the worker counted it (runtime/_loops.py)
+        if failure.error.startswith(_LOOP):  # the worker counted it (runtime/rejoin/_loops.py)
             return f"rank {failure.rank} stopped at {failure.where}: {failure.error[len(_LOOP) :]}"
         refusal = next((p for p in _REFUSALS if failure.error.startswith(p)), None)
         if refusal is not None:

@@ -7,7 +7,7 @@ costs 0.3-0.4 s for 256 MB of parameters, on a GPU cluster tens of seconds (CUDA
 context, NCCL, a real model's init): more than the restore from a memory replica.
 
 With ``--standby`` every agent keeps one process per rank it would adopt, started from
-its zygote as that rank and parked at the top of ``sess.steps()`` (runtime/_standby.py):
+its zygote as that rank and parked at the top of ``sess.steps()`` (runtime/state/_standby.py):
 set-up done, no snapshot slot opened, no group joined, nothing written. When the node is
 lost the adopter activates those processes instead of starting new ones (it writes the
 file each was told to watch), after the lost node's slots were replaced by the

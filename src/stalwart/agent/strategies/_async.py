@@ -1,7 +1,7 @@
 """``--strategy async``: a failed replica group is dropped, restarted, and rejoins.
 
-The groups synchronise among themselves in the store (runtime/_async.py,
-runtime/_rounds.py); the agent is the authority on liveness, as under elastic. The
+The groups synchronise among themselves in the store (runtime/replica_groups/_rejoin.py,
+runtime/replica_groups/_rounds.py); the agent is the authority on liveness, as under elastic. The
 moment a group's worker exits, its ``alive`` key is deleted, so the other groups stop
 waiting for it at the current round (they never wait for its restart: no global
 barrier on a failure); then the worker is started again, and it rejoins at the next

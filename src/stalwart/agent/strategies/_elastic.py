@@ -12,7 +12,7 @@ only by a later ``join node=N`` (:class:`Joins`).
 
 A sharded (FSDP2) job cannot change size in place (:class:`ShardedResize`): FSDP2 fixes
 a module's shards and the optimizer's DTensor moments to the mesh it was built on, so a
-survivor process cannot go on at another size (runtime/_fsdp.py ``resize_by_restarts``;
+survivor process cannot go on at another size (runtime/comm/_fsdp.py ``resize_by_restarts``;
 its ``sess.mesh`` puts ``el/sharded`` in the job's store). When that key is set, a
 member's loss or join starts every worker of the new membership again, at once, each
 with its dense rank (launch-rank order) and the new ``WORLD_SIZE``: they restore the

@@ -74,7 +74,7 @@ def c10d_store(env: WorkerEnv, store: Store | None) -> CoordStoreC10d | None:
 
 def _agent_fence(env: WorkerEnv) -> str:
     """``node:revision`` of the agent's lease: the contract's, or the newer one the agent
-    wrote to /dev/shm after it rejoined within the partition grace (agent/_grace.py)."""
+    wrote to /dev/shm after it rejoined within the partition grace (agent/cluster/_grace.py)."""
     node = env.fence.partition(":")[0]
     if env.shm_run and node.isdigit():
         with contextlib.suppress(OSError, ConfigError, UnicodeDecodeError):
@@ -230,5 +230,5 @@ class GenerationWatch:
             with contextlib.suppress(Exception):
                 self._watch.close()
         # a long-poll over the network ends when its client closes (the session's next
-        # step): not waited for here, as agent/_genfeed.py
+        # step): not waited for here, as agent/cluster/_genfeed.py
         self._thread.join(0.5)

@@ -265,7 +265,7 @@ def resize_by_restarts(
     moments to the mesh it was built on, and torch has no API to rebuild them on a
     smaller one in a live process; elastic's in-place shrink keeps the survivors'
     processes. So a sharded job tells its agent (``el/sharded``), which then starts every
-    worker again at the new size on a member's loss or join (agent/_elastic_sharded.py),
+    worker again at the new size on a member's loss or join (agent/strategies/_elastic.py),
     each with its dense rank and the new ``WORLD_SIZE``; the workers restore the newest
     persisted step resharded onto that world (the checkpoint engine re-cuts the DTensor
     pieces) and the loader re-partitions the epoch under the batch policy. Within one

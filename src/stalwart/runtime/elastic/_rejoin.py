@@ -62,7 +62,7 @@ def job_token(env: WorkerEnv, store: Store) -> bytes:
     ``--rdzv etcd://`` and a shared ``--token-file``, the file, checked against
     etcd's verifier (``launch/token-check``); with etcd alone, ``launch/token``, which
     the agents store only in an etcd that refuses clients without credentials
-    (agent/etcd_cluster.py); else the launcher's token file."""
+    (agent/cluster/etcd.py); else the launcher's token file."""
     from stalwart.coordinator.token import check_token, read_token_file
     from stalwart.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """In-place recoveries that fail the same way end in a verdict, never a loop.
 
-The agent counts a rank's *deaths* at the same point (agent/verdict.py). A step can also
+The agent counts a rank's *deaths* at the same point (agent/detection/verdict.py). A step can also
 fail without anyone dying: the survivors of a recovery and a replacement redo a step, one
 of them runs a collective the others do not (a framework callback that remembers it
 already saved at that step), and the step's collective times out. Every member then

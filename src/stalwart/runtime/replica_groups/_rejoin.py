@@ -83,8 +83,8 @@ class AsyncRejoin:
         self.lead = self.member == 0  # the group's voice in the rounds (its replicas agree)
         self.groups = env.replica_groups or env.world_size
         self.every = env.sync_every
-        # the group's life, counted by its agent (agent/_async.py): its members name their
-        # process groups by it, so a restarted group never dials its predecessor's
+        # the group's life, counted by its agent (agent/strategies/_async.py): its members
+        # name their process groups by it, so a restarted group never dials its predecessor's
         self.lives = int(env.incarnation) if env.incarnation.isdigit() else 0
         self.inc = env.incarnation or uuid.uuid4().hex[:8]
         self.rounds = Rounds(store, env.job, self.index, self.groups, env.hang_ceiling_s)
@@ -270,7 +270,7 @@ class AsyncRejoin:
 
     def failed(self, position: Position, reason: str) -> None:
         """A member of this replica group died or hung: its agent drops the group and
-        kills and starts all of its members again (agent/_async.py); the job's
+        kills and starts all of its members again (agent/strategies/_async.py); the job's
         generation is not ended, no other group re-forms. Wait for that kill."""
         _log.info("replica group %d failed (%s): waiting for its agent", self.index, reason)
         threading.Event().wait(self.env.hang_ceiling_s)

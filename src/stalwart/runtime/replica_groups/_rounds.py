@@ -5,7 +5,7 @@ contributes its parameters to it, and the round's *roster* (the groups whose
 contribution counts) is decided once, create-if-absent, by the first group that stops
 waiting. A group waits only for the groups it *expects*: those whose ``alive`` key
 exists and joined before round ``r``. The agent deletes a group's ``alive`` key the
-moment its worker exits (agent/_async.py), so a failed group stops being waited for
+moment its worker exits (agent/strategies/_async.py), so a failed group stops being waited for
 within the crash-detection latency: it is dropped from the round, nobody waits for its
 restart. A restarted group announces itself (``alive`` with the round it joined at)
 only once it holds the current global state, so it is expected from the next round on.

@@ -1,4 +1,4 @@
-"""The worker side of a standby (agent/_standby.py): park before the first step.
+"""The worker side of a standby (agent/processes/_standby.py): park before the first step.
 
 A standby runs the training script as the rank it may one day take over: imports,
 model and optimizer construction, ``sess.track(...)``, all of it before anything fails.

@@ -1,6 +1,6 @@
 """The worker's side of chaos: step-keyed faults fired by the worker itself.
 
-Time-keyed and node faults are fired by the agent (agent/_chaos_exec.py); a fault keyed
+Time-keyed and node faults are fired by the agent (agent/processes/_chaos.py); a fault keyed
 by a step can only be fired exactly at that step from inside the training loop. Each
 fault is claimed in the run's ledger first, so a replacement worker that replays the
 step does not fire it again.
