@@ -1,6 +1,7 @@
 """``stalwart run``'s flags for the detectors (hang, hang at exit, straggler, degraded
-link) and the LaunchConfig fields they make: their own module so that cli/run.py stays
-under 400 lines (agent/detection/_detectors.py runs them; docs/detection.md)."""
+link) and the LaunchConfig fields they make, one group with one reader: the detectors'
+flags change with the detectors (agent/detection/_detectors.py runs them; docs/detection.md),
+not with the launcher's."""
 
 from __future__ import annotations
 

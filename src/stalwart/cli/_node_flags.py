@@ -1,6 +1,7 @@
 """``stalwart run``'s flags for the node itself: its health probes and preflight check
 (docs/detection.md), its health endpoint and the job's metrics endpoint and progress line
-(docs/launch.md). Their own module so that cli/run.py stays under 400 lines."""
+(docs/launch.md). One group with its own readers (agent/health/), as the detectors'
+flags are (cli/_detect_flags.py)."""
 
 from __future__ import annotations
 
