@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo demo-elastic check test test-hosts lint typecheck bench bench-dcp-env clean
+.PHONY: setup demo demo-elastic check test test-matrix lint typecheck bench bench-dcp-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,27 +37,30 @@ typecheck: setup
 check: lint typecheck
 	$(VENV)/bin/pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadgroup
 
-# before landing (CI's command): everything but the multi-host matrix (tests/hosts keeps
-# one partition cell per backend here), with the line coverage of src/, on TEST_WORKERS
-# pytest-xdist workers (tests/_workers.py keeps a test file, or a corpus script's cells,
-# on one worker; 0: one process). A job test keeps about one core busy and waits part of
-# its time (a lease, a detection bound, a hung rank's deadline), so two workers use a
-# 2-core machine better than one: job-test samples took 0.81x-0.87x of one process's wall
-# time on 2 cores. More workers than cores only raises the load every wait scales with.
-# --durations=40: the 40 slowest tests; the log ends with the time of each tier and of
-# the slowest e2e test files (tests/_timing.py): where the time goes.
+# before landing (CI's command): the unit tier and the job tier, without the matrices'
+# cells that `make test-matrix` runs (tests marked `matrix`), with the line coverage of
+# src/, on TEST_WORKERS pytest-xdist workers (tests/_workers.py keeps a test file, or a
+# corpus script's cells, on one worker; 0: one process). A job test keeps about one core
+# busy and waits part of its time (a lease, a detection bound, a hung rank's deadline), so
+# two workers use a 2-core machine better than one: job-test samples took 0.81x-0.87x of
+# one process's wall time on 2 cores. More workers than cores only raises the load every
+# wait scales with. --durations=40: the 40 slowest tests; the log ends with the time of
+# each tier and of the slowest e2e test files (tests/_timing.py): where the time goes.
 TEST_WORKERS ?= 2
 test: lint typecheck
-	$(VENV)/bin/pytest -m "not hosts_matrix" -n $(TEST_WORKERS) --dist loadgroup \
+	$(VENV)/bin/pytest -m "not matrix" -n $(TEST_WORKERS) --dist loadgroup \
 		--cov=stalwart --cov-report=term:skip-covered --durations=40
 
-# the rest of the multi-host matrix: jobs across network namespaces with network faults
-# (root, iproute2 and nftables; tests/hosts/conftest.py). Its tests wait most of their
-# time (a partition, a lease, TCP's backoff after a heal) and each lab is its own bridge,
-# namespaces and nftables table, so HOSTS_WORKERS labs run at once (tests/_workers.py).
-HOSTS_WORKERS ?= 2
-test-hosts: setup
-	$(VENV)/bin/pytest tests/hosts -m hosts_matrix -n $(HOSTS_WORKERS) --dist loadgroup
+# the rest of the two matrices (CI runs it after `make test`): the corpus matrix's cells
+# beyond one per script and fault class (tests/corpus: third-party-style scripts under
+# every strategy with faults) and the multi-host matrix (tests/hosts: jobs across network
+# namespaces with network faults; root, iproute2 and nftables; tests/hosts/conftest.py).
+# The hosts' tests wait most of their time (a partition, a lease, TCP's backoff after a
+# heal) and each lab is its own bridge, namespaces and nftables table, so MATRIX_WORKERS
+# run at once (tests/_workers.py).
+MATRIX_WORKERS ?= 2
+test-matrix: setup
+	$(VENV)/bin/pytest tests/corpus tests/hosts -m matrix -n $(MATRIX_WORKERS) --dist loadgroup
 
 # every benchmark on the harness (bench/_harness.py: medians and spread over repetitions),
 # results in bench/results/latest.json, the table in docs/benchmarks.md (issue 34).

@@ -48,6 +48,15 @@ script's restart kill runs once, with accumulation (``hf_trainer-accum``: the sa
 and fault, and the summary judged too). The crash-loop cells keep the default
 ``--crash-loop-limit`` (3): the four buggy.py cells took as long at 2, in two paired
 runs (0.96x-1.02x).
+
+Which cells ``make test`` runs (issue 26: the suite a developer runs before landing, under
+12 minutes here): a cell per script and fault class, the rest ``matrix`` (``matrix=True``:
+``make test-matrix`` runs them, CI after ``make test``). ``make test`` keeps every script's
+fault-free run and its flash kill or kill+hang (its state comes back bit-identical), the
+long evals, buggy.py's flash crash-loop verdict, Ctrl-C, and restart and spare on
+nanoGPT; the matrix adds the elastic cells, more strategies on the framework scripts,
+titan and minGPT, the frameworks' crash loops and start-up errors, and buggy.py under the
+other three strategies.
 """
 
 from __future__ import annotations
@@ -137,7 +146,7 @@ class Cell:
     args: str = ""  # more script arguments (after the reference's)
     pending: str = ""  # "issue 12 <part>: <what>" while the fix is on another branch
     strict: bool = True  # False only where today's failure is random (the lead re-checks)
-    slow: bool = False
+    matrix: bool = False  # a cell `make test-matrix` runs, not `make test` (see above)
     timeout: float = 120.0  # seconds the run may take before it counts as stuck
 
     @property
@@ -159,7 +168,7 @@ CELLS = [
          "--max-restarts 2 --persist-every 2 --chaos 'kill rank=0 at=step:10'"),
     Cell("nanogpt-epoch@3", "elastic", "kill", "same loss",
          "--nproc-per-node 2:3 --chaos 'kill rank=2 at=step:5 permanent'",
-         slow=True, timeout=60),
+         matrix=True, timeout=60),
     Cell("nanogpt", "spare", "kill", "identical", f"{SPARE} --chaos 'kill rank=1 at=step:11'"),
     Cell("nanogpt", "flash", "ctrl-c", "clean exit"),
     # (2) HF-style loop over a Transformers GPT-2
@@ -167,36 +176,36 @@ CELLS = [
     Cell("hf", "flash", "kill", "identical", "--chaos 'kill rank=0 at=step:5'"),
     Cell("hf", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=1 at=step:9'"),
     Cell("hf", "restart", "kill", "identical",
-         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", slow=True),
+         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", matrix=True),
     # (2b) a transformers.Trainer script with stalwart's callback (integrations, issue 18)
     Cell("hf_trainer", "flash", "none", "agree"),
     Cell("hf_trainer", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
     Cell("hf_trainer", "flash", "long eval", "no kill"),
     Cell("hf_trainer", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=1 at=step:9'",
-         slow=True, timeout=SLOW_IMPORT),
+         matrix=True, timeout=SLOW_IMPORT),
     # restart: hf_trainer-accum's cell below (the same flags and fault; it asserts more)
     Cell("hf_trainer", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
-         slow=True, timeout=SLOW_IMPORT),
+         matrix=True, timeout=SLOW_IMPORT),
     # issue 29: run_clm.py with a --train_file that is not there fails every rank at
     # start-up, every launch: one verdict after the first relaunch, not --max-restarts
     Cell("hf_trainer", "flash", "start-up error", "start-up verdict",
-         args="--train_file missing.txt", slow=True, timeout=SLOW_IMPORT),
+         args="--train_file missing.txt", matrix=True, timeout=SLOW_IMPORT),
     Cell("hf_trainer", "restart", "start-up error", "start-up verdict",
-         "--max-restarts 3", args="--train_file missing.txt", slow=True, timeout=SLOW_IMPORT),
+         "--max-restarts 3", args="--train_file missing.txt", matrix=True, timeout=SLOW_IMPORT),
     # issue 29: after recoveries, train()'s summary, the model card and the saves of
     # run_clm.py's epilogue as fault-free (train_loss over the whole run)
     Cell("hf_trainer-accum", "flash", "kill", "identical, summary", K1, timeout=SLOW_IMPORT),
     Cell("hf_trainer-accum", "spare", "kill", "identical, summary",
-         f"{SPARE} --chaos 'kill rank=0 at=step:11'", slow=True, timeout=SLOW_IMPORT),
+         f"{SPARE} --chaos 'kill rank=0 at=step:11'", matrix=True, timeout=SLOW_IMPORT),
     Cell("hf_trainer-accum", "restart", "kill", "identical, summary",
-         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", slow=True,
+         "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", matrix=True,
          timeout=SLOW_IMPORT),
     # (2c) a loop over accelerate.Accelerator.prepare (integrations/accelerate.py)
     Cell("accelerate", "flash", "none", "agree"),
     Cell("accelerate", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
     Cell("accelerate", "flash", "long eval", "no kill"),
     Cell("accelerate", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
-         slow=True, timeout=SLOW_IMPORT),
+         matrix=True, timeout=SLOW_IMPORT),
     # a kill inside an accumulation cycle (steps 11-12): the snapshot due at 9 was taken
     # at 10, the cycle's end, and the rollback lands there
     Cell("accelerate-accum", "flash", "kill mid-cycle", "identical",
@@ -206,7 +215,7 @@ CELLS = [
     Cell("lightning", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
     Cell("lightning", "flash", "long eval", "no kill"),
     Cell("lightning", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
-         slow=True, timeout=SLOW_IMPORT),
+         matrix=True, timeout=SLOW_IMPORT),
     # rank 0 killed just after an epoch-end validation and ModelCheckpoint save (step 8):
     # the rollback to 6 redoes the save on the survivor and the replacement alike
     Cell("lightning-epoch", "flash", "kill after save", "identical, one version",
@@ -214,20 +223,20 @@ CELLS = [
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
     Cell("titan", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=0 at=step:8'",
-         slow=True),
+         matrix=True),
     Cell("titan", "restart", "kill", "identical",
          "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:8'"),
     Cell("titan", "elastic", "kill then join", "resized",
          "--nproc-per-node 1:2 --persist-every 3 "
-         "--chaos 'kill rank=1 at=step:6 permanent; join rank=1 at=step:10'", slow=True),
+         "--chaos 'kill rank=1 at=step:6 permanent; join rank=1 at=step:10'", matrix=True),
     # (4) a deterministic bug: the rank launched as 1 raises at step 6 in every incarnation
-    Cell("buggy", "flash", "crash loop", "verdict", slow=True, timeout=60),
-    Cell("buggy", "spare", "crash loop", "verdict", SPARE, slow=True,
+    Cell("buggy", "flash", "crash loop", "verdict", timeout=60),
+    Cell("buggy", "spare", "crash loop", "verdict", SPARE, matrix=True,
          timeout=60),
     Cell("buggy", "restart", "crash loop", "verdict", "--max-restarts 10 --persist-every 2",
-         slow=True, timeout=60),
+         matrix=True, timeout=60),
     Cell("buggy", "elastic", "crash loop", "verdict", "--nproc-per-node 2:2",
-         slow=True, timeout=60),
+         matrix=True, timeout=60),
     # (5) a plain torchrun script (no stalwart import): rank 0's evals are 2 s long
     Cell("plain@torchrun", "restart", "long eval", "identical, no kill"),
     Cell("plain@torchrun", "restart", "kill", "identical",
@@ -253,7 +262,7 @@ CELLS = [
     Cell("mingpt", "restart", "kill mid-epoch", "identical",
          "--max-restarts 2 --persist-every 5 --chaos 'kill rank=0 at=step:17'"),
     Cell("mingpt", "spare", "hang mid-epoch", "identical",
-         f"{SPARE} --snapshot-every 5 --chaos 'hang rank=1 at=step:9'", slow=True),
+         f"{SPARE} --snapshot-every 5 --chaos 'hang rank=1 at=step:9'", matrix=True),
     Cell("mingpt", "spare", "kill, warm spare", "identical",
          f"{SPARE} --standby --snapshot-every 5 --chaos 'kill rank=1 at=step:19'"),
 ]
@@ -298,8 +307,8 @@ def _params(cells: list[Cell]) -> list[object]:
         # under xdist, a script's cells run on one worker: they share its references
         # (tests/_workers.py)
         marks.append(pytest.mark.xdist_group(f"corpus-{REFS[cell.ref].script}"))
-        if cell.slow:
-            marks.append(pytest.mark.slow)
+        if cell.matrix:
+            marks.append(pytest.mark.matrix)
         if cell.pending:
             marks.append(pytest.mark.xfail(reason=cell.pending, strict=cell.strict))
         out.append(pytest.param(cell, id=cell.id, marks=marks))

@@ -12,7 +12,7 @@ node is lost and nothing is recovered: the job runs on at the link's pace, and
 Under ``--on-degraded evict`` the node holding rank 0 (node 0) evicts node 1 instead: node
 1 is fenced and exits 3, its ranks adopted on node 0 (flash), still bit-identical.
 
-Marked ``hosts_matrix`` (``make test-hosts``), as the partition matrix's cells.
+Marked ``matrix`` (``make test-matrix``), as the partition matrix's cells.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ LEASE = ["--node-lease", "10"]
 FAULT_AT = 150  # past the detector's learning (3 windows of 3 s) on a loaded machine
 WORLD = 4
 
-pytestmark = [pytest.mark.hosts, pytest.mark.hosts_matrix, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.hosts, pytest.mark.matrix, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

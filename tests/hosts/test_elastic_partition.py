@@ -30,7 +30,7 @@ FAULT_AT = 40
 ARGS = ["--steps", str(STEPS), "--step-sleep", "0.05"]
 FLAGS = ["--strategy", "elastic", "--nnodes", "1:2"]
 
-pytestmark = [pytest.mark.hosts, pytest.mark.hosts_matrix, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.hosts, pytest.mark.matrix, pytest.mark.timeout(600)]
 
 
 def _steps(trace: Path) -> int:

@@ -18,7 +18,7 @@ The job, its fault-free reference (the session's ``reference`` fixture, conftest
 these checks are _flash.py's; more cells of the matrix are in test_partition_matrix.py.
 
 Marked ``hosts``; every cell but one per backend (the permanent partition) is also
-``hosts_matrix``: plain ``make test`` deselects those and ``make test-hosts`` runs them.
+``matrix``: plain ``make test`` deselects those and ``make test-matrix`` runs them.
 Under etcd both nodes keep their leases: the partition is found by the watched data
 plane (agent/_dataplane.py: every rank waits in a collective, the agents probe each other).
 """
@@ -49,7 +49,7 @@ def _faulted(
     return ended[1]
 
 
-@pytest.mark.hosts_matrix
+@pytest.mark.matrix
 def test_healthy_two_hosts_equal_one_host(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
@@ -63,7 +63,7 @@ def test_healthy_two_hosts_equal_one_host(
     check_outcome(job, ended, reference)
 
 
-@pytest.mark.hosts_matrix
+@pytest.mark.matrix
 def test_control_plane_cut_30s(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
@@ -77,7 +77,7 @@ def test_control_plane_cut_30s(
     assert rc1 in (0, 3), err1[-3000:]
 
 
-@pytest.mark.hosts_matrix
+@pytest.mark.matrix
 def test_full_partition_30s_then_heal(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],

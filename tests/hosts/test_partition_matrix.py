@@ -2,7 +2,7 @@
 test_elastic_partition.py hold the first cells): a one-way partition, a short one, a
 delayed control plane, a control plane cut under etcd, 30% loss at the default lease,
 a one-way partition and a delayed etcd under etcd, and healed partitions under elastic.
-Every cell is ``hosts_matrix``: ``make test-hosts`` runs them, plain ``make test``
+Every cell is ``matrix``: ``make test-matrix`` runs them, plain ``make test``
 does not.
 
 Flash cells run _flash.py's job and check its outcome (node 0 ends 0, final parameters
@@ -34,7 +34,7 @@ from ._job import STORE_PORT, HostJob
 from ._lab import Lab
 from .conftest import require_lab
 
-pytestmark = [pytest.mark.hosts, pytest.mark.hosts_matrix, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.hosts, pytest.mark.matrix, pytest.mark.timeout(600)]
 
 # -- flash ----------------------------------------------------------------------------
 
