@@ -51,16 +51,17 @@ test: lint typecheck
 	$(VENV)/bin/pytest -m "not matrix" -n $(TEST_WORKERS) --dist loadgroup \
 		--cov=stalwart --cov-report=term:skip-covered --durations=40
 
-# the rest of the two matrices (CI runs it after `make test`): the corpus matrix's cells
-# beyond one per script and fault class (tests/corpus: third-party-style scripts under
-# every strategy with faults) and the multi-host matrix (tests/hosts: jobs across network
-# namespaces with network faults; root, iproute2 and nftables; tests/hosts/conftest.py).
+# the matrices' cells (tests marked `matrix`; CI runs them after `make test`): the corpus
+# matrix's framework scripts and extra strategies (tests/corpus: third-party-style scripts
+# under every strategy with faults), `stalwart compare`'s routes (tests/cli), and the
+# multi-host matrix (tests/hosts: jobs across network namespaces with network faults and
+# partitions; root, iproute2 and nftables; tests/hosts/conftest.py).
 # The hosts' tests wait most of their time (a partition, a lease, TCP's backoff after a
 # heal) and each lab is its own bridge, namespaces and nftables table, so MATRIX_WORKERS
 # run at once (tests/_workers.py).
 MATRIX_WORKERS ?= 2
 test-matrix: setup
-	$(VENV)/bin/pytest tests/corpus tests/hosts -m matrix -n $(MATRIX_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -m matrix -n $(MATRIX_WORKERS) --dist loadgroup
 
 # every benchmark on the harness (bench/_harness.py: medians and spread over repetitions),
 # results in bench/results/latest.json, the table in docs/benchmarks.md (issue 34).

@@ -65,22 +65,28 @@ def _run(
         url, run_dir, [*extra, str(EXAMPLE), *ARGS, *script, "--out", str(out)]
     )
     results = []
+    failed = True
     try:
         if during is not None:
             during(procs, run_dir, etcd.server)
         for p in procs:
             _, err = wait_job(p, 150, [run_dir / "events.jsonl"])
             results.append((p.returncode, err))
+        failed = False
     finally:
-        for p in procs:
+        said = []
+        for node, p in enumerate(procs):
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
                 try:
-                    p.communicate(timeout=scaled(20))
+                    said.append((node, p.communicate(timeout=scaled(20))[1]))
                 except subprocess.TimeoutExpired:
                     p.kill()
-                    p.communicate()
+                    said.append((node, p.communicate()[1]))
+        if failed:  # what the agents said goes with the failure (pytest prints it)
+            for node, err in said:
+                print(f"--- node {node}'s agent, its last lines:\n{(err or '')[-4000:]}")
     assert not [p for p in os.listdir("/dev/shm") if job in p], "shared memory left behind"
     params: dict[str, torch.Tensor] = {}
     if out.exists():

@@ -49,7 +49,7 @@ def _met_in_events(run_dir: Path) -> None:
 
 
 @pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
-@pytest.mark.slow
+@pytest.mark.matrix  # the routes' matrix: make test-matrix (README, "Developing")
 @pytest.mark.timeout(900)
 def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cmp"
@@ -82,7 +82,7 @@ def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
-@pytest.mark.slow
+@pytest.mark.matrix  # the routes' matrix: make test-matrix (README, "Developing")
 @pytest.mark.timeout(600)
 def test_torchft_route_heals_the_killed_group_from_a_live_one(tmp_path: Path) -> None:
     if importlib.util.find_spec("torchft") is None:

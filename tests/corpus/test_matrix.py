@@ -51,12 +51,14 @@ runs (0.96x-1.02x).
 
 Which cells ``make test`` runs (issue 26: the suite a developer runs before landing, under
 12 minutes here): a cell per script and fault class, the rest ``matrix`` (``matrix=True``:
-``make test-matrix`` runs them, CI after ``make test``). ``make test`` keeps every script's
-fault-free run and its flash kill or kill+hang (its state comes back bit-identical), the
-long evals, buggy.py's flash crash-loop verdict, Ctrl-C, and restart and spare on
-nanoGPT; the matrix adds the elastic cells, more strategies on the framework scripts,
-titan and minGPT, the frameworks' crash loops and start-up errors, and buggy.py under the
-other three strategies.
+``make test-matrix`` runs them, CI after ``make test``). ``make test`` keeps the
+scripts that own their loop (nanoGPT, the HF-style loop, titan, buggy.py, the plain DDP
+scripts, minGPT): each one's fault-free run and flash kill or hang (its state comes back
+bit-identical), the long evals, buggy.py's flash crash-loop verdict, Ctrl-C, and restart
+and spare on nanoGPT. The matrix adds the scripts whose loop a framework owns (the
+Trainer, Accelerate, Lightning: a worker of theirs imports the framework, and their
+cells and references were about half of the matrix's time), the elastic cells, more
+strategies on titan and minGPT, and buggy.py under the other three strategies.
 """
 
 from __future__ import annotations
@@ -178,9 +180,9 @@ CELLS = [
     Cell("hf", "restart", "kill", "identical",
          "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", matrix=True),
     # (2b) a transformers.Trainer script with stalwart's callback (integrations, issue 18)
-    Cell("hf_trainer", "flash", "none", "agree"),
-    Cell("hf_trainer", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
-    Cell("hf_trainer", "flash", "long eval", "no kill"),
+    Cell("hf_trainer", "flash", "none", "agree", matrix=True),
+    Cell("hf_trainer", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT, matrix=True),
+    Cell("hf_trainer", "flash", "long eval", "no kill", matrix=True),
     Cell("hf_trainer", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=1 at=step:9'",
          matrix=True, timeout=SLOW_IMPORT),
     # restart: hf_trainer-accum's cell below (the same flags and fault; it asserts more)
@@ -194,32 +196,37 @@ CELLS = [
          "--max-restarts 3", args="--train_file missing.txt", matrix=True, timeout=SLOW_IMPORT),
     # issue 29: after recoveries, train()'s summary, the model card and the saves of
     # run_clm.py's epilogue as fault-free (train_loss over the whole run)
-    Cell("hf_trainer-accum", "flash", "kill", "identical, summary", K1, timeout=SLOW_IMPORT),
+    Cell("hf_trainer-accum", "flash", "kill", "identical, summary", K1, timeout=SLOW_IMPORT,
+         matrix=True),
     Cell("hf_trainer-accum", "spare", "kill", "identical, summary",
          f"{SPARE} --chaos 'kill rank=0 at=step:11'", matrix=True, timeout=SLOW_IMPORT),
     Cell("hf_trainer-accum", "restart", "kill", "identical, summary",
          "--max-restarts 2 --persist-every 3 --chaos 'kill rank=1 at=step:11'", matrix=True,
          timeout=SLOW_IMPORT),
     # (2c) a loop over accelerate.Accelerator.prepare (integrations/accelerate.py)
-    Cell("accelerate", "flash", "none", "agree"),
-    Cell("accelerate", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
-    Cell("accelerate", "flash", "long eval", "no kill"),
+    Cell("accelerate", "flash", "none", "agree", matrix=True),
+    Cell("accelerate", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT,
+         matrix=True),
+    Cell("accelerate", "flash", "long eval", "no kill", matrix=True),
     Cell("accelerate", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          matrix=True, timeout=SLOW_IMPORT),
     # a kill inside an accumulation cycle (steps 11-12): the snapshot due at 9 was taken
     # at 10, the cycle's end, and the rollback lands there
     Cell("accelerate-accum", "flash", "kill mid-cycle", "identical",
-         "--snapshot-every 3 --chaos 'kill rank=1 at=step:11'", timeout=SLOW_IMPORT),
+         "--snapshot-every 3 --chaos 'kill rank=1 at=step:11'", timeout=SLOW_IMPORT,
+         matrix=True),
     # (2d) a Lightning Trainer with stalwart's callback (integrations/lightning.py)
-    Cell("lightning", "flash", "none", "agree"),
-    Cell("lightning", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT),
-    Cell("lightning", "flash", "long eval", "no kill"),
+    Cell("lightning", "flash", "none", "agree", matrix=True),
+    Cell("lightning", "flash", "kill+hang", "identical", K1H0, timeout=SLOW_IMPORT,
+         matrix=True),
+    Cell("lightning", "flash", "long eval", "no kill", matrix=True),
     Cell("lightning", "flash", "crash loop", "verdict", args="--bug_step 6 --bug_rank 1",
          matrix=True, timeout=SLOW_IMPORT),
     # rank 0 killed just after an epoch-end validation and ModelCheckpoint save (step 8):
     # the rollback to 6 redoes the save on the survivor and the replacement alike
     Cell("lightning-epoch", "flash", "kill after save", "identical, one version",
-         "--snapshot-every 3 --chaos 'kill rank=0 at=step:9'", timeout=SLOW_IMPORT),
+         "--snapshot-every 3 --chaos 'kill rank=0 at=step:9'", timeout=SLOW_IMPORT,
+         matrix=True),
     # (3) torchtitan-style FSDP2 loop
     Cell("titan", "flash", "kill", "identical", "--chaos 'kill rank=1 at=step:6'"),
     Cell("titan", "spare", "hang", "identical", f"{SPARE} --chaos 'hang rank=0 at=step:8'",

@@ -17,8 +17,8 @@ once rank 0 logged step FAULT_AT, and the cell's expected outcome:
 The job, its fault-free reference (the session's ``reference`` fixture, conftest.py) and
 these checks are _flash.py's; more cells of the matrix are in test_partition_matrix.py.
 
-Marked ``hosts``; every cell but one per backend (the permanent partition) is also
-``matrix``: plain ``make test`` deselects those and ``make test-matrix`` runs them.
+Marked ``hosts`` and ``matrix``: ``make test-matrix`` runs them (CI, after ``make test``);
+``make test`` keeps the labs' own tests (test_faults.py, test_addresses.py).
 Under etcd both nodes keep their leases: the partition is found by the watched data
 plane (agent/_dataplane.py: every rank waits in a collective, the agents probe each other).
 """
@@ -90,6 +90,7 @@ def test_full_partition_30s_then_heal(
     assert rc1 in (0, 3), err1[-3000:]
 
 
+@pytest.mark.matrix
 def test_permanent_partition_majority_finishes(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
@@ -102,6 +103,7 @@ def test_permanent_partition_majority_finishes(
     assert rc1 == 3, err1[-3000:]
 
 
+@pytest.mark.matrix
 def test_permanent_partition_under_etcd(
     lab_factory: Callable[..., Lab],
     jobs: Callable[..., HostJob],
