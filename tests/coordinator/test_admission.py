@@ -312,3 +312,18 @@ def test_a_flooding_address_cannot_churn_faster_than_its_connections_age() -> No
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_closing_while_the_accept_loop_starts_a_thread_joins_only_started_ones() -> None:
+    """The accept loop tracks a connection's thread before it starts it: a close in
+    between (a peer watch closed while a probe's extra connections were being accepted)
+    used to join a thread not yet started, a RuntimeError out of the agent's teardown."""
+    admission = Admission(4, 4, 4)
+    a, b = socket.socketpair()
+    try:
+        assert admission.admit(a, "127.0.0.1")
+        admission.track(a, threading.Thread(target=lambda: None, daemon=True))  # not started
+        admission.close_all(1.0)
+    finally:
+        a.close()
+        b.close()

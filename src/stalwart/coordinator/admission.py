@@ -173,7 +173,10 @@ class Admission:
             return dict(self._stats)
 
     def close_all(self, timeout: float) -> None:
-        """Shut every held connection down and join their threads (server stop)."""
+        """Shut every held connection down and join their threads (server stop). A thread
+        tracked but not started yet (the accept loop tracks before it starts one, so that
+        a fast connection's release cannot come first) has nothing to join: its
+        connection is shut down already, and it ends as soon as it runs."""
         with self._lock:
             held = list(self._threads.items())
             for conn in (*self._pending, *self._authenticated):
@@ -181,7 +184,7 @@ class Admission:
                     conn.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + timeout
         for _, thread in held:
-            if thread is not threading.current_thread():
+            if thread is not threading.current_thread() and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     def _oldest(self, peer_host: str) -> socket.socket | None:
