@@ -53,7 +53,7 @@ test: lint typecheck
 
 # the matrices' cells (tests marked `matrix`; CI runs them after `make test`): the corpus
 # matrix's framework scripts and extra strategies (tests/corpus: third-party-style scripts
-# under every strategy with faults), `stalwart compare`'s routes (tests/cli), and the
+# under every strategy with faults), `stalwart compare`'s torchft route (tests/cli) and the
 # multi-host matrix (tests/hosts: jobs across network namespaces with network faults and
 # partitions; root, iproute2 and nftables; tests/hosts/conftest.py).
 # The hosts' tests wait most of their time (a partition, a lease, TCP's backoff after a

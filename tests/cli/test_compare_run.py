@@ -49,7 +49,7 @@ def _met_in_events(run_dir: Path) -> None:
 
 
 @pytest.mark.e2e  # compare runs jobs (tests/_tiers.py)
-@pytest.mark.matrix  # the routes' matrix: make test-matrix (README, "Developing")
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_routes_one_fault(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cmp"
