@@ -218,3 +218,32 @@ def test_torchft_is_replayed_as_a_pause_per_fault_that_rolls_nothing_back() -> N
     # ~20 s fault-free span + 6 s start and end, 2 stalls of 5 s: measured = predicted
     assert sim["measured_ettr"] == pytest.approx(19.9 / 36.0, abs=0.01)
     assert sim["predicted_ettr"] == pytest.approx(sim["measured_ettr"], abs=0.05)
+
+
+def test_the_torchft_route_runs_the_script_under_the_lighthouse_launcher(tmp_path: Path) -> None:
+    st = _settings(tmp_path)
+    ft = _command(Route("torchft", "torchft", extra_args=("--torchft",)), st, tmp_path, "j", "")
+    assert ft[1:3] == ["-m", "stalwart.cli._torchft_launch"]
+    assert ft[ft.index("--workers") + 1] == "4" and "--chaos" not in ft
+    assert ft[ft.index("--") + 1] == str(st.script) and "--torchft" in ft
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [
+        None,  # compare was stopped before it wrote the run down
+        "{not json",
+        json.dumps({"launched": 5.0, "exited": 9.0}),  # no rc, no faults_at
+        json.dumps({"launched": 9.0, "exited": 5.0, "rc": 0, "faults_at": []}),  # ended first
+        json.dumps({"launched": 0, "exited": 5.0, "rc": 0, "faults_at": []}),  # never launched
+    ],
+)
+def test_reuse_skips_a_run_it_cannot_read_back(tmp_path: Path, observed: str | None) -> None:
+    """``--reuse`` reads what an earlier compare left: a run whose record is missing,
+    torn or inconsistent is no run (it is run again), never a row of made-up figures."""
+    folder = tmp_path / "flash-faulted"
+    folder.mkdir()
+    if observed is not None:
+        (folder / "observed.json").write_text(observed)
+    st = RunSettings(tmp_path / "train.py", (), 4, 10, tmp_path, 60.0, 10)
+    assert load_route(Route("flash", "stalwart", "flash"), st, None, "flash/faulted") is None
