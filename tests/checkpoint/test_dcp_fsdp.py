@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _spawn import spawn_world
 from torch import nn
 
 LR = 1e-2
@@ -153,8 +153,8 @@ def _worker(rank: int, world: int, store: str, root: Path) -> None:
 def test_fsdp2_four_ranks_to_two_both_ways(tmp_path: Path) -> None:
     from stalwart.cli.main import main
 
-    mp.spawn(_worker, args=(4, str(tmp_path / "store4"), tmp_path), nprocs=4, join=True)
+    spawn_world(_worker, (4, str(tmp_path / "store4"), tmp_path), 4)
     ck, dcp_dir = str(tmp_path / "ck"), str(tmp_path / "dcp")
     assert main(["ckpt", "export", "--format", "dcp", ck, str(tmp_path / "exported")]) == 0
     assert main(["ckpt", "import", dcp_dir, str(tmp_path / "imported"), "--step", "2"]) == 0
-    mp.spawn(_worker, args=(2, str(tmp_path / "store2"), tmp_path), nprocs=2, join=True)
+    spawn_world(_worker, (2, str(tmp_path / "store2"), tmp_path), 2)

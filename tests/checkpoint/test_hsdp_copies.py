@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _spawn import spawn_world
 
 from stalwart.checkpoint.format import ChunkRef, RankIndex, TensorEntry
 from stalwart.errors import CheckpointFormatError
@@ -75,7 +75,7 @@ def test_hsdp_replicas_write_references_and_restore(tmp_path: Path) -> None:
     root = str(tmp_path / "ck")
     for world, mode in ((4, "save"), (2, "load")):
         store = str(tmp_path / f"store-{world}-{mode}")
-        mp.spawn(_worker, args=(world, store, root, mode), nprocs=world, join=True)
+        spawn_world(_worker, (world, store, root, mode), world)
     storage = open_storage(root)
     manifest = load_manifest(storage, 5)
     indexes = [load_index(storage, manifest, r) for r in range(4)]

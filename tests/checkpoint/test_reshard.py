@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _spawn import spawn_world
 
 ROWS, COLS = 10, 6  # 10 rows over 3 ranks: uneven shards (4, 4, 2)
 
@@ -78,4 +78,4 @@ def test_dtensor_reshard(tmp_path: Path, save_world: int, load_world: int, place
     root = str(tmp_path / "ck")
     for world, mode in ((save_world, "save"), (load_world, "load")):
         store = str(tmp_path / f"store-{mode}")
-        mp.spawn(_worker, args=(world, store, root, mode, placement), nprocs=world, join=True)
+        spawn_world(_worker, (world, store, root, mode, placement), world)
