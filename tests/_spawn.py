@@ -9,7 +9,7 @@ takes the GIL; during ``Py_FinalizeEx`` a thread that asks for the GIL is ended 
 ``pthread_exit``, whose forced unwind through gloo's ``noexcept`` loop is
 ``std::terminate``. The work the test judges is done and checked by then. A rank here
 flushes its output and leaves with ``os._exit(0)`` once its function has returned, as a
-worker under ``stalwart run`` does (src/stalwart/agent/_teardown.py); a rank whose
+worker under ``stalwart run`` does (src/stalwart/agent/processes/_teardown.py); a rank whose
 function raises still reports the exception through ``spawn`` and fails the test.
 """
 

@@ -310,7 +310,7 @@ class References:
         own abort at interpreter exit (tests/_spawn.py says why gloo does that after the
         script has returned): torchrun counts it a failure, and a reference must be a run
         that completed. What torchrun does with that abort is the peer's behaviour;
-        ``stalwart run`` ends its workers before it (agent/_teardown.py)."""
+        ``stalwart run`` ends its workers before it (agent/processes/_teardown.py)."""
         for attempt in range(3):
             where = run_dir.with_name(f"{run_dir.name}-{attempt}") if attempt else run_dir
             where.mkdir(parents=True)
