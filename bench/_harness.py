@@ -16,10 +16,14 @@ always printed them, each number now the median over the repetitions, and beside
 - ``valid`` (bool) and ``invalid`` (the reasons): a repetition failed (raised), a
   fault-trace run met fewer faults than asked (the measure says so with
   :class:`Invalid` entries in its figures' ``"_invalid"`` list, or
-  :func:`fault_shortfall`), or the load changed more than :data:`LOAD_JUMP` x within a
-  repetition (loads below :data:`LOAD_FLOOR` count as the floor: an idle machine's
+  :func:`fault_shortfall`), or the load from *outside* the bench changed more than
+  :data:`LOAD_JUMP` x between the two halves of a repetition (bench/_outside_load.py:
+  runnable threads that are not the bench's; the load average counts the bench's own
+  workers, which took a first repetition on a quiet machine from 1.8 to 5.5 by
+  themselves; loads below :data:`LOAD_FLOOR` count as the floor: an idle machine's
   0.1 -> 0.3 is not a change of regime);
-- ``reps``, ``load`` (before/after each repetition), ``versions`` (python, torch,
+- ``reps``, ``load`` (the load average before/after each repetition, and the outside
+  load of its two halves), ``versions`` (python, torch,
   torchft, etcd where present) and ``machine`` (cores, memory).
 
 A verdict (a "best", a pass/fail against a mark) reads its figure through
@@ -41,6 +45,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, TypeVar
+
+from _outside_load import OutsideLoad
 
 __all__ = [
     "HARNESS_VERSION",
@@ -83,6 +89,9 @@ class Rep:
     figures: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     invalid: list[Invalid] = field(default_factory=list)
+    outside: tuple[float, float] | None = None
+    """Mean runnable threads outside the bench in the repetition's first and second half
+    (bench/_outside_load.py); None where not sampled."""
 
 
 def add_arguments(p: Any, default_reps: int = 3) -> None:
@@ -134,13 +143,21 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> None:
 
 
 def _load_reason(rep: Rep) -> str | None:
-    lo, hi = sorted((max(rep.load_before, LOAD_FLOOR), max(rep.load_after, LOAD_FLOOR)))
-    if hi / lo > LOAD_JUMP:
+    """Why the repetition is not a fair pair: the load from outside the bench moved
+    between its halves (the load average before -> after where that was not sampled)."""
+    first, second = rep.outside or (rep.load_before, rep.load_after)
+    lo, hi = sorted((max(first, LOAD_FLOOR), max(second, LOAD_FLOOR)))
+    if hi / lo <= LOAD_JUMP:
+        return None
+    if rep.outside is None:
         return (
-            f"repetition {rep.index}: load went {rep.load_before:.1f} -> "
-            f"{rep.load_after:.1f} (> {LOAD_JUMP:g}x) within the pair"
+            f"repetition {rep.index}: load went {first:.1f} -> {second:.1f} "
+            f"(> {LOAD_JUMP:g}x) within the pair"
         )
-    return None
+    return (
+        f"repetition {rep.index}: the load from outside the bench went {first:.1f} -> "
+        f"{second:.1f} runnable threads (> {LOAD_JUMP:g}x) within the pair"
+    )
 
 
 @dataclass
@@ -219,7 +236,12 @@ class Summary:
             "invalid": reasons,
             "reps": len(self.reps),
             "load": [
-                {"rep": r.index, "before": round(r.load_before, 2), "after": round(r.load_after, 2)}
+                {
+                    "rep": r.index,
+                    "before": round(r.load_before, 2),
+                    "after": round(r.load_after, 2),
+                    "outside": None if r.outside is None else [round(x, 2) for x in r.outside],
+                }
                 for r in self.reps
             ],
             "versions": versions(),
@@ -235,6 +257,7 @@ def repeat(
     *,
     load: Callable[[], float] = lambda: os.getloadavg()[0],
     log: Callable[[str], None] = lambda line: print(line, flush=True),
+    outside: Callable[[], OutsideLoad] | None = OutsideLoad,
 ) -> Summary:
     """Run ``measure(rep)`` for rep 0..reps-1, each between two load readings; a
     repetition that raises is recorded as failed (its traceback's last line) and the next
@@ -245,6 +268,7 @@ def repeat(
     out: list[Rep] = []
     for i in range(reps):
         before, t0 = load(), time.monotonic()
+        sampler = None if outside is None else outside().start()
         figures: dict[str, Any] = {}
         error: str | None = None
         invalid: list[Invalid] = []
@@ -254,12 +278,14 @@ def repeat(
             figures = _flatten(got)
         except Exception as exc:  # a failed repetition is a recorded figure, not the end
             error = traceback.format_exception_only(exc)[-1].strip()
-        rep = Rep(i, before, load(), time.monotonic() - t0, figures, error, invalid)
+        halves = None if sampler is None else sampler.stop()
+        rep = Rep(i, before, load(), time.monotonic() - t0, figures, error, invalid, halves)
         out.append(rep)
         state = f"failed: {error}" if error else f"{len(figures)} figures"
+        seen = "" if halves is None else f", outside {halves[0]:.1f} -> {halves[1]:.1f}"
         log(
             f"rep {i + 1}/{reps}: {state} ({rep.seconds:.0f} s, "
-            f"load {before:.1f} -> {rep.load_after:.1f})"
+            f"load {before:.1f} -> {rep.load_after:.1f}{seen})"
         )
     return Summary(out)
 

@@ -5,6 +5,7 @@ pair), in process with a scripted measure and load."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -28,7 +29,7 @@ def _run(
         return got
 
     load = _loads(*(loads or (3.0,) * (2 * len(figures))))
-    return harness.repeat(measure, len(figures), load=load, log=lambda line: None)
+    return harness.repeat(measure, len(figures), load=load, log=lambda line: None, outside=None)
 
 
 def test_median_min_max_per_nested_figure(harness: ModuleType) -> None:
@@ -104,3 +105,62 @@ def test_reps_must_be_positive(harness: ModuleType) -> None:
 def test_extra_verdicts_ride_on_top(harness: ModuleType) -> None:
     doc = _run(harness, [{"x": 1.0}]).document({"best": "flash"})
     assert doc["best"] == "flash" and doc["x"] == 1.0
+
+
+class _Halves:
+    """A scripted outside-load sampler: the halves it reports."""
+
+    def __init__(self, halves: tuple[float, float] | None) -> None:
+        self.halves = halves
+
+    def start(self) -> _Halves:
+        return self
+
+    def stop(self) -> tuple[float, float] | None:
+        return self.halves
+
+
+def test_the_bench_s_own_load_is_not_a_jump_and_outside_load_is(harness: ModuleType) -> None:
+    """The load average went 1.8 -> 5.5 on a quiet machine from the bench's own workers:
+    a fair pair; another job starting halfway through (0.2 -> 3.1 runnable threads
+    outside the bench) is not, whatever the load average says."""
+    quiet = harness.repeat(
+        lambda rep: {"x": 1.0},
+        1,
+        load=_loads(1.8, 5.5),
+        log=lambda line: None,
+        outside=lambda: _Halves((0.3, 0.5)),
+    )
+    assert quiet.document()["valid"] is True
+    assert quiet.document()["load"][0]["outside"] == [0.3, 0.5]
+    busy = harness.repeat(
+        lambda rep: {"x": 1.0},
+        1,
+        load=_loads(4.0, 4.0),
+        log=lambda line: None,
+        outside=lambda: _Halves((0.2, 3.1)),
+    )
+    doc = busy.document()
+    assert doc["valid"] is False and busy.figure("x") is None
+    assert "outside the bench went 0.2 -> 3.1" in doc["invalid"][0]
+
+
+def test_runnable_outside_counts_threads_not_in_the_bench_tree(tmp_path: Path) -> None:
+    import _outside_load
+
+    def proc(pid: int, ppid: int, tasks: dict[int, str]) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {ppid} 1 1\n")
+        for tid, state in tasks.items():
+            task = tmp_path / str(pid) / "task" / str(tid)
+            task.mkdir(parents=True)
+            task.joinpath("stat").write_text(f"{tid} (a (b) c) {state} {ppid} 1 1\n")
+
+    proc(100, 1, {100: "R", 105: "R"})  # the bench: not counted
+    proc(101, 100, {101: "R"})  # its worker
+    proc(102, 101, {102: "D"})  # the worker's child
+    proc(200, 1, {200: "R", 201: "S", 202: "D"})  # another job: two count
+    proc(300, 1, {300: "S"})  # an idle daemon
+    (tmp_path / "self").mkdir()  # not a process
+    assert _outside_load.runnable_outside(100, str(tmp_path)) == 2
+    assert _outside_load.runnable_outside(200, str(tmp_path)) == 4  # 100, 105, 101, 102

@@ -9,6 +9,7 @@ separate failure detector to trust.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +21,14 @@ from stalwart.coordinator.errors import LeaseNotFoundError, StoreClosedError, St
 from stalwart.coordinator.store import Store, Watch
 from stalwart.logs import get_logger
 
-__all__ = ["Member", "MemberEvent", "MemberInfo", "MembershipWatch"]
+__all__ = ["MAX_RENEWALS_IN_FLIGHT", "Member", "MemberEvent", "MemberInfo", "MembershipWatch"]
 
 _log = get_logger(__name__)
+
+MAX_RENEWALS_IN_FLIGHT = 3
+"""Hedged renewals a member keeps outstanding at most (one sent per heartbeat interval):
+at the default interval of a quarter lease, three cover the lease's last three quarters,
+and a store that answers none of them costs at most three waiting threads."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class Member:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost: BaseException | None = None
+        self._outcomes: queue.SimpleQueue[tuple[float, Exception | None] | None]
+        self._outcomes = queue.SimpleQueue()  # renewals' (sent, error) for the heartbeat thread
         self.renewal_sent = time.monotonic()
         """When (monotonic) the last renewal that succeeded was *sent*: the store renewed
         the lease no earlier, so it expires no earlier than this plus the TTL."""
@@ -129,11 +137,20 @@ class Member:
     ) -> None:
         """Heartbeat every ``heartbeat_interval`` seconds in a thread.
 
+        Renewals are *hedged*: one is sent every interval whether or not the ones before
+        it answered, up to :data:`MAX_RENEWALS_IN_FLIGHT` at once, each on a connection
+        of its own (the store clients give concurrent calls separate connections). Over
+        a lossy link a renewal can wait several seconds on TCP's retransmission backoff,
+        then reconnect with SYNs that are lost too: measured across two hosts at 30%
+        loss, one such renewal let a 10 s lease expire while the link still passed
+        traffic. A second renewal on another connection has its own, independent luck;
+        the lease is kept by whichever answers first.
+
         Transient store errors are retried until the lease would have expired
         anyway (forever with ``give_up=False``: etcd extends every lease when it comes
         back from an outage, so only :class:`LeaseNotFoundError` proves the lease
-        gone); then (or on :class:`LeaseNotFoundError`) ``on_lost`` is called once
-        and the thread ends.
+        gone); then (or on :class:`LeaseNotFoundError`) ``on_lost`` is called once,
+        from the heartbeat thread, and the thread ends.
         """
         if self._thread is not None:
             raise RuntimeError("heartbeat already started")
@@ -145,30 +162,58 @@ class Member:
 
     def _run(self, on_lost: Callable[[BaseException], None] | None, give_up: bool) -> None:
         last_ok = time.monotonic()
-        while not self._stop.wait(self.heartbeat_interval):
+        next_send = last_ok + self.heartbeat_interval
+        in_flight = 0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_send:
+                next_send = now + self.heartbeat_interval
+                if in_flight < MAX_RENEWALS_IN_FLIGHT:
+                    in_flight += 1
+                    self._send_renewal()
             try:
-                sent = time.monotonic()
-                self.heartbeat()
-                last_ok = self.renewal_sent = sent
+                outcome = self._outcomes.get(timeout=max(0.0, next_send - time.monotonic()))
+            except queue.Empty:
                 continue
-            except LeaseNotFoundError as exc:
-                reason: BaseException = exc
-            except StoreClosedError:
+            if outcome is None:  # leave() woke us
                 return
-            except StoreError as exc:
-                if not give_up or time.monotonic() - last_ok < self.ttl:
-                    _log.warning("heartbeat of %s failed, retrying: %s", self.member_id, exc)
-                    continue
-                reason = exc
-            self._lost = reason
-            _log.error("member %s lost its lease: %s", self.member_id, reason)
+            in_flight -= 1
+            sent, error = outcome
+            if error is None:
+                last_ok = max(last_ok, sent)
+                self.renewal_sent = max(self.renewal_sent, sent)
+                continue
+            if isinstance(error, StoreClosedError) or self._stop.is_set():
+                return
+            transient = not isinstance(error, LeaseNotFoundError)
+            if transient and (not give_up or time.monotonic() - last_ok < self.ttl):
+                _log.warning("heartbeat of %s failed, retrying: %s", self.member_id, error)
+                continue
+            self._lost = error
+            _log.error("member %s lost its lease: %s", self.member_id, error)
             if on_lost is not None:
-                on_lost(reason)
+                on_lost(error)
             return
+
+    def _send_renewal(self) -> None:
+        """One renewal in a thread of its own; its outcome goes to the heartbeat thread."""
+
+        def renew() -> None:
+            sent = time.monotonic()
+            try:
+                self.heartbeat()
+            except Exception as exc:  # a store error, or a bug: the heartbeat thread judges
+                self._outcomes.put((sent, exc))
+                return
+            self._outcomes.put((sent, None))
+
+        name = f"stalwart-renewal-{self.member_id}"
+        threading.Thread(target=renew, name=name, daemon=True).start()
 
     def leave(self) -> None:
         """Stop heartbeating and revoke the lease (the member's keys vanish now)."""
         self._stop.set()
+        self._outcomes.put(None)  # wake the heartbeat thread now
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         try:
