@@ -103,3 +103,21 @@ def test_a_renewal_that_fails_after_leave_is_not_a_loss() -> None:
         store.keepalive(lease)
     assert lost == [] and member.lost is None
     store.close()
+
+
+def _renewers(member_id: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(f"stalwart-renewal-{member_id}")]
+
+
+def test_a_store_that_answers_keeps_one_renewer_thread_and_leave_ends_it() -> None:
+    store = _StuckStore(stuck=0)
+    lease = store.grant(TTL)
+    member = Member(store, "quiet", lease, TTL, 0.02)
+    member.start_heartbeat()
+    try:
+        assert _until(lambda: store.answered >= 20)
+        assert len(_renewers("quiet")) == 1  # not a thread per renewal
+    finally:
+        member.leave()
+        store.close()
+    assert _until(lambda: not _renewers("quiet"), 10.0)

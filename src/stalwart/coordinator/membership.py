@@ -119,6 +119,8 @@ class Member:
         self._lost: BaseException | None = None
         self._outcomes: queue.SimpleQueue[tuple[float, Exception | None] | None]
         self._outcomes = queue.SimpleQueue()  # renewals' (sent, error) for the heartbeat thread
+        self._tickets: queue.SimpleQueue[bool] = queue.SimpleQueue()  # False: a renewer ends
+        self._renewers = 0  # renewer threads started (by the heartbeat thread only)
         self.renewal_sent = time.monotonic()
         """When (monotonic) the last renewal that succeeded was *sent*: the store renewed
         the lease no earlier, so it expires no earlier than this plus the TTL."""
@@ -161,6 +163,13 @@ class Member:
         self._thread.start()
 
     def _run(self, on_lost: Callable[[BaseException], None] | None, give_up: bool) -> None:
+        try:
+            self._beat(on_lost, give_up)
+        finally:
+            for _ in range(self._renewers):  # each ends once its renewal (if any) returns
+                self._tickets.put(False)
+
+    def _beat(self, on_lost: Callable[[BaseException], None] | None, give_up: bool) -> None:
         last_ok = time.monotonic()
         next_send = last_ok + self.heartbeat_interval
         in_flight = 0
@@ -170,7 +179,7 @@ class Member:
                 next_send = now + self.heartbeat_interval
                 if in_flight < MAX_RENEWALS_IN_FLIGHT:
                     in_flight += 1
-                    self._send_renewal()
+                    self._send_renewal(in_flight)
             try:
                 outcome = self._outcomes.get(timeout=max(0.0, next_send - time.monotonic()))
             except queue.Empty:
@@ -195,20 +204,26 @@ class Member:
                 on_lost(error)
             return
 
-    def _send_renewal(self) -> None:
-        """One renewal in a thread of its own; its outcome goes to the heartbeat thread."""
+    def _send_renewal(self, in_flight: int) -> None:
+        """Hand one renewal to a renewer thread, starting one more only when every
+        renewer is busy (``in_flight`` renewals outstanding, this one included): a store
+        that answers keeps one renewer thread, not a thread per renewal."""
+        if in_flight > self._renewers:
+            self._renewers += 1
+            name = f"stalwart-renewal-{self.member_id}-{self._renewers}"
+            threading.Thread(target=self._renewer, name=name, daemon=True).start()
+        self._tickets.put(True)
 
-        def renew() -> None:
+    def _renewer(self) -> None:
+        """Renew the lease once per ticket; each outcome goes to the heartbeat thread."""
+        while self._tickets.get():
             sent = time.monotonic()
             try:
                 self.heartbeat()
             except Exception as exc:  # a store error, or a bug: the heartbeat thread judges
                 self._outcomes.put((sent, exc))
-                return
+                continue
             self._outcomes.put((sent, None))
-
-        name = f"stalwart-renewal-{self.member_id}"
-        threading.Thread(target=renew, name=name, daemon=True).start()
 
     def leave(self) -> None:
         """Stop heartbeating and revoke the lease (the member's keys vanish now)."""
