@@ -35,8 +35,12 @@ def load(path: str | Path) -> dict[str, dict[str, Any]]:
     """{bench name: its final JSON line} from a report's results file, or ``{"bench":
     line}`` from one bench's output."""
     text = Path(path).read_text().strip()
+    try:  # a whole JSON file (bench/results/*.json, written indented), else a bench's
+        doc = json.loads(text)  # output whose last line is its JSON line
+    except json.JSONDecodeError:
+        doc = None
     try:
-        doc = json.loads(text.splitlines()[-1] if text else "")
+        doc = doc if doc is not None else json.loads(text.splitlines()[-1] if text else "")
     except json.JSONDecodeError as err:
         raise NotABenchResultError(
             f"{path}: its last line is not JSON ({err}); give a bench's output or "

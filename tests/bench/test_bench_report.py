@@ -17,7 +17,7 @@ def _line(harness: ModuleType, values: list[float], invalid: bool = False) -> di
         return {"rto_s": values[rep], "_invalid": bad}
 
     doc: dict[str, Any] = harness.repeat(
-        measure, len(values), load=lambda: 3.0, log=lambda line: None
+        measure, len(values), load=lambda: 3.0, log=lambda line: None, outside=None
     ).document()
     return doc
 
@@ -44,6 +44,24 @@ def test_a_median_outside_the_old_spread_is_flagged(
     assert regress.main([old, worse]) == 1
     assert "rto_s median 1.2 [1..1.4] -> 2.1" in capsys.readouterr().out
     assert regress.main([old, worse, "--slack", "1.0"]) == 0
+
+
+def test_report_results_files_written_indented_are_read(
+    harness: ModuleType, regress: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/report.py writes bench/results/*.json indented, over many lines: the file
+    the docs tell a user to compare must be readable as a whole, not by its last line."""
+
+    def results(values: list[float]) -> str:
+        path = tmp_path / f"r{values[0]}.json"
+        doc = {"date": "d", "benches": {"node_loss": _line(harness, values)}}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        return str(path)
+
+    old, worse = results([1.0, 1.2, 1.4]), results([2.0, 2.1, 2.2])
+    assert regress.main([old, old]) == 0
+    assert regress.main([old, worse]) == 1
+    assert "node_loss" in capsys.readouterr().out
 
 
 def test_an_invalid_figure_is_skipped_not_compared(
