@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
 from stalwart.agent.cluster._generation import JobGeneration
+from stalwart.agent.cluster._members import MemberView
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
 from stalwart.runtime.comm._coord import GenerationWatch
 from stalwart.runtime.rejoin._rendezvous import agree
@@ -119,14 +121,27 @@ class Node:
         self._last_live: set[int] = set()
         self._next_ring = self._next_verdict = 0.0
         self.view: Any = None  # agent/cluster/_members.py (None: --scan range, the old way)
-        if cfg["scan"] == "view":
-            from stalwart.agent.cluster._members import MemberView
-
-            self.view = MemberView(self.store, f"{ROOT}/members/")
+        self.verdict: Any = None  # agent/cluster/_follow.py (None: --verdict-s > 0, a read)
+        self._read_live = False  # a watched peer died here: the next look reads the store
         self.thread = threading.Thread(target=self._run, name=f"node{idx}", daemon=True)
+
+    @property
+    def _wait_s(self) -> float:  # the agent's watches wait one lease (at least 5 s)
+        return watch_wait(float(self.cfg["lease_s"]))
 
     # ------------------------------------------------------------ joining
     def _join(self) -> None:
+        if self.cfg["scan"] == "view":  # opened here: a node's threads start with it
+            self.view = MemberView(self.store, f"{ROOT}/members/", wait_s=self._wait_s)
+        if not float(self.cfg["verdict_s"]):  # agent/cluster/_cluster.py published_verdict
+            key = f"{ROOT}/launch/verdict"
+            self.verdict = PrefixFollower(
+                lambda: self.store,
+                key,
+                name=f"verdict{self.idx}",
+                wait_s=self._wait_s,
+                reread_s=REREAD_S,
+            )
         member = self.coord.join(f"node{self.idx}", node=str(self.idx))
         member.start_heartbeat()
         self.member = member
@@ -199,7 +214,9 @@ class Node:
 
     def _poll(self, now: float) -> None:
         """agent.py ``_poll_store``: the store part of it."""
-        if now >= self._next_verdict:  # agent.py: once a second (every poll before)
+        if self.verdict is not None:
+            self.verdict.snapshot()  # from its watch: no request
+        elif now >= self._next_verdict:  # once a second before (every poll before that)
             self._next_verdict = now + float(self.cfg["verdict_s"])
             self.store.get(f"{ROOT}/launch/verdict")
         if now >= self._next_ring:  # agent/cluster/_peerwatch.py tick: the ring successor
@@ -210,8 +227,12 @@ class Node:
         self.gen.follow()
 
     def _live(self) -> set[int]:
-        ids = self.coord.members() if self.view is None else self.view.ids()
-        return {int(m[4:]) for m in ids if m.startswith("node")}
+        if self.view is None:
+            return {int(m[4:]) for m in self.coord.members() if m.startswith("node")}
+        if self._read_live:  # agent/cluster/_cluster.py live_nodes after a peer's death
+            self._read_live = False
+            return set(self.view.read_nodes())
+        return set(self.view.nodes())
 
     def _lost_nodes(self) -> None:
         """agent/cluster/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
@@ -245,6 +266,7 @@ class Node:
         if kv is None:
             return
         self.store.revoke(kv.lease)
+        self._read_live = True
         self.woken.set()
         self.genwatch.moved.set()  # wakes our loop (the agent's wake pipe); see _run
         record = json.dumps({"by": self.idx, "t": time.time()}).encode()
@@ -260,6 +282,7 @@ class Node:
         self.stop.set()
         self.genwatch.moved.set()
         self.genwatch.close()
+        self._close_followers()
         self.inner.close()
 
     def close(self) -> None:
@@ -267,8 +290,14 @@ class Node:
         self.genwatch.moved.set()
         self.thread.join(10)
         self.genwatch.close()
+        self._close_followers()
         self.member.leave()
         self.inner.close()
+
+    def _close_followers(self) -> None:
+        for follower in (self.view, self.verdict):
+            if follower is not None:
+                follower.close()
 
 
 def wait_until(what: str, cond: Callable[[], bool], timeout_s: float) -> float:

@@ -67,45 +67,53 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     fleet: Fleet | None = None
     try:
         fleet = Fleet(n, procs, config)
-        t0 = fleet.start(args.ramp_s)
-        joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s + args.ramp_s)
-        out["join_s"] = joined[-1] - t0
-        if args.ramp_s:
-            out["ramp_s"] = args.ramp_s
-            out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n
-        # steady state: every worker knows the snapshot cadence, the formation's load gone
-        fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
-        time.sleep(args.warm_s)
-        s0, st0, w0 = backend.stats(), fleet.status(0), time.monotonic()
-        time.sleep(args.steady_s)
-        s1, st1, w1 = backend.stats(), fleet.status(0), time.monotonic()
-        dt = w1 - w0
-        out["store_ops_per_node_s"] = (st1["ops"] - st0["ops"]) / dt / n
-        out["store_ops_s"] = (st1["ops"] - st0["ops"]) / dt
-        out["coordinator_cpu_frac"] = (s1.cpu_s - s0.cpu_s) / dt
-        out["coordinator_cpu_frac_per_node"] = out["coordinator_cpu_frac"] / n
-        out["coordinator_cpu_ms_per_request"] = (
-            1000 * (s1.cpu_s - s0.cpu_s) / max(1, st1["ops"] - st0["ops"])
-        )
-        out["coordinator_rss_mb"] = s1.rss_mb
-        out["store_roundtrips_per_rank_step"] = (st1["step_ops"] - st0["step_ops"]) / max(
-            1, st1["steps"] - st0["steps"]
-        )
-        out["steps_per_node_s"] = (st1["steps"] - st0["steps"]) / dt / n
-        # the emulator itself saturated: its latencies are its own, not the store's
-        out["emulator_saturated"] = out["steps_per_node_s"] < 0.9 / args.step_s
-        out["load_avg"] = os.getloadavg()[0]
-        took = _lose(fleet, n - 1, 1, args, peer=True)
-        out["loss_to_agreement_s"] = took[-1]
-        out["loss_to_agreement_p50_s"] = took[len(took) // 2]
-        out["loss_to_bump_s"] = fleet.status(1)["bumped_at"] - _LOST_AT[0]
-        if args.lease_loss:
-            out["lease_loss_to_agreement_s"] = _lose(fleet, n - 2, 2, args, peer=False)[-1]
+        _measure(fleet, backend, n, out, args)
+    except Exception as err:  # the figures taken before it stay in the row
+        out["error"] = f"{type(err).__name__}: {err}"
     finally:
         if fleet is not None:
             fleet.close()
         backend.stop()
     return out
+
+
+def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any) -> None:
+    """Formation, steady state and a node's loss, each figure into ``out`` as taken."""
+    kind = out["backend"]
+    t0 = fleet.start(args.ramp_s)
+    joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s + args.ramp_s)
+    out["join_s"] = joined[-1] - t0
+    if args.ramp_s:
+        out["ramp_s"] = args.ramp_s
+        out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n
+    # steady state: every worker knows the snapshot cadence, the formation's load gone
+    fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
+    time.sleep(args.warm_s)
+    s0, st0, w0 = backend.stats(), fleet.status(0), time.monotonic()
+    time.sleep(args.steady_s)
+    s1, st1, w1 = backend.stats(), fleet.status(0), time.monotonic()
+    dt = w1 - w0
+    out["store_ops_per_node_s"] = (st1["ops"] - st0["ops"]) / dt / n
+    out["store_ops_s"] = (st1["ops"] - st0["ops"]) / dt
+    out["coordinator_cpu_frac"] = (s1.cpu_s - s0.cpu_s) / dt
+    out["coordinator_cpu_frac_per_node"] = out["coordinator_cpu_frac"] / n
+    out["coordinator_cpu_ms_per_request"] = (
+        1000 * (s1.cpu_s - s0.cpu_s) / max(1, st1["ops"] - st0["ops"])
+    )
+    out["coordinator_rss_mb"] = s1.rss_mb
+    out["store_roundtrips_per_rank_step"] = (st1["step_ops"] - st0["step_ops"]) / max(
+        1, st1["steps"] - st0["steps"]
+    )
+    out["steps_per_node_s"] = (st1["steps"] - st0["steps"]) / dt / n
+    # the emulator itself saturated: its latencies are its own, not the store's
+    out["emulator_saturated"] = out["steps_per_node_s"] < 0.9 / args.step_s
+    out["load_avg"] = os.getloadavg()[0]
+    took = _lose(fleet, n - 1, 1, args, peer=True)
+    out["loss_to_agreement_s"] = took[-1]
+    out["loss_to_agreement_p50_s"] = took[len(took) // 2]
+    out["loss_to_bump_s"] = fleet.status(1)["bumped_at"] - _LOST_AT[0]
+    if args.lease_loss:
+        out["lease_loss_to_agreement_s"] = _lose(fleet, n - 2, 2, args, peer=False)[-1]
 
 
 def _lose(
@@ -150,7 +158,13 @@ def main() -> None:
         help="live nodes from a membership watch (agent/cluster/_members.py) or a range per read "
         "(before issue 31; run with PYTHONPATH=<main>/src for the whole old control plane)",
     )
-    p.add_argument("--verdict-s", type=float, default=1.0, help="0.1 before issue 31")
+    p.add_argument(
+        "--verdict-s",
+        type=float,
+        default=0.0,
+        help="0: the verdict from a watch (agent/cluster/_follow.py); > 0: a read this often "
+        "(1 s before the watch, 0.1 s before issue 31)",
+    )
     p.add_argument(
         "--poll-generation", action="store_true", help="the agent reads it per poll (before)"
     )

@@ -55,17 +55,22 @@ def _until(cond: object, timeout: float = 30.0) -> bool:
     return False
 
 
-def test_a_stuck_renewal_does_not_let_the_lease_expire() -> None:
+def _stuck_member() -> tuple[_StuckStore, Member, list[BaseException]]:
+    """A member heartbeating on a store whose first renewal sticks; its losses listed."""
     store = _StuckStore(stuck=1)
-    lease = store.grant(TTL)
-    member = Member(store, "node1", lease, TTL, INTERVAL)
+    member = Member(store, "node1", store.grant(TTL), TTL, INTERVAL)
     lost: list[BaseException] = []
     member.start_heartbeat(on_lost=lost.append)
+    return store, member, lost
+
+
+def test_a_stuck_renewal_does_not_let_the_lease_expire() -> None:
+    store, member, lost = _stuck_member()
     try:
         # a single renewal at a time would sit behind the stuck one and the lease would
         # expire TTL later; hedged, the next renewals keep it through several TTLs
         assert _until(lambda: store.answered >= 3 * TTL / INTERVAL), store.answered
-        assert store.time_to_live(lease) is not None
+        assert store.time_to_live(member.lease) is not None
         assert member.lost is None and lost == []
         assert time.monotonic() - member.renewal_sent < TTL
     finally:
@@ -90,17 +95,13 @@ def test_renewals_in_flight_are_bounded() -> None:
 
 
 def test_a_renewal_that_fails_after_leave_is_not_a_loss() -> None:
-    store = _StuckStore(stuck=1)
-    lease = store.grant(TTL)
-    member = Member(store, "node1", lease, TTL, INTERVAL)
-    lost: list[BaseException] = []
-    member.start_heartbeat(on_lost=lost.append)
+    store, member, lost = _stuck_member()
     assert _until(lambda: store.started >= 1)
     member.leave()  # revokes the lease: the stuck renewal now finds it gone
     store.release.set()
     assert _until(lambda: store.finished >= 1)  # the stuck renewal found the lease gone
     with pytest.raises(LeaseNotFoundError):
-        store.keepalive(lease)
+        store.keepalive(member.lease)
     assert lost == [] and member.lost is None
     store.close()
 

@@ -16,6 +16,7 @@ from stalwart.coordinator.coordinator import (
     CoordinatorConfig,
     GenerationChange,
     StepRecord,
+    generation_end,
 )
 from stalwart.coordinator.errors import (
     AlreadyCommittedError,
@@ -114,6 +115,7 @@ __all__ = [
     "check_token",
     "create_token_file",
     "etcd_url",
+    "generation_end",
     "iter_events",
     "parse_etcd_url",
     "read_token_file",

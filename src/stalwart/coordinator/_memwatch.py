@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -13,8 +14,15 @@ __all__ = ["MemoryWatch"]
 
 class _Events(Protocol):
     def wait_events(
-        self, prefix: str, start_revision: int, timeout: float | None
+        self,
+        prefix: str,
+        start_revision: int,
+        timeout: float | None,
+        *,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[Event]: ...
+
+    def wake_waiters(self) -> None: ...
 
 
 class MemoryWatch:
@@ -34,13 +42,18 @@ class MemoryWatch:
     def get(self, timeout: float | None = None) -> list[Event]:
         if self._closed:
             raise StoreClosedError("this watch is closed; open a new one")
-        events = self._store.wait_events(self._prefix, self._next, timeout)
+        events = self._store.wait_events(
+            self._prefix, self._next, timeout, cancelled=lambda: self._closed
+        )
         if events:
             self._next = events[-1].kv.mod_revision + 1
         return events
 
     def close(self) -> None:
-        self._closed = True
+        """Close the watch; a :meth:`get` waiting in another thread returns ``[]`` now."""
+        if not self._closed:
+            self._closed = True
+            self._store.wake_waiters()
 
     def __enter__(self) -> MemoryWatch:
         return self

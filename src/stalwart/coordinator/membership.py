@@ -170,8 +170,7 @@ class Member:
                 self._tickets.put(False)
 
     def _beat(self, on_lost: Callable[[BaseException], None] | None, give_up: bool) -> None:
-        last_ok = time.monotonic()
-        next_send = last_ok + self.heartbeat_interval
+        next_send = time.monotonic() + self.heartbeat_interval
         in_flight = 0
         while not self._stop.is_set():
             now = time.monotonic()
@@ -189,13 +188,12 @@ class Member:
             in_flight -= 1
             sent, error = outcome
             if error is None:
-                last_ok = max(last_ok, sent)
                 self.renewal_sent = max(self.renewal_sent, sent)
                 continue
             if isinstance(error, StoreClosedError) or self._stop.is_set():
                 return
             transient = not isinstance(error, LeaseNotFoundError)
-            if transient and (not give_up or time.monotonic() - last_ok < self.ttl):
+            if transient and (not give_up or time.monotonic() - self.renewal_sent < self.ttl):
                 _log.warning("heartbeat of %s failed, retrying: %s", self.member_id, error)
                 continue
             self._lost = error

@@ -83,7 +83,7 @@ def test_following_through_a_watch_reads_the_store_only_when_it_moved() -> None:
             return coord.generation_meta()
 
     here = JobGeneration(Counting(), FakeLaunch(), FakeEvents(), world_size=2)
-    feed = GenerationFeed(lambda: coord.store, lambda: coord.generation_key, coord.generation)
+    feed = GenerationFeed(lambda: coord.store, coord.generation_key)
     try:
         here.use_feed(feed)
         deadline = time.monotonic() + 30

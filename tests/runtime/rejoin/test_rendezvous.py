@@ -258,3 +258,43 @@ def test_at_a_fresh_start_every_member_still_gets_the_infos_and_the_leavers() ->
     assert {a.target for a in agreed} == {None}
     assert {tuple(leaving(a)) for a in agreed} == {(1, 3)}
     assert {len(a.infos) for a in agreed} == {4}  # no_common_point names what each held
+
+
+def test_a_member_waiting_for_rank_0_moves_on_at_the_bump_without_reading_the_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 31: members waiting for rank 0's record read the generation every 0.25 s
+    (8 requests a second per member with the long-poll; at 1,024 nodes more than the
+    store answered). The bump now marks the generation's end under the watched prefix:
+    with the members' own reads pushed out of reach, a bump still moves them on."""
+    import threading
+
+    from _load import wait_until
+
+    from stalwart.runtime.rejoin import _rendezvous
+
+    monkeypatch.setattr(_rendezvous, "_MEMBER_IDLE_S", 1e6)  # no read while waiting
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    out: list[Agreement] = []
+
+    def member() -> None:  # rank 1 of 2: rank 0 is gone until the bump
+        out.append(
+            agree(
+                shared, coord, "j", 1, 2, {"steps": [4]},
+                use_memory=True, disk_step=None, min_generation=0, timeout_s=60.0,
+            )  # fmt: skip
+        )
+
+    thread = threading.Thread(target=member, daemon=True)
+    thread.start()
+    arrived = lambda g: bool(shared.range(f"/stalwart/j/rt/{g:012d}.0/").kvs)  # noqa: E731
+    assert wait_until(lambda: arrived(0), 10)
+    assert coord.advance_generation(0, "node 0 lost").won
+    assert wait_until(lambda: arrived(1), 10)  # it left generation 0's wait, joined 1
+    rank0 = agree(
+        shared, coord, "j", 0, 2, {"steps": [4]},
+        use_memory=True, disk_step=None, min_generation=1, timeout_s=60.0,
+    )  # fmt: skip
+    thread.join(30)
+    assert out and out[0].generation == rank0.generation == 1

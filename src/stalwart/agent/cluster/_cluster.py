@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
+from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
 from stalwart.agent.cluster._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
 from stalwart.agent.cluster._link import Waiting, open_link
 from stalwart.agent.cluster._members import MemberView, ring_successor
@@ -52,7 +53,7 @@ from stalwart.errors import FencedError, StalwartError
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
 
-_VERDICT_S = 1.0  # how often the store is asked whether another node ended the job
+_VERDICT_S = 1.0  # without a watch: how often the store is asked for the verdict
 
 
 class Cluster:
@@ -81,7 +82,9 @@ class Cluster:
         self._root = f"/stalwart/{cfg.job}"
         self._names: SlotNames | None = None  # set by start(): the run id is agreed there
         self._view: MemberView | None = None  # the live members, from a watch
-        self._verdict_at = 0.0  # when published_verdict reads the store again
+        self._verdict_at = 0.0  # when published_verdict reads the store again (no watch)
+        self._verdict: PrefixFollower | None = None  # the verdict key, from a watch
+        self._read_live = False  # a watched peer just died: read the membership itself
 
     def start(self) -> None:
         cfg = self.cfg
@@ -168,15 +171,27 @@ class Cluster:
         return float(json.loads(kv.value)["t"]) if kv is not None else None
 
     def published_verdict(self) -> str | None:
-        """The one-line verdict another node ended the job with, if one did. Read at
-        most once a second: soon enough for an ending, and a read at every 0.1 s poll by
-        every node was 35% of the steady store load (docs/scale.md)."""
-        now = time.monotonic()
-        if now < self._verdict_at:
-            return None
-        self._verdict_at = now + _VERDICT_S
-        kv = self.store.get(f"{self._root}/launch/verdict")
-        return None if kv is None else str(json.loads(kv.value)["line"])
+        """The one-line verdict another node ended the job with, if one did. From a
+        watch on its key (agent/cluster/_follow.py): a read per 0.1 s poll by every node
+        was 35% of the steady store load, and once a second still one request per node
+        per second (docs/scale.md). While the watch is broken, read at most once a second."""
+        if self._verdict is None:
+            key = f"{self._root}/launch/verdict"
+            wait_s = watch_wait(self.cfg.node_lease_s)
+            self._verdict = PrefixFollower(
+                lambda: self.store, key, name="stalwart-verdict", wait_s=wait_s, reread_s=REREAD_S
+            )
+        kvs = self._verdict.snapshot()
+        if kvs is None:
+            now = time.monotonic()
+            if now < self._verdict_at:
+                return None
+            self._verdict_at = now + _VERDICT_S
+            got = self.store.get(f"{self._root}/launch/verdict")
+            value = None if got is None else got.value
+        else:
+            value = kvs.get("")  # the key itself (the prefix also matches longer names)
+        return None if value is None else str(json.loads(value)["line"])
 
     def publish_ranks(self, ranks: list[int]) -> None:
         """The ranks this node runs (a leader adopting us reads them)."""
@@ -274,7 +289,11 @@ class Cluster:
         """The live nodes, from a watch on the membership (agent/cluster/_members.py): every
         agent asks often, and a range of every member each time is O(N^2) for the job."""
         if self._view is None:
-            self._view = MemberView(self.store, f"{self._root}/members/")
+            wait_s = watch_wait(self.cfg.node_lease_s)
+            self._view = MemberView(self.store, f"{self._root}/members/", wait_s=wait_s)
+        if self._read_live:  # the watch may not have carried the revoke yet
+            self._read_live = False
+            return self._view.read_nodes()
         return self._view.nodes()
 
     def adopter(self, lost: int, live: set[int]) -> int | None:
@@ -305,7 +324,9 @@ class Cluster:
     def peer_gone(self) -> bool:
         """True once after our watched connection revoked a dead peer's lease (the agent
         looks for lost nodes at once instead of at its next poll)."""
-        return self.watch is not None and self.watch.take_gone()
+        gone = self.watch is not None and self.watch.take_gone()
+        self._read_live = self._read_live or gone
+        return gone
 
     def wake_fd(self) -> int | None:
         """A file descriptor readable when the agent should poll the store now."""
@@ -355,6 +376,8 @@ class Cluster:
     def close(self, *, goodbye: bool = True) -> None:
         """Leave the job. ``goodbye=False`` (a cordoned node) leaves like a lost node, so
         that node 0 adopts this node's ranks."""
+        if self._verdict is not None:
+            self._verdict.close()
         if goodbye:
             with contextlib.suppress(Exception):
                 self.store.put(f"{self._root}/agents-done/node{self.node}", b"1")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink
+from stalwart.agent.cluster._follow import watch_wait
 from stalwart.agent.cluster._genfeed import GenerationFeed
 from stalwart.coordinator import Coordinator
 
@@ -72,7 +73,8 @@ class JobGeneration:
         (agent/cluster/_genfeed.py); returns what closes the watch."""
         self.use_port(port)
         coord = self._coord
-        feed = GenerationFeed(lambda: coord.store, lambda: coord.generation_key, coord.generation)
+        wait_s = watch_wait(coord.config.lease_ttl)
+        feed = GenerationFeed(lambda: coord.store, coord.generation_key, wait_s=wait_s)
         self.use_feed(feed)
         return feed.close
 

@@ -1,26 +1,27 @@
 """The job's live nodes as this agent sees them, kept by a watch on the membership.
 
 Every agent reads the live nodes often: its ring successor once a second
-(agent/cluster/_peerwatch.py) and, under etcd, every agent looks for lost nodes at each store
-poll (agent/cluster/_cluster.py, ten a second). A range of every member key per read is O(N)
+(agent/cluster/_peerwatch.py) and the leader looks for lost nodes at each store poll
+(agent/cluster/_cluster.py, ten a second). A range of every member key per read is O(N)
 at N nodes, so O(N^2) a second for the job: at 1,024 nodes, a million member keys a
-second read from etcd (docs/scale.md). The view reads the membership once, then
-applies the watch's join/leave events at each read: O(changes), and a node's loss costs
-each agent one event. A broken watch (the store away, its history compacted) falls
-back to a fresh range at the next read.
+second read from etcd (docs/scale.md); a request per read (a short look at a watch) was
+still one request per node per second. The view follows the membership from a watch in a
+thread of its own (agent/cluster/_follow.py): a read costs no request, a node's loss
+costs each agent one event, and the steady cost is one long-poll per node per
+``wait_s``. While its watch is broken (the store away, its history compacted) a read
+ranges the membership itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
+from collections.abc import Mapping
 from typing import Any
 
-from stalwart.coordinator import StoreError
+from stalwart.agent.cluster._follow import WAIT_S, PrefixFollower
 
 __all__ = ["MemberView", "ring_successor"]
 
-_PEEK_S = 0.002  # a read takes the events already there (an etcd watch needs > 0 to look)
+GAP_S = 1.0  # a burst of joins reaches a view once a second (the ring is read as often)
 
 
 def ring_successor(node: int, live: set[int]) -> int | None:
@@ -35,47 +36,43 @@ def ring_successor(node: int, live: set[int]) -> int | None:
 class MemberView:
     """Live member ids under ``prefix`` (``.../members/``), from one range and a watch."""
 
-    def __init__(self, store: Any, prefix: str) -> None:
+    def __init__(self, store: Any, prefix: str, *, wait_s: float = WAIT_S) -> None:
         self._store, self._prefix = store, prefix
-        self._ids: set[str] = set()
-        self._watch: Any = None
-        self._lock = threading.Lock()  # the agent's loop, its data plane and standbys read
+        self._follower = PrefixFollower(
+            lambda: store, prefix, name="stalwart-members", wait_s=wait_s, gap_s=GAP_S
+        )
+        # (the snapshot, its node ids): parsed once per change, replaced whole (threads)
+        self._parsed: tuple[Mapping[str, bytes] | None, frozenset[int]] = (None, frozenset())
 
     def ids(self) -> set[str]:
         """The member ids now (a copy)."""
-        with self._lock:
-            if self._watch is None:
-                self._reset()
-            else:
-                try:
-                    events = self._watch.get(_PEEK_S)
-                except StoreError:
-                    self._reset()
-                    return set(self._ids)
-                for event in events:
-                    member = event.kv.key[len(self._prefix) :]
-                    if event.type == "put":
-                        self._ids.add(member)
-                    else:
-                        self._ids.discard(member)
-            return set(self._ids)
+        kvs = self._follower.snapshot()
+        return set(kvs) if kvs is not None else self.read_ids()
 
-    def _reset(self) -> None:
-        self._close()
-        snap = self._store.range(self._prefix)
-        self._ids = {kv.key[len(self._prefix) :] for kv in snap.kvs}
-        self._watch = self._store.watch(self._prefix, snap.revision + 1)
-
-    def _close(self) -> None:
-        if self._watch is not None:
-            with contextlib.suppress(Exception):
-                self._watch.close()
-            self._watch = None
+    def read_ids(self) -> set[str]:
+        """The member ids read from the store now (one range): for the moment a caller
+        knows of a change the watch may not have carried yet (a revoke it just made)."""
+        n = len(self._prefix)
+        return {kv.key[n:] for kv in self._store.range(self._prefix).kvs}
 
     def close(self) -> None:
-        with self._lock:
-            self._close()
+        self._follower.close()
 
     def nodes(self) -> set[int]:
         """The live agents' node ids (members named ``node<k>``; ranks are not nodes)."""
-        return {int(m[4:]) for m in self.ids() if m.startswith("node") and m[4:].isdigit()}
+        kvs = self._follower.snapshot()
+        if kvs is None:
+            return _nodes(self.read_ids())
+        seen, nodes = self._parsed
+        if kvs is not seen:  # parsed once per change, not per look (N names)
+            nodes = frozenset(_nodes(set(kvs)))
+            self._parsed = (kvs, nodes)
+        return set(nodes)
+
+    def read_nodes(self) -> set[int]:
+        """:meth:`nodes` read from the store now (see :meth:`read_ids`)."""
+        return _nodes(self.read_ids())
+
+
+def _nodes(ids: set[str]) -> set[int]:
+    return {int(m[4:]) for m in ids if m.startswith("node") and m[4:].isdigit()}
