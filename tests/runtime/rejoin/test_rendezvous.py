@@ -278,13 +278,22 @@ def test_a_member_waiting_for_rank_0_moves_on_at_the_bump_without_reading_the_ge
     coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
     out: list[Agreement] = []
 
-    def member() -> None:  # rank 1 of 2: rank 0 is gone until the bump
-        out.append(
-            agree(
-                shared, coord, "j", 1, 2, {"steps": [4]},
-                use_memory=True, disk_step=None, min_generation=0, timeout_s=60.0,
-            )  # fmt: skip
+    def join(rank: int, min_generation: int) -> Agreement:
+        return agree(
+            shared,
+            coord,
+            "j",
+            rank,
+            2,
+            {"steps": [4]},
+            use_memory=True,
+            disk_step=None,
+            min_generation=min_generation,
+            timeout_s=60.0,
         )
+
+    def member() -> None:  # rank 1 of 2: rank 0 is gone until the bump
+        out.append(join(1, 0))
 
     thread = threading.Thread(target=member, daemon=True)
     thread.start()
@@ -292,9 +301,6 @@ def test_a_member_waiting_for_rank_0_moves_on_at_the_bump_without_reading_the_ge
     assert wait_until(lambda: arrived(0), 10)
     assert coord.advance_generation(0, "node 0 lost").won
     assert wait_until(lambda: arrived(1), 10)  # it left generation 0's wait, joined 1
-    rank0 = agree(
-        shared, coord, "j", 0, 2, {"steps": [4]},
-        use_memory=True, disk_step=None, min_generation=1, timeout_s=60.0,
-    )  # fmt: skip
+    rank0 = join(0, 1)
     thread.join(30)
     assert out and out[0].generation == rank0.generation == 1
