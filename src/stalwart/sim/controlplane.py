@@ -74,12 +74,13 @@ class ControlPlaneCurve:
 
 
 MEASURED = ControlPlaneCurve(
-    points=((16, 0.056), (64, 0.594), (256, 1.742)),
+    points=((16, 0.029), (64, 0.160), (256, 0.406), (512, 2.55)),
     source=(
-        "bench/scale.py 2026-12-03, embedded store, a node's process killed: the last "
-        "survivor's agreement (docs/scale.md; every node's client on the same 2 shared "
-        "cores as the store, load 13-14: an upper bound for a real cluster; 512 nodes "
-        "left out, the emulator saturated)"
+        "bench/scale.py 2026-12-04, embedded store, a node's process killed: the last "
+        "survivor's agreement (docs/scale.md, fifth round; every node's client on the "
+        "same 2 cores as the store, a quiet machine: an upper bound for a real cluster; "
+        "1,024 nodes formed but did not agree after the loss, the emulator's threads "
+        "starved)"
     ),
 )
 
