@@ -15,38 +15,28 @@ import pytest
 
 from stalwart.agent.cluster._cluster import Cluster, NodeFenced
 from stalwart.agent.cluster._link import FENCE_BOUND_LEASES, Waiting, agent_client_config
-from stalwart.agent.config import LaunchConfig
 from stalwart.coordinator import StoreUnavailableError
 from stalwart.errors import FencedError
 
 from .._forwarder import Forwarder, forwarder
 from .._launch import _free_port
+from ._helpers import two_node_config
 
 LEASE = 1.0
 pytestmark = pytest.mark.timeout(180)
 
 
-def _config(tmp: Path, job: str, node: int, endpoint: str) -> LaunchConfig:
-    script = tmp / "train.py"
-    script.write_text("")
-    return LaunchConfig(
-        str(script),
-        job=job,
-        nnodes=2,
-        node_rank=node,
-        rdzv_endpoint=endpoint,
-        node_lease_s=LEASE,
-        token_file=str(tmp / "token"),
-    )
-
-
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[tuple[Cluster, Cluster, Forwarder]]:
     job, port = f"fence-{uuid.uuid4().hex[:8]}", _free_port()
-    node0 = Cluster(_config(tmp_path, job, 0, f"127.0.0.1:{port}"), str(tmp_path))
+    node0 = Cluster(
+        two_node_config(tmp_path, job, 0, f"127.0.0.1:{port}", lease=LEASE), str(tmp_path)
+    )
     node0.start()
     with forwarder(("127.0.0.1", port)) as fwd:
-        node1 = Cluster(_config(tmp_path, job, 1, f"127.0.0.1:{fwd.port}"), str(tmp_path))
+        node1 = Cluster(
+            two_node_config(tmp_path, job, 1, f"127.0.0.1:{fwd.port}", lease=LEASE), str(tmp_path)
+        )
         node1.start()
         try:
             yield node0, node1, fwd
@@ -148,9 +138,13 @@ def test_the_store_hosts_own_lease_never_lapses(tmp_path: Path) -> None:
     job fenced itself so at load 100+). Here its heartbeat stops for 4 leases: node 0 is
     not fenced, its member key stays; node 1's lease, under the same silence, lapses."""
     job, port = f"pin-{uuid.uuid4().hex[:8]}", _free_port()
-    node0 = Cluster(_config(tmp_path, job, 0, f"127.0.0.1:{port}"), str(tmp_path))
+    node0 = Cluster(
+        two_node_config(tmp_path, job, 0, f"127.0.0.1:{port}", lease=LEASE), str(tmp_path)
+    )
     node0.start()
-    node1 = Cluster(_config(tmp_path, job, 1, f"127.0.0.1:{port}"), str(tmp_path))
+    node1 = Cluster(
+        two_node_config(tmp_path, job, 1, f"127.0.0.1:{port}", lease=LEASE), str(tmp_path)
+    )
     node1.start()
     try:
         for node in (node0, node1):

@@ -12,40 +12,12 @@ from _load import wait_until
 from stalwart.agent.cluster._follow import PrefixFollower
 from stalwart.coordinator import CompactedError, MemoryStore
 
-
-class _Counting:
-    """The store, counting every request a follower makes (ranges, watch opens, gets)."""
-
-    def __init__(self, inner: MemoryStore) -> None:
-        self.inner, self.requests = inner, 0
-        self.lock = threading.Lock()
-
-    def _count(self) -> None:
-        with self.lock:
-            self.requests += 1
-
-    def range(self, prefix: str) -> Any:
-        self._count()
-        return self.inner.range(prefix)
-
-    def watch(self, prefix: str, start_revision: int | None = None) -> Any:
-        self._count()
-        outer, inner = self, self.inner.watch(prefix, start_revision)
-
-        class Counted:
-            def get(self, timeout: float | None = None) -> Any:
-                outer._count()
-                return inner.get(timeout)
-
-            def close(self) -> None:
-                inner.close()
-
-        return Counted()
+from ._helpers import CountingStore
 
 
 def test_a_look_costs_no_request_and_a_change_arrives_as_an_event() -> None:
     inner = MemoryStore()
-    store = _Counting(inner)
+    store = CountingStore(inner)
     inner.put("/j/members/node0", b"a")
     follower = PrefixFollower(lambda: store, "/j/members/", name="t", wait_s=30.0)
     try:
@@ -68,7 +40,7 @@ def test_a_look_costs_no_request_and_a_change_arrives_as_an_event() -> None:
 def test_a_quiet_prefix_costs_one_request_per_wait() -> None:
     """The steady cost: a long-poll per ``wait_s``, not a request per look."""
     inner = MemoryStore()
-    store = _Counting(inner)
+    store = CountingStore(inner)
     follower = PrefixFollower(lambda: store, "/j/v", name="t", wait_s=0.2)
     try:
         assert wait_until(lambda: follower.snapshot() is not None, 10)
@@ -83,7 +55,7 @@ def test_a_broken_watch_says_unknown_then_reads_afresh() -> None:
     inner = MemoryStore()
     broken = threading.Event()
 
-    class Breaking(_Counting):
+    class Breaking(CountingStore):
         def watch(self, prefix: str, start_revision: int | None = None) -> Any:
             if broken.is_set():
                 broken.clear()  # the next try opens a good one
@@ -96,7 +68,7 @@ def test_a_broken_watch_says_unknown_then_reads_afresh() -> None:
                         pass
 
                 return Compacted()
-            return super().watch(prefix, start_revision)
+            return CountingStore.__getattr__(self, "watch")(prefix, start_revision)
 
     store = Breaking(inner)
     inner.put("/j/m/a", b"1")
@@ -126,7 +98,7 @@ def test_a_burst_of_changes_costs_a_request_per_gap_not_per_change() -> None:
     """N nodes joining at once: each follower asks once per ``gap_s``, and the changes
     meanwhile arrive in one batch (without the gap, a long-poll per change)."""
     inner = MemoryStore()
-    store = _Counting(inner)
+    store = CountingStore(inner)
     follower = PrefixFollower(lambda: store, "/j/m/", name="t", wait_s=30.0, gap_s=0.5)
     try:
         assert wait_until(lambda: follower.snapshot() is not None, 10)

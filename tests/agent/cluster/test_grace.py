@@ -21,7 +21,6 @@ import pytest
 from stalwart.agent.cluster._cluster import Cluster, NodeFenced
 from stalwart.agent.cluster._fencing import NodeLease
 from stalwart.agent.cluster._grace import MissingNodes, RejoinClock, claim_lost
-from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerEnv
 from stalwart.coordinator import (
     BlocklistedError,
@@ -34,6 +33,7 @@ from stalwart.runtime.comm._coord import worker_coordinator, worker_fence
 
 from .._forwarder import Forwarder, forwarder
 from .._launch import _free_port
+from ._helpers import two_node_config
 
 pytestmark = pytest.mark.timeout(180)
 LEASE, GRACE = 1.0, 4.0
@@ -122,21 +122,6 @@ def test_the_cut_nodes_deadline_comes_before_the_adopters_grace_ends() -> None:
 # -- two real agents' clusters, node 1 cut from node 0's store -----------------------
 
 
-def _config(tmp: Path, job: str, node: int, endpoint: str, grace: float) -> LaunchConfig:
-    script = tmp / "train.py"
-    script.write_text("")
-    return LaunchConfig(
-        str(script),
-        job=job,
-        nnodes=2,
-        node_rank=node,
-        rdzv_endpoint=endpoint,
-        node_lease_s=LEASE,
-        partition_grace_s=grace,
-        token_file=str(tmp / "token"),
-    )
-
-
 NOTES: tuple[list[str], list[str]] = ([], [])  # what each agent would say
 
 
@@ -145,11 +130,13 @@ def nodes(tmp_path: Path) -> Iterator[tuple[Cluster, Cluster, Forwarder]]:
     job, port = f"grace-{uuid.uuid4().hex[:8]}", _free_port()
     NOTES[0].clear(), NOTES[1].clear()
     node0 = Cluster(
-        _config(tmp_path, job, 0, f"127.0.0.1:{port}", GRACE), str(tmp_path), NOTES[0].append
+        two_node_config(tmp_path, job, 0, f"127.0.0.1:{port}", lease=LEASE, grace=GRACE),
+        str(tmp_path),
+        NOTES[0].append,
     )
     node0.start()
     with forwarder(("127.0.0.1", port)) as fwd:
-        cfg1 = _config(tmp_path, job, 1, f"127.0.0.1:{fwd.port}", GRACE)
+        cfg1 = two_node_config(tmp_path, job, 1, f"127.0.0.1:{fwd.port}", lease=LEASE, grace=GRACE)
         node1 = Cluster(cfg1, str(tmp_path), NOTES[1].append)
         node1.start()
         try:
