@@ -389,6 +389,7 @@ class Cluster:
         if self.cfg.etcd:
             # the last agent out cleans what lost nodes left behind on a shared host
             with contextlib.suppress(Exception):
+                self._read_live = True  # the watch may not carry our own leave yet
                 self.last_out = not self.live_nodes()
             with contextlib.suppress(Exception):
                 self.store.close()
