@@ -130,6 +130,7 @@ class Agent:
         )
         self.joins.follow(self.chaos.pending_faults)
         stack.callback(quietly(self.chaos.report_unfired))  # a warning per unfired fault
+        stack.callback(self.chaos.close)  # slowed processes left running
         for _ in range(self.cfg.spares):
             workers.prefork()
         self.replicas = NodeReplicas.for_node(ctx, self.cluster, workers.ranks)

@@ -12,6 +12,7 @@ import pytest
 from _load import wait_until
 
 from stalwart.agent.cluster._cluster import Cluster
+from stalwart.agent.detection._finished import FINISHED, finished_rank, finishing_rank
 
 from .._launch import _free_port
 from ._helpers import CountingStore, two_node_config
@@ -54,3 +55,28 @@ def test_looks_at_the_verdict_and_the_live_nodes_cost_no_request(
     node0.publish("verdict", {"line": "rank 3: NaN loss at step 12"})
     assert wait_until(lambda: node1.published_verdict() is not None, 30)
     assert node1.published_verdict() == "rank 3: NaN loss at step 12"
+
+
+def test_the_finish_looked_at_every_turn_of_the_loop_costs_no_request(
+    nodes: tuple[Cluster, Cluster, CountingStore],
+) -> None:
+    """The exit watch asks on every turn of the agent's 20 ms loop whether a rank
+    finished the job (agent/detection/_finished.py): a read per look was 50 requests a
+    second per node. From a watch it is none; the record still arrives."""
+    node0, node1, counting = nodes
+
+    def quiet() -> bool:
+        before = counting.requests
+        for _ in range(100):
+            assert finishing_rank(_NoLocal(), node1, 4) is None
+        return counting.requests - before <= 1
+
+    assert wait_until(quiet, 30)
+    node0.publish(FINISHED, {"rank": 2, "node": 1})
+    assert wait_until(lambda: finishing_rank(_NoLocal(), node1, 4) == 2, 30)
+    assert finished_rank(_NoLocal(), node1, 4, besides=2) is None  # a fresh read, besides
+
+
+class _NoLocal:
+    def finished_peer(self, rank: int) -> int | None:
+        return None

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
-from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
+from stalwart.agent.cluster._follow import FollowedKey, watch_wait
 from stalwart.agent.cluster._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
 from stalwart.agent.cluster._link import Waiting, open_link
 from stalwart.agent.cluster._members import MemberView, ring_successor
@@ -53,7 +53,7 @@ from stalwart.errors import FencedError, StalwartError
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
 
-_VERDICT_S = 1.0  # without a watch: how often the store is asked for the verdict
+_RECORD_READ_S = 1.0  # a followed launch record without a watch: a read at most this often
 
 
 class Cluster:
@@ -82,8 +82,7 @@ class Cluster:
         self._root = f"/stalwart/{cfg.job}"
         self._names: SlotNames | None = None  # set by start(): the run id is agreed there
         self._view: MemberView | None = None  # the live members, from a watch
-        self._verdict_at = 0.0  # when published_verdict reads the store again (no watch)
-        self._verdict: PrefixFollower | None = None  # the verdict key, from a watch
+        self._followed: dict[str, FollowedKey] = {}  # launch records, each from a watch
         self._read_live = False  # a watched peer just died: read the membership itself
 
     def start(self) -> None:
@@ -172,26 +171,29 @@ class Cluster:
 
     def published_verdict(self) -> str | None:
         """The one-line verdict another node ended the job with, if one did. From a
-        watch on its key (agent/cluster/_follow.py): a read per 0.1 s poll by every node
-        was 35% of the steady store load, and once a second still one request per node
-        per second (docs/scale.md). While the watch is broken, read at most once a second."""
-        if self._verdict is None:
-            key = f"{self._root}/launch/verdict"
-            wait_s = watch_wait(self.cfg.node_lease_s)
-            self._verdict = PrefixFollower(
-                lambda: self.store, key, name="stalwart-verdict", wait_s=wait_s, reread_s=REREAD_S
+        watch on its key (:meth:`followed`): a read per 0.1 s poll by every node was 35%
+        of the steady store load, and once a second still one request per node per
+        second (docs/scale.md)."""
+        record = self.followed("verdict")
+        return None if record is None else str(record["line"])
+
+    def followed(self, key: str) -> dict[str, Any] | None:
+        """The launch record under ``key`` as a watch on it last saw it (a read at most
+        once a second while the watch is broken): for a record the agent's loop looks at
+        on every turn and that is written once a job. A look costs no request (a read
+        per turn of the 20 ms loop was 50 requests a second per node). Where the answer
+        decides a recovery (an exit examined), :meth:`published` reads the store."""
+        followed = self._followed.get(key)
+        if followed is None:
+            followed = self._followed[key] = FollowedKey(
+                lambda: self.store,
+                f"{self._root}/launch/{key}",
+                name=f"stalwart-{key}",
+                wait_s=watch_wait(self.cfg.node_lease_s),
+                every_s=_RECORD_READ_S,
             )
-        kvs = self._verdict.snapshot()
-        if kvs is None:
-            now = time.monotonic()
-            if now < self._verdict_at:
-                return None
-            self._verdict_at = now + _VERDICT_S
-            got = self.store.get(f"{self._root}/launch/verdict")
-            value = None if got is None else got.value
-        else:
-            value = kvs.get("")  # the key itself (the prefix also matches longer names)
-        return None if value is None else str(json.loads(value)["line"])
+        value = followed.value()
+        return None if value is None else dict(json.loads(value))
 
     def publish_ranks(self, ranks: list[int]) -> None:
         """The ranks this node runs (a leader adopting us reads them)."""
@@ -376,8 +378,8 @@ class Cluster:
     def close(self, *, goodbye: bool = True) -> None:
         """Leave the job. ``goodbye=False`` (a cordoned node) leaves like a lost node, so
         that node 0 adopts this node's ranks."""
-        if self._verdict is not None:
-            self._verdict.close()
+        for followed in self._followed.values():
+            followed.close()
         if goodbye:
             with contextlib.suppress(Exception):
                 self.store.put(f"{self._root}/agents-done/node{self.node}", b"1")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["PrefixFollower", "watch_wait"]
+__all__ = ["FollowedKey", "PrefixFollower", "watch_wait"]
 
 WAIT_S = 5.0  # one long-poll's wait: the steady cost is one request per this per node
 REREAD_S = 30.0  # a fresh read of one key now and then besides its watch
@@ -131,3 +131,34 @@ class PrefixFollower:
         self._stop.set()
         self._forget()  # ends a get() in progress on an in-process store
         self._thread.join(0.1)  # a long-poll ends when its client closes: not waited for
+
+
+class FollowedKey:
+    """One key's value from a :class:`PrefixFollower` on it; while the follower has no
+    watch open, from a read of the store at most every ``every_s`` (the last value read
+    in between). For a key looked at on every turn of the agent's loop and written once
+    a job (a rank finished the job, the verdict another node ended it with): a look
+    costs no request."""
+
+    def __init__(
+        self, store: Callable[[], Any], key: str, *, name: str, wait_s: float, every_s: float
+    ) -> None:
+        self._store, self._key, self._every_s = store, key, every_s
+        self._follower = PrefixFollower(store, key, name=name, wait_s=wait_s, reread_s=REREAD_S)
+        self._read_at = 0.0
+        self._last: bytes | None = None
+
+    def value(self) -> bytes | None:
+        """The key's value now (None: no such key); a store error propagates."""
+        kvs = self._follower.snapshot()
+        if kvs is not None:
+            return kvs.get("")  # the key itself (the prefix also matches longer names)
+        now = time.monotonic()
+        if now >= self._read_at:
+            self._read_at = now + self._every_s
+            got = self._store().get(self._key)
+            self._last = None if got is None else got.value
+        return self._last
+
+    def close(self) -> None:
+        self._follower.close()

@@ -30,7 +30,7 @@ from stalwart.agent.detection._degraded_watch import LinkDetector
 from stalwart.agent.detection._finished import (
     ExitHang,
     ExitWatch,
-    finished_rank,
+    finishing_rank,
     skip_adoption,
 )
 from stalwart.agent.detection._hangwatch import HangWatch
@@ -417,7 +417,7 @@ class Detectors:
             events=events,
             say=say,
         )
-        finished = lambda: finished_rank(workers, nodes, cfg.world_size)  # noqa: E731
+        finished = lambda: finishing_rank(workers, nodes, cfg.world_size)  # noqa: E731
         hangs = HangDetector(
             config=cfg.hang,
             node=node,

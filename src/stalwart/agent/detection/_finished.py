@@ -42,6 +42,7 @@ __all__ = [
     "announce_finish",
     "finished_rank",
     "finishing",
+    "finishing_rank",
     "hung_at_exit",
     "skip_adoption",
 ]
@@ -60,6 +61,12 @@ class Records(Protocol):
     """The job's launch records (agent/cluster/_cluster.py)."""
 
     def published(self, key: str) -> dict[str, object] | None: ...
+
+
+class Followed(Protocol):
+    """A launch record as a watch on it saw it (agent/cluster/_cluster.py)."""
+
+    def followed(self, key: str) -> dict[str, object] | None: ...
 
 
 class Publisher(Records, Protocol):
@@ -181,12 +188,28 @@ class ExitWatch:
 def finished_rank(
     workers: FinishedRanks, launch: Records, world_size: int, *, besides: int = -1
 ) -> int | None:
-    """A rank other than ``besides`` that finished the job, here or on another node."""
+    """A rank other than ``besides`` that finished the job, here or on another node (the
+    other nodes' record read from the store: an exit is judged by it)."""
+    return _finished(workers, lambda: launch.published(FINISHED), world_size, besides)
+
+
+def finishing_rank(workers: FinishedRanks, launch: Followed, world_size: int) -> int | None:
+    """:func:`finished_rank` for a look on every turn of the agent's loop
+    (:class:`ExitWatch`): the other nodes' record as a watch on it saw it, no request."""
+    return _finished(workers, lambda: launch.followed(FINISHED), world_size, -1)
+
+
+def _finished(
+    workers: FinishedRanks,
+    record: Callable[[], dict[str, object] | None],
+    world_size: int,
+    besides: int,
+) -> int | None:
     local = workers.finished_peer(besides)
     if local is not None:
         return local
     with contextlib.suppress(Exception):  # no store: no other node to ask
-        done = (launch.published(FINISHED) or {}).get("rank")
+        done = (record() or {}).get("rank")
         if isinstance(done, int) and 0 <= done < world_size and done != besides:
             return done
     return None

@@ -3,7 +3,8 @@
 Step-keyed rank faults are fired by the worker itself (see ``stalwart.runtime``); the
 agent fires what needs a clock or a whole node. ``slow`` on the agent's side is a duty
 cycle of SIGSTOP/SIGCONT (the process runs 1/factor of the time), which slows any
-process, plain scripts included, without its cooperation.
+process, plain scripts included, without its cooperation: in a thread of its own with a
+10 ms period, so that every step is slowed alike (agent/processes/_duty.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import json
 import os
 import re
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
 
 from stalwart.agent._types import EventSink, NodeContext
+from stalwart.agent.processes._duty import DutyCycle
 from stalwart.agent.processes._workers import Worker, WorkerState
 from stalwart.agent.rundir._private import owned_file
 from stalwart.chaos import Fault, FaultLedger, FaultPlan
@@ -39,9 +40,6 @@ class Workers(Protocol):
     def slot(self, w: Worker) -> Slot: ...
     def ranks(self) -> list[int]: ...
     def last_step(self) -> int | None: ...
-
-
-_PERIOD = 0.1  # duty-cycle period of `slow`
 
 
 _REQUEST = re.compile(r"([0-9]{1,20})\.json", re.ASCII)
@@ -69,8 +67,7 @@ class AgentChaos:
         self._node, self._run_dir, self._workers = node, run_dir, workers
         self._events, self._ledger, self._join, self._kill_node = events, ledger, join, kill_node
         self.pending = list(faults)
-        self.slowing: list[tuple[Fault, int, float]] = []  # fault, pid, fired at
-        self._stopped: set[int] = set()
+        self.slowing: list[DutyCycle] = []  # the processes `slow` duty-cycles
         self._seen: set[str] = set()
         # the `time:` origin: the job's first step, as this node's workers report it
         self.first_step: float | None = None
@@ -184,7 +181,7 @@ class AgentChaos:
 
     def slowed(self) -> frozenset[int]:
         """Pids this agent duty-cycles with SIGSTOP/SIGCONT (``slow``): not hung."""
-        return frozenset(pid for _, pid, _ in self.slowing)
+        return frozenset(cycle.pid for cycle in self.slowing)
 
     def pending_faults(self) -> list[Fault]:
         return list(self.pending)
@@ -196,7 +193,13 @@ class AgentChaos:
         for fault in list(self.pending):
             if self._due(fault, now) and self._fire(fault):
                 self.pending.remove(fault)
-        self._duty_cycle()
+        self.slowing = [cycle for cycle in self.slowing if cycle.active()]
+
+    def close(self) -> None:
+        """End every duty cycle and leave its process running."""
+        for cycle in self.slowing:
+            cycle.close()
+        self.slowing = []
 
     def _emit(self, fault: Fault, rank: int | None) -> None:
         self._events.emit(
@@ -226,7 +229,7 @@ class AgentChaos:
             elif fault.kind == "hang":
                 os.kill(w.pid, signal.SIGSTOP)
             else:
-                self.slowing.append((fault, w.pid, time.monotonic()))
+                self.slowing.append(DutyCycle(w.pid, fault.factor, fault.duration))
         return True
 
     def _fire_node(self, fault: Fault) -> bool:
@@ -249,30 +252,8 @@ class AgentChaos:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.pid, signal.SIGSTOP)
             else:
-                self.slowing.append((fault, w.pid, time.monotonic()))
+                self.slowing.append(DutyCycle(w.pid, fault.factor, fault.duration))
         return True
-
-    def _duty_cycle(self) -> None:
-        now = time.monotonic()
-        for fault, pid, t0 in list(self.slowing):
-            if fault.duration is not None and now - t0 > fault.duration:
-                self.slowing.remove((fault, pid, t0))
-                self._signal(pid, signal.SIGCONT)
-                continue
-            running_part = _PERIOD / fault.factor
-            stop = (now - t0) % _PERIOD >= running_part
-            if stop and pid not in self._stopped:
-                self._signal(pid, signal.SIGSTOP)
-            elif not stop and pid in self._stopped:
-                self._signal(pid, signal.SIGCONT)
-
-    def _signal(self, pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if sig == signal.SIGSTOP:
-            self._stopped.add(pid)
-        else:
-            self._stopped.discard(pid)
 
 
 def _why_unfired(fault: Fault, last_step: int, ran_s: float, *, queued: bool) -> str:
