@@ -2,9 +2,19 @@
 benches that run a 2-node job (bench/flood.py, bench/node_loss.py, bench/soak.py).
 
 Each agent is one ``stalwart run ... --node-rank N script args`` process, started in its
-own session (process group), so that a node can be lost the way a machine is lost: its
-agent, zygote, workers and standbys SIGKILLed at once from outside (:meth:`TwoNodes.kill`),
-and started again later with the same command (:meth:`TwoNodes.start`). The agents'
+own process group, so that a node can be lost the way a machine is lost: its agent,
+zygote, workers and standbys SIGKILLed at once from outside (:meth:`TwoNodes.kill`), and
+started again later with the same command (:meth:`TwoNodes.start`).
+
+A process group, not a session: with the kernel's autogroup scheduling (on here, and by
+default on desktop and many server kernels) every session is a scheduling group of its
+own, and CPU is shared fairly between groups, not between processes. Two agents in two
+sessions on a 2-core machine are two nodes of one core each, and every byte an agent
+replicates is CPU taken from its own two workers: the replication overhead of
+bench/node_loss.py read 1.04-1.07 that way against 1.02-1.03 with both nodes in the
+bench's group (the same code, bisected to this launch's first version). The benches'
+figures are taken with the machine's CPUs shared by every process, as they were when
+their bars were set. The agents'
 stderr goes to ``ROOT/TAG.node<N>.err`` (appended to when a node is started again), kept
 for whoever has to read why a run failed.
 """
@@ -105,7 +115,7 @@ class TwoNodes:
                 [*self.cmd, "--node-rank", str(node), *self.script],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                start_new_session=True,  # its own process group: kill() takes the node
+                process_group=0,  # its own group (kill() takes the node); the bench's session
             )
         return self.procs[node]
 

@@ -301,14 +301,24 @@ class Records(Protocol):
 
 class ComputeExchange:
     """A job of several nodes: each agent publishes its ranks' window medians under
-    ``straggler-n<node>`` (one store write per window) and scores its ranks against
-    every node's latest, so the reference is the job's, not the node's. A record older
-    than 3 windows, of another generation, or malformed is left out (never trusted:
-    every field is checked)."""
+    ``straggler-n<node>`` (one store write per window) and scores its ranks against the
+    latest of the next ``peers`` nodes in the ring of node ids besides its own, so the
+    reference is other nodes', not only the node's (a whole node slowed alike stands
+    out). A record older than 3 windows, of another generation, or malformed is left out
+    (never trusted: every field is checked).
 
-    def __init__(self, records: Records, node: int, nnodes: int, window_s: float) -> None:
+    Why a few peers, not every node: every node reading every other node's record each
+    window is N - 1 reads per node per window, O(N^2) for the job (at 1,024 nodes and 3 s
+    windows, 350,000 requests a second); a leave-one-out median over 5 nodes' ranks (40
+    at 8 a node) is as robust a reference, and one slow node is outvoted in every
+    neighbour's reference. The cost is O(1) per node: one write, ``peers`` reads."""
+
+    def __init__(
+        self, records: Records, node: int, nnodes: int, window_s: float, *, peers: int = 4
+    ) -> None:
         self._records, self._node, self._nnodes = records, node, nnodes
         self._max_age_s = 3 * window_s
+        self._peers = [(node + k) % nnodes for k in range(1, min(peers, nnodes - 1) + 1)]
 
     def __call__(self, local: dict[int, float], generation: int) -> dict[int, float]:
         now = time.time()
@@ -320,9 +330,8 @@ class ComputeExchange:
         others: dict[int, float] = {}
         try:
             self._records.publish(f"straggler-n{self._node}", mine)
-            for node in range(self._nnodes):
-                if node != self._node:
-                    others.update(self._read(node, now, generation))
+            for node in self._peers:
+                others.update(self._read(node, now, generation))
         except (StalwartError, OSError, ValueError):
             pass  # the store is slow or away: this window is scored within the node
         return others
