@@ -54,6 +54,7 @@ __all__ = [
     "LOAD_JUMP",
     "Invalid",
     "Rep",
+    "Sampled",
     "Summary",
     "add_arguments",
     "fault_shortfall",
@@ -67,6 +68,24 @@ HARNESS_VERSION = 1
 LOAD_JUMP = 2.0  # a repetition whose load moved more than this factor is not a fair pair
 LOAD_FLOOR = 1.0  # loads under one busy core count as one
 T = TypeVar("T")
+
+
+class Sampled(float):
+    """A figure that is the median of repetitions the bench took itself, inside one
+    harness repetition (bench/checkpoint.py's interleaved pairs: building its 1.5 GB
+    state once for all of them). It reads as that median; :class:`Summary` takes its
+    spread (min, max, n) from the samples, so the table shows the repetitions behind it
+    rather than n = 1."""
+
+    samples: tuple[float, ...]
+
+    def __new__(cls, samples: Iterable[float]) -> Sampled:
+        values = tuple(float(x) for x in samples)
+        if not values:
+            raise ValueError("a sampled figure needs at least one sample")
+        obj = super().__new__(cls, statistics.median(values))
+        obj.samples = values
+        return obj
 
 
 @dataclass(frozen=True)
@@ -185,8 +204,14 @@ class Summary:
 
     def values(self, path: str) -> list[float]:
         """The numbers the repetitions gave for ``path`` (None and missing left out)."""
-        got = (rep.figures.get(path) for rep in self.reps)
-        return [float(v) for v in got if _number(v)]
+        out: list[float] = []
+        for rep in self.reps:
+            got = rep.figures.get(path)
+            if isinstance(got, Sampled):
+                out += [v for v in got.samples if math.isfinite(v)]  # its own repetitions
+            elif _number(got):
+                out.append(float(got))
+        return out
 
     def _counts(self, path: str) -> bool:
         got = [rep.figures.get(path) for rep in self.reps]

@@ -19,7 +19,6 @@ import json
 import mmap
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ import torch.distributed.checkpoint as dcp
 from stalwart.checkpoint import CheckpointConfig, CheckpointManager, RetentionPolicy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import repeat
+from _harness import Sampled, repeat
 
 # Every shared-memory namespace of this run starts with RUN_ID, so that whatever happens
 # (an exception, Ctrl-C) main() removes all of the run's slots: 1.5 GB states leave
@@ -102,7 +101,9 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
+    """The median of the interleaved pairs' figures, carrying them (bench/_harness.py
+    Sampled: the table's min, max and n are the pairs')."""
+    return Sampled(xs)
 
 
 def disk_write(path: str, source: mmap.mmap, direct: bool) -> float:
@@ -338,7 +339,7 @@ def persist_phase(
     r["disk_write_gbps"] = median(disks)
     r["disk_write_buffered_gbps"] = median(buffered)
     r["disk_write_direct_gbps"] = median(direct)
-    r["persist_gbps"] = nbytes / r["persist_s"] / 1e9
+    r["persist_gbps"] = median([nbytes / x / 1e9 for x in persists])
 
 
 def restore_phase(r: dict[str, Any], state: dict[str, Any], work: str, reps: int, log: Any) -> None:

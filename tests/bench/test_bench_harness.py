@@ -51,6 +51,21 @@ def test_median_min_max_per_nested_figure(harness: ModuleType) -> None:
     assert doc["machine"]["cores"] >= 1
 
 
+def test_a_figure_the_bench_repeated_itself_has_its_samples_spread(harness: ModuleType) -> None:
+    """bench/checkpoint.py takes its pairs inside one harness repetition: the table's
+    min, max and n are the pairs', not n = 1."""
+    persist = harness.Sampled([0.9, 0.7, 0.8])
+    assert persist == 0.8  # reads as the median
+    doc = _run(harness, [{"persist_s": persist, "gbps": 2.0 / persist}]).document()
+    assert doc["persist_s"] == 0.8
+    assert doc["spread"]["persist_s"] == {
+        "median": 0.8, "min": 0.7, "max": 0.9, "n": 3, "valid": True,
+    }  # fmt: skip
+    assert doc["spread"]["gbps"]["n"] == 1  # a figure derived from it is one number
+    with pytest.raises(ValueError, match="at least one sample"):
+        harness.Sampled([])
+
+
 def test_a_failed_repetition_invalidates_and_the_rest_still_run(harness: ModuleType) -> None:
     summary = _run(harness, [{"x": 1.0}, RuntimeError("worker died"), {"x": 3.0}])
     doc = summary.document()
