@@ -106,13 +106,22 @@ class Fleet:
         out: dict[str, Any] = {"agreed": [], "alive": 0, "cadence": True, "failed": 0}
         for key in ("steps", "ops", "step_ops"):
             out[key] = sum(r[key] for r in replies)
+        out["kinds"] = {}
         for r in replies:
+            for kind, count in r["kinds"].items():
+                out["kinds"][kind] = out["kinds"].get(kind, 0) + count
             out["agreed"] += r["agreed"]
             out["alive"] += r["alive"]
             out["cadence"] = out["cadence"] and r["cadence"]
             out["failed"] += r["failed"]
         out["bumped_at"] = max(r["bumped_at"] for r in replies)
         return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the emulator processes used so far."""
+        from _scale_backends import proc_stats
+
+        return sum(proc_stats(c.proc.pid).cpu_s for c in self.children)
 
     def wait_agreed(self, gen: int, what: str, timeout_s: float) -> list[float]:
         """Every live node's agreement time of ``gen``, once all agreed (sorted)."""
@@ -203,6 +212,11 @@ def _child() -> None:
 
     get_logger("stalwart.runtime.steps._cadence").setLevel(logging.ERROR)
     config = json.loads(sys.stdin.readline())
+    # ~1,000 threads share this process's GIL; a thread waiting for it wakes every switch
+    # interval to ask for it (CPython's take_gil), 200,000 wake-ups a second at the
+    # default 5 ms: the emulator's overhead, not a node's (an agent has ~8 threads on a
+    # host of its own). Its threads block on sockets, so a longer interval delays none.
+    sys.setswitchinterval(float(config.get("switch_s", 0.005)))
     lo, hi, n = int(config["lo"]), int(config["hi"]), int(config["n"])
     alive = set(range(n))
     cfg = {**config["cfg"], "n": n, "backend": config["backend"], "live": lambda: sorted(alive)}
@@ -218,6 +232,7 @@ def _child() -> None:
             "cadence": all(x.cadence.every for x in live if hasattr(x, "cadence")),
             "steps": sum(x.step for x in live),
             "ops": ops.n,
+            "kinds": dict(ops.kinds),
             "step_ops": steps.n,
             "failed": sum(1 for x in live if x.thread.ident and not x.thread.is_alive()),
             "bumped_at": max((x.bumped_at for x in live), default=0.0),

@@ -16,6 +16,7 @@ snapshot cadence at every step (runtime/steps/_cadence.py), its store calls coun
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,13 +37,26 @@ ROOT = f"/stalwart/{JOB}"
 
 
 class Counter:
+    """Store calls, in all and by kind (the call and its key, node ids and numbers
+    blanked: ``watch /members/``, ``txn /agreed/#``)."""
+
     def __init__(self) -> None:
         self.n = 0
+        self.kinds: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def add(self) -> None:
+    def add(self, kind: str = "") -> None:
         with self._lock:
             self.n += 1
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+
+def call_kind(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    key = args[0] if args and isinstance(args[0], str) else ""
+    if not key and args and isinstance(args[0], list) and args[0]:  # a txn: its first key
+        key = str(getattr(args[0][0], "key", ""))
+    key = re.sub(r"\d+", "#", key.removeprefix(ROOT))
+    return f"{name} {key}".strip()
 
 
 class CountingStore:
@@ -59,21 +73,24 @@ class CountingStore:
         counter = self._counter
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            counter.add()
+            kind = call_kind(name, args, kwargs)
+            opened_at = args[1] if len(args) > 1 else kwargs.get("start_revision")
+            if name != "watch" or opened_at is None:  # a watch from a revision: no ping
+                counter.add(kind)
             out = attr(*args, **kwargs)
             if name == "watch":
-                return _CountedWatch(out, counter)
+                return _CountedWatch(out, counter, f"long-poll {kind.split(' ', 1)[-1]}")
             return out
 
         return counted
 
 
 class _CountedWatch:
-    def __init__(self, inner: Any, counter: Counter) -> None:
-        self._inner, self._counter = inner, counter
+    def __init__(self, inner: Any, counter: Counter, kind: str) -> None:
+        self._inner, self._counter, self._kind = inner, counter, kind
 
     def get(self, timeout: float | None = None) -> Any:
-        self._counter.add()
+        self._counter.add(self._kind)
         return self._inner.get(timeout)
 
     def close(self) -> None:
@@ -154,7 +171,7 @@ class Node:
             self._feed_close = self.gen.started(0)
         # the worker: its own coordinator view (fenced by our lease), its generation watch
         self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
-        self.genwatch = GenerationWatch(self.wcoord)
+        self.genwatch = GenerationWatch(self.wcoord, wait_s=self._wait_s)  # the contract's
         self.cadence = SnapshotCadence(JOB, self, self.step_store)  # type: ignore[arg-type]
 
     @property

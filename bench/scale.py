@@ -39,11 +39,14 @@ from _scale_peers import torchft, torchrun
 
 
 def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    lease_s = args.lease_s or (10.0 if n >= 256 else 3.0)  # docs/scale.md: what to configure
+    # docs/scale.md, what to configure: 3 s, 10 s from 256 nodes, 30 s from 1,024
+    lease_s = args.lease_s or (30.0 if n >= 1024 else 10.0 if n >= 256 else 3.0)
     if kind == "embedded":
-        backend, token = start_embedded(max_connections=8 * n + 64, nice=args.store_nice)
+        backend, token = start_embedded(
+            max_connections=8 * n + 64, nice=args.store_nice, own_group=args.store_group == "own"
+        )
     else:
-        backend, token = start_etcd(), b""
+        backend, token = start_etcd(own_group=args.store_group == "own"), b""
     cfg: dict[str, Any] = {
         "lease_s": lease_s,
         "poll_s": args.poll_s,
@@ -55,6 +58,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     procs = args.procs or max(1, -(-n // args.per_proc))
     out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
+    out["switch_ms"], out["store_group"] = args.switch_ms, args.store_group
     if kind == "embedded" and args.store_nice:
         out["store_nice"] = args.store_nice
     config = {
@@ -63,6 +67,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "token": token.hex(),
         "lease_s": lease_s,
         "cfg": cfg,
+        "switch_s": args.switch_ms / 1000,
     }
     fleet: Fleet | None = None
     try:
@@ -95,6 +100,11 @@ def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any)
     dt = w1 - w0
     out["store_ops_per_node_s"] = (st1["ops"] - st0["ops"]) / dt / n
     out["store_ops_s"] = (st1["ops"] - st0["ops"]) / dt
+    out["steady_requests_by_kind"] = {  # per node per second
+        k: round((v - st0["kinds"].get(k, 0)) / dt / n, 3)
+        for k, v in sorted(st1["kinds"].items(), key=lambda kv: -kv[1])
+        if v > st0["kinds"].get(k, 0)
+    }
     out["coordinator_cpu_frac"] = (s1.cpu_s - s0.cpu_s) / dt
     out["coordinator_cpu_frac_per_node"] = out["coordinator_cpu_frac"] / n
     out["coordinator_cpu_ms_per_request"] = (
@@ -108,7 +118,20 @@ def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any)
     # the emulator itself saturated: its latencies are its own, not the store's
     out["emulator_saturated"] = out["steps_per_node_s"] < 0.9 / args.step_s
     out["load_avg"] = os.getloadavg()[0]
+    c0, st_before = backend.stats(), fleet.status(0)
+    e0 = fleet.cpu_s()
     took = _lose(fleet, n - 1, 1, args, peer=True)
+    c1, st_after, e1 = backend.stats(), fleet.status(1), fleet.cpu_s()
+    # what the loss cost, whole (O(N) total work: a constant per survivor): the store's
+    # requests (the steady ones in that time included) and CPU, the emulated nodes' CPU
+    out["loss_requests_per_survivor"] = (st_after["ops"] - st_before["ops"]) / (n - 1)
+    out["loss_requests_by_kind"] = {
+        k: round((v - st_before["kinds"].get(k, 0)) / (n - 1), 3)
+        for k, v in sorted(st_after["kinds"].items(), key=lambda kv: -kv[1])
+        if v > st_before["kinds"].get(k, 0)
+    }
+    out["loss_store_cpu_s"] = c1.cpu_s - c0.cpu_s
+    out["loss_emulator_cpu_s"] = e1 - e0
     out["loss_to_agreement_s"] = took[-1]
     out["loss_to_agreement_p50_s"] = took[len(took) // 2]
     out["loss_to_bump_s"] = fleet.status(1)["bumped_at"] - _LOST_AT[0]
@@ -175,6 +198,20 @@ def main() -> None:
         default=0,
         help="the embedded store's nice value (negative: root): the emulator's ~N busy "
         "threads on this host take the cores node 0 would have to itself on a real job",
+    )
+    p.add_argument(
+        "--switch-ms",
+        type=float,
+        default=50.0,
+        help="the emulator processes' GIL switch interval (CPython's default: 5): ~1,000 "
+        "threads in a process each wake this often to ask for the GIL while another runs",
+    )
+    p.add_argument(
+        "--store-group",
+        choices=("own", "shared"),
+        default="own",
+        help="own: the coordinator starts a session (a CPU group under autogroup "
+        "scheduling) of its own, as node 0 has a host of its own; shared: the bench's",
     )
     args = p.parse_args()
     curves: dict[str, list[dict[str, Any]]] = {}

@@ -47,6 +47,7 @@ def _full() -> WorkerEnv:
         chaos_plan="/runs/j1/chaos/plan.json",
         error_line="/runs/j1/errors/rank2.txt",
         hang_ceiling_s=120.0,
+        watch_wait_s=30.0,
         persist_every=-1,
         snapshot_budget=0.05,
         snapshot_every=7,

@@ -52,7 +52,7 @@ __all__ = [
 
 CONTRACT_VAR = "STALWART_CONTRACT"
 """The environment variable holding the stalwart part of the contract (JSON)."""
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
 
@@ -150,6 +150,11 @@ class WorkerEnv:
     hang_ceiling_s: float = _c(300.0, low=0, gt=True)
     """Longest a step may look stuck before the agent calls it a hang: the runtime
     sizes its own waits (formation, peer restores) under it."""
+    watch_wait_s: float = _c(5.0, low=1, lt=3601)
+    """How long one long-poll of the worker's generation watch waits (the agent's own
+    watches wait as long: one node lease, at least 5 s). A write answers it at once;
+    only its count per second depends on it: at 1,024 nodes of 8 workers, 5 s waits
+    were ~1,600 requests a second, the largest steady load (docs/scale.md)."""
     persist_every: int = _c(0, low=-1, flag="--persist-every", knob=True)
     """Steps between persisted checkpoints (0: off; -1, 'auto' on the command line:
     Young/Daly from the observed persist time and MTBF); `stalwart run` defaults to 20

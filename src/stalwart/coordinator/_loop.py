@@ -379,11 +379,17 @@ class EventLoop:
                     self._answer(watch, body)
 
     def _expire_watches(self, now: float) -> None:
-        for watch in self._parked.timed_out(now):
-            self._answer(watch, _NO_EVENTS)
-
-
-_NO_EVENTS = wire.encode({"ok": True, "result": {"events": []}})
+        """Answer the long-polls whose wait ended: a look of their own, atomic with the
+        revision it reports (a write under the prefix since the last wake is in it, not
+        skipped by the revision); one look per (prefix, start)."""
+        ctx = self._requests.ctx
+        bodies: dict[tuple[str, int], bytes] = {}
+        for watch in list(self._parked.timed_out(now)):
+            body = bodies.get((watch.prefix, watch.start))
+            if body is None:
+                reply = self._requests.execute(watch_poll, ctx, watch.prefix, watch.start)
+                body = bodies[(watch.prefix, watch.start)] = wire.encode(reply)
+            self._answer(watch, body)
 
 
 def _raise(exc: Exception) -> Any:

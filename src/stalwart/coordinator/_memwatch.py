@@ -22,6 +22,10 @@ class _Events(Protocol):
         cancelled: Callable[[], bool] | None = None,
     ) -> list[Event]: ...
 
+    def poll_events(
+        self, prefix: str, start_revision: int, *, max_bytes: int | None = None
+    ) -> tuple[list[Event], int]: ...
+
     def wake_waiters(self) -> None: ...
 
 
@@ -45,6 +49,10 @@ class MemoryWatch:
         events = self._store.wait_events(
             self._prefix, self._next, timeout, cancelled=lambda: self._closed
         )
+        if not events and not self._closed:  # nothing up to the store's revision: skip it
+            events, looked_to = self._store.poll_events(self._prefix, self._next)
+            if not events:
+                self._next = max(self._next, looked_to + 1)
         if events:
             self._next = events[-1].kv.mod_revision + 1
         return events

@@ -101,8 +101,11 @@ def watch_args(ctx: OpContext, a: dict[str, Any]) -> tuple[str, int, float]:
 
 
 def watch_poll(ctx: OpContext, prefix: str, start: int) -> dict[str, Any]:
-    """The events under ``prefix`` from ``start`` now (maybe none): never blocks."""
-    events = ctx.store.wait_events(prefix, start, 0.0, max_bytes=ctx.max_frame_bytes // 4)
+    """The events under ``prefix`` from ``start`` now (maybe none): never blocks. With
+    none, ``revision`` says how far the store looked (docs/wire-protocol.md)."""
+    events, looked_to = ctx.store.poll_events(prefix, start, max_bytes=ctx.max_frame_bytes // 4)
+    if not events:
+        return {"events": [], "revision": looked_to}
     return {"events": [wire.event_to_json(e) for e in events]}
 
 

@@ -354,6 +354,9 @@ class _ClientWatch:
             if events:
                 self._next = events[-1].kv.mod_revision + 1
                 return events
+            looked_to = res.get("revision")  # none under the prefix up to it (protocol 1+)
+            if type(looked_to) is int and looked_to >= self._next:
+                self._next = looked_to + 1
             if deadline is not None and time.monotonic() >= deadline:
                 return []
 

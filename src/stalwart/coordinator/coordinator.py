@@ -170,6 +170,11 @@ class Coordinator:
         kv = self.store.get(self._k("gen"))
         return 0 if kv is None else int(kv.value)
 
+    def generation_is(self, generation: int) -> Compare:
+        """A compare that holds while the job is at ``generation``: a write guarded by it
+        in one transaction needs no read of the generation first."""
+        return self._gen_is(generation)
+
     def _gen_is(self, generation: int) -> Compare:
         if generation == 0:
             return Compare(self._k("gen"), "mod_revision", "==", 0)

@@ -101,7 +101,8 @@ class Session:
         self.events = EventLog(path, node=env.node_rank, rank=env.rank)
         self.store = open_store(env)
         self.coord = worker_coordinator(env, self.store)  # its bumps fenced by our agent's lease
-        self._genwatch = GenerationWatch(self.coord)  # every backend: a bump stops us
+        # every backend: a bump stops us; its long-poll waits as long as the agent's
+        self._genwatch = GenerationWatch(self.coord, wait_s=env.watch_wait_s)
 
     def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
         rank, world, job = group_position(env)  # async: the DDP group is a replica group

@@ -80,6 +80,7 @@ def test_following_through_a_watch_reads_the_store_only_when_it_moved() -> None:
             return coord.advance_generation(expected, reason)
 
         def generation_meta(self) -> dict[str, Any]:
+            reads[0] += 1
             return coord.generation_meta()
 
     here = JobGeneration(Counting(), FakeLaunch(), FakeEvents(), world_size=2)
@@ -98,6 +99,38 @@ def test_following_through_a_watch_reads_the_store_only_when_it_moved() -> None:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert followed.generation == 1 and not followed.restart
-        assert reads[0] == 1
+        # the number and its reason came in one watch event: no read (two before)
+        assert reads[0] == 0
+        coord.advance_generation(1, "restart after crash of rank 2")
+        while (followed := here.follow()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert followed.generation == 2 and followed.restart and reads[0] == 0
     finally:
         feed.close()
+
+
+class _Feed:
+    def __init__(self, latest: int | None, reasons: dict[int, str]) -> None:
+        self._latest, self._reasons = latest, reasons
+
+    def latest(self) -> int | None:
+        return self._latest
+
+    def reason(self, generation: int) -> str | None:
+        return self._reasons.get(generation)
+
+
+def test_a_feed_without_the_bumps_reason_reads_the_store() -> None:
+    """The watch carried the number but not its record (or an older one's): the store is
+    read, so a restart is never followed as an in-place recovery."""
+    coord = coordinator()
+    here = JobGeneration(coord, FakeLaunch(), FakeEvents(), world_size=2)
+    coord.advance_generation(0, "restart after crash of rank 0")
+    here.use_feed(_Feed(1, {0: "start"}))
+    followed = here.follow()
+    assert followed is not None and followed.generation == 1 and followed.restart
+    coord.advance_generation(1, "hang of rank 1")
+    here.use_feed(_Feed(2, {2: "restart after hang of rank 1"}))  # trusted as carried
+    followed = here.follow()
+    assert followed is not None and followed.generation == 2 and followed.restart

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -304,3 +305,114 @@ def test_a_member_waiting_for_rank_0_moves_on_at_the_bump_without_reading_the_ge
     rank0 = join(0, 1)
     thread.join(30)
     assert out and out[0].generation == rank0.generation == 1
+
+
+class _CallCounting:
+    """A member's store: every call by name (a round trip on a networked store)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner, self.calls = inner, Counter[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_a_member_at_the_current_generation_arrives_and_waits_with_no_read() -> None:
+    """Issue 31: a member read the generation, arrived, then read the agreement's prefix
+    before its watch: three requests a member per failure before the wait. The arrival's
+    transaction now checks the generation itself, and the watch starts after it."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    assert coord.advance_generation(0, "node 3 lost").won
+    n = 6
+    stores = [_CallCounting(shared) for _ in range(n)]
+    reads = [0]
+
+    class Counting(Coordinator):
+        def generation(self) -> int:
+            reads[0] += 1
+            return super().generation()
+
+    def join(rank: int) -> Agreement:
+        return agree(
+            stores[rank],  # type: ignore[arg-type]
+            Counting(stores[rank], CoordinatorConfig(job_id="j")),  # type: ignore[arg-type]
+            "j",
+            rank,
+            n,
+            {"steps": [7], "done": 7, "rank": rank},
+            use_memory=True,
+            disk_step=None,
+            min_generation=1,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(n) as pool:  # rank 0 last
+        agreed = [f.result() for f in [pool.submit(join, r) for r in range(n - 1, -1, -1)]]
+    assert {(a.generation, a.target) for a in agreed} == {(1, 7)}
+    for store in stores[1:]:
+        assert store.calls["txn"] == 1 and store.calls["watch"] == 1
+        assert store.calls["get"] == store.calls["range"] == 0, store.calls
+    assert reads[0] == 0
+
+
+def test_a_wrong_guess_joins_the_current_generation() -> None:
+    """The caller's generation is a guess: below the job's (a worker started at 0 after
+    two bumps) it costs one failed transaction and one read, and the member joins the
+    current generation; above it (a member saw a collective fail) it moves the job."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    for g in range(2):
+        assert coord.advance_generation(g, "bump").won
+    (a,) = _agree_all(1, shared, 0, lambda r: {"steps": [2], "done": 2, "rank": r})
+    assert a.generation == 2
+    (b,) = _agree_all(1, shared, 4, lambda r: {"steps": [2], "done": 2, "rank": r})
+    assert b.generation >= 4 and coord.generation() == b.generation
+
+
+def test_a_member_arriving_after_the_agreement_takes_it_and_a_fenced_one_stops() -> None:
+    """A member whose rank 0 already published (its earlier arrival counted) takes the
+    record instead of waiting for one that will not come; a member whose agent lost its
+    lease still stops with FencedError, not a wrong generation."""
+    from stalwart.coordinator import Compare
+    from stalwart.errors import FencedError
+
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    assert coord.advance_generation(0, "node 2 lost").won
+    agreed = _agree_all(2, shared, 1, lambda r: {"steps": [5], "done": 5, "rank": r})
+    assert {a.target for a in agreed} == {5}
+    late = agree(
+        shared,
+        coord,
+        "j",
+        1,
+        2,
+        {"steps": [5], "done": 5, "rank": 1},
+        use_memory=True,
+        disk_step=None,
+        min_generation=1,
+        timeout_s=0.5,  # a wait for a record would time out
+    )
+    assert late.generation == 1 and late.target == 5
+    gone = Compare("/stalwart/j/members/node1", "mod_revision", "==", 41)  # no such lease
+    with pytest.raises(FencedError, match="lost its lease"):
+        agree(
+            shared,
+            coord,
+            "j",
+            1,
+            3,
+            {"steps": [5]},
+            use_memory=True,
+            disk_step=None,
+            min_generation=1,  # the record of generation 1 exists: not for a fenced one
+            timeout_s=0.5,
+            fence=[gone],
+        )

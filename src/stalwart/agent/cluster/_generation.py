@@ -31,6 +31,10 @@ class Feed(Protocol):
 
     def latest(self) -> int | None: ...
 
+    def reason(self, generation: int) -> str | None:
+        """Why ``generation`` was set, as the watch carried it (None: not known there)."""
+        ...
+
 
 class LaunchRecord(Protocol):
     """The job's launch record (agent/cluster/_cluster.py): where a restart's port is published."""
@@ -137,15 +141,20 @@ class JobGeneration:
     def follow(self) -> Followed | None:
         """Another node bumped the generation (None: nobody did). When it was for a
         restart, this node's workers restart too, on the port published for it."""
-        seen = self._feed.latest() if self._feed is not None else None
+        feed = self._feed
+        seen = feed.latest() if feed is not None else None
         if seen is not None and seen <= self._generation:
             return None  # the watch saw no bump: no store read
-        gen = self._coord.generation()
-        if gen <= self._generation:
-            return None
+        why = feed.reason(seen) if feed is not None and seen is not None else None
+        if seen is not None and why is not None:
+            gen = seen  # the bump's number and reason, from its watch event: no read
+        else:
+            gen = self._coord.generation()
+            if gen <= self._generation:
+                return None
+            why = str(self._coord.generation_meta().get("reason", ""))
         self._generation = gen
-        restart = str(self._coord.generation_meta().get("reason", "")).startswith("restart")
-        return Followed(gen, restart)
+        return Followed(gen, why.startswith("restart"))
 
     def follow_port(self) -> None:
         """The port of the restart we followed (:meth:`follow`)."""

@@ -11,6 +11,7 @@ away, its history compacted) it says "unknown" and the caller reads the store, a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,21 @@ class GenerationFeed:
         try:  # the key itself (the prefix also matches longer names); absent: 0
             return int(kvs.get("", b"0"))
         except ValueError:
+            return None
+
+    def reason(self, generation: int) -> str | None:
+        """Why ``generation`` was set: the bump writes the number and its record
+        (``gen_meta``, under the same prefix) in one transaction, so one watch event
+        carries both and following a bump needs no read (two a node per failure before)."""
+        kvs = self._follower.snapshot()
+        if kvs is None or (raw := kvs.get("_meta")) is None:
+            return None
+        try:
+            meta = json.loads(raw)
+            if int(meta["generation"]) != generation:
+                return None
+            return str(meta.get("reason", ""))
+        except (ValueError, TypeError, KeyError):
             return None
 
     def close(self) -> None:

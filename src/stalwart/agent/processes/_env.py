@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from stalwart.agent.cluster._follow import watch_wait
 from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerEnv, WorkerFields, knob_values
 
@@ -83,6 +84,7 @@ def worker_contract(
         progress_slot=spec.slot,
         chaos_plan=node.chaos_plan,
         hang_ceiling_s=cfg.hang.ceiling_s,
+        watch_wait_s=watch_wait(cfg.node_lease_s),
         **knob_values(cfg.runtime),
         min_world=cfg.min_world,
         ckpt_tier=cfg.ckpt_tier or "",

@@ -51,8 +51,6 @@ __all__ = [
     "worker_fence",
 ]
 
-_WAIT_S = 5.0  # one generation long-poll (embedded store): a request per 5 s per worker
-
 
 def open_store(env: WorkerEnv) -> Store:
     if env.rdzv:
@@ -149,15 +147,24 @@ class GenerationWatch:
     with a lost peer leaves it then, runtime/comm/group.py); a read every ``read_s``
     is a belt-and-braces look besides it; a watch that broke (etcd restarted, its history
     compacted) raises, and the generation is read every ``interval_s`` until a new one is
-    open. On the embedded store a watch is a long-poll of up to ``_WAIT_S``: one request
-    per 5 s per worker in steady state (it was a 0.5 s long-poll and a read a second: 3
-    requests a second per worker, the largest steady load at N nodes, docs/scale.md)."""
+    open. On the embedded store a watch is a long-poll of up to ``wait_s`` (the agent's:
+    one node lease, at least 5 s): one request per ``wait_s`` per worker in steady state
+    (it was a 0.5 s long-poll and a read a second: 3 requests a second per worker, the
+    largest steady load at N nodes, docs/scale.md); ``read_s`` at least as long."""
 
-    def __init__(self, coord: Coordinator, interval_s: float = 1.0, read_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        coord: Coordinator,
+        interval_s: float = 1.0,
+        read_s: float = 30.0,
+        *,
+        wait_s: float = 5.0,
+    ) -> None:
         self.coord = coord
+        self.wait_s = wait_s  # one long-poll (the contract's watch_wait_s)
         self.current = 0
         self.seen = 0  # the newest generation this watch saw (only ever increased)
-        self.interval_s, self.read_s = interval_s, max(read_s, interval_s)
+        self.interval_s, self.read_s = interval_s, max(read_s, interval_s, wait_s)
         self.moved = threading.Event()
         self._lock = threading.Lock()  # a set() never lands after follow() moved past it
         self._stop = threading.Event()
@@ -209,7 +216,7 @@ class GenerationWatch:
                 if time.monotonic() >= next_read:
                     self._check()
                     next_read = time.monotonic() + self.read_s
-                events = watch.get(timeout=min(_WAIT_S, self.read_s))
+                events = watch.get(timeout=min(self.wait_s, self.read_s))
                 if events:
                     self._seen(events)
             except Exception:  # etcd away for a moment: poll until a watch opens again

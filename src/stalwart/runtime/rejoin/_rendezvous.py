@@ -175,23 +175,37 @@ def agree(
     ``launch`` (the restart count) keeps apart the workers of a restart and those of the
     launch before it, which may have reached the same generation before being killed."""
     deadline = time.monotonic() + timeout_s
+    gen = min_generation  # a guess, checked by the arrival's own transaction: no read
     while True:
-        gen = coord.generation()
-        if gen < min_generation:
-            coord.advance_generation(gen, "a member saw a collective fail")
-            continue
         prefix = f"/stalwart/{job}/rt/{gen:012d}.{launch}/"
+        result = f"/stalwart/{job}/agreed/{gen:012d}.{launch}"
         arrive = Put(prefix + f"{rank:06d}", json.dumps(info).encode())
-        if not store.txn(list(fence), [arrive]).succeeded:
+        # the arrival holds only at ``gen``, under the fence, and (a member) before rank
+        # 0's record: then every later word on this agreement is a watch event after it
+        guard = [*fence, coord.generation_is(gen)]
+        if rank != 0:
+            guard.append(Compare(result, "mod_revision", "==", 0))
+        arrived = store.txn(guard, [arrive])
+        if not arrived.succeeded:
+            now = coord.generation()
+            if now != gen:  # the guess was wrong, or the job moved: try again
+                if now < min_generation:
+                    coord.advance_generation(now, "a member saw a collective fail")
+                    now = max(min_generation, coord.generation())
+                gen = now
+                continue
+            done = store.get(result) if rank != 0 else None
+            if done is not None and (not fence or store.txn(list(fence), []).succeeded):
+                # came late (an earlier arrival of this rank was counted): take the record
+                return _from_record(dict(json.loads(done.value)), gen, _reader(store, prefix))
             raise FencedError(
                 f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
                 "longer than --node-lease), so its ranks may have moved to another node; "
                 "this worker stops instead of joining generation "
                 f"{gen}"
             )
-        result = f"/stalwart/{job}/agreed/{gen:012d}.{launch}"
         if rank != 0:  # rank 0 gathers and publishes; the others watch one key
-            got = _await(store, coord, result, gen, deadline, timeout_s)
+            got = _await(store, coord, result, gen, arrived.revision + 1, (deadline, timeout_s))
             if got is None:
                 continue  # the generation moved on: start over at the new one
             return _from_record(got, gen, _reader(store, prefix))
@@ -262,26 +276,27 @@ def _reader(store: Store, prefix: str) -> Callable[[], tuple[dict[str, Any], ...
 
 
 def _await(
-    store: Store, coord: Coordinator, key: str, gen: int, deadline: float, timeout_s: float
+    store: Store,
+    coord: Coordinator,
+    key: str,
+    gen: int,
+    start: int,
+    until: tuple[float, float],
 ) -> dict[str, Any] | None:
-    """Rank 0's published agreement at ``key`` (None: the generation moved on). One read
-    and one watch on ``agreed/<gen>.``: a member makes O(1) requests and receives one
-    event, so an agreement of N members costs O(N) in all (every member counting every
-    arrival from a watch was N events each, O(N^2): docs/scale.md). The bump past ``gen``
-    writes ``agreed/<gen>.end`` (coordinator/coordinator.py ``generation_end``) under the
-    same watch, so a member learns that the agreement will never come from that event;
-    the generation is read besides only every ``_MEMBER_IDLE_S`` (each member reading it
-    every 0.25 s was ~8 requests a second per member, more than the store answers at
-    1,024 nodes)."""
+    """Rank 0's published agreement at ``key`` (None: the generation moved on), from a
+    watch on ``agreed/<gen>.`` from revision ``start``, the one after this member's
+    arrival: the record needs every arrival, and the bump past ``gen`` (which writes
+    ``agreed/<gen>.end``, coordinator/coordinator.py ``generation_end``) cannot precede an
+    arrival its transaction found at ``gen``, so the watch sees either (a read first, to
+    look for them, was one request per member and failure more). A member makes O(1)
+    requests and receives one event, so an agreement of N members costs O(N) in all
+    (every member counting every arrival from a watch was N events each, O(N^2):
+    docs/scale.md); the generation is read besides only every ``_MEMBER_IDLE_S`` (each
+    member reading it every 0.25 s was ~8 requests a second per member, more than the
+    store answers at 1,024 nodes). ``until``: (deadline, the timeout it came from)."""
+    deadline, timeout_s = until
     agreed = key.rsplit("/", 1)[0]  # .../agreed
     prefix, end = f"{agreed}/{gen:012d}.", f"{agreed}/{generation_end(gen)}"
-    snap = store.range(prefix)  # the value or the revision to watch from, in one read
-    for kv in snap.kvs:
-        if kv.key == key:
-            return dict(json.loads(kv.value))
-        if kv.key == end:
-            return None
-    start = snap.revision + 1
     next_check = time.monotonic() + _MEMBER_IDLE_S
     with store.watch(prefix, start) as watch:
         while True:
