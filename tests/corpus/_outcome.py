@@ -96,12 +96,15 @@ def run_script(
 
 
 def torchrun(out_parent: Path, script: str, args: list[str], *, nproc: int) -> Outcome:
-    """The same script under torchrun itself: the behaviour a plain script must keep."""
+    """The same script under torchrun itself: the behaviour a plain script must keep. It
+    runs in ``out_parent``: a script's own files (ddp_tutorial.py's snapshot, relative to
+    the working directory) are its run's alone, so a reference run again after torch's
+    exit abort does not resume from the files of the attempt before it."""
     out = out_parent / "corpus"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(nproc), str(CORPUS / script), *args, "--out", str(out)]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_parent.parent
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_parent
     )
     _, err = wait_job(proc, 120, [out])
     return read_outcome(proc.returncode, err, None, out)
