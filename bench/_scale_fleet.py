@@ -200,7 +200,7 @@ def _client(config: dict[str, Any], idx: int) -> Any:
         return StoreClient(host, int(port), bytes.fromhex(config["token"]), conf)
     from stalwart.coordinator import EtcdStore, EtcdStoreConfig
 
-    conf = EtcdStoreConfig(reconnect_timeout=2 * lease_s, marker_ttl=60)
+    conf = EtcdStoreConfig(reconnect_timeout=2 * lease_s, marker_ttl=int(max(60, 4 * lease_s)))
     return EtcdStore([(host, int(port))], "/scale/", conf)
 
 
@@ -210,6 +210,9 @@ def _child() -> None:
     from stalwart.coordinator import StoreError
     from stalwart.logs import get_logger
 
+    # the nodes' warnings (a renewal retried, a watch reopened) go to nodes.log, once per
+    # kind and node at most a second (logging's own lock serialises the threads)
+    logging.basicConfig(level=logging.WARNING, format="%(threadName)s %(name)s: %(message)s")
     get_logger("stalwart.runtime.steps._cadence").setLevel(logging.ERROR)
     config = json.loads(sys.stdin.readline())
     # ~1,000 threads share this process's GIL; a thread waiting for it wakes every switch

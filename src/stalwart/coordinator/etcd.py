@@ -294,7 +294,7 @@ class EtcdStore:
             now = time.monotonic()
             if self._marker_lease and now - self._marker_lease_at < self.config.marker_ttl / 2:
                 return self._marker_lease
-        lease = self._grant(self.config.marker_ttl)
+        lease = self._grant(max(1, math.ceil(self.config.marker_ttl)))  # etcd takes whole seconds
         with self._lock:
             self._marker_lease, self._marker_lease_at = lease, now
         return lease
