@@ -42,7 +42,15 @@ from stalwart.coordinator.errors import (
     StoreUnavailableError,
 )
 
-__all__ = ["ChunkedLines", "Endpoint", "GatewayClient", "Reply", "open_stream"]
+__all__ = [
+    "ChunkedLines",
+    "Endpoint",
+    "GatewayClient",
+    "Reply",
+    "StreamHead",
+    "open_stream",
+    "send_stream_request",
+]
 
 _MAX_HEADER = 64 << 10
 
@@ -310,6 +318,31 @@ def open_stream(
 ) -> tuple[socket.socket, list[bytes], ChunkedLines]:
     """POST ``body`` and read the response head; return the socket, lines already
     received, and the decoder for the rest. Raises OSError/ProtocolError."""
+    sock = send_stream_request(endpoint, path, body, timeout, ctx, headers)
+    try:
+        head = StreamHead()
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("etcd closed the watch stream before answering")
+            got = head.feed(data)
+            if got is not None:
+                return sock, got[0], got[1]
+    except BaseException:
+        close_socket(sock)
+        raise
+
+
+def send_stream_request(
+    endpoint: Endpoint,
+    path: str,
+    body: dict[str, Any],
+    timeout: float,
+    ctx: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> socket.socket:
+    """Connect and POST ``body`` (the answer's head is read with :class:`StreamHead`):
+    the socket, its timeout ``timeout``. Raises OSError."""
     payload = json.dumps(body).encode()
     sock = open_socket(endpoint.host, endpoint.port, timeout, ctx)
     try:
@@ -320,15 +353,29 @@ def open_stream(
             f"{extra}Content-Length: {len(payload)}\r\n\r\n"
         ).encode()
         sock.sendall(head + payload)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionResetError("etcd closed the watch stream before answering")
-            buf += data
-            if len(buf) > _MAX_HEADER:
+        return sock
+    except BaseException:
+        close_socket(sock)
+        raise
+
+
+class StreamHead:
+    """The head of a streamed answer, read incrementally: a watch whose stream etcd has
+    not answered yet keeps waiting for it at its next read instead of opening another
+    (a loaded etcd answered late; every abandoned open was more of its load)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> tuple[list[bytes], ChunkedLines] | None:
+        """None until the head is complete; then the lines after it and their decoder.
+        Raises ProtocolError for an answer that is not a chunked 200."""
+        self._buf += data
+        if b"\r\n\r\n" not in self._buf:
+            if len(self._buf) > _MAX_HEADER:
                 raise ProtocolError("etcd watch response head is too large")
-        header, _, rest = buf.partition(b"\r\n\r\n")
+            return None
+        header, _, rest = self._buf.partition(b"\r\n\r\n")
         status_line, *fields = header.decode("latin-1").split("\r\n")
         parts = status_line.split(" ", 2)
         if len(parts) < 2 or parts[1] != "200":
@@ -339,11 +386,7 @@ def open_stream(
         if not chunked:
             raise ProtocolError("etcd watch response is not a chunked stream; etcd >= 3.4?")
         decoder = ChunkedLines()
-        lines = decoder.feed(rest)
-        return sock, lines, decoder
-    except BaseException:
-        close_socket(sock)
-        raise
+        return decoder.feed(rest), decoder
 
 
 def close_socket(sock: socket.socket) -> None:

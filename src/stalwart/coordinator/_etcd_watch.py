@@ -22,8 +22,9 @@ from types import TracebackType
 from stalwart.coordinator._etcd_http import (
     ChunkedLines,
     GatewayClient,
+    StreamHead,
     close_socket,
-    open_stream,
+    send_stream_request,
 )
 from stalwart.coordinator._etcd_security import fatal_tls_error, tls_problem
 from stalwart.coordinator._etcd_wire import b64, event_from_json, int_field, prefix_end
@@ -51,6 +52,8 @@ class EtcdWatch:
         self._next = start
         self._sock: socket.socket | None = None
         self._decoder = ChunkedLines()
+        self._head: StreamHead | None = None  # an open sent, its answer's head not read yet
+        self._head_by = 0.0  # when that answer is late enough to count as a failed open
         self._pending: list[Event] = []
         self._down_since: float | None = None
         self._backoff = 0.02
@@ -111,34 +114,43 @@ class EtcdWatch:
         try:
             timeout = min(self._http.connect_timeout, max(budget, 0.05))
             headers = self._http.stream_headers()
-            sock, lines, decoder = open_stream(
+            sock = send_stream_request(
                 endpoint, "/v3/watch", request, timeout, self._http.ssl, headers
             )
         except (OSError, ProtocolError) as exc:
-            if fatal_tls_error(exc):
-                raise tls_problem(exc, self._http.describe()) from None
-            self._http.rotate()
-            now = time.monotonic()
-            self._down_since = now if self._down_since is None else self._down_since
-            if now - self._down_since >= self._http.reconnect_timeout:
-                raise StoreUnavailableError(
-                    f"etcd at {self._http.describe()} unreachable for "
-                    f"{self._http.reconnect_timeout:.1f}s while watching ({exc}); is etcd "
-                    "running and the address right?"
-                ) from None
-            self._http.closed.wait(min(self._backoff, budget))
-            self._backoff = min(self._backoff * 2, 0.5)
+            self._open_failed(exc, budget)
             return
         if self._closed:
             close_socket(sock)
             return
-        self._sock, self._decoder = sock, decoder
-        self._down_since, self._backoff = None, 0.02
-        self._handle(lines)
+        # the answer is read by _read, at this call or the next ones: an open etcd answers
+        # late (loaded) is waited for, not abandoned at the caller's timeout for another
+        self._sock, self._head = sock, StreamHead()
+        self._head_by = time.monotonic() + self._http.request_timeout
+
+    def _open_failed(self, exc: Exception, budget: float) -> None:
+        if fatal_tls_error(exc):
+            raise tls_problem(exc, self._http.describe()) from None
+        self._http.rotate()
+        now = time.monotonic()
+        self._down_since = now if self._down_since is None else self._down_since
+        if now - self._down_since >= self._http.reconnect_timeout:
+            raise StoreUnavailableError(
+                f"etcd at {self._http.describe()} unreachable for "
+                f"{self._http.reconnect_timeout:.1f}s while watching ({exc}); is etcd "
+                "running and the address right?"
+            ) from None
+        self._http.closed.wait(min(self._backoff, budget))
+        self._backoff = min(self._backoff * 2, 0.5)
 
     def _read(self, wait: float) -> None:
         sock = self._sock
         assert sock is not None
+        if self._head is not None and time.monotonic() >= self._head_by:
+            self._sock, self._head = None, None
+            close_socket(sock)
+            self._open_failed(TimeoutError("etcd did not answer the watch request"), wait)
+            return
         try:
             # TLS may hold decrypted bytes that select() cannot see
             buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
@@ -147,6 +159,9 @@ class EtcdWatch:
             data = sock.recv(1 << 16)
         except (OSError, ValueError):  # ValueError: closed by another thread
             data = b""
+        if self._head is not None:  # the open's answer: its head first
+            self._answered(sock, data, wait)
+            return
         if not data:
             self._drop()
             return
@@ -154,8 +169,26 @@ class EtcdWatch:
         if self._decoder.finished:
             self._drop()
 
+    def _answered(self, sock: socket.socket, data: bytes, wait: float) -> None:
+        assert self._head is not None
+        try:
+            if not data:
+                raise ConnectionResetError("etcd closed the watch stream before answering")
+            got = self._head.feed(data)
+        except (OSError, ProtocolError) as exc:
+            self._sock, self._head = None, None
+            close_socket(sock)
+            self._open_failed(exc, wait)
+            return
+        if got is None:
+            return
+        lines, self._decoder = got
+        self._head = None
+        self._down_since, self._backoff = None, 0.02
+        self._handle(lines)
+
     def _drop(self) -> None:
-        sock, self._sock = self._sock, None
+        sock, self._sock, self._head = self._sock, None, None
         if sock is not None:
             close_socket(sock)
         if self._down_since is None:
