@@ -416,3 +416,60 @@ def test_a_member_arriving_after_the_agreement_takes_it_and_a_fenced_one_stops()
             timeout_s=0.5,
             fence=[gone],
         )
+
+
+class _BrokenWatches:
+    """A member's store whose watches break at once (etcd closing every stream open),
+    its reads answered."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+
+    def watch(self, prefix: str, start: int | None = None) -> Any:
+        from stalwart.coordinator import StoreUnavailableError
+
+        class _Broken:
+            def get(self, timeout: float | None = None) -> Any:
+                raise StoreUnavailableError("etcd closed the watch stream before answering")
+
+            def close(self) -> None:
+                pass
+
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                pass
+
+        return _Broken()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_member_whose_watch_cannot_open_waits_by_reads() -> None:
+    """At 512 nodes etcd closed a node's every watch open for its whole reconnect timeout
+    while its reads were answered, and the member's agreement failed the node. It now
+    waits for rank 0's record by reads."""
+    shared = MemoryStore()
+    coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
+    assert coord.advance_generation(0, "node 2 lost").won
+
+    def join(rank: int) -> Agreement:
+        store = shared if rank == 0 else _BrokenWatches(shared)
+        return agree(
+            store,  # type: ignore[arg-type]
+            coord,
+            "j",
+            rank,
+            3,
+            {"steps": [9], "done": 9, "rank": rank},
+            use_memory=True,
+            disk_step=None,
+            min_generation=1,
+            timeout_s=60.0,
+        )
+
+    with ThreadPoolExecutor(3) as pool:
+        agreed = [f.result() for f in [pool.submit(join, r) for r in (2, 1, 0)]]
+    assert {(a.generation, a.target) for a in agreed} == {(1, 9)}

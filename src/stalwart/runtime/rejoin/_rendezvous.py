@@ -18,7 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stalwart.coordinator import Compare, Coordinator, KeyValue, Put, Store, generation_end
+from stalwart.coordinator import (
+    CompactedError,
+    Compare,
+    Coordinator,
+    KeyValue,
+    Put,
+    Store,
+    StoreUnavailableError,
+    generation_end,
+)
 from stalwart.errors import CheckpointNotFoundError, FencedError
 
 __all__ = [
@@ -33,6 +42,7 @@ __all__ = [
 
 _IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
 _MEMBER_IDLE_S = 5.0  # waiting for rank 0's record: the bump's end marker says it at once
+_READ_S = 0.5  # a member whose watch broke reads the record this often (the fallback)
 _MAX_VALUE = 512 << 10  # an agreement with every member's info, if it fits (etcd: 1.5 MiB)
 
 
@@ -298,24 +308,47 @@ def _await(
     agreed = key.rsplit("/", 1)[0]  # .../agreed
     prefix, end = f"{agreed}/{gen:012d}.", f"{agreed}/{generation_end(gen)}"
     next_check = time.monotonic() + _MEMBER_IDLE_S
-    with store.watch(prefix, start) as watch:
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                raise TimeoutError(
-                    f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
-                )
-            if now >= next_check:
-                if coord.generation() != gen:
-                    return None
-                next_check = now + _MEMBER_IDLE_S
-            for event in watch.get(min(next_check, deadline) - now):
-                if event.type != "put":
-                    continue
-                if event.kv.key == key:
-                    return dict(json.loads(event.kv.value))
-                if event.kv.key == end:
-                    return None
+    try:
+        with store.watch(prefix, start) as watch:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
+                    )
+                if now >= next_check:
+                    if coord.generation() != gen:
+                        return None
+                    next_check = now + _MEMBER_IDLE_S
+                for event in watch.get(min(next_check, deadline) - now):
+                    if event.type != "put":
+                        continue
+                    if event.kv.key == key:
+                        return dict(json.loads(event.kv.value))
+                    if event.kv.key == end:
+                        return None
+    except (StoreUnavailableError, CompactedError):  # the watch broke; the store may answer
+        return _await_by_reads(store, key, end, gen, until)
+
+
+def _await_by_reads(
+    store: Store, key: str, end: str, gen: int, until: tuple[float, float]
+) -> dict[str, Any] | None:
+    """:func:`_await` after its watch broke (etcd closed every stream open for the node's
+    reconnect timeout, at 512 nodes: docs/scale.md, while its reads were answered): the
+    record and the end marker read every ``_READ_S`` until the deadline. A store that does
+    not answer reads either raises, as before."""
+    deadline, timeout_s = until
+    while True:
+        if (kv := store.get(key)) is not None:
+            return dict(json.loads(kv.value))
+        if store.get(end) is not None:
+            return None
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
+            )
+        time.sleep(min(_READ_S, max(0.0, deadline - time.monotonic())))
 
 
 def _gather(
