@@ -447,16 +447,17 @@ class _BrokenWatches:
         return getattr(self.inner, name)
 
 
-def test_a_member_whose_watch_cannot_open_waits_by_reads() -> None:
+@pytest.mark.parametrize("broken", [(1, 2), (0, 1, 2)], ids=["members", "rank 0 too"])
+def test_a_member_whose_watch_cannot_open_waits_by_reads(broken: tuple[int, ...]) -> None:
     """At 512 nodes etcd closed a node's every watch open for its whole reconnect timeout
-    while its reads were answered, and the member's agreement failed the node. It now
-    waits for rank 0's record by reads."""
+    while its reads were answered, and the agreement failed the node (a member waiting
+    for rank 0's record; rank 0 counting arrivals). Both now wait by reads."""
     shared = MemoryStore()
     coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
     assert coord.advance_generation(0, "node 2 lost").won
 
     def join(rank: int) -> Agreement:
-        store = shared if rank == 0 else _BrokenWatches(shared)
+        store = _BrokenWatches(shared) if rank in broken else shared
         return agree(
             store,  # type: ignore[arg-type]
             coord,

@@ -369,26 +369,55 @@ def _gather(
         snap = store.range(prefix)
         arrived = {kv.key for kv in snap.kvs}
         next_check = time.monotonic() + _IDLE_S
-        with store.watch(prefix, snap.revision + 1) as watch:
-            while len(arrived) < world_size:
-                now = time.monotonic()
-                if now >= deadline:
-                    raise TimeoutError(
-                        f"generation {gen}: {len(arrived)} of {world_size} workers arrived "
-                        f"within {timeout_s:.0f}s"
-                    )
-                if now >= next_check:
-                    if coord.generation() != gen:
-                        return None
-                    next_check = now + _IDLE_S
-                for event in watch.get(min(next_check, deadline) - now):
-                    if event.type == "put":
-                        arrived.add(event.kv.key)
-                    else:
-                        arrived.discard(event.kv.key)
+        try:
+            with store.watch(prefix, snap.revision + 1) as watch:
+                while len(arrived) < world_size:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise TimeoutError(
+                            f"generation {gen}: {len(arrived)} of {world_size} workers "
+                            f"arrived within {timeout_s:.0f}s"
+                        )
+                    if now >= next_check:
+                        if coord.generation() != gen:
+                            return None
+                        next_check = now + _IDLE_S
+                    for event in watch.get(min(next_check, deadline) - now):
+                        if event.type == "put":
+                            arrived.add(event.kv.key)
+                        else:
+                            arrived.discard(event.kv.key)
+        except (StoreUnavailableError, CompactedError):  # the watch broke: count by reads
+            return _gather_by_reads(store, coord, prefix, world_size, gen, (deadline, timeout_s))
         kvs = store.range(prefix).kvs
         if len(kvs) >= world_size:
             return kvs
+
+
+def _gather_by_reads(
+    store: Store,
+    coord: Coordinator,
+    prefix: str,
+    world_size: int,
+    gen: int,
+    until: tuple[float, float],
+) -> list[KeyValue] | None:
+    """:func:`_gather` after its watch broke (as :func:`_await_by_reads`): the arrivals
+    read every ``_READ_S`` until ``world_size`` are in, the generation moves, or the
+    deadline."""
+    deadline, timeout_s = until
+    while True:
+        kvs = store.range(prefix).kvs
+        if len(kvs) >= world_size:
+            return kvs
+        if coord.generation() != gen:
+            return None
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"generation {gen}: {len(kvs)} of {world_size} workers arrived within "
+                f"{timeout_s:.0f}s"
+            )
+        time.sleep(min(_READ_S, max(0.0, deadline - time.monotonic())))
 
 
 def finish_barrier(
