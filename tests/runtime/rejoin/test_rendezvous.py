@@ -423,10 +423,15 @@ class _BrokenWatches:
     its reads answered."""
 
     def __init__(self, inner: MemoryStore) -> None:
+        import threading
+
         self.inner = inner
+        self.watching = threading.Event()
 
     def watch(self, prefix: str, start: int | None = None) -> Any:
         from stalwart.coordinator import StoreUnavailableError
+
+        self.watching.set()
 
         class _Broken:
             def get(self, timeout: float | None = None) -> Any:
@@ -456,10 +461,11 @@ def test_a_member_whose_watch_cannot_open_waits_by_reads(broken: tuple[int, ...]
     coord = Coordinator(shared, CoordinatorConfig(job_id="j"))
     assert coord.advance_generation(0, "node 2 lost").won
 
+    stores = {r: _BrokenWatches(shared) if r in broken else shared for r in range(3)}
+
     def join(rank: int) -> Agreement:
-        store = _BrokenWatches(shared) if rank in broken else shared
         return agree(
-            store,  # type: ignore[arg-type]
+            stores[rank],  # type: ignore[arg-type]
             coord,
             "j",
             rank,
@@ -472,5 +478,10 @@ def test_a_member_whose_watch_cannot_open_waits_by_reads(broken: tuple[int, ...]
         )
 
     with ThreadPoolExecutor(3) as pool:
-        agreed = [f.result() for f in [pool.submit(join, r) for r in (2, 1, 0)]]
+        first = pool.submit(join, 0)
+        zero = stores[0]
+        if isinstance(zero, _BrokenWatches):  # the members arrive once rank 0 watches
+            assert zero.watching.wait(30)
+        members = [pool.submit(join, r) for r in (1, 2)]
+        agreed = [first.result()] + [f.result() for f in members]
     assert {(a.generation, a.target) for a in agreed} == {(1, 9)}
