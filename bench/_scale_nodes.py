@@ -51,7 +51,7 @@ class Counter:
             self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
 
-def call_kind(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def call_kind(name: str, args: tuple[Any, ...]) -> str:
     key = args[0] if args and isinstance(args[0], str) else ""
     if not key and args and isinstance(args[0], list) and args[0]:  # a txn: its first key
         key = str(getattr(args[0][0], "key", ""))
@@ -73,7 +73,7 @@ class CountingStore:
         counter = self._counter
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            kind = call_kind(name, args, kwargs)
+            kind = call_kind(name, args)
             opened_at = args[1] if len(args) > 1 else kwargs.get("start_revision")
             if name != "watch" or opened_at is None:  # a watch from a revision: no ping
                 counter.add(kind)

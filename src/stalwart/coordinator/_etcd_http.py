@@ -9,8 +9,9 @@ keep-alives, grants with a client-chosen lease id, and writes wrapped in a
 transaction guarded by a request marker (see :mod:`stalwart.coordinator.etcd`).
 
 Watches are streamed responses (chunked JSON lines) that must be read with a
-timeout and no helper thread, so :func:`open_stream` speaks HTTP on a raw
-socket and :class:`ChunkedLines` decodes the chunked body incrementally.
+timeout and no helper thread, so :func:`send_stream_request` speaks HTTP on a raw
+socket, :class:`StreamHead` reads the answer's head and :class:`ChunkedLines` decodes
+the chunked body, each incrementally (a watch reads them across its ``get`` calls).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ __all__ = [
     "GatewayClient",
     "Reply",
     "StreamHead",
-    "open_stream",
     "send_stream_request",
 ]
 
@@ -306,31 +306,6 @@ class ChunkedLines:
         if len(self._body) > self._max_line:
             raise ProtocolError("etcd watch message exceeds the size limit")
         return [line for line in lines if line.strip()]
-
-
-def open_stream(
-    endpoint: Endpoint,
-    path: str,
-    body: dict[str, Any],
-    timeout: float,
-    ctx: ssl.SSLContext | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[socket.socket, list[bytes], ChunkedLines]:
-    """POST ``body`` and read the response head; return the socket, lines already
-    received, and the decoder for the rest. Raises OSError/ProtocolError."""
-    sock = send_stream_request(endpoint, path, body, timeout, ctx, headers)
-    try:
-        head = StreamHead()
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionResetError("etcd closed the watch stream before answering")
-            got = head.feed(data)
-            if got is not None:
-                return sock, got[0], got[1]
-    except BaseException:
-        close_socket(sock)
-        raise
 
 
 def send_stream_request(

@@ -173,9 +173,6 @@ class Coordinator:
     def generation_is(self, generation: int) -> Compare:
         """A compare that holds while the job is at ``generation``: a write guarded by it
         in one transaction needs no read of the generation first."""
-        return self._gen_is(generation)
-
-    def _gen_is(self, generation: int) -> Compare:
         if generation == 0:
             return Compare(self._k("gen"), "mod_revision", "==", 0)
         return Compare(self._k("gen"), "value", "==", str(generation).encode())
@@ -207,7 +204,7 @@ class Coordinator:
             *also,
         ]
         fence = self.fence
-        guard = [self._gen_is(expected), *([fence.compare()] if fence else [])]
+        guard = [self.generation_is(expected), *([fence.compare()] if fence else [])]
         if self.store.txn(guard, ops).succeeded:
             return GenerationChange(True, new)
         if fence is not None and not fence.holds(self.store):
@@ -328,7 +325,7 @@ class Coordinator:
         self, prefix: str, member: Member, generation: int, count: int, timeout: float, what: str
     ) -> list[str]:
         arrive = Put(prefix + member.member_id, b"", member.lease)
-        if not self.store.txn([self._gen_is(generation)], [arrive]).succeeded:
+        if not self.store.txn([self.generation_is(generation)], [arrive]).succeeded:
             raise self._fenced(generation, f"join the {what}")
         deadline = time.monotonic() + timeout
         with self.store.watch(self._root, self.store.range(prefix).revision + 1) as watch:
@@ -371,7 +368,7 @@ class Coordinator:
                 )
             record = StepRecord(step, generation, by, self._clock())
             rev = 0 if kv is None else kv.mod_revision
-            cmp = [self._gen_is(generation), Compare(key, "mod_revision", "==", rev)]
+            cmp = [self.generation_is(generation), Compare(key, "mod_revision", "==", rev)]
             if self.store.txn(cmp, [Put(key, _dump(record))]).succeeded:
                 return record
             if self.generation() != generation:
@@ -385,7 +382,7 @@ class Coordinator:
         record = CheckpointRecord(step, generation, by, self._clock(), dict(meta or {}))
         key = self._k("ckpt", f"{step:012d}")
         res = self.store.txn(
-            [self._gen_is(generation), Compare(key, "mod_revision", "==", 0)],
+            [self.generation_is(generation), Compare(key, "mod_revision", "==", 0)],
             [Put(key, _dump(record)), Put(self._k("ckpt_latest"), _dump(record))],
         )
         if res.succeeded:
@@ -402,7 +399,7 @@ class Coordinator:
         _check_id(shard)
         record = CheckpointRecord(step, generation, shard, self._clock())
         key = self._k("ckpt_shard", shard)
-        if self.store.txn([self._gen_is(generation)], [Put(key, _dump(record))]).succeeded:
+        if self.store.txn([self.generation_is(generation)], [Put(key, _dump(record))]).succeeded:
             return record
         raise self._fenced(generation, f"commit the checkpoint of step {step}")
 
