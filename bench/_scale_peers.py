@@ -10,6 +10,12 @@ its own client connection, as the nodes of a real job.
   round of N-1. The dead node leaves the round when its keep-alive lapses
   (``keep_alive_interval`` x ``keep_alive_max_attempt``, set here to the agent's 3 s
   lease), and the round closes ``last_call_timeout`` after ``min_nodes`` joined.
+  torch names each of the rendezvous's events by calling ``inspect.stack()`` twice
+  (``dynamic_rendezvous.get_method_name``: every frame's source lines read); N handlers
+  in one process pay that under one GIL, where a real job's agents each pay it on a host
+  of their own, and 64 handlers did not form in 120 s. The bench names the event from
+  the same frame without reading source (``_frame_name``): what is measured is the
+  protocol, a compare-and-set of one key holding every participant, over TCPStore.
 * ``torchft(n)``: a ``LighthouseServer``; N replicas (``LighthouseClient`` each, a
   heartbeat thread each as the Manager's) call ``quorum``. ``quorum_s``: until all N
   hold a quorum of N. ``quorum_after_loss_s``: one replica stops heartbeating and
@@ -19,6 +25,7 @@ its own client connection, as the nodes of a real job.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +37,16 @@ __all__ = ["torchft", "torchrun"]
 LEASE_S = 3  # the agent's default --node-lease: each peer's failure detection set alike
 
 
+def _frame_name(depth: int = 2) -> str:
+    """torch's ``get_method_name``: the calling function's name ``depth`` frames up,
+    taken from the frame, not from ``inspect.stack()`` (which reads every frame's source)."""
+    return sys._getframe(depth).f_code.co_name
+
+
 def torchrun(n: int, timeout_s: float, last_call_s: float = 1.0) -> dict[str, Any]:
     from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
     )
@@ -40,6 +55,7 @@ def torchrun(n: int, timeout_s: float, last_call_s: float = 1.0) -> dict[str, An
         RendezvousTimeout,
     )
 
+    dynamic_rendezvous.get_method_name = _frame_name  # type: ignore[assignment]
     master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = master.port
     timeout = RendezvousTimeout(
@@ -67,20 +83,28 @@ def torchrun(n: int, timeout_s: float, last_call_s: float = 1.0) -> dict[str, An
     with ThreadPoolExecutor(min(n, 64)) as pool:
         handlers = list(pool.map(handler, range(n)))
     out: dict[str, Any] = {"n": n, "last_call_s": last_call_s, "keep_alive_s": LEASE_S}
-    with ThreadPoolExecutor(n) as pool:
-        t0 = time.monotonic()
-        worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), handlers))
-        out["join_s"] = time.monotonic() - t0
-        out["join_worlds"] = sorted(set(worlds))
-        dead, survivors = handlers[-1], handlers[:-1]
-        t0 = time.monotonic()
-        dead._stop_heartbeats()  # the process dies: nothing says goodbye
-        worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), survivors))
-        out["rerendezvous_s"] = time.monotonic() - t0
-        out["rerendezvous_worlds"] = sorted(set(worlds))
-    for h in survivors:
-        h._stop_heartbeats()
-    del master
+    phase = "join"
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            t0 = time.monotonic()
+            worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), handlers))
+            out["join_s"] = time.monotonic() - t0
+            out["join_worlds"] = sorted(set(worlds))
+            phase = "re-rendezvous after a loss"
+            dead, survivors = handlers[-1], handlers[:-1]
+            t0 = time.monotonic()
+            dead._stop_heartbeats()  # the process dies: nothing says goodbye
+            worlds = list(pool.map(lambda h: _world(h.next_rendezvous()), survivors))
+            out["rerendezvous_s"] = time.monotonic() - t0
+            out["rerendezvous_worlds"] = sorted(set(worlds))
+    except RendezvousTimeoutError:
+        raise RuntimeError(
+            f"torchrun's c10d {phase} of {n} did not complete within {timeout_s:.0f}s"
+        ) from None
+    finally:
+        for h in handlers:
+            h._stop_heartbeats()
+        del master
     return out
 
 

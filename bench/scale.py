@@ -59,6 +59,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     procs = args.procs or max(1, -(-n // args.per_proc))
     out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
     out["switch_ms"], out["store_group"] = args.switch_ms, args.store_group
+    out["poll_s"], out["step_s"] = args.poll_s, args.step_s
     if kind == "embedded" and args.store_nice:
         out["store_nice"] = args.store_nice
     config = {
@@ -94,10 +95,12 @@ def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any)
     # steady state: every worker knows the snapshot cadence, the formation's load gone
     fleet.wait("the cadence", lambda st: bool(st["cadence"]), args.timeout_s)
     time.sleep(args.warm_s)
-    s0, st0, w0 = backend.stats(), fleet.status(0), time.monotonic()
+    s0, st0, w0, ce0 = backend.stats(), fleet.status(0), time.monotonic(), fleet.cpu_s()
     time.sleep(args.steady_s)
-    s1, st1, w1 = backend.stats(), fleet.status(0), time.monotonic()
+    s1, st1, w1, ce1 = backend.stats(), fleet.status(0), time.monotonic(), fleet.cpu_s()
     dt = w1 - w0
+    # the emulated nodes' own steady CPU (cores): what is left of the host for a loss
+    out["steady_emulator_cpu_frac"] = (ce1 - ce0) / dt
     out["store_ops_per_node_s"] = (st1["ops"] - st0["ops"]) / dt / n
     out["store_ops_s"] = (st1["ops"] - st0["ops"]) / dt
     out["steady_requests_by_kind"] = {  # per node per second
@@ -169,8 +172,19 @@ def main() -> None:
         "--ramp-s", type=float, default=0.0, help="nodes start evenly over this (0: at once)"
     )
     p.add_argument("--procs", type=int, default=0, help="emulator processes (0: from --per-proc)")
-    p.add_argument("--poll-s", type=float, default=0.1, help="the agent's store poll")
-    p.add_argument("--step-s", type=float, default=0.2, help="an emulated step's time")
+    p.add_argument(
+        "--poll-s",
+        type=float,
+        default=0.5,
+        help="each emulated agent's poll tick (the agent's own: 0.1 s). A killed node's "
+        "path is woken, not polled (a silent node's, --lease-loss, waits for the adopter's "
+        "tick), and a poll makes no store request (its figures come from watches): the "
+        "tick costs the emulator's CPU, which 1,024 agents share on this host (0.1 s, and "
+        "0.2 s steps: 0.75 of a core, idle) where a job's agents each have a host",
+    )
+    p.add_argument(
+        "--step-s", type=float, default=1.0, help="an emulated step's time (a report each)"
+    )
     p.add_argument("--warm-s", type=float, default=3.0)
     p.add_argument("--steady-s", type=float, default=10.0)
     p.add_argument("--timeout-s", type=float, default=240.0)

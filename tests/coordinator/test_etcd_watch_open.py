@@ -10,6 +10,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from stalwart.coordinator._etcd_http import Endpoint, GatewayClient
 from stalwart.coordinator._etcd_watch import EtcdWatch
 
@@ -79,3 +81,43 @@ def test_a_late_answer_is_waited_for_across_short_gets_not_reopened() -> None:
     finally:
         watch.close()
         etcd.close()
+
+
+def test_a_watch_whose_socket_is_past_descriptor_1024_still_delivers() -> None:
+    """select() refuses descriptors from 1,024 up: an emulator process of 128 nodes (5
+    watches each, and their connections) passed it, and every watch past it failed to
+    open, again and again, until the nodes lived on rereads (1,024 nodes on etcd: loss
+    to agreement 32 s, the request timeout). The watch waits with poll()."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} descriptors; the test needs 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler: list[int] = []
+    etcd = _LateEtcd(late_s=0.0)
+    http = GatewayClient(
+        [Endpoint("127.0.0.1", etcd.port)],
+        connect_timeout=5.0,
+        request_timeout=30.0,
+        reconnect_timeout=30.0,
+    )
+    watch = EtcdWatch(http, b"/j/gen", 2, 1)
+    try:
+        while not filler or filler[-1] < 1100:  # every descriptor below 1,100 taken:
+            filler.append(os.open(os.devnull, os.O_RDONLY))  # the watch's socket is above
+        deadline = time.monotonic() + 20
+        events = []
+        while not events:
+            assert time.monotonic() < deadline, "a watch past descriptor 1,024 never opened"
+            events = watch.get(timeout=0.05)
+        assert watch._sock is not None and watch._sock.fileno() >= 1024
+        assert [e.kv.value for e in events] == [b"3"]
+        assert etcd.accepted == 1
+    finally:
+        watch.close()
+        etcd.close()
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

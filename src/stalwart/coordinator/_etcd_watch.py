@@ -12,6 +12,7 @@ raises :class:`CompactedError`, exactly as for a fresh watch.
 from __future__ import annotations
 
 import json
+import math
 import select
 import socket
 import ssl
@@ -40,6 +41,15 @@ from stalwart.coordinator.store import Event
 __all__ = ["EtcdWatch"]
 
 _MAX_WAIT = 5.0  # longest single select; a closed watch is noticed at least this often
+
+
+def _readable(sock: socket.socket, wait: float) -> bool:
+    """Whether ``sock`` has bytes (or EOF) within ``wait`` seconds. ``poll``, not
+    ``select``: select() refuses descriptors from 1,024 up, which a process holding many
+    watches (or many files) reaches, and every watch past it failed to open."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(wait * 1000))))
 
 
 class EtcdWatch:
@@ -154,7 +164,7 @@ class EtcdWatch:
         try:
             # TLS may hold decrypted bytes that select() cannot see
             buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
-            if not buffered and not select.select([sock], [], [], wait)[0]:
+            if not buffered and not _readable(sock, wait):
                 return
             data = sock.recv(1 << 16)
         except (OSError, ValueError):  # ValueError: closed by another thread

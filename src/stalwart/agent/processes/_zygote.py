@@ -256,8 +256,11 @@ class _Zygote:
     def loop(self) -> None:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        poller = select.poll()  # (select() refuses descriptors from 1,024 up)
+        poller.register(self.ctl, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
         while True:
-            ready, _, _ = select.select([self.ctl, self.wake_r], [], [], 1.0)
+            ready = {fd for fd, _ in poller.poll(1000)}
             if self.wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_r, 4096)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import subprocess
@@ -101,8 +102,10 @@ class ZygoteClient:
         if self._backlog:
             out, self._backlog = self._backlog, []
             return out
-        fds = [self._evt_r] if wake is None else [self._evt_r, wake]
-        ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        poller = select.poll()  # (select() refuses descriptors from 1,024 up)
+        for fd in [self._evt_r] if wake is None else [self._evt_r, wake]:
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000)))}
         if self._evt_r not in ready:
             return []
         chunk = os.read(self._evt_r, 1 << 20)
