@@ -8,7 +8,8 @@ the agent's loop does (agent/agent.py ``_poll_store``, every ``poll_s``): the pu
 verdict, the generation, and (the leader, or every node under etcd:
 agent/cluster/_cluster.py ``lost_nodes``) the membership; plus the ring successor's
 membership read of agent/cluster/_peerwatch.py (once a second). Its one emulated worker
-follows the generation with the worker's real :class:`GenerationWatch`, agrees on the
+follows the generation with the worker's real :class:`GenerationWatch` (from its agent's
+relay, agent/cluster/_relay.py: a local socket per node), agrees on the
 restore step with the real ``agree`` (runtime/rejoin/_rendezvous.py) and asks the real
 snapshot cadence at every step (runtime/steps/_cadence.py), its store calls counted apart.
 """
@@ -171,7 +172,9 @@ class Node:
             self._feed_close = self.gen.started(0)
         # the worker: its own coordinator view (fenced by our lease), its generation watch
         self.wcoord = Coordinator(self.store, self.coord.config, fence=self.coord.fence)
-        self.genwatch = GenerationWatch(self.wcoord, wait_s=self._wait_s)  # the contract's
+        relay = self.gen.relay_address if self.cfg.get("relay", True) else ""
+        # the contract's wait; the generation from the agent's relay (a local socket)
+        self.genwatch = GenerationWatch(self.wcoord, wait_s=self._wait_s, relay=relay)
         self.cadence = SnapshotCadence(JOB, self, self.step_store)  # type: ignore[arg-type]
 
     @property
@@ -300,6 +303,7 @@ class Node:
         self.genwatch.moved.set()
         self.genwatch.close()
         self._close_followers()
+        self.close_feed()  # its relay's socket too
         self.inner.close()
 
     def close(self) -> None:

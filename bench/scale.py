@@ -55,11 +55,13 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "scan": args.scan,
         "verdict_s": args.verdict_s,
         "feed": not args.poll_generation,
+        "relay": not args.no_relay,
     }
     procs = args.procs or max(1, -(-n // args.per_proc))
     out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
     out["switch_ms"], out["store_group"] = args.switch_ms, args.store_group
     out["poll_s"], out["step_s"] = args.poll_s, args.step_s
+    out["relay"] = not args.no_relay
     if kind == "embedded" and args.store_nice:
         out["store_nice"] = args.store_nice
     config = {
@@ -86,9 +88,14 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
 def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any) -> None:
     """Formation, steady state and a node's loss, each figure into ``out`` as taken."""
     kind = out["backend"]
+    j0, je0 = backend.stats(), fleet.cpu_s()
     t0 = fleet.start(args.ramp_s)
     joined = fleet.wait_agreed(0, f"{kind} formation of {n}", args.timeout_s + args.ramp_s)
     out["join_s"] = joined[-1] - t0
+    out["join_p50_s"] = joined[len(joined) // 2] - t0
+    # what forming cost: the store's CPU and the emulated nodes' (both on this host)
+    out["join_store_cpu_s"] = backend.stats().cpu_s - j0.cpu_s
+    out["join_emulator_cpu_s"] = fleet.cpu_s() - je0
     if args.ramp_s:
         out["ramp_s"] = args.ramp_s
         out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n
@@ -204,6 +211,11 @@ def main() -> None:
     )
     p.add_argument(
         "--poll-generation", action="store_true", help="the agent reads it per poll (before)"
+    )
+    p.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="each worker watches the generation in the store (before the agent's relay)",
     )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
     p.add_argument(

@@ -248,6 +248,7 @@ class WorkerSpecs:
             progress=board,
             chaos_plan=plan,
             master_addr=c10d.master_addr,
+            gen_relay=generation.relay_address,
         )
         self._cluster_fields = cluster.worker_env()
 

@@ -52,7 +52,7 @@ __all__ = [
 
 CONTRACT_VAR = "STALWART_CONTRACT"
 """The environment variable holding the stalwart part of the contract (JSON)."""
-CONTRACT_VERSION = 3
+CONTRACT_VERSION = 4
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
 
@@ -155,6 +155,11 @@ class WorkerEnv:
     watches wait as long: one node lease, at least 5 s). A write answers it at once;
     only its count per second depends on it: at 1,024 nodes of 8 workers, 5 s waits
     were ~1,600 requests a second, the largest steady load (docs/scale.md)."""
+    gen_relay: str = _c("")
+    """Where the agent tells its workers the generation: ``@name``, a Unix socket of the
+    abstract namespace, one ASCII line per new generation (docs/worker-contract.md).
+    The worker follows it instead of a store watch of its own: no store request per
+    worker in steady state, none per failure ("": watch the store)."""
     persist_every: int = _c(0, low=-1, flag="--persist-every", knob=True)
     """Steps between persisted checkpoints (0: off; -1, 'auto' on the command line:
     Young/Daly from the observed persist time and MTBF); `stalwart run` defaults to 20

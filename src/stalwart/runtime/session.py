@@ -102,7 +102,7 @@ class Session:
         self.store = open_store(env)
         self.coord = worker_coordinator(env, self.store)  # its bumps fenced by our agent's lease
         # every backend: a bump stops us; its long-poll waits as long as the agent's
-        self._genwatch = GenerationWatch(self.coord, wait_s=env.watch_wait_s)
+        self._genwatch = GenerationWatch(self.coord, wait_s=env.watch_wait_s, relay=env.gen_relay)
 
     def _open_group(self, env: WorkerEnv, caller: dict[str, Any] | None) -> GenerationGroup:
         rank, world, job = group_position(env)  # async: the DDP group is a replica group

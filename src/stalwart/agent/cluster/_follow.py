@@ -62,9 +62,13 @@ class PrefixFollower:
         wait_s: float = WAIT_S,
         reread_s: float | None = None,
         gap_s: float = 0.0,
+        on_change: Callable[[Mapping[str, bytes]], None] | None = None,
     ) -> None:
+        """``on_change``: called from the follower's thread with each new snapshot (the
+        first read's included), as soon as it is published."""
         self._store, self._prefix = store, prefix
         self._wait_s, self._reread_s, self._gap_s = wait_s, reread_s, gap_s
+        self._on_change = on_change
         # never changed once published (a look shares it); None: no watch open
         self._kvs: Mapping[str, bytes] | None = None
         self._watch: Any = None
@@ -98,7 +102,8 @@ class PrefixFollower:
                     watch.close()
                 return
             self._watch = watch
-            self._kvs = MappingProxyType({kv.key[n:]: kv.value for kv in snap.kvs})
+            self._kvs = first = MappingProxyType({kv.key[n:]: kv.value for kv in snap.kvs})
+        self._changed(first)
         reread_at = time.monotonic() + (self._reread_s or float("inf"))
         while not self._stop.is_set() and time.monotonic() < reread_at:
             events = watch.get(timeout=self._wait_s)
@@ -113,8 +118,13 @@ class PrefixFollower:
                         kvs[event.kv.key[n:]] = event.kv.value
                     else:
                         kvs.pop(event.kv.key[n:], None)
-                self._kvs = MappingProxyType(kvs)
+                self._kvs = now = MappingProxyType(kvs)
+            self._changed(now)
             self._stop.wait(self._gap_s)
+
+    def _changed(self, kvs: Mapping[str, bytes]) -> None:
+        if self._on_change is not None:
+            self._on_change(kvs)
 
     def _forget(self) -> None:
         with self._lock:

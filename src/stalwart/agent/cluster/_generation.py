@@ -21,9 +21,13 @@ from typing import Any, Protocol
 from stalwart.agent._types import EventSink
 from stalwart.agent.cluster._follow import watch_wait
 from stalwart.agent.cluster._genfeed import GenerationFeed
+from stalwart.agent.cluster._relay import GenerationRelay
 from stalwart.coordinator import Coordinator
+from stalwart.logs import get_logger
 
 __all__ = ["Feed", "JobGeneration", "LaunchRecord", "free_port"]
+
+_log = get_logger(__name__)
 
 
 class Feed(Protocol):
@@ -70,17 +74,39 @@ class JobGeneration:
         self._restarts = 0
         self._master_port = free_port()
         self._feed: Feed | None = None
+        self._relay: GenerationRelay | None = None
 
     def started(self, port: int) -> Callable[[], None]:
         """The job's first ``MASTER_PORT`` (:meth:`use_port`), and from now on the
         generation followed through a watch on the coordinator's store
-        (agent/cluster/_genfeed.py); returns what closes the watch."""
+        (agent/cluster/_genfeed.py) and told to this node's workers as the watch delivers
+        it (agent/cluster/_relay.py: :attr:`relay_address`); returns what closes both."""
         self.use_port(port)
         coord = self._coord
         wait_s = watch_wait(coord.config.lease_ttl)
-        feed = GenerationFeed(lambda: coord.store, coord.generation_key, wait_s=wait_s)
+        try:
+            self._relay = relay = GenerationRelay()
+        except OSError as err:  # no local sockets here: each worker watches the store
+            _log.warning("no generation relay for the workers (%s): each watches the store", err)
+            relay = None
+        publish = None if relay is None else relay.publish
+        feed = GenerationFeed(
+            lambda: coord.store, coord.generation_key, wait_s=wait_s, on_generation=publish
+        )
         self.use_feed(feed)
-        return feed.close
+
+        def close() -> None:
+            feed.close()
+            if relay is not None:
+                relay.close()
+
+        return close
+
+    @property
+    def relay_address(self) -> str:
+        """Where this node's workers hear the generation (the contract's ``gen_relay``;
+        "": nowhere, each watches the store)."""
+        return "" if self._relay is None else self._relay.address
 
     def use_feed(self, feed: Feed) -> None:
         """Look at the generation through ``feed`` (agent/cluster/_genfeed.py: a watch) instead of
@@ -104,6 +130,7 @@ class JobGeneration:
         """Take the coordinator's generation as ours (at the start; after an elastic
         member left, whose survivors may have bumped it themselves)."""
         self._generation = self._coord.generation()
+        self._tell_workers()
         return self._generation
 
     def use_port(self, port: int) -> None:
@@ -118,6 +145,7 @@ class JobGeneration:
         while must_win and not change.won:
             change = self._coord.advance_generation(change.generation, reason)
         self._generation = int(change.generation)
+        self._tell_workers()
         self._events.emit(
             "generation", generation=self._generation, world_size=self._world_size, reason=reason
         )
@@ -142,6 +170,8 @@ class JobGeneration:
         """Another node bumped the generation (None: nobody did). When it was for a
         restart, this node's workers restart too, on the port published for it."""
         feed = self._feed
+        if self._relay is not None:
+            self._relay.tend()  # workers connected since: they hear the next bump
         seen = feed.latest() if feed is not None else None
         if seen is not None and seen <= self._generation:
             return None  # the watch saw no bump: no store read
@@ -154,7 +184,12 @@ class JobGeneration:
                 return None
             why = str(self._coord.generation_meta().get("reason", ""))
         self._generation = gen
+        self._tell_workers()  # (the feed told them already, unless it did not know)
         return Followed(gen, why.startswith("restart"))
+
+    def _tell_workers(self) -> None:
+        if self._relay is not None:
+            self._relay.publish(self._generation)
 
     def follow_port(self) -> None:
         """The port of the restart we followed (:meth:`follow`)."""

@@ -12,7 +12,7 @@ away, its history compacted) it says "unknown" and the caller reads the store, a
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stalwart.agent.cluster._follow import REREAD_S, WAIT_S, PrefixFollower
@@ -23,20 +23,35 @@ __all__ = ["GenerationFeed"]
 class GenerationFeed:
     """The generation on the key ``key`` of the store ``store()``, from a watch."""
 
-    def __init__(self, store: Callable[[], Any], key: str, *, wait_s: float = WAIT_S) -> None:
+    def __init__(
+        self,
+        store: Callable[[], Any],
+        key: str,
+        *,
+        wait_s: float = WAIT_S,
+        on_generation: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_generation``: called from the watch's thread with each generation it
+        delivers (the agent's relay to its workers, agent/cluster/_relay.py)."""
+        self._on_generation = on_generation
         self._follower = PrefixFollower(
-            store, key, name="stalwart-genfeed", wait_s=wait_s, reread_s=REREAD_S
+            store,
+            key,
+            name="stalwart-genfeed",
+            wait_s=wait_s,
+            reread_s=REREAD_S,
+            on_change=None if on_generation is None else self._delivered,
         )
 
     def latest(self) -> int | None:
         """The generation the watch carried last (None: unknown, read the store)."""
         kvs = self._follower.snapshot()
-        if kvs is None:
-            return None
-        try:  # the key itself (the prefix also matches longer names); absent: 0
-            return int(kvs.get("", b"0"))
-        except ValueError:
-            return None
+        return None if kvs is None else _generation(kvs)
+
+    def _delivered(self, kvs: Mapping[str, bytes]) -> None:
+        generation = _generation(kvs)
+        if generation is not None and self._on_generation is not None:
+            self._on_generation(generation)
 
     def reason(self, generation: int) -> str | None:
         """Why ``generation`` was set: the bump writes the number and its record
@@ -55,3 +70,10 @@ class GenerationFeed:
 
     def close(self) -> None:
         self._follower.close()
+
+
+def _generation(kvs: Mapping[str, bytes]) -> int | None:
+    try:  # the key itself (the prefix also matches longer names); absent: 0
+        return int(kvs.get("", b"0"))
+    except ValueError:
+        return None

@@ -47,6 +47,8 @@ class NodeFacts:
     chaos_plan: str
     master_addr: str = ""
     """torchrun's ``MASTER_ADDR`` (node 0's host name); "": this node's endpoint host."""
+    gen_relay: str = ""
+    """Where the agent tells its workers the generation (agent/cluster/_relay.py)."""
 
 
 def worker_contract(
@@ -85,6 +87,7 @@ def worker_contract(
         chaos_plan=node.chaos_plan,
         hang_ceiling_s=cfg.hang.ceiling_s,
         watch_wait_s=watch_wait(cfg.node_lease_s),
+        gen_relay=node.gen_relay,
         **knob_values(cfg.runtime),
         min_world=cfg.min_world,
         ckpt_tier=cfg.ckpt_tier or "",

@@ -15,6 +15,9 @@ from the coordinator only still reaches its peers: nothing else would stop them)
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -140,6 +143,29 @@ class CommitKeys:
         self.store.txn([], [Delete(p, prefix=True) for p in prefixes])
 
 
+_RELAY_LINE = 20  # digits of a generation on the relay (a 64-bit number)
+
+
+def _relay_connect(address: str) -> socket.socket | None:
+    """The agent's relay (``@name``: the abstract namespace), if it is there and owned by
+    this user (a name another user bound first is not our agent's); None otherwise."""
+    if not address.startswith("@") or len(address) > 100:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(2.0)  # (a full listen queue: the store instead, not a hang)
+        sock.connect("\0" + address[1:])
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            raise OSError(f"the relay {address} belongs to uid {uid}")
+        sock.settimeout(None)
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
 class GenerationWatch:
     """Follows the job's generation; :attr:`moved` is set once it passes ``current``.
 
@@ -150,7 +176,13 @@ class GenerationWatch:
     open. On the embedded store a watch is a long-poll of up to ``wait_s`` (the agent's:
     one node lease, at least 5 s): one request per ``wait_s`` per worker in steady state
     (it was a 0.5 s long-poll and a read a second: 3 requests a second per worker, the
-    largest steady load at N nodes, docs/scale.md); ``read_s`` at least as long."""
+    largest steady load at N nodes, docs/scale.md); ``read_s`` at least as long.
+
+    ``relay`` (the contract's ``gen_relay``): the agent's socket that tells its workers
+    each generation its own watch delivers (agent/cluster/_relay.py). The worker connects,
+    reads the generation once, and follows the relay's lines: no store request while the
+    relay lasts. When it ends (its agent closing) or cannot be reached, the worker
+    watches the store as above."""
 
     def __init__(
         self,
@@ -159,8 +191,11 @@ class GenerationWatch:
         read_s: float = 30.0,
         *,
         wait_s: float = 5.0,
+        relay: str = "",
     ) -> None:
         self.coord = coord
+        self.relay = relay
+        self._relay_sock: socket.socket | None = None
         self.wait_s = wait_s  # one long-poll (the contract's watch_wait_s)
         self.current = 0
         self.seen = 0  # the newest generation this watch saw (only ever increased)
@@ -206,6 +241,8 @@ class GenerationWatch:
                 return
 
     def _run(self) -> None:
+        if self.relay:
+            self._follow_relay()  # returns when the relay ends: then the store's watch
         watch: Watch | None = None
         next_read = 0.0
         while not self._stop.is_set():
@@ -231,8 +268,39 @@ class GenerationWatch:
             with contextlib.suppress(Exception):
                 watch.close()
 
+    def _follow_relay(self) -> None:
+        sock = _relay_connect(self.relay)
+        if sock is None:
+            return
+        self._relay_sock = sock
+        try:
+            if self._stop.is_set():
+                return
+            self._check()  # after the connect: every later bump comes as a line
+            pending = b""
+            while not self._stop.is_set():
+                data = sock.recv(4096)
+                if not data:  # the agent closed it
+                    return
+                *lines, pending = (pending + data).split(b"\n")
+                if len(pending) > _RELAY_LINE:
+                    return
+                for line in lines:
+                    if not (line.isdigit() and len(line) <= _RELAY_LINE):
+                        return  # not the relay's format: the store instead
+                    self._saw(int(line))
+        except Exception:  # the store away at the first read, or the socket failed
+            return
+        finally:
+            self._relay_sock = None
+            with contextlib.suppress(OSError):
+                sock.close()
+
     def close(self) -> None:
         self._stop.set()
+        if (sock := self._relay_sock) is not None:  # ends its recv
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         if self._watch is not None:  # ends a get() in progress on an in-process store
             with contextlib.suppress(Exception):
                 self._watch.close()

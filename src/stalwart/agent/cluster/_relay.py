@@ -1,0 +1,96 @@
+"""The job's generation, told by the agent to its own workers over a local socket
+(worker contract ``gen_relay``; the format: docs/worker-contract.md).
+
+Every worker used to follow the generation with a store watch of its own: a long-poll
+per worker per wait in steady state, and one answer per worker per failure. The agent
+already follows it (agent/cluster/_genfeed.py), so a node of 8 workers asked the store
+9 times for one number: at 1,024 nodes of 8, ~8,000 of a failure's ~10,000 generation
+answers, on the coordinator that every node waits on then (docs/scale.md). The relay
+passes what the agent's watch delivers to its workers over a Unix socket of the
+abstract namespace: no file to clean up after a killed agent, and a random name.
+
+The relay holds no thread. A worker connects, then reads the generation from the store
+once; a connection waits in the listen queue until the next :meth:`GenerationRelay.tend`
+(the agent's store poll, ten a second) or :meth:`GenerationRelay.publish` accepts it,
+and every generation published after the connect reaches it: nothing falls between the
+worker's read and its first line. A worker that does not read, or is gone, is dropped
+at the next send (a send never blocks the agent); it then watches the store itself, as
+does a worker whose relay ended or never opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+
+__all__ = ["GenerationRelay"]
+
+_BACKLOG = 128  # workers connecting between two tends (a node's restart: 8, or 72 and spares)
+
+
+class GenerationRelay:
+    """A listening Unix socket at :attr:`address` that sends each new generation, one
+    ASCII line, to every worker connected."""
+
+    def __init__(self) -> None:
+        name = f"stalwart-gen-{secrets.token_hex(12)}"
+        self.address = "@" + name  # the contract's notation: @ is the abstract namespace
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.bind("\0" + name)
+            self._sock.listen(_BACKLOG)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self._workers: list[socket.socket] = []
+        self._sent = 0
+        self._lock = threading.Lock()
+
+    def tend(self) -> None:
+        """Accept the workers waiting to connect (they hear from the next publish on)."""
+        with self._lock:
+            self._accept()
+
+    def publish(self, generation: int) -> None:
+        """Tell every connected worker ``generation`` (once per new number)."""
+        with self._lock:
+            if self._sock is None or generation <= self._sent:
+                return
+            self._accept()
+            self._sent = generation
+            line = f"{generation}\n".encode()
+            kept = []
+            for conn in self._workers:
+                try:
+                    if conn.send(line) == len(line):
+                        kept.append(conn)
+                        continue
+                except OSError:  # gone, or its buffer full: it watches the store instead
+                    pass
+                conn.close()
+            self._workers = kept
+
+    def _accept(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            conn.setblocking(False)
+            self._workers.append(conn)
+
+    def close(self) -> None:
+        """Stop listening; every connected worker sees its relay end."""
+        with self._lock:
+            sock, self._sock = self._sock, None
+            workers, self._workers = self._workers, []
+        if sock is not None:
+            sock.close()
+        for conn in workers:
+            with contextlib.suppress(OSError):
+                conn.close()
