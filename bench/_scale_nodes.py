@@ -51,6 +51,12 @@ class Counter:
             self.n += 1
             self.kinds[kind] = self.kinds.get(kind, 0) + 1
 
+    def delivered(self, kind: str, events: int) -> None:
+        """``events`` a watch's answer carried (listed as ``events <kind>``, not a request)."""
+        with self._lock:
+            key = f"events {kind}"
+            self.kinds[key] = self.kinds.get(key, 0) + events
+
 
 def call_kind(name: str, args: tuple[Any, ...]) -> str:
     key = args[0] if args and isinstance(args[0], str) else ""
@@ -92,7 +98,10 @@ class _CountedWatch:
 
     def get(self, timeout: float | None = None) -> Any:
         self._counter.add(self._kind)
-        return self._inner.get(timeout)
+        out = self._inner.get(timeout)
+        if out:
+            self._counter.delivered(self._kind.split(" ", 1)[-1], len(out))
+        return out
 
     def close(self) -> None:
         self._inner.close()

@@ -96,6 +96,11 @@ def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any)
     # what forming cost: the store's CPU and the emulated nodes' (both on this host)
     out["join_store_cpu_s"] = backend.stats().cpu_s - j0.cpu_s
     out["join_emulator_cpu_s"] = fleet.cpu_s() - je0
+    st_join = fleet.status(0)
+    out["join_requests_per_node"] = st_join["ops"] / n
+    out["join_requests_by_kind"] = {
+        k: round(v / n, 3) for k, v in sorted(st_join["kinds"].items(), key=lambda kv: -kv[1])
+    }
     if args.ramp_s:
         out["ramp_s"] = args.ramp_s
         out["join_after_last_start_s"] = joined[-1] - t0 - args.ramp_s * (n - 1) / n

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import struct
 import threading
@@ -252,8 +253,11 @@ class GenerationWatch:
                     next_read = 0.0
                 if time.monotonic() >= next_read:
                     self._check()
-                    next_read = time.monotonic() + self.read_s
-                events = watch.get(timeout=min(self.wait_s, self.read_s))
+                    next_read = time.monotonic() + self.read_s * random.uniform(0.75, 1.0)
+                # up to a quarter less at random: the workers of a job start together and
+                # would renew their long-polls together for as long as it runs
+                wait = min(self.wait_s, self.read_s) * random.uniform(0.75, 1.0)
+                events = watch.get(timeout=wait)
                 if events:
                     self._seen(events)
             except Exception:  # etcd away for a moment: poll until a watch opens again
