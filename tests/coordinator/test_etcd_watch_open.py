@@ -61,15 +61,20 @@ class _LateEtcd:
             conn.close()
 
 
-def test_a_late_answer_is_waited_for_across_short_gets_not_reopened() -> None:
-    etcd = _LateEtcd(late_s=0.4)
+def _watch(etcd: _LateEtcd) -> EtcdWatch:
+    """A watch of ``/j/gen`` (from revision 1) over the fake etcd."""
     http = GatewayClient(
         [Endpoint("127.0.0.1", etcd.port)],
         connect_timeout=5.0,
         request_timeout=30.0,
         reconnect_timeout=30.0,
     )
-    watch = EtcdWatch(http, b"/j/gen", 2, 1)
+    return EtcdWatch(http, b"/j/gen", 2, 1)
+
+
+def test_a_late_answer_is_waited_for_across_short_gets_not_reopened() -> None:
+    etcd = _LateEtcd(late_s=0.4)
+    watch = _watch(etcd)
     try:
         deadline = time.monotonic() + 20
         events = []
@@ -97,13 +102,7 @@ def test_a_watch_whose_socket_is_past_descriptor_1024_still_delivers() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     filler: list[int] = []
     etcd = _LateEtcd(late_s=0.0)
-    http = GatewayClient(
-        [Endpoint("127.0.0.1", etcd.port)],
-        connect_timeout=5.0,
-        request_timeout=30.0,
-        reconnect_timeout=30.0,
-    )
-    watch = EtcdWatch(http, b"/j/gen", 2, 1)
+    watch = _watch(etcd)
     try:
         while not filler or filler[-1] < 1100:  # every descriptor below 1,100 taken:
             filler.append(os.open(os.devnull, os.O_RDONLY))  # the watch's socket is above
