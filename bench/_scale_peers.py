@@ -25,6 +25,7 @@ its own client connection, as the nodes of a real job.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["torchft", "torchrun"]
+__all__ = ["in_child", "torchft", "torchrun"]
 
 LEASE_S = 3  # the agent's default --node-lease: each peer's failure detection set alike
 
@@ -160,3 +161,31 @@ def torchft(n: int, timeout_s: float) -> dict[str, Any]:
             t.join(5)
         server.shutdown()
     return out
+
+
+def in_child(kind: str, n: int, timeout_s: float) -> dict[str, Any]:
+    """``torchrun(n)`` or ``torchft(n)`` in a process of its own (``python
+    bench/_scale_peers.py KIND N TIMEOUT``): N handlers' or clients' threads, sockets and
+    runtimes end with it, not in the bench's process, where the emulated nodes of the
+    next run would share the host with whatever they left."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, __file__, kind, str(n), str(timeout_s)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * timeout_s + 60)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{kind} at {n} failed (exit {proc.returncode}): {tail[:300]}")
+    row: dict[str, Any] = json.loads(lines[-1])
+    return row
+
+
+if __name__ == "__main__":
+    import json
+
+    name, count, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    run = {"torchrun": torchrun, "torchft": torchft}[name]
+    print(json.dumps(run(count, limit)), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # (threads a peer left do not hold the process open)

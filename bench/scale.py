@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_backends import start_embedded, start_etcd
 from _scale_fleet import Fleet
-from _scale_peers import torchft, torchrun
+from _scale_peers import in_child
 
 
 def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -251,9 +251,9 @@ def main() -> None:
             t = time.monotonic()
             try:
                 if kind == "torchrun":
-                    row = {"backend": kind, **torchrun(n, args.timeout_s)}
+                    row = {"backend": kind, **in_child("torchrun", n, args.timeout_s)}
                 elif kind == "torchft":
-                    row = {"backend": kind, **torchft(n, args.timeout_s)}
+                    row = {"backend": kind, **in_child("torchft", n, args.timeout_s)}
                 else:
                     row = run_one(kind, n, args)
             except Exception as err:
