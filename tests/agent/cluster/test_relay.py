@@ -107,10 +107,8 @@ def test_a_worker_that_does_not_read_never_blocks_the_agent() -> None:
         stuck.connect("\0" + relay.address[1:])
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         relay.tend()
-        t0 = time.monotonic()
-        for generation in range(1, 200_001):  # far more than its buffers hold
-            relay.publish(generation)
-        assert time.monotonic() - t0 < 60  # (a bound for a hang, not a timing)
+        for generation in range(1, 20_001):  # far more than its buffers hold; a send
+            relay.publish(generation)  # that blocked would hang here (the test's timeout)
         assert relay._workers == []  # dropped once its buffer was full
     finally:
         stuck.close()
