@@ -77,9 +77,7 @@ class GenerationRelay:
         while self._sock is not None:
             try:
                 conn, _ = self._sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # none waiting (BlockingIOError), or the socket closed
                 return
             conn.setblocking(False)
             self._workers.append(conn)
