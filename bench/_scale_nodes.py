@@ -25,6 +25,7 @@ from typing import Any
 
 from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
 from stalwart.agent.cluster._generation import JobGeneration
+from stalwart.agent.cluster._livenodes import LiveNodes
 from stalwart.agent.cluster._members import MemberView
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
 from stalwart.runtime.comm._coord import GenerationWatch
@@ -145,9 +146,12 @@ class Node:
         self.bumped_at = 0.0  # when this node (the adopter) moved the generation
         self.step = 0
         self._known: set[int] = set()
-        self._last_live: set[int] = set()
+        self._lost: set[int] = set()
+        self._last_live: tuple[set[int], set[int]] = (set(), set())
         self._next_ring = self._next_verdict = 0.0
-        self.view: Any = None  # agent/cluster/_members.py (None: --scan range, the old way)
+        # agent/cluster/_livenodes.py (--scan members: every node follows every member key,
+        # before the digest; None: --scan range, a range per look, before that)
+        self.view: LiveNodes | MemberView | None = None
         self.verdict: Any = None  # agent/cluster/_follow.py (None: --verdict-s > 0, a read)
         self._read_live = False  # a watched peer died here: the next look reads the store
         self.thread = threading.Thread(target=self._run, name=f"node{idx}", daemon=True)
@@ -159,6 +163,15 @@ class Node:
     # ------------------------------------------------------------ joining
     def _join(self) -> None:
         if self.cfg["scan"] == "view":  # opened here: a node's threads start with it
+            self.view = LiveNodes(
+                self.store,
+                ROOT,
+                self.idx,
+                claims=self.leader or self.cfg["backend"] == "etcd",  # as Cluster._live
+                lease=lambda: self.member.lease if hasattr(self, "member") else None,
+                wait_s=self._wait_s,
+            )
+        elif self.cfg["scan"] == "members":
             self.view = MemberView(self.store, f"{ROOT}/members/", wait_s=self._wait_s)
         if not float(self.cfg["verdict_s"]):  # agent/cluster/_cluster.py published_verdict
             key = f"{ROOT}/launch/verdict"
@@ -175,6 +188,8 @@ class Node:
         self.coord = self.coord.as_member(self.coord.fence_of(member))
         self.store.put(f"{ROOT}/joined/node{self.idx}", b"emulated")
         self.store.put(f"{ROOT}/ranks/node{self.idx}", json.dumps([self.idx]).encode())
+        if isinstance(self.view, LiveNodes):  # Cluster.start: the writer from the start
+            self.view.tick()
         self.gen = JobGeneration(self.coord, _Quiet(), _Quiet(), int(self.cfg["n"]))
         self.gen.sync()
         if self.cfg.get("feed", True):  # agent.py: the generation from a watch
@@ -251,6 +266,8 @@ class Node:
         if now >= self._next_ring:  # agent/cluster/_peerwatch.py tick: the ring successor
             self._next_ring = now + 1.0
             self._live()
+        if isinstance(self.view, LiveNodes):  # Cluster.lost_nodes: the writer's part
+            self.view.tick()
         if self.leader or self.cfg["backend"] == "etcd":
             self._lost_nodes()
         self.gen.follow()
@@ -258,19 +275,21 @@ class Node:
     def _live(self) -> set[int]:
         if self.view is None:
             return {int(m[4:]) for m in self.coord.members() if m.startswith("node")}
-        if self._read_live:  # agent/cluster/_cluster.py live_nodes after a peer's death
-            self._read_live = False
-            return set(self.view.read_nodes())
         return set(self.view.nodes())
 
     def _lost_nodes(self) -> None:
         """agent/cluster/_cluster.py ``lost_nodes``: claim a node whose lease is gone, then move
         the job to the next generation (the adopter's recovery)."""
-        live = self._live()
-        if live == self._last_live or not live:  # none: every lease lapsed (overload)
+        fresh = self._read_live and self.view is not None  # Cluster.lost_nodes after a death
+        self._read_live = False
+        live = set(self.view.read_nodes()) if fresh and self.view is not None else self._live()
+        left = self.view.left() if isinstance(self.view, LiveNodes) else set()
+        if (live, left) == self._last_live or not live:  # none: every lease lapsed
             return
-        self._last_live = live
-        gone = self._known - live
+        self._last_live = (live, left)
+        gone = left - self._lost
+        if fresh or not isinstance(self.view, LiveNodes):  # the store's own word, or a
+            gone |= self._known - live - self._lost  # view of every member (--scan)
         self._known |= live
         for n in sorted(gone):
             if min(live) != self.idx:  # the adopter (the lowest live node) claims it
@@ -281,7 +300,7 @@ class Node:
             if self.store.txn([Compare(key, "mod_revision", "==", 0), *fence], [claim]).succeeded:
                 self.gen.bump(f"node {n} lost")
                 self.bumped_at = time.monotonic()
-        self._known -= gone
+        self._lost |= gone
 
     # ------------------------------------------------------------ loss
     def peer_gone(self, node: int) -> None:

@@ -203,9 +203,11 @@ def main() -> None:
     p.add_argument(
         "--scan",
         default="view",
-        choices=("view", "range"),
-        help="live nodes from a membership watch (agent/cluster/_members.py) or a range per read "
-        "(before issue 31; run with PYTHONPATH=<main>/src for the whole old control plane)",
+        choices=("view", "members", "range"),
+        help="live nodes from one writer's digest (agent/cluster/_livenodes.py), from every "
+        "node following every member key (agent/cluster/_members.py, before the digest), or a "
+        "range per read (before issue 31; run with PYTHONPATH=<main>/src for the whole old "
+        "control plane)",
     )
     p.add_argument(
         "--verdict-s",

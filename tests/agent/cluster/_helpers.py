@@ -30,15 +30,17 @@ def two_node_config(
 
 class CountingStore:
     """A store (or store client) counting every request made through it: each call, and
-    each ``get`` of a watch it opened (one long-poll or stream read)."""
+    each ``get`` of a watch it opened (one long-poll or stream read); ``events``: what
+    those watches delivered."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.requests = inner, 0
+        self.inner, self.requests, self.events = inner, 0, 0
         self._lock = threading.Lock()
 
-    def count(self) -> None:
+    def count(self, events: int = 0) -> None:
         with self._lock:
             self.requests += 1
+            self.events += events
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -58,8 +60,9 @@ class _CountedWatch:
         self.inner, self.owner = inner, owner
 
     def get(self, timeout: float | None = None) -> Any:
-        self.owner.count()
-        return self.inner.get(timeout)
+        out = self.inner.get(timeout)
+        self.owner.count(len(out))  # a long-poll, and the events it carried
+        return out
 
     def close(self) -> None:
         self.inner.close()

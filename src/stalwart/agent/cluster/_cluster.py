@@ -35,7 +35,8 @@ from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
 from stalwart.agent.cluster._follow import FollowedKey, watch_wait
 from stalwart.agent.cluster._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
 from stalwart.agent.cluster._link import Waiting, open_link
-from stalwart.agent.cluster._members import MemberView, ring_successor
+from stalwart.agent.cluster._livenodes import LiveNodes
+from stalwart.agent.cluster._members import ring_successor
 from stalwart.agent.cluster._peerwatch import PeerWatch
 from stalwart.agent.config import LaunchConfig
 from stalwart.contract.env import WorkerFields
@@ -69,7 +70,7 @@ class Cluster:
         self._member: Any = None
         self._known: set[int] = set()
         self._lost: set[int] = set()
-        self._last_live: set[int] = set()
+        self._last_live: tuple[set[int], set[int]] = (set(), set())  # live, left
         self._pending = False
         self.lease = NodeLease(self.node)  # fencing: agent/cluster/_fencing.py
         self._missing = MissingNodes(cfg.partition_grace_s, note)  # agent/cluster/_grace.py
@@ -81,7 +82,7 @@ class Cluster:
         self.last_out = self.node == 0 and not cfg.etcd
         self._root = f"/stalwart/{cfg.job}"
         self._names: SlotNames | None = None  # set by start(): the run id is agreed there
-        self._view: MemberView | None = None  # the live members, from a watch
+        self._view: LiveNodes | None = None  # the live nodes (agent/cluster/_livenodes.py)
         self._followed: dict[str, FollowedKey] = {}  # launch records, each from a watch
         self._read_live = False  # a watched peer just died: read the membership itself
 
@@ -102,6 +103,7 @@ class Cluster:
         self._become_member(self.coord.join(f"node{self.node}", node=str(self.node)))
         self.store.put(f"{self._root}/joined/node{self.node}", socket.gethostname().encode())
         self.publish_ranks(cfg.local_ranks)
+        self._live().tick()  # node 0 writes the live-nodes digest from the start
         args = (self.store, self._root, self.node, self.token, cfg.node_address)
         self.watch = PeerWatch(*args, self.live_nodes, ring_successor)
         self.watch.publish()
@@ -288,15 +290,22 @@ class Cluster:
         return {int(kv.key[len(prefix) :]) for kv in self.store.range(prefix).kvs}
 
     def live_nodes(self) -> set[int]:
-        """The live nodes, from a watch on the membership (agent/cluster/_members.py): every
-        agent asks often, and a range of every member each time is O(N^2) for the job."""
+        """The live nodes, from one agent's digest of the membership (agent/cluster/
+        _livenodes.py): every agent asks often, a range of every member each time is
+        O(N^2) for the job, and every agent following every member key was too."""
+        return self._live().nodes()
+
+    def _live(self) -> LiveNodes:
         if self._view is None:
-            wait_s = watch_wait(self.cfg.node_lease_s)
-            self._view = MemberView(self.store, f"{self._root}/members/", wait_s=wait_s)
-        if self._read_live:  # the watch may not have carried the revoke yet
-            self._read_live = False
-            return self._view.read_nodes()
-        return self._view.nodes()
+            self._view = LiveNodes(
+                self.store,
+                self._root,
+                self.node,
+                claims=self.cfg.etcd or self.node == 0,  # the adopters: they follow it all
+                lease=lambda: self._member.lease if self._member is not None else None,
+                wait_s=watch_wait(self.cfg.node_lease_s),
+            )
+        return self._view
 
     def adopter(self, lost: int, live: set[int]) -> int | None:
         """Who adopts the ranks of ``lost``: node 0 with the embedded store (it hosts
@@ -339,15 +348,20 @@ class Cluster:
         adopter) for adoption; each is returned to exactly one agent, once."""
         if self.watch is not None:
             self.watch.tick(time.monotonic())  # our own watched connection
+        self._live().tick()  # the digest writer's part, when vacant (node 0; etcd: any)
         if not self.cfg.etcd and self.node != 0:
             return []  # the embedded store's host handles every lost node
-        live = self.live_nodes()
-        if live == self._last_live and not self._pending:
+        fresh = self._read_live  # a watched peer just died: the digest may not carry it yet
+        self._read_live = False
+        live = self._live().read_nodes() if fresh else self.live_nodes()
+        left = self._live().left()  # joined, no member key: a goodbye or a loss
+        if (live, left) == self._last_live and not self._pending and not fresh:
             return []
-        self._last_live = live
-        joined = self._nodes("joined") if self.cfg.etcd else self._known | live
+        self._last_live = (live, left)
+        gone = left - self._lost
+        if fresh:  # the store's own word: whoever was live and is not now is gone (a
+            gone |= self._known - live - self._lost  # view that lags may miss a node yet)
         self._known |= live
-        gone = joined - live - self._lost
         self._pending = bool(gone)
         mine = {n for n in gone if self.adopter(n, live) == self.node}
         if (not mine and not self._missing.waiting) or self.lease.lost_reason is not None:
@@ -391,8 +405,8 @@ class Cluster:
         if self.cfg.etcd:
             # the last agent out cleans what lost nodes left behind on a shared host
             with contextlib.suppress(Exception):
-                self._read_live = True  # the watch may not carry our own leave yet
-                self.last_out = not self.live_nodes()
+                # the digest may not carry our own leave yet: the store's word
+                self.last_out = not self._live().read_nodes()
             with contextlib.suppress(Exception):
                 self.store.close()
         elif self.server is not None:

@@ -33,9 +33,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["FollowedKey", "PrefixFollower", "watch_wait"]
+__all__ = ["Followed", "FollowedKey", "PrefixFollower", "watch_wait"]
 
 WAIT_S = 5.0  # one long-poll's wait: the steady cost is one request per this per node
 REREAD_S = 30.0  # a fresh read of one key now and then besides its watch
@@ -59,6 +59,15 @@ def watch_wait(lease_s: float) -> float:
     return max(WAIT_S, lease_s)
 
 
+class Followed(NamedTuple):
+    """A follower's snapshot: the keys' values, their ``mod_revision``, and the store
+    revision up to which every change is in it."""
+
+    kvs: Mapping[str, bytes]
+    revisions: Mapping[str, int]
+    revision: int
+
+
 class PrefixFollower:
     """Every key under ``prefix`` and its value, from one range and a watch."""
 
@@ -80,6 +89,9 @@ class PrefixFollower:
         self._on_change = on_change
         # never changed once published (a look shares it); None: no watch open
         self._kvs: Mapping[str, bytes] | None = None
+        # each key's mod_revision and the store revision the snapshot holds up to, published
+        # with it (Followed): for a caller that compares two followers' snapshots
+        self._state: Followed | None = None
         self._watch: Any = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -99,6 +111,11 @@ class PrefixFollower:
                 self._forget()
                 self._stop.wait(RETRY_S)
 
+    def state(self) -> Followed | None:
+        """The snapshot with each key's ``mod_revision`` and the store revision it holds
+        up to (every change at or before it is in); None while no watch is open."""
+        return self._state
+
     def _follow(self) -> None:
         store = self._store()
         snap = store.range(self._prefix)
@@ -112,6 +129,8 @@ class PrefixFollower:
                 return
             self._watch = watch
             self._kvs = first = MappingProxyType({kv.key[n:]: kv.value for kv in snap.kvs})
+            revs = {kv.key[n:]: kv.mod_revision for kv in snap.kvs}
+            self._state = Followed(first, MappingProxyType(revs), snap.revision)
         self._changed(first)
         reread_at = time.monotonic() + _spread(self._reread_s or float("inf"))
         while not self._stop.is_set() and time.monotonic() < reread_at:
@@ -121,13 +140,19 @@ class PrefixFollower:
             with self._lock:
                 if self._kvs is None or self._watch is not watch:
                     return
-                kvs = dict(self._kvs)
+                kvs, revs = dict(self._kvs), dict(self._state.revisions if self._state else {})
                 for event in events:
                     if event.type == "put":
                         kvs[event.kv.key[n:]] = event.kv.value
+                        revs[event.kv.key[n:]] = event.kv.mod_revision
                     else:
                         kvs.pop(event.kv.key[n:], None)
+                        revs.pop(event.kv.key[n:], None)
                 self._kvs = now = MappingProxyType(kvs)
+                revision = max(
+                    self._state.revision if self._state else 0, events[-1].kv.mod_revision
+                )
+                self._state = Followed(now, MappingProxyType(revs), revision)
             self._changed(now)
             self._stop.wait(self._gap_s)
 
@@ -137,7 +162,7 @@ class PrefixFollower:
 
     def _forget(self) -> None:
         with self._lock:
-            self._kvs = None
+            self._kvs = self._state = None
             self._close_watch()
 
     def _close_watch(self) -> None:

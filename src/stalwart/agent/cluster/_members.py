@@ -14,12 +14,12 @@ ranges the membership itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalwart.agent.cluster._follow import WAIT_S, PrefixFollower
+from stalwart.agent.cluster._follow import WAIT_S, Followed, PrefixFollower
 
-__all__ = ["MemberView", "ring_successor"]
+__all__ = ["MemberView", "node_ids", "ring_successor"]
 
 GAP_S = 1.0  # a burst of joins reaches a view once a second (the ring is read as often)
 
@@ -36,10 +36,23 @@ def ring_successor(node: int, live: set[int]) -> int | None:
 class MemberView:
     """Live member ids under ``prefix`` (``.../members/``), from one range and a watch."""
 
-    def __init__(self, store: Any, prefix: str, *, wait_s: float = WAIT_S) -> None:
+    def __init__(
+        self,
+        store: Any,
+        prefix: str,
+        *,
+        wait_s: float = WAIT_S,
+        on_change: Callable[[Mapping[str, bytes]], None] | None = None,
+    ) -> None:
+        """``on_change``: as :class:`PrefixFollower`'s (each new snapshot, from its thread)."""
         self._store, self._prefix = store, prefix
         self._follower = PrefixFollower(
-            lambda: store, prefix, name="stalwart-members", wait_s=wait_s, gap_s=GAP_S
+            lambda: store,
+            prefix,
+            name="stalwart-members",
+            wait_s=wait_s,
+            gap_s=GAP_S,
+            on_change=on_change,
         )
         # (the snapshot, its node ids): parsed once per change, replaced whole (threads)
         self._parsed: tuple[Mapping[str, bytes] | None, frozenset[int]] = (None, frozenset())
@@ -60,19 +73,29 @@ class MemberView:
 
     def nodes(self) -> set[int]:
         """The live agents' node ids (members named ``node<k>``; ranks are not nodes)."""
+        followed = self.followed()
+        return node_ids(self.read_ids()) if followed is None else set(followed)
+
+    def state(self) -> Followed | None:
+        """The member keys with their revisions, as the watch has them (None: no watch)."""
+        return self._follower.state()
+
+    def followed(self) -> frozenset[int] | None:
+        """:meth:`nodes` as the watch has them; None while no watch is open."""
         kvs = self._follower.snapshot()
         if kvs is None:
-            return _nodes(self.read_ids())
+            return None
         seen, nodes = self._parsed
         if kvs is not seen:  # parsed once per change, not per look (N names)
-            nodes = frozenset(_nodes(set(kvs)))
+            nodes = frozenset(node_ids(set(kvs)))
             self._parsed = (kvs, nodes)
-        return set(nodes)
+        return nodes
 
     def read_nodes(self) -> set[int]:
         """:meth:`nodes` read from the store now (see :meth:`read_ids`)."""
-        return _nodes(self.read_ids())
+        return node_ids(self.read_ids())
 
 
-def _nodes(ids: set[str]) -> set[int]:
+def node_ids(ids: set[str]) -> set[int]:
+    """The node ids among member names (``node<k>``; ``rank<r>`` and others are not)."""
     return {int(m[4:]) for m in ids if m.startswith("node") and m[4:].isdigit()}
