@@ -74,13 +74,13 @@ class ControlPlaneCurve:
 
 
 MEASURED = ControlPlaneCurve(
-    points=((16, 0.017), (64, 0.069), (128, 0.137), (256, 0.258), (512, 0.681), (1024, 2.087)),
+    points=((16, 0.025), (64, 0.076), (128, 0.224), (256, 0.268), (512, 0.595), (1024, 1.386)),
     source=(
         "bench/scale.py 2026-12-05, embedded store, a node's process killed: the last "
-        "survivor's agreement (docs/scale.md, eighth round; every node's client on the "
+        "survivor's agreement (docs/scale.md, ninth round; every node's client on the "
         "same 2 cores as the store, a quiet machine: an upper bound for a real cluster; "
-        "at 1,024 nodes the emulator's CPU bounds it, 3.7 s on 2 cores against the "
-        "store's 0.6 s)"
+        "at 1,024 nodes the emulator's CPU bounds it, 2.4 s on 2 cores against the "
+        "store's 0.5 s)"
     ),
 )
 
