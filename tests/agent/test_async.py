@@ -8,7 +8,9 @@ step is a sync boundary)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +46,7 @@ def test_a_failed_group_is_dropped_then_rejoins(tmp_path: Path) -> None:
     assert all(syncs[r]["members"] == [0, 1] for r in syncs if r > last)
     assert any(k == "recovery_end" and f["source_tier"] == "transfer" for k, f in events)
 
-    finals = [json.loads(Path(f"{out}.{part}").read_text()) for part in (0, 1)]
+    finals = _finals(out, range(2), proc, run_dir)
     assert finals[0]["params"] == finals[1]["params"]
 
 
@@ -93,7 +95,7 @@ def test_a_replica_group_of_two_restarts_as_one(tmp_path: Path) -> None:
     assert syncs[max(syncs)]["members"] == [0, 1]
     ends = [f for k, f in events if k == "recovery_end"]
     assert [(f["source_tier"], f["generation"]) for f in ends] == [("transfer", 0)]
-    finals = {json.loads(Path(f"{out}.{part}").read_text())["params"] for part in range(4)}
+    finals = {f["params"] for f in _finals(out, range(4), proc, run_dir)}
     assert len(finals) == 1
 
 
@@ -107,5 +109,26 @@ def test_groups_seeded_by_rank_start_from_one_model(tmp_path: Path) -> None:
     args += [str(EXAMPLE), "--steps", "10", "--seed-by-rank", "--out", str(out)]
     proc = stalwart_run(tmp_path / "run", args, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    finals = {json.loads(Path(f"{out}.{part}").read_text())["params"] for part in (0, 1)}
+    finals = {f["params"] for f in _finals(out, range(2), proc, tmp_path / "run")}
     assert len(finals) == 1
+
+
+def _finals(
+    out: Path, parts: range, proc: subprocess.CompletedProcess[str], run_dir: Path
+) -> list[dict[str, Any]]:
+    """Each part's final record; a job that ended ok without one of them is a silently
+    wrong result: say what the job did (it was seen once, under two test runs at once,
+    after 365 s: its output is what the next occurrence needs)."""
+    missing = [part for part in parts if not Path(f"{out}.{part}").exists()]
+    if missing:
+        kinds = [
+            f"{kind} {fields.get('rank', '')} {fields.get('group', '')} {fields.get('reason', '')}"
+            for kind, fields in events_of(run_dir)
+            if kind not in ("snapshot", "loss", "probe")
+        ]
+        raise AssertionError(
+            f"rc {proc.returncode} but no final of part(s) {missing}; events:\n"
+            + "\n".join(kinds[-60:])
+            + f"\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
+    return [json.loads(Path(f"{out}.{part}").read_text()) for part in parts]
