@@ -58,6 +58,7 @@ from stalwart.agent.strategies._restart import RestartAll
 from stalwart.agent.strategies.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
+from stalwart.metrics.ending import print_end
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = ["Agent", "run_agent"]
@@ -233,6 +234,8 @@ class Agent:
         if self.cluster.reports_end():
             last = self.workers.last_step()
             self.events.emit("run_end", status=self.status, last_step=last, reason=self._end_reason)
+            if self.cfg.node_rank != 0:  # node 0 was lost (etcd): its summary is ours to say
+                print_end(self.run_dir)
 
     def close(self) -> None:
         self.node_status.ending()
