@@ -93,9 +93,9 @@ class LiveNodes:
         """Nodes that joined and have no member key now (a goodbye or a loss)."""
         members, joined = self._members, self._joined
         if self._claim and members is not None and joined is not None:
-            live, at, joined_at = members.followed(), members.state(), joined.state()
-            if live is not None and at is not None and joined_at is not None:
-                return _left(live, at.revision, joined_at)
+            at, joined_at = members.followed_at(), joined.state()  # live: one snapshot
+            if at is not None and joined_at is not None:
+                return _left(at[0], at[1], joined_at)
         digest = self._current()
         if digest is not None:
             return set(digest.left)
@@ -176,13 +176,14 @@ class LiveNodes:
         members, joined = self._members, self._joined
         if members is None or joined is None:
             return
-        live, at, joined_at = members.followed(), members.state(), joined.state()
-        if live is None or at is None or joined_at is None:
+        at, joined_at = members.followed_at(), joined.state()  # live: one snapshot
+        if at is None or joined_at is None:
             return
+        live, revision = at
         with self._lock:
             if not self._claim:
                 return
-            raw = encode_digest(self._node, live, _left(live, at.revision, joined_at))
+            raw = encode_digest(self._node, live, _left(live, revision, joined_at))
             if raw == self._written:
                 return
             writer = self._prefix + _WRITER

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stalwart.agent.cluster._follow import WAIT_S, Followed, PrefixFollower
+from stalwart.agent.cluster._follow import WAIT_S, PrefixFollower
 
 __all__ = ["MemberView", "node_ids", "ring_successor"]
 
@@ -76,15 +76,17 @@ class MemberView:
         followed = self.followed()
         return node_ids(self.read_ids()) if followed is None else set(followed)
 
-    def state(self) -> Followed | None:
-        """The member keys with their revisions, as the watch has them (None: no watch)."""
-        return self._follower.state()
-
     def followed(self) -> frozenset[int] | None:
         """:meth:`nodes` as the watch has them; None while no watch is open."""
         kvs = self._follower.snapshot()
-        if kvs is None:
-            return None
+        return None if kvs is None else self._ids(kvs)
+
+    def followed_at(self) -> tuple[frozenset[int], int] | None:
+        """:meth:`followed` and the store revision it holds up to, from one snapshot."""
+        state = self._follower.state()
+        return None if state is None else (self._ids(state.kvs), state.revision)
+
+    def _ids(self, kvs: Mapping[str, bytes]) -> frozenset[int]:
         seen, nodes = self._parsed
         if kvs is not seen:  # parsed once per change, not per look (N names)
             nodes = frozenset(node_ids(set(kvs)))
