@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
@@ -206,22 +207,35 @@ class Node:
         return self._rank
 
     def _agree(self, min_generation: int, live: list[int]) -> None:
-        self._rank = live.index(self.idx)
-        info = {"rank": self._rank, "steps": [self.step - 1, self.step], "done": self.step}
-        a = agree(
+        """Every worker of this node agrees (``--workers-per-node``: each arrives and waits
+        for the agreement itself, as a real node's workers do); the node has agreed when
+        its last worker has."""
+        per = int(self.cfg.get("workers", 1))
+        self._rank = live.index(self.idx) * per
+        ranks, world = range(self._rank, self._rank + per), len(live) * per
+        if per == 1:
+            a = self._agree_rank(self._rank, world, min_generation)
+        else:
+            with ThreadPoolExecutor(per, thread_name_prefix=f"w{self.idx}") as pool:
+                every = list(pool.map(lambda r: self._agree_rank(r, world, min_generation), ranks))
+            a = every[0]  # one agreement: the same for each of them
+        self.agreed[a.generation] = time.monotonic()
+        self.genwatch.follow(a.generation)
+
+    def _agree_rank(self, rank: int, world: int, min_generation: int) -> Any:
+        info = {"rank": rank, "steps": [self.step - 1, self.step], "done": self.step}
+        return agree(
             self.store,
             self.wcoord,
             JOB,
-            self._rank,
-            len(live),
+            rank,
+            world,
             info,  # type: ignore[arg-type]
             use_memory=True,
             disk_step=None,
             min_generation=min_generation,
             timeout_s=float(self.cfg["agree_timeout_s"]),
         )
-        self.agreed[a.generation] = time.monotonic()
-        self.genwatch.follow(a.generation)
 
     # ------------------------------------------------------------ the loop
     def _run(self) -> None:

@@ -56,12 +56,14 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "verdict_s": args.verdict_s,
         "feed": not args.poll_generation,
         "relay": not args.no_relay,
+        "workers": args.workers_per_node,
     }
     procs = args.procs or max(1, -(-n // args.per_proc))
     out: dict[str, Any] = {"n": n, "backend": kind, "procs": procs, "lease_s": lease_s}
     out["switch_ms"], out["store_group"] = args.switch_ms, args.store_group
     out["poll_s"], out["step_s"] = args.poll_s, args.step_s
     out["relay"] = not args.no_relay
+    out["workers_per_node"] = args.workers_per_node
     if kind == "embedded" and args.store_nice:
         out["store_nice"] = args.store_nice
     config = {
@@ -223,6 +225,13 @@ def main() -> None:
         "--no-relay",
         action="store_true",
         help="each worker watches the generation in the store (before the agent's relay)",
+    )
+    p.add_argument(
+        "--workers-per-node",
+        type=int,
+        default=1,
+        help="workers per emulated node; each arrives and waits for the agreement itself, "
+        "as a real node's workers do (8 for a node of 8 GPUs)",
     )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
     p.add_argument(
