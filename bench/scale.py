@@ -294,6 +294,12 @@ def _summary(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             out[f"{kind}_join_s"] = round(top[0]["join_s"], 3)
             out[f"{kind}_loss_to_agreement_s"] = round(top[0]["loss_to_agreement_s"], 3)
             out[f"{kind}_cpu_frac"] = round(top[0]["coordinator_cpu_frac"], 3)
+    for kind in ("torchrun", "torchft"):  # a peer that did not form at n_max: say so
+        failed = [r for r in curves.get(kind, []) if r["n"] == n_max and "error" in r]
+        if failed:
+            out[f"{kind}_error_at_n_max"] = failed[0]["error"]
+            formed = [r["n"] for r in ok.get(kind, [])]
+            out[f"{kind}_largest_n_formed"] = max(formed) if formed else None
     emb = [r for r in ok.get("embedded", []) if r["n"] == n_max]
     if emb:
         out["coordinator_cpu_frac"] = round(emb[0]["coordinator_cpu_frac"], 3)
