@@ -43,7 +43,10 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     lease_s = args.lease_s or (30.0 if n >= 1024 else 10.0 if n >= 256 else 3.0)
     if kind == "embedded":
         backend, token = start_embedded(
-            max_connections=8 * n + 64, nice=args.store_nice, own_group=args.store_group == "own"
+            # agent/cluster/_link.py max_connections: 4 per agent, 3 per worker
+            max_connections=n * (4 + 3 * args.workers_per_node) + 64,
+            nice=args.store_nice,
+            own_group=args.store_group == "own",
         )
     else:
         backend, token = start_etcd(own_group=args.store_group == "own"), b""
