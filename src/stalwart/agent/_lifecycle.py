@@ -193,6 +193,26 @@ def launch(
     return Launched(board, zygote, c10d, ready, (board_path, plan_path), generation)
 
 
+def emit_run_end(
+    ctx: NodeContext,
+    cluster: Cluster,
+    last_step: Callable[[], int | None],
+    status: str,
+    reason: str,
+) -> None:
+    """``run_end``, written by the one node that reports the job's end (node 0; under
+    etcd the lowest live node), and its summary where that is not node 0: node 0 prints
+    it when its agent closes (:func:`start_live`), and a job whose node 0 was lost ended
+    rc 0 with no summary at all."""
+    if not cluster.reports_end():
+        return
+    ctx.events.emit("run_end", status=status, last_step=last_step(), reason=reason)
+    if ctx.cfg.node_rank != 0:
+        from stalwart.metrics.ending import print_end
+
+        print_end(ctx.run_dir)
+
+
 def start_live(cfg: LaunchConfig, run_dir: str, say: Say) -> Callable[[], None]:
     """Node 0's console progress line and Prometheus endpoint (``--progress``,
     ``--metrics-port``); what ends them and then prints the end-of-run summary

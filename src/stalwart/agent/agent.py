@@ -24,6 +24,7 @@ from collections.abc import Callable
 from stalwart.agent._lifecycle import (
     WorkerSpecs,
     clean_shm,
+    emit_run_end,
     emit_run_start,
     launch,
     start_live,
@@ -58,7 +59,6 @@ from stalwart.agent.strategies._restart import RestartAll
 from stalwart.agent.strategies.policy import RecoveryParts, RecoveryPolicy
 from stalwart.chaos import FaultLedger, FaultPlan
 from stalwart.logs import get_logger
-from stalwart.metrics.ending import print_end
 from stalwart.metrics.events import EVENTS_FILE, EventLog
 
 __all__ = ["Agent", "run_agent"]
@@ -231,11 +231,7 @@ class Agent:
             self.standbys.reconcile(now)
 
     def _run_end(self) -> None:
-        if self.cluster.reports_end():
-            last = self.workers.last_step()
-            self.events.emit("run_end", status=self.status, last_step=last, reason=self._end_reason)
-            if self.cfg.node_rank != 0:  # node 0 was lost (etcd): its summary is ours to say
-                print_end(self.run_dir)
+        emit_run_end(self.ctx, self.cluster, self.workers.last_step, self.status, self._end_reason)
 
     def close(self) -> None:
         self.node_status.ending()
