@@ -87,10 +87,9 @@ class PrefixFollower:
         self._store, self._prefix = store, prefix
         self._wait_s, self._reread_s, self._gap_s = wait_s, reread_s, gap_s
         self._on_change = on_change
-        # never changed once published (a look shares it); None: no watch open
-        self._kvs: Mapping[str, bytes] | None = None
-        # each key's mod_revision and the store revision the snapshot holds up to, published
-        # with it (Followed): for a caller that compares two followers' snapshots
+        # never changed once published (a look shares it); None: no watch open. With the
+        # values, each key's mod_revision and the store revision the snapshot holds up to:
+        # for a caller that compares two followers' snapshots
         self._state: Followed | None = None
         self._watch: Any = None
         self._lock = threading.Lock()
@@ -101,7 +100,8 @@ class PrefixFollower:
     def snapshot(self) -> Mapping[str, bytes] | None:
         """The keys (without the prefix) and values now, read-only (the same object until
         the next change); None while no watch is open."""
-        return self._kvs
+        state = self._state
+        return None if state is None else state.kvs
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -128,7 +128,7 @@ class PrefixFollower:
                     watch.close()
                 return
             self._watch = watch
-            self._kvs = first = MappingProxyType({kv.key[n:]: kv.value for kv in snap.kvs})
+            first = MappingProxyType({kv.key[n:]: kv.value for kv in snap.kvs})
             revs = {kv.key[n:]: kv.mod_revision for kv in snap.kvs}
             self._state = Followed(first, MappingProxyType(revs), snap.revision)
         self._changed(first)
@@ -138,9 +138,10 @@ class PrefixFollower:
             if not events:
                 continue
             with self._lock:
-                if self._kvs is None or self._watch is not watch:
+                state = self._state
+                if state is None or self._watch is not watch:
                     return
-                kvs, revs = dict(self._kvs), dict(self._state.revisions if self._state else {})
+                kvs, revs = dict(state.kvs), dict(state.revisions)
                 for event in events:
                     if event.type == "put":
                         kvs[event.kv.key[n:]] = event.kv.value
@@ -148,10 +149,8 @@ class PrefixFollower:
                     else:
                         kvs.pop(event.kv.key[n:], None)
                         revs.pop(event.kv.key[n:], None)
-                self._kvs = now = MappingProxyType(kvs)
-                revision = max(
-                    self._state.revision if self._state else 0, events[-1].kv.mod_revision
-                )
+                now = MappingProxyType(kvs)
+                revision = max(state.revision, events[-1].kv.mod_revision)
                 self._state = Followed(now, MappingProxyType(revs), revision)
             self._changed(now)
             self._stop.wait(self._gap_s)
@@ -162,7 +161,7 @@ class PrefixFollower:
 
     def _forget(self) -> None:
         with self._lock:
-            self._kvs = self._state = None
+            self._state = None
             self._close_watch()
 
     def _close_watch(self) -> None:

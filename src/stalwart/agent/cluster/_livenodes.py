@@ -99,16 +99,15 @@ class LiveNodes:
         digest = self._current()
         if digest is not None:
             return set(digest.left)
-        joined_ids = self._read_joined()  # first: a node joins (its member key), then says so
+        joined_ids = self._read("joined")  # first: a node joins (its member key), then says so
         return joined_ids - self.read_nodes()
 
     def read_nodes(self) -> set[int]:
         """The live node ids read from the store now (one range of the members)."""
-        prefix = f"{self._root}/members/"
-        return node_ids({kv.key[len(prefix) :] for kv in self._store.range(prefix).kvs})
+        return self._read("members")
 
-    def _read_joined(self) -> set[int]:
-        prefix = f"{self._root}/joined/"
+    def _read(self, what: str) -> set[int]:
+        prefix = f"{self._root}/{what}/"
         return node_ids({kv.key[len(prefix) :] for kv in self._store.range(prefix).kvs})
 
     def _current(self) -> LiveDigest | None:
@@ -212,10 +211,5 @@ def _left(live: frozenset[int], members_at: int, joined: Followed) -> set[int]:
     whose ``joined`` key is newer than that snapshot may have a member key the members'
     watch has not carried yet (the two watches go at their own pace), so it is not
     counted as gone on the strength of a lag (it would be reported lost, then found)."""
-    out = set()
-    for name, revision in joined.revisions.items():
-        if revision <= members_at and name.startswith("node") and name[4:].isdigit():
-            node = int(name[4:])
-            if node not in live:
-                out.add(node)
-    return out
+    known = {name for name, revision in joined.revisions.items() if revision <= members_at}
+    return node_ids(known) - live
