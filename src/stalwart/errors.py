@@ -19,6 +19,7 @@ __all__ = [
     "ProcessGroupInitError",
     "RecoveryLoopError",
     "ReplicaMismatchError",
+    "SnapshotDirectoryGoneError",
     "SnapshotWontFitError",
     "StalwartError",
     "StateMismatchError",
@@ -92,6 +93,12 @@ class StorageUnavailableError(CheckpointError):
 class SnapshotWontFitError(CheckpointError):
     """/dev/shm has too little free space for the next snapshot's slot: the snapshot is
     refused before it starts (the older snapshots stay intact), not killed mid-copy."""
+
+
+class SnapshotDirectoryGoneError(CheckpointError):
+    """The snapshot directory a worker writes was removed or replaced under its name
+    while it ran: another process owns the rank's slots now (its node was fenced and the
+    rank adopted on this host), so this one may write no snapshot there again."""
 
 
 class FencedError(StalwartError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,7 +15,7 @@ from _load import scaled
 from _models import assert_same, make_state, params, train_step
 
 from stalwart.checkpoint import SnapshotConfig, Snapshotter
-from stalwart.errors import CheckpointNotFoundError, ConfigError
+from stalwart.errors import CheckpointNotFoundError, ConfigError, SnapshotDirectoryGoneError
 
 
 def test_restore_from_memory_is_bit_exact(shm_namespace: str) -> None:
@@ -117,6 +119,43 @@ def test_pinned_slot_is_never_overwritten(shm_namespace: str) -> None:
         snap.unpin(pinned)
     finally:
         snap.close(unlink=True)
+
+
+def test_a_writer_whose_directory_was_taken_over_writes_nothing_into_the_new_one(
+    shm_namespace: str,
+) -> None:
+    """A node's ranks adopted on the same host while its old worker still runs: the
+    adopter removes the rank's directory and renames a replica into its name
+    (agent/cluster/_replica.py ``take_over``). The old worker's next snapshot is refused,
+    and the adopter's slots stay exactly as they were (it used to unlink and publish
+    slot metadata there by path, and the adopted rank's restore found a ``slot1.json``
+    whose ``slot1.data`` did not exist)."""
+    state = make_state()
+    old = Snapshotter(SnapshotConfig(shm_namespace))
+    replica_ns = f"{shm_namespace}-replica"
+    replica = Snapshotter(SnapshotConfig(replica_ns))
+    try:
+        old.snapshot(state, 1)
+        train_step(state)
+        replica.snapshot(state, 2)  # the replica holds slot 0 only
+        directory = Path(old.directory)
+        shutil.rmtree(directory)
+        os.rename(replica.directory, directory)
+        before = {p.name: p.read_bytes() for p in directory.iterdir()}
+        assert sorted(before) == ["slot0.data", "slot0.json"]
+        train_step(state)
+        with pytest.raises(SnapshotDirectoryGoneError, match="adopted"):
+            old.snapshot(state, 3)
+        old.close(unlink=True)  # the old owner's teardown removes nothing of the new one
+        assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+        adopter = Snapshotter(SnapshotConfig(shm_namespace))
+        try:
+            assert adopter.restore(state) == 2
+        finally:
+            adopter.close(unlink=True)
+    finally:
+        replica.close(unlink=True)
+        shutil.rmtree(Path("/dev/shm") / f"stalwart-{replica_ns}", ignore_errors=True)
 
 
 def test_snapshot_survives_the_process_that_wrote_it(shm_namespace: str, tmp_path: Path) -> None:

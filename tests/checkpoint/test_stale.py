@@ -143,3 +143,32 @@ def test_another_users_entries_and_records_are_never_touched(tmp_path: Path) -> 
     assert not any(os.path.exists(p) for p in left)
     assert theirs.exists() and str(theirs) not in removed
     assert all(os.path.exists(p) for p in [*victim, their_record])
+
+
+def _record_of(names: SlotNames, pid: int) -> Path:
+    """An owner record of this run naming process ``pid`` as it is now."""
+    raw = Path(f"/proc/{pid}/stat").read_bytes()
+    start = int(raw[raw.rfind(b")") + 2 :].split()[19])
+    run_owner(names).write()
+    doc = json.loads(Path(run_owner(names).path).read_text())
+    run_owner(names).remove()
+    doc.update(pid=pid, start=start)
+    path = Path(names.shm_dir) / f"stalwart-{names.stem}-owner-{pid}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_another_live_owner_of_the_run_on_this_host_is_seen(tmp_path: Path) -> None:
+    """What a fenced agent asks before it removes its ranks' slots: another agent of its
+    run on this host may have adopted them (agent/_lifecycle.py ``clean_shm``)."""
+    run, other_run = _names(tmp_path), _names(tmp_path)
+    run_owner(run).write()
+    assert not run_owner(run).others_alive()  # its own record is not another's
+    _record_of(other_run, os.getppid())
+    assert not run_owner(run).others_alive()  # another run's owner does not count
+    dead = _record_of(run, os.getppid())
+    doc = json.loads(dead.read_text())
+    dead.write_text(json.dumps({**doc, "start": doc["start"] + 1}))  # its pid reused
+    assert not run_owner(run).others_alive()
+    _record_of(run, os.getppid())
+    assert run_owner(run).others_alive()

@@ -325,12 +325,15 @@ def clean_shm(cluster: Cluster, ranks: list[int]) -> None:
     none. Only a member's ranks are its own: an agent the job refused at its start (its
     node lost and blocklisted, then started again) removes none of theirs, since on one
     host the node that adopted them uses the same slot names (bench/soak.py found it
-    deleting them)."""
+    deleting them). Nor are a fenced agent's while another agent of the run lives on
+    this host: its ranks were adopted, maybe by that agent, under the same names."""
     if not cluster.started:
         return
     names, everything = cluster.names, cluster.last_out
     if not cluster.joined:
         ranks = []
+    elif cluster.lease.lost_reason is not None and run_owner(names).others_alive():
+        ranks = []  # fenced: the node that adopted them may be on this host, using them
     for rank in ranks:
         shutil.rmtree(names.rank_dir(rank), ignore_errors=True)
     with contextlib.suppress(OSError):  # the fence handed to its workers after a rejoin

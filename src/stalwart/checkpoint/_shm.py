@@ -25,12 +25,14 @@ import os
 import re
 import secrets
 import stat
+import weakref
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from stalwart.errors import ConfigError, SnapshotWontFitError
+from stalwart.errors import ConfigError, SnapshotDirectoryGoneError, SnapshotWontFitError
 
 __all__ = [
+    "SlotDirectory",
     "SlotFiles",
     "SlotMeta",
     "Window",
@@ -128,14 +130,29 @@ class SlotMeta:
 
 
 class SlotFiles:
-    """The two files of one slot, and a writable mapping of the data file."""
+    """The two files of one slot, and a writable mapping of the data file.
 
-    def __init__(self, directory: str, index: int) -> None:
+    ``dir_fd``: the slot directory opened by its writer (:class:`SlotDirectory`). Every
+    file operation then goes through that directory itself, never its path: a writer
+    whose directory was replaced under the same name (its node fenced, the rank adopted
+    on this host and the replica renamed into place) can never write a file into the
+    new one. Readers pass none and follow the path."""
+
+    def __init__(self, directory: str, index: int, dir_fd: int | None = None) -> None:
         self.index = index
         self.data_path = os.path.join(directory, f"slot{index}.data")
         self.meta_path = os.path.join(directory, f"slot{index}.json")
+        self._fd = dir_fd
         self._map: mmap.mmap | None = None
         self._size = 0
+
+    def _at(self, path: str) -> str:
+        """``path`` as this slot's file operations name it (its base name under a
+        directory fd)."""
+        return os.path.basename(path) if self._fd is not None else path
+
+    def _open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        return os.open(self._at(path), flags, mode, dir_fd=self._fd)
 
     @property
     def size(self) -> int:
@@ -144,14 +161,14 @@ class SlotFiles:
     def allocated(self) -> int:
         """Bytes of the data file that have pages (a sparse or missing file: fewer)."""
         try:
-            st = os.stat(self.data_path, follow_symlinks=False)
+            st = os.stat(self._at(self.data_path), dir_fd=self._fd, follow_symlinks=False)
         except OSError:
             return 0
         return int(st.st_blocks) * 512
 
     def read_meta(self) -> SlotMeta | None:
         try:
-            fd = os.open(self.meta_path, os.O_RDONLY | _NOFOLLOW)
+            fd = self._open(self.meta_path, os.O_RDONLY | _NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as err:
@@ -163,14 +180,16 @@ class SlotFiles:
 
     def invalidate(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.meta_path)
+            os.unlink(self._at(self.meta_path), dir_fd=self._fd)
 
     def publish(self, meta: SlotMeta) -> None:
         tmp = f"{self.meta_path}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW)
         with os.fdopen(fd, "wb") as f:
             f.write(meta.encode())
-        os.replace(tmp, self.meta_path)
+        os.replace(
+            self._at(tmp), self._at(self.meta_path), src_dir_fd=self._fd, dst_dir_fd=self._fd
+        )
 
     def map_writable(self, size: int) -> mmap.mmap:
         """A shared writable mapping of at least ``size`` bytes, pre-faulted."""
@@ -178,7 +197,7 @@ class SlotFiles:
             return self._map
         self.close()
         size = max(size, 1)
-        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+        fd = self._open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW)
         try:
             os.ftruncate(fd, size)
             with contextlib.suppress(OSError):
@@ -194,7 +213,7 @@ class SlotFiles:
         """Size the data file to ``size`` bytes with its pages allocated, and map nothing
         (a receiver writes through one chunk's :class:`Window` at a time)."""
         self.close()
-        fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+        fd = self._open(self.data_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW)
         try:
             os.ftruncate(fd, max(size, 1))
             with contextlib.suppress(OSError):
@@ -203,7 +222,7 @@ class SlotFiles:
             os.close(fd)
 
     def map_readonly(self) -> mmap.mmap:
-        fd = os.open(self.data_path, os.O_RDONLY | _NOFOLLOW)
+        fd = self._open(self.data_path, os.O_RDONLY | _NOFOLLOW)
         try:
             size = os.fstat(fd).st_size
             return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
@@ -221,7 +240,49 @@ class SlotFiles:
         self.close()
         for p in (self.meta_path, self.data_path):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
+                os.unlink(self._at(p), dir_fd=self._fd)
+
+
+class SlotDirectory:
+    """A writer's own slot directory, held open: its slots' files are made through it.
+
+    Why: on one host a node's ranks can be adopted while the node's old workers still
+    run (its agent stopped or cut off, fenced, its ranks started again elsewhere): the
+    adopter renames the rank's replica into the same name. Writing by path, the old
+    worker's next snapshot would then unlink and publish slot metadata in the adopter's
+    directory, pointing at data that is not there (a restore found ``slot1.json`` and no
+    ``slot1.data``). Through the directory it opened, the old worker can only touch the
+    directory that was its own, and :meth:`check_own` tells it that it is no longer
+    there before it writes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        self._st = os.fstat(self.fd)
+        # closed with the last reference, never before: a slot must not keep a number
+        # that a later open could reuse for another directory
+        weakref.finalize(self, os.close, self.fd)
+
+    def slots(self, count: int) -> list[SlotFiles]:
+        return [SlotFiles(self.path, i, self.fd) for i in range(count)]
+
+    def is_own(self) -> bool:
+        """Whether the path still names the directory this writer opened."""
+        if os.fstat(self.fd).st_nlink == 0:
+            return False  # removed
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) == (self._st.st_dev, self._st.st_ino)
+
+    def check_own(self) -> None:
+        if not self.is_own():
+            raise SnapshotDirectoryGoneError(
+                f"snapshot directory {self.path} was removed or replaced while this "
+                "process wrote to it: another process owns this rank's slots now (its "
+                "node was fenced and the rank adopted); this process must stop"
+            )
 
 
 class Window:

@@ -101,6 +101,16 @@ class OwnerRecord:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
+    def others_alive(self) -> bool:
+        """Whether another process of this run on this host (another node's agent) may
+        still live: True too where a record of it cannot be judged."""
+        own = os.path.basename(self.path)
+        for name in _listdir(self.shm_dir):
+            rec = _read_record(self.shm_dir, name) if name != own else None
+            if rec is not None and rec[0] == self.stem and rec[1]:
+                return True
+        return False
+
 
 def _read_record(shm_dir: str, name: str) -> tuple[str, bool] | None:
     """(stem, alive) of an owner record of this user's; None: not one (or unreadable,

@@ -27,6 +27,7 @@ import torch
 
 from stalwart.checkpoint._load import load_slot
 from stalwart.checkpoint._shm import (
+    SlotDirectory,
     SlotFiles,
     SlotMeta,
     check_fits,
@@ -125,7 +126,8 @@ class Snapshotter:
         self.directory = slot_dir(config.shm_dir, config.namespace)
         os.makedirs(os.path.dirname(self.directory), exist_ok=True)
         ensure_private_dir(self.directory)
-        self._slots = [SlotFiles(self.directory, i) for i in range(config.slots)]
+        self._dir = SlotDirectory(self.directory)
+        self._slots = self._dir.slots(config.slots)
         metas = [s.read_meta() for s in self._slots]
         self._seq = max((m.seq for m in metas if m is not None), default=0)
         # Sequence number of each complete slot (None: empty or being written). This
@@ -175,6 +177,7 @@ class Snapshotter:
         if plan is None or plan.key != [(t.dtype, tuple(t.shape)) for t, _ in pairs]:
             plan = self._plan = _Plan(pairs)
         slot = self._choose_slot()
+        self._dir.check_own()
         check_fits(slot, plan.size, self.directory, step)  # before the slot is touched
         slot.invalidate()
         self._slot_seq[slot.index] = None
@@ -381,7 +384,7 @@ class Snapshotter:
                 s.unlink()
             else:
                 s.close()
-        if unlink:
+        if unlink and self._dir.is_own():  # never another owner's directory
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)
 
