@@ -24,12 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from stalwart.agent.cluster._arrivals import ArrivalRelay
 from stalwart.agent.cluster._follow import REREAD_S, PrefixFollower, watch_wait
 from stalwart.agent.cluster._generation import JobGeneration
 from stalwart.agent.cluster._livenodes import LiveNodes
 from stalwart.agent.cluster._members import MemberView
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, Put, Store, StoreError
 from stalwart.runtime.comm._coord import GenerationWatch
+from stalwart.runtime.rejoin._arrivals import RelayedArrivals
 from stalwart.runtime.rejoin._rendezvous import agree
 from stalwart.runtime.steps._cadence import SnapshotCadence
 
@@ -201,6 +203,10 @@ class Node:
         # the contract's wait; the generation from the agent's relay (a local socket)
         self.genwatch = GenerationWatch(self.wcoord, wait_s=self._wait_s, relay=relay)
         self.cadence = SnapshotCadence(JOB, self, self.step_store)  # type: ignore[arg-type]
+        # the workers arrive through the agent (agent/cluster/_arrivals.py): one
+        # transaction and one watch per node; each worker its own connection to it
+        self.arrivals = ArrivalRelay(self.store, ROOT) if self.cfg.get("arrivals", True) else None
+        self._clients: dict[int, RelayedArrivals] = {}
 
     @property
     def rank(self) -> int:  # the cadence's Position: our rank among the live nodes
@@ -224,6 +230,11 @@ class Node:
 
     def _agree_rank(self, rank: int, world: int, min_generation: int) -> Any:
         info = {"rank": rank, "steps": [self.step - 1, self.step], "done": self.step}
+        relay = None
+        if self.arrivals is not None:  # the worker's own connection, as in its process
+            local = rank % int(self.cfg.get("workers", 1))
+            per = int(self.cfg.get("workers", 1))
+            relay = self._clients.setdefault(local, RelayedArrivals(self.arrivals.address, per))
         return agree(
             self.store,
             self.wcoord,
@@ -235,6 +246,7 @@ class Node:
             disk_step=None,
             min_generation=min_generation,
             timeout_s=float(self.cfg["agree_timeout_s"]),
+            relay=relay,
         )
 
     # ------------------------------------------------------------ the loop
@@ -337,6 +349,10 @@ class Node:
     def close_feed(self) -> None:
         if hasattr(self, "_feed_close"):
             self._feed_close()
+        for client in getattr(self, "_clients", {}).values():
+            client.close()
+        if getattr(self, "arrivals", None) is not None:
+            self.arrivals.close()
 
     def kill(self) -> None:
         """The process dies: its loop stops, its connections close (its heartbeat
@@ -355,6 +371,7 @@ class Node:
         self.genwatch.close()
         self._close_followers()
         self.member.leave()
+        self.close_feed()
         self.inner.close()
 
     def _close_followers(self) -> None:

@@ -59,6 +59,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "verdict_s": args.verdict_s,
         "feed": not args.poll_generation,
         "relay": not args.no_relay,
+        "arrivals": not args.no_arrival_relay,
         "workers": args.workers_per_node,
     }
     procs = args.procs or max(1, -(-n // args.per_proc))
@@ -66,6 +67,7 @@ def run_one(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     out["switch_ms"], out["store_group"] = args.switch_ms, args.store_group
     out["poll_s"], out["step_s"] = args.poll_s, args.step_s
     out["relay"] = not args.no_relay
+    out["arrival_relay"] = not args.no_arrival_relay
     out["workers_per_node"] = args.workers_per_node
     if kind == "embedded" and args.store_nice:
         out["store_nice"] = args.store_nice
@@ -228,6 +230,12 @@ def main() -> None:
         "--no-relay",
         action="store_true",
         help="each worker watches the generation in the store (before the agent's relay)",
+    )
+    p.add_argument(
+        "--no-arrival-relay",
+        action="store_true",
+        help="each worker arrives and awaits the agreement in the store itself (before the "
+        "agent's arrival relay, agent/cluster/_arrivals.py)",
     )
     p.add_argument(
         "--workers-per-node",

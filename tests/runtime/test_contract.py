@@ -49,6 +49,7 @@ def _full() -> WorkerEnv:
         hang_ceiling_s=120.0,
         watch_wait_s=30.0,
         gen_relay="@stalwart-gen-0123456789abcdef01234567",
+        arrival_relay="@stalwart-arr-0123456789abcdef01234567",
         persist_every=-1,
         snapshot_budget=0.05,
         snapshot_every=7,

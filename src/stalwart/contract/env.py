@@ -52,7 +52,7 @@ __all__ = [
 
 CONTRACT_VAR = "STALWART_CONTRACT"
 """The environment variable holding the stalwart part of the contract (JSON)."""
-CONTRACT_VERSION = 4
+CONTRACT_VERSION = 5
 """Bumped on any change of the JSON part's fields or their meaning: the agent and its
 workers always run the same installation, so a mismatch is a broken install."""
 
@@ -160,6 +160,11 @@ class WorkerEnv:
     abstract namespace, one ASCII line per new generation (docs/worker-contract.md).
     The worker follows it instead of a store watch of its own: no store request per
     worker in steady state, none per failure ("": watch the store)."""
+    arrival_relay: str = _c("")
+    """Where the worker arrives at an agreement through its agent: ``@name``, a Unix
+    socket of the abstract namespace (docs/worker-contract.md, "The arrival relay").
+    The agent writes its workers' arrivals in one transaction and follows the agreement
+    with one watch for all of them ("": the worker asks the store itself)."""
     persist_every: int = _c(0, low=-1, flag="--persist-every", knob=True)
     """Steps between persisted checkpoints (0: off; -1, 'auto' on the command line:
     Young/Daly from the observed persist time and MTBF); `stalwart run` defaults to 20
@@ -328,6 +333,7 @@ class WorkerFields(TypedDict, total=False):
     rdzv: str
     fence: str
     shm_run: str
+    arrival_relay: str
 
 
 def _addr(text: str) -> tuple[str, int] | None:

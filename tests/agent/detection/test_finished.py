@@ -116,6 +116,74 @@ def _asleep(pid: int) -> None:
         time.sleep(0.05)
 
 
+def test_a_rank_that_never_passed_the_finish_barrier_is_not_counted_finished() -> None:
+    # --strategy async, two groups of one (the 365 s rc 0 run of test_async.py without
+    # part 0's output): group 0's rank gave up on the finish barrier (its peer was away
+    # for the hang ceiling) and waits in its recovery; group 1's rank came back, passed
+    # the barrier on group 0's stale arrival and said ``done``. Group 0's rank is idle
+    # after that, but it never finished: ending it as "hung at exit" counted it finished
+    # and the job ended ok without its result
+    slots = {
+        0: Slot(10, 7, "step", 0, 100.0, 100.0, 0.01, True),  # the runtime's, at step 7
+        1: Slot(11, 10, "done", 0, 101.0, 101.0, 0.01, True),  # passed the barrier
+    }
+    idle = {0: Activity("S", t_busy=100.0), 1: Activity("S", t_busy=101.0)}
+    watch = ExitWatch(lambda: 1, grace_s=5.0)
+    assert watch.check(slots, idle, 101.0) == (True, None)
+    finishing, hang = watch.check(slots, idle, 106.5)
+    assert finishing and hang is not None
+    assert hang.ranks == [1]  # ended as finished: only the rank that passed the barrier
+    assert hang.unfinished == [0]  # a hang: its strategy recovers it or the job fails
+    # a restarted process of a runtime rank (its slot not written yet) did not finish either
+    starting = {0: Slot(12, 0, "starting", 0, 100.0, 0.0, 0.0, False)}
+    hang = hung_at_exit(starting, idle, 106.5, done=1, since=101.0, grace_s=5.0, runtime={0})
+    assert hang is not None and hang.ranks == [] and hang.unfinished == [0]
+
+
+def test_an_unfinished_rank_idle_after_a_peer_finished_is_a_hang_not_a_finish(
+    tmp_path: Path,
+) -> None:
+    # the agent's side: group 1's rank exited 0; group 0's rank (the runtime's, stuck at
+    # step 7) is killed as a hang once the grace passed, and its exit is a failure to
+    # recover (under async its group starts again and rejoins), never a finish
+    zygote = FakeZygote()
+    workers = LocalWorkers([0, 1], _board(tmp_path), zygote)
+    config = HangConfig(idle_s=2.0, exit_grace_s=5.0)
+    events, said = FakeEvents(), []
+    stuck = subprocess.Popen(["sleep", "600"])  # rank 0's process: alive, using no CPU
+    try:
+        _asleep(stuck.pid)
+        for rank, pid, step in ((0, stuck.pid, 7), (1, stuck.pid + 100_000, 10)):
+            workers.spawn(workers[rank], generation=0)
+            workers.on_message({"op": "spawned", "id": f"rank-{rank}", "pid": pid})
+            workers.board.write(rank, pid=pid, step=step, phase="step", generation=0,
+                                t_progress=1000.0, t_alive=1000.0, p99_s=0.01)  # fmt: skip
+        workers.on_message({"op": "exit", "pid": stuck.pid + 100_000, "rc": 0, "t": 0})
+        watch = HangWatch(config)
+        detector = HangDetector(
+            config=config, node=0, whole_job=True, workers=workers, watch=watch,
+            ledger=FaultLedger(str(tmp_path)), events=events, say=said.append,
+            exits=ExitWatch(lambda: workers.finished_peer(-1), config.exit_grace_s),
+        )  # fmt: skip
+        t0 = 1001.0
+        assert detector.check(t0, generation=0, slowed=frozenset()) == []
+        assert detector.check(t0 + 3.0, generation=0, slowed=frozenset()) == []
+        (hung,) = detector.check(t0 + 6.0, generation=0, slowed=frozenset())
+        assert (hung.rank, hung.pid, hung.collateral) == (0, stuck.pid, False)
+        assert "never passed the finish barrier" in hung.how and "rank 1" in hung.how
+        assert not any(line.startswith("rank 0 hung at exit") for line in said)
+        (fault,) = events.of("fault_detected")
+        assert fault["fault"] == "hang" and fault["domain"] == {"rank": 0, "node": 0}
+        detector.isolate(hung)
+        assert stuck.wait(timeout=scaled(60)) == -9
+        ended = workers.on_message({"op": "exit", "pid": stuck.pid, "rc": -9, "t": 0})
+        assert ended is not None and (ended.rank, ended.cause) == (0, "hang")
+        assert workers[0].state is WorkerState.DEAD and not workers.finished()
+    finally:
+        stuck.kill()
+        stuck.wait()
+
+
 def _restart_parts(tmp_path: Path) -> RecoveryParts:
     cfg: Any = SimpleNamespace(job="t", node_rank=0, nproc_per_node=2, max_restarts=3,
                                world_size=2, runtime=WorkerEnv())  # fmt: skip

@@ -485,3 +485,50 @@ def test_a_member_whose_watch_cannot_open_waits_by_reads(broken: tuple[int, ...]
         members = [pool.submit(join, r) for r in (1, 2)]
         agreed = [first.result()] + [f.result() for f in members]
     assert {(a.generation, a.target) for a in agreed} == {(1, 9)}
+
+
+_DONE = "/stalwart/j/done/000000000000/"
+
+
+def test_a_member_that_gives_up_at_the_finish_barrier_takes_its_arrival_back() -> None:
+    """A member that timed out alone goes on to recover: its key must not let a member
+    arriving later pass the barrier (which then says done for a job that is not)."""
+    from stalwart.runtime.rejoin._rendezvous import finish_barrier
+
+    store = MemoryStore()
+    coord = Coordinator(store, CoordinatorConfig(job_id="j"))
+    assert not finish_barrier(store, coord, _DONE, (0, 2, 0), 0.2)  # A, alone
+    assert store.range(_DONE).kvs == []  # its key is gone
+    assert not finish_barrier(store, coord, _DONE, (1, 2, 0), 0.2)  # B: A is not there
+    assert store.range(_DONE).kvs == []
+    with ThreadPoolExecutor(2) as pool:  # arriving together, both pass
+        both = [pool.submit(finish_barrier, store, coord, _DONE, (r, 2, 0), 30.0) for r in (0, 1)]
+        assert [f.result() for f in both] == [True, True]
+
+
+def test_a_member_leaving_the_finish_barrier_for_a_new_generation_takes_its_key() -> None:
+    from stalwart.runtime.rejoin._rendezvous import finish_barrier
+
+    store = MemoryStore()
+    coord = Coordinator(store, CoordinatorConfig(job_id="j"))
+    assert coord.advance_generation(0, "a member failed").won
+    assert not finish_barrier(store, coord, _DONE, (0, 2, 0), 30.0)  # at once, not at 30 s
+    assert store.range(_DONE).kvs == []
+
+
+def test_a_store_error_taking_the_arrival_back_still_answers_false() -> None:
+    from stalwart.runtime.rejoin._rendezvous import finish_barrier
+
+    class _NoDelete:
+        def __init__(self, inner: MemoryStore) -> None:
+            self.inner = inner
+
+        def delete(self, key: str, prefix: bool = False) -> Any:
+            raise ConnectionError("the store went away")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    store = MemoryStore()
+    coord = Coordinator(store, CoordinatorConfig(job_id="j"))
+    assert not finish_barrier(_NoDelete(store), coord, _DONE, (0, 2, 0), 0.1)

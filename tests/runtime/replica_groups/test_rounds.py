@@ -138,3 +138,63 @@ def test_the_members_restore_a_snapshot_all_of_them_hold() -> None:
     assert b.held_by_all("1", 1, 2, [11, 12]) == [12]
     t.join()
     assert got == [[12]]
+
+
+def _alone(store: MemoryStore, rounds: int) -> Rounds:
+    """Group 0 of 2 publishes round 0 and then does ``rounds`` rounds alone (group 1
+    has not started: it is not expected), pruning as the writer does."""
+    a = Rounds(store, JOB, 0, 2, 30.0)
+    a.publish(0, b"g0")
+    a.announce("0", 0)
+    for r in range(1, rounds + 1):
+        a.contribute(r, b"x")
+        assert a.agree(r) == [0]
+        assert a.publish(r, b"g%d" % r)
+        a.prune(r)
+    return a
+
+
+@pytest.mark.timeout(30)
+def test_a_group_starting_late_starts_from_the_newest_round_at_once() -> None:
+    """Group 0 went on alone for 3 rounds before group 1 started (the job of 10 tiny
+    steps that once took 365 s: round 0 was pruned at round 2 and group 1 waited the
+    hang ceiling for it). Group 1 starts from the newest round without waiting (its
+    wait is 0.2 s: over it, it raises), and its members agree on that round."""
+    store = MemoryStore()
+    a = _alone(store, 3)
+    b, b2 = Rounds(store, JOB, 1, 2, 0.2), Rounds(store, JOB, 1, 2, 0.2)
+    assert b.start_round("0", 0.2) == 3
+    assert b.global_state(3) == b"g3"
+    a.contribute(4, b"x")
+    a.agree(4)
+    a.publish(4, b"g4")
+    assert b2.start_round("0", 0.2) == 3  # its peer, reading after round 4: the same round
+    assert b.start_round("1", 0.2) == 4  # (a later life decides anew)
+
+
+@pytest.mark.timeout(30)
+def test_round_0_is_kept_and_a_group_on_time_starts_from_it() -> None:
+    store = MemoryStore()
+    b = Rounds(store, JOB, 1, 2, 30.0)
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(b.start_round("0", 30.0)))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # waits for group 0's initial parameters
+    a = Rounds(store, JOB, 0, 2, 30.0)
+    a.publish(0, b"g0")
+    t.join()
+    assert got == [0]
+    for r in (1, 2, 3, 4):  # pruning never takes round 0 (a first life's start)
+        a.contribute(r, b"x")
+        a.agree(r)
+        a.publish(r, b"g%d" % r)
+        a.prune(r)
+    assert a.global_state(0) == b"g0"
+    with pytest.raises(RoundError, match="never published"):
+        a.global_state(2)
+
+
+def test_a_group_whose_round_0_never_comes_is_an_error() -> None:
+    with pytest.raises(RoundError, match="group 0's initial parameters"):
+        Rounds(MemoryStore(), JOB, 1, 2, 0.1).start_round("0", 0.1)

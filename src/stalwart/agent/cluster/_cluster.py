@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stalwart.agent.cluster._arrivals import ArrivalRelay
 from stalwart.agent.cluster._fencing import NodeFenced, NodeLease
 from stalwart.agent.cluster._follow import FollowedKey, watch_wait
 from stalwart.agent.cluster._grace import MissingNodes, Rejoin, RejoinClock, claim_lost, hand_fence
@@ -51,8 +52,11 @@ from stalwart.coordinator import (
     StoreUnavailableError,
 )
 from stalwart.errors import FencedError, StalwartError
+from stalwart.logs import get_logger
 
 __all__ = ["Cluster", "NodeFenced", "ring_successor"]
+
+_log = get_logger(__name__)
 
 _RECORD_READ_S = 1.0  # a followed launch record without a watch: a read at most this often
 
@@ -85,6 +89,7 @@ class Cluster:
         self._view: LiveNodes | None = None  # the live nodes (agent/cluster/_livenodes.py)
         self._followed: dict[str, FollowedKey] = {}  # launch records, each from a watch
         self._read_live = False  # a watched peer just died: read the membership itself
+        self._arrivals: ArrivalRelay | None = None  # the workers' arrivals go through it
 
     def start(self) -> None:
         cfg = self.cfg
@@ -107,6 +112,10 @@ class Cluster:
         args = (self.store, self._root, self.node, self.token, cfg.node_address)
         self.watch = PeerWatch(*args, self.live_nodes, ring_successor)
         self.watch.publish()
+        try:  # this node's workers arrive at agreements through us (agent/cluster/_arrivals.py)
+            self._arrivals = ArrivalRelay(self.store, self._root)
+        except OSError as err:  # no local sockets here: each worker asks the store
+            _log.warning("no arrival relay for the workers (%s): each asks the store", err)
 
     def _become_member(self, member: Member) -> None:
         """Heartbeat ``member``'s lease, fence every bump with it (at start, on a rejoin)."""
@@ -253,6 +262,8 @@ class Cluster:
             "shm_run": self.names.run,
             "fence": f"{self.node}:{self.lease.revision}",
         }
+        if self._arrivals is not None:
+            fields["arrival_relay"] = self._arrivals.address
         if self.cfg.etcd:
             fields["rdzv"] = str(self.cfg.rdzv)
         return fields
@@ -394,6 +405,8 @@ class Cluster:
         that node 0 adopts this node's ranks."""
         for followed in self._followed.values():
             followed.close()
+        if self._arrivals is not None:  # its workers are gone: nothing waits on it
+            self._arrivals.close()
         if goodbye:
             with contextlib.suppress(Exception):
                 self.store.put(f"{self._root}/agents-done/node{self.node}", b"1")

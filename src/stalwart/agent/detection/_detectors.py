@@ -169,11 +169,15 @@ class HangDetector:
         watch.remember(slots)
         pids = {r: self._workers[r].pid for r in slots}
         activity = watch.sample(pids, now, slowed)
-        finishing, at_exit = self._exits.check(slots, activity, now)
+        runtime = {r for r in slots if self._workers[r].attached}
+        finishing, at_exit = self._exits.check(slots, activity, now, runtime)
         if finishing:  # never a restart once a rank finished the job: end the stuck ones
-            if at_exit is not None:
-                self._end_at_exit(at_exit, slots)
-            return []
+            if at_exit is None:
+                return []
+            self._end_at_exit(at_exit, slots)
+            return [
+                self._short_of_finish(r, pids[r], at_exit, slots[r]) for r in at_exit.unfinished
+            ]
         verdict = find_hang(
             slots,
             now,
@@ -215,6 +219,21 @@ class HangDetector:
             self._events.emit("note", message=line)
             self._say(line)
             self._workers.kill(self._workers[rank], EXIT_HANG)
+
+    def _short_of_finish(self, rank: int, pid: int, hang: ExitHang, slot: Slot) -> WorkerHung:
+        """A runtime rank idle short of the finish barrier once a peer finished: a hang
+        (its strategy recovers it, or ends the job with its failure), never a finish."""
+        how = hang.short_of_finish(slot)
+        domain = {"rank": rank, "node": self._node}
+        self._events.emit(
+            "fault_detected",
+            fault="hang",
+            domain=domain,
+            latency_s=hang.idle_s,
+            how=f"{how} for {hang.idle_s:.2f}s (--exit-grace {hang.grace_s:g}s)",
+        )
+        self._say(f"rank {rank} hung ({how}); killing it")
+        return WorkerHung(rank, pid, how, hang.idle_s, hang.grace_s, hang.idle_s)
 
     def _collateral(self, rank: int, pid: int, verdict: HangVerdict) -> WorkerHung:
         """A survivor left behind by another fault's recovery: no fault of its own (no

@@ -19,13 +19,23 @@ for ``--exit-grace`` seconds once a peer finished is ended and counted as finish
 rank is stuck in its teardown (a gloo group's destructor waiting for a thread that waits
 for the GIL, agent/processes/_zygote.py) or alone with nothing left to wait for: its peers are gone,
 so no collective of the job can ever complete.
+
+Only a rank that could have finished is counted so: a plain script's (no finish barrier to
+tell), or one of the runtime's whose board says ``done`` (it passed the barrier itself). A
+runtime rank idle short of ``done`` did not finish, whatever its peers did: a peer can pass
+the barrier on an arrival its member left there before giving up on it (its peer was away
+for the hang ceiling), e.g. under ``--strategy async`` a group restarted after its start-up
+failed finishes alone while the other waits in its recovery. Ending that rank as finished
+ended the job ok without its result; it is a hang instead (``ExitHang.unfinished``): its
+strategy recovers it (async: its group starts again and rejoins) or, a peer having
+finished, ends the job with its failure (:func:`after_finish`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stalwart.agent._types import EventSink, Say
@@ -122,18 +132,29 @@ def after_finish(ex: WorkerExited, done: int) -> str:
 
 @dataclass(frozen=True)
 class ExitHang:
-    """Ranks that made no progress for ``grace_s`` after rank ``done`` finished."""
+    """Ranks that made no progress for ``grace_s`` after rank ``done`` finished:
+    ``ranks`` are ended and counted as finished, ``unfinished`` (the runtime's, short of
+    the finish barrier) are hangs, never finishes."""
 
     ranks: list[int]
     done: int  # the rank whose clean exit (or finish barrier) began the job's end
     idle_s: float  # how long the first of them made no progress
     grace_s: float
+    unfinished: list[int] = field(default_factory=list)
 
     def line(self, rank: int, step: int) -> str:
         return (
             f"rank {rank} hung at exit: no progress for {self.idle_s:.0f} s after rank "
             f"{self.done} finished the job (--exit-grace {self.grace_s:g}); ended, not "
             f"restarted: the job's result stands (rank {rank}'s last step: {step})"
+        )
+
+    def short_of_finish(self, slot: Slot) -> str:
+        """How an ``unfinished`` rank hung (its ``WorkerHung``'s ``how``)."""
+        return (
+            f"no progress after rank {self.done} finished the job, but it never passed the "
+            f"finish barrier itself (its last step {slot.step}, phase {slot.phase}): not a "
+            "finish"
         )
 
 
@@ -145,11 +166,14 @@ def hung_at_exit(
     done: int,
     since: float,
     grace_s: float,
+    runtime: Collection[int] = (),
 ) -> ExitHang | None:
     """The live ranks (``slots``, as for agent/detection/hang.py ``find_hang``) that neither
     computed nor stepped for ``grace_s`` since ``since`` (when the agent learned that
     rank ``done`` finished the job). A busy rank (a final eval or save alone) is never
-    ended; a stopped one is, after the same grace (nobody will ever wait for it)."""
+    ended; a stopped one is, after the same grace (nobody will ever wait for it).
+    ``runtime``: the ranks known to run the stalwart runtime (their slot may be a
+    start-up's yet); one of them, or an attached slot, short of ``done`` is unfinished."""
     idle = {
         r: now - max(since, activity[r].t_busy, s.t_progress)
         for r, s in slots.items()
@@ -158,7 +182,9 @@ def hung_at_exit(
     late = sorted(r for r, d in idle.items() if d > grace_s)
     if not late:
         return None
-    return ExitHang(late, done, min(idle[r] for r in late), grace_s)
+    short = [r for r in late if (slots[r].attached or r in runtime) and slots[r].phase != "done"]
+    ended = [r for r in late if r not in short]
+    return ExitHang(ended, done, min(idle[r] for r in late), grace_s, short)
 
 
 class ExitWatch:
@@ -171,7 +197,11 @@ class ExitWatch:
         self._since = 0.0
 
     def check(
-        self, slots: Mapping[int, Slot], activity: Mapping[int, Activity], now: float
+        self,
+        slots: Mapping[int, Slot],
+        activity: Mapping[int, Activity],
+        now: float,
+        runtime: Collection[int] = (),
     ) -> tuple[bool, ExitHang | None]:
         """(finishing, the ranks to end); while not finishing, hang detection goes on."""
         if self._done is None:
@@ -180,7 +210,13 @@ class ExitWatch:
                 return False, None
             self._since = now
         hang = hung_at_exit(
-            slots, activity, now, done=self._done, since=self._since, grace_s=self.grace_s
+            slots,
+            activity,
+            now,
+            done=self._done,
+            since=self._since,
+            grace_s=self.grace_s,
+            runtime=runtime,
         )
         return True, hang
 

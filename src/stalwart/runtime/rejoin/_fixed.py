@@ -24,6 +24,7 @@ from stalwart.runtime.comm._formation import (
     form_group,
     formed,
 )
+from stalwart.runtime.rejoin._arrivals import RelayedArrivals
 from stalwart.runtime.rejoin._loops import RecoveryLoops
 from stalwart.runtime.rejoin._rendezvous import (
     Agreement,
@@ -78,6 +79,9 @@ class FixedRejoin:
         self.batch: BatchConfig | None = None  # sess.use_batch's policy, re-applied
         self.loops = RecoveryLoops()  # a step failing alike after in-place recoveries
         self._members: tuple[int, ...] = ()  # the formed generation's pids by rank
+        # the agent's arrival relay: one transaction and one watch per node, not per worker
+        relay = env.arrival_relay
+        self._relay = RelayedArrivals(relay, env.local_world_size) if relay else None
 
     def on_track(self, state: Mapping[str, Any]) -> None:
         pass
@@ -145,6 +149,7 @@ class FixedRejoin:
             timeout_s=self.env.hang_ceiling_s,
             fence=fence_compares(self.env),
             launch=self.env.restart_count,
+            relay=self._relay,
         )
 
     def _restore(self, a: Agreement, done: int) -> int:

@@ -11,6 +11,7 @@ starts over at the new one; nothing from an old generation is used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -26,9 +27,12 @@ from stalwart.coordinator import (
     Put,
     Store,
     StoreUnavailableError,
+    TxnResult,
     generation_end,
 )
+from stalwart.coordinator.arrivals import Await
 from stalwart.errors import CheckpointNotFoundError, FencedError
+from stalwart.runtime.rejoin._arrivals import RelayedArrivals
 
 __all__ = [
     "Agreement",
@@ -43,6 +47,7 @@ __all__ = [
 _IDLE_S = 0.25  # waiting for arrivals: the generation is read when none came this long
 _MEMBER_IDLE_S = 5.0  # waiting for rank 0's record: the bump's end marker says it at once
 _READ_S = 0.5  # a member whose watch broke reads the record this often (the fallback)
+_RELAY_TXN_S = 30.0  # an arrival through the agent: longer, and the worker writes it itself
 _MAX_VALUE = 512 << 10  # an agreement with every member's info, if it fits (etcd: 1.5 MiB)
 
 
@@ -178,12 +183,16 @@ def agree(
     timeout_s: float,
     fence: Sequence[Compare] = (),
     launch: int = 0,
+    relay: RelayedArrivals | None = None,
 ) -> Agreement:
     """Publish ``info`` at the current generation (>= ``min_generation``) and wait for all
     members; raises TimeoutError at the deadline, and FencedError when a ``fence``
     compare fails (the worker's agent lost its lease: its ranks may run elsewhere).
     ``launch`` (the restart count) keeps apart the workers of a restart and those of the
-    launch before it, which may have reached the same generation before being killed."""
+    launch before it, which may have reached the same generation before being killed.
+    ``relay``: the agent's arrival relay (runtime/rejoin/_arrivals.py): the arrival goes
+    in the agent's transaction for its node's workers, and the wait on its one watch;
+    what it cannot do, the store is asked for directly."""
     deadline = time.monotonic() + timeout_s
     gen = min_generation  # a guess, checked by the arrival's own transaction: no read
     while True:
@@ -195,7 +204,7 @@ def agree(
         guard = [*fence, coord.generation_is(gen)]
         if rank != 0:
             guard.append(Compare(result, "mod_revision", "==", 0))
-        arrived = store.txn(guard, [arrive])
+        arrived = _arrive(store, relay, guard, arrive, deadline)
         if not arrived.succeeded:
             now = coord.generation()
             if now != gen:  # the guess was wrong, or the job moved: try again
@@ -205,17 +214,29 @@ def agree(
                 gen = now
                 continue
             done = store.get(result) if rank != 0 else None
-            if done is not None and (not fence or store.txn(list(fence), []).succeeded):
+            fenced = bool(fence) and not store.txn(list(fence), []).succeeded
+            if done is not None and not fenced:
                 # came late (an earlier arrival of this rank was counted): take the record
                 return _from_record(dict(json.loads(done.value)), gen, _reader(store, prefix))
-            raise FencedError(
-                f"rank {rank}: this node's agent lost its lease (it was unresponsive for "
-                "longer than --node-lease), so its ranks may have moved to another node; "
-                "this worker stops instead of joining generation "
-                f"{gen}"
-            )
+            if fenced:
+                raise FencedError(
+                    f"rank {rank}: this node's agent lost its lease (it was unresponsive "
+                    "for longer than --node-lease), so its ranks may have moved to another "
+                    f"node; this worker stops instead of joining generation {gen}"
+                )
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"generation {gen}: the arrival was refused until the deadline")
+            # the generation moved between the refusal and the read (another member of
+            # this node advanced it: a relayed node's arrivals are refused together)
+            continue
         if rank != 0:  # rank 0 gathers and publishes; the others watch one key
-            got = _await(store, coord, result, gen, arrived.revision + 1, (deadline, timeout_s))
+            until = (deadline, timeout_s)
+            start = arrived.revision + 1
+            got = (
+                _await(store, coord, result, gen, start, until)
+                if relay is None
+                else _await_relayed(relay, store, coord, result, gen, start, until)
+            )
             if got is None:
                 continue  # the generation moved on: start over at the new one
             return _from_record(got, gen, _reader(store, prefix))
@@ -232,6 +253,58 @@ def agree(
                 f"agreement of generation {gen}"
             )
         return own
+
+
+def _arrive(
+    store: Store, relay: RelayedArrivals | None, guard: list[Compare], put: Put, deadline: float
+) -> TxnResult:
+    """The arrival's transaction: in the agent's (the relay), else the worker's own."""
+    if relay is not None:
+        left = min(_RELAY_TXN_S, max(0.1, deadline - time.monotonic()))
+        if (done := relay.arrive(guard, put, left)) is not None:
+            return done
+    return store.txn(guard, [put])
+
+
+def _await_relayed(
+    relay: RelayedArrivals,
+    store: Store,
+    coord: Coordinator,
+    key: str,
+    gen: int,
+    start: int,
+    until: tuple[float, float],
+) -> dict[str, Any] | None:
+    """:func:`_await` through the agent's one watch for its node's workers; the
+    generation is read as often (every ``_MEMBER_IDLE_S``), and what the relay cannot
+    answer (its watch broke, the agent gone) is awaited from the store directly."""
+    deadline, timeout_s = until
+    agreed = key.rsplit("/", 1)[0]
+    prefix, end = f"{agreed}/{gen:012d}.", f"{agreed}/{generation_end(gen)}"
+    if not relay.ask_await(Await(prefix, key, end, start)):
+        return _await(store, coord, key, gen, start, until)
+    next_check = time.monotonic() + _MEMBER_IDLE_S
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            relay.hang_up()  # its answer, should it come, is not the next call's
+            raise TimeoutError(
+                f"generation {gen}: rank 0 published no agreement within {timeout_s:.0f}s"
+            )
+        if now >= next_check:
+            if coord.generation() != gen:
+                relay.hang_up()
+                return None
+            next_check = now + _MEMBER_IDLE_S
+        got = relay.reply(min(next_check, deadline) - now)
+        if got is None:
+            continue
+        if got.record is not None:
+            return dict(json.loads(got.record))
+        if got.end:
+            return None
+        relay.hang_up()
+        return _await(store, coord, key, gen, start, until)
 
 
 def _from_record(
@@ -425,14 +498,19 @@ def finish_barrier(
 ) -> bool:
     """The end of the job: ``who`` = (rank, world_size, generation) reached the last step;
     True once every member did in this generation, False if the generation moves (a
-    member failed on the way) or ``timeout_s`` passes."""
+    member failed on the way) or ``timeout_s`` passes. A member that gives up takes its
+    arrival back (best effort): it goes on to recover, and a member arriving later must
+    not pass the barrier on its key."""
     rank, world_size, generation = who
-    store.put(prefix + f"{rank:06d}", b"1")
+    mine = prefix + f"{rank:06d}"
+    store.put(mine, b"1")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if len(store.range(prefix).kvs) >= world_size:
             return True
         if coord.generation() != generation:
-            return False
+            break
         time.sleep(0.005)
+    with contextlib.suppress(Exception):  # best effort: it gives up all the same
+        store.delete(mine)
     return False

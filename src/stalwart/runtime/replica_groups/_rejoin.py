@@ -123,9 +123,12 @@ class AsyncRejoin:
         # a restarted group (a later life) rejoins at a round its members agree on
         latest = self.rounds.rejoin_round(self.inc, self.rounds.latest()) if self.lives else None
         self.group.build(gen + self.lives)
+        if not self.lives and self.index != 0:  # a first life: round 0, or newer if late
+            start = self.rounds.start_round(self.inc, self.env.hang_ceiling_s)
+            latest = start if start > 0 else None  # round 0: read by _initial
         rank, world = self.env.rank, self.env.world_size
         if latest is not None:
-            step, lost = self._receive(latest)
+            step, lost = self._receive(latest, rejoin=self.lives > 0)
             formed(self.group, self.tracked.state, step=step, fresh=False)
             self.formation = Formation(gen, rank, world, step, "transfer", lost)
             return self.formation
@@ -142,9 +145,11 @@ class AsyncRejoin:
         outer state (as DDP's constructor broadcasts rank 0's): a script that seeds its
         model by rank (nanoGPT's ``1337 + rank``) would otherwise start each group
         elsewhere, and the outer step, computed by every group from its own start,
-        would differ."""
-        if self.index != 0:
-            params = decode(self.rounds.global_state(0, self.env.hang_ceiling_s))
+        would differ. A group that starts late, when group 0 went on alone and published
+        newer rounds, starts from the newest instead (:meth:`Rounds.start_round`,
+        :meth:`_receive`): the rounds between were decided without it, and are pruned."""
+        if self.index != 0:  # round 0 is published (start_round waited) and never pruned
+            params = decode(self.rounds.global_state(0))
             with torch.no_grad():
                 for name, p in self.params.items():
                     p.copy_(params[f"p/{name}"])
@@ -169,8 +174,9 @@ class AsyncRejoin:
         _log.info("replica group %d resumed from its checkpoint of step %d", self.index, step)
         return step
 
-    def _receive(self, round_: int) -> tuple[int, int]:
-        """Load the global state after ``round_`` (own snapshot of its step first)."""
+    def _receive(self, round_: int, rejoin: bool) -> tuple[int, int]:
+        """Load the global state after ``round_`` (own snapshot of its step first):
+        a restarted group's rejoin, or (``rejoin`` False) a first life's late start."""
         t0 = time.perf_counter()
         step = round_ * self.every
         snap = self.tracked.snapshots
@@ -183,6 +189,15 @@ class AsyncRejoin:
         self._load(round_, blob)
         if self.lead:
             self.rounds.announce(self.inc, round_)
+        if not rejoin:  # nothing failed: no replica_rejoin, no recovery_end (settle)
+            if self.lead and self.events is not None:
+                self.events.emit(
+                    "note",
+                    message=f"replica group {self.index} started late: from round "
+                    f"{round_} (step {step}), the newest published",
+                )
+            _log.info("replica group %d started late: round %d (step %d)", self.index, round_, step)
+            return step, 0
         if self.lead and self.events is not None:
             self.events.emit(
                 "replica_rejoin",
@@ -257,7 +272,8 @@ class AsyncRejoin:
     def settle(self, formation: Formation, seconds: float) -> None:
         """A rejoin's recovery_end (the session writes one only past generation 0, which
         async never leaves: its groups rejoin on their own)."""
-        if formation.tier == "transfer" and self.lead and self.events is not None:
+        rejoined = formation.tier == "transfer" and self.lives > 0  # not a late start
+        if rejoined and self.lead and self.events is not None:
             self.events.emit(
                 "recovery_end",
                 strategy=self.env.strategy,

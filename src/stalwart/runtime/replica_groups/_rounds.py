@@ -17,13 +17,15 @@ Keys, under ``/stalwart/<job>/async/``::
     m/roster/<r>         [g, ...]                      the round's members (create-if-absent)
     m/global/<r>         {"writer": g, "chunks": n}    the global state after round r
     m/disk/<g>           [step, ...]                   the steps group g holds on disk
-    m/join/<g>/<life>    r                             the round that life of g rejoins at
+    m/join/<g>/<life>    r                             the round that life of g (re)joins at
     m/held/<g>/<life>/<m> [step, ...]                  member m's memory snapshots then
     d/c/<r>/<g>/<i>      contribution bytes, in chunks under the store's value limit
     d/global/<r>/<g>/<i> global state bytes (runtime/replica_groups/_outer.py's format)
 
 Markers and data live under two prefixes so that waiting on the markers never ranges
-the data. Rounds older than the last two are deleted by the round's writer.
+the data. Rounds older than the last two are deleted by the round's writer, but round
+0: group 0's initial parameters, which a group's first life starts from unless a newer
+round is published (it then starts from the newest, as a restarted group rejoins).
 """
 
 from __future__ import annotations
@@ -74,6 +76,22 @@ class Rounds:
         if type(round_) is not int or round_ < -1:
             raise RoundError(f"{key}: {round_!r} is not a round")
         return None if round_ < 0 else round_
+
+    def start_round(self, life: str, wait_s: float) -> int:
+        """The round a first life of this group (not group 0) starts from: round 0 (group
+        0's initial parameters) or, when it starts late, after group 0 went on alone, the
+        newest published round, as a restarted group rejoins (the rounds between are
+        decided without it and may be pruned). Waits at most ``wait_s`` for one to be
+        published; the members of ``life`` agree on it as in :meth:`rejoin_round`."""
+        prefix = f"{self._m}global/"
+        if wait_for(self.store, prefix, lambda s: bool(s.kvs), wait_s) is None:
+            raise RoundError(
+                f"round 0 (group 0's initial parameters) was not published within "
+                f"{wait_s:.0f} s: see replica group 0's log"
+            )
+        round_ = self.rejoin_round(life, self.latest())
+        assert round_ is not None  # the newest round is never pruned
+        return round_
 
     def held_by_all(self, life: str, member: int, size: int, held: list[int]) -> list[int]:
         """The memory snapshot steps that every member of this group's ``life`` holds
@@ -174,10 +192,11 @@ class Rounds:
         return self._read(f"global/{round_}", f"{self._d}global/{round_}/{writer}/")
 
     def prune(self, round_: int) -> None:
-        """Delete the rounds older than ``round_ - 1`` (the writer of ``round_`` does)."""
+        """Delete the rounds older than ``round_ - 1`` but round 0 (the writer of
+        ``round_`` does)."""
         old = round_ - 2
-        if old < 0:  # round 0: the initial parameters (runtime/replica_groups/_rejoin.py)
-            return
+        if old < 1:  # round 0, group 0's initial parameters, is kept: every group's first
+            return  # life that finds no newer round starts from it (_rejoin.py)
         for prefix in (self._d, self._m):
             self.store.delete(f"{prefix}c/{old}/", prefix=True)
         self.store.delete(f"{self._d}global/{old}/", prefix=True)
