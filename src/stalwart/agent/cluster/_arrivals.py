@@ -20,7 +20,6 @@ worker asks the store itself, as it does with no relay.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import selectors
 import socket
 import threading
@@ -28,6 +27,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from stalwart.agent.cluster._relay import listen_local
 from stalwart.coordinator import CompactedError, Compare, Put, Store, StoreError
 from stalwart.coordinator.arrivals import MAX_LINE, Arrive, Await, encode, parse_request
 from stalwart.logs import get_logger
@@ -112,16 +112,7 @@ class ArrivalRelay:
         self.store = store
         self._linger_s = linger_s
         self._root = job_root.rstrip("/") + "/"
-        name = f"stalwart-arr-{secrets.token_hex(12)}"
-        self.address = "@" + name  # the contract's notation: @ is the abstract namespace
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.bind("\0" + name)
-            self._sock.listen(_BACKLOG)
-            self._sock.setblocking(False)
-        except OSError:
-            self._sock.close()
-            raise
+        self._sock, self.address = listen_local("arr", _BACKLOG)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ)
         self._lock = threading.Lock()

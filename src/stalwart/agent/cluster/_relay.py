@@ -25,9 +25,25 @@ import secrets
 import socket
 import threading
 
-__all__ = ["GenerationRelay"]
+__all__ = ["GenerationRelay", "listen_local"]
 
 _BACKLOG = 128  # workers connecting between two tends (a node's restart: 8, or 72 and spares)
+
+
+def listen_local(kind: str, backlog: int) -> tuple[socket.socket, str]:
+    """A non-blocking listening Unix socket of the abstract namespace named
+    ``stalwart-<kind>-`` and 24 random hex digits, and its address in the contract's
+    notation (``@name``); OSError where none can be made."""
+    name = f"stalwart-{kind}-{secrets.token_hex(12)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind("\0" + name)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock, "@" + name
 
 
 class GenerationRelay:
@@ -35,16 +51,8 @@ class GenerationRelay:
     ASCII line, to every worker connected."""
 
     def __init__(self) -> None:
-        name = f"stalwart-gen-{secrets.token_hex(12)}"
-        self.address = "@" + name  # the contract's notation: @ is the abstract namespace
-        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._sock.bind("\0" + name)
-            self._sock.listen(_BACKLOG)
-            self._sock.setblocking(False)
-        except OSError:
-            self._sock.close()
-            raise
+        sock, self.address = listen_local("gen", _BACKLOG)
+        self._sock: socket.socket | None = sock
         self._workers: list[socket.socket] = []
         self._sent = 0
         self._lock = threading.Lock()

@@ -51,6 +51,7 @@ __all__ = [
     "c10d_store",
     "fence_compares",
     "open_store",
+    "relay_connect",
     "worker_coordinator",
     "worker_fence",
 ]
@@ -147,9 +148,10 @@ class CommitKeys:
 _RELAY_LINE = 20  # digits of a generation on the relay (a 64-bit number)
 
 
-def _relay_connect(address: str) -> socket.socket | None:
-    """The agent's relay (``@name``: the abstract namespace), if it is there and owned by
-    this user (a name another user bound first is not our agent's); None otherwise."""
+def relay_connect(address: str) -> socket.socket | None:
+    """The agent's relay (``@name``: the abstract namespace; the generation's or the
+    arrivals'), if it is there and owned by this user (a name another user bound first
+    is not our agent's); None otherwise. The socket blocks, without a timeout."""
     if not address.startswith("@") or len(address) > 100:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -273,7 +275,7 @@ class GenerationWatch:
                 watch.close()
 
     def _follow_relay(self) -> None:
-        sock = _relay_connect(self.relay)
+        sock = relay_connect(self.relay)
         if sock is None:
             return
         self._relay_sock = sock

@@ -10,9 +10,7 @@ read as the next one's; the next call connects again.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import struct
 import time
 
 from stalwart.coordinator import Compare, Put, TxnResult
@@ -25,12 +23,13 @@ from stalwart.coordinator.arrivals import (
     encode_await,
     parse_reply,
 )
+from stalwart.runtime.comm._coord import relay_connect
 
 __all__ = ["BROKEN", "RelayedArrivals"]
 
 BROKEN = Outcome(broken=True)
 """A wait the relay cannot finish: ask the store."""
-_CONNECT_S = 2.0
+_SEND_S = 2.0  # the agent reads every line at once: a send that waits is a gone agent
 
 
 class RelayedArrivals:
@@ -44,22 +43,9 @@ class RelayedArrivals:
         self._buf = b""
 
     def _connect(self) -> socket.socket | None:
-        if self._sock is not None:
-            return self._sock
-        if not self.address.startswith("@") or len(self.address) > 100:
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(_CONNECT_S)
-            sock.connect("\0" + self.address[1:])
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", creds)[1] != os.getuid():  # not our agent's
-                raise OSError("the arrival relay belongs to another user")
-        except OSError:
-            sock.close()
-            return None
-        self._sock, self._buf = sock, b""
-        return sock
+        if self._sock is None:
+            self._sock, self._buf = relay_connect(self.address), b""
+        return self._sock
 
     def hang_up(self) -> None:
         sock, self._sock = self._sock, None
@@ -72,7 +58,7 @@ class RelayedArrivals:
         if sock is None:
             return False
         try:
-            sock.settimeout(_CONNECT_S)
+            sock.settimeout(_SEND_S)
             sock.sendall(line)
             return True
         except OSError:
