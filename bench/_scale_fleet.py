@@ -73,6 +73,7 @@ class Fleet:
 
     def __init__(self, n: int, procs: int, config: dict[str, Any]) -> None:
         self.n = n
+        self.config = config
         self.logdir = tempfile.mkdtemp(prefix="scale-fleet-")
         self._log = open(Path(self.logdir) / "nodes.log", "wb")  # noqa: SIM115 (closed in close)
         self.children: list[_Child] = []
@@ -187,7 +188,8 @@ def loopback(idx: int) -> str:
     return f"127.{1 + hi // 256}.{hi % 256}.{lo + 1}"
 
 
-def _client(config: dict[str, Any], idx: int) -> Any:
+def client(config: dict[str, Any], idx: int) -> Any:
+    """A store client as emulated node ``idx``'s (its own loopback source address)."""
     host, port = str(config["address"]).rsplit(":", 1)
     lease_s = float(config["lease_s"])
     if config["backend"] == "embedded":
@@ -224,7 +226,7 @@ def _child() -> None:
     alive = set(range(n))
     cfg = {**config["cfg"], "n": n, "backend": config["backend"], "live": lambda: sorted(alive)}
     ops, steps = Counter(), Counter()
-    nodes = {i: Node(i, _client(config, i), ops, steps, cfg) for i in range(lo, hi)}
+    nodes = {i: Node(i, client(config, i), ops, steps, cfg) for i in range(lo, hi)}
     mine = set(nodes)
 
     def status(gen: int) -> dict[str, Any]:

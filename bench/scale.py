@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_backends import start_embedded, start_etcd
-from _scale_fleet import Fleet
+from _scale_fleet import Fleet, client
+from _scale_nodes import ROOT
 from _scale_peers import in_child
 
 
@@ -157,8 +158,36 @@ def _measure(fleet: Fleet, backend: Any, n: int, out: dict[str, Any], args: Any)
     out["loss_to_agreement_s"] = took[-1]
     out["loss_to_agreement_p50_s"] = took[len(took) // 2]
     out["loss_to_bump_s"] = fleet.status(1)["bumped_at"] - _LOST_AT[0]
+    gen = 1
     if args.lease_loss:
-        out["lease_loss_to_agreement_s"] = _lose(fleet, n - 2, 2, args, peer=False)[-1]
+        gen += 1
+        out["lease_loss_to_agreement_s"] = _lose(fleet, n - 2, gen, args, peer=False)[-1]
+    if args.writer_loss and kind == "etcd":
+        _lose_writer(fleet, n, gen + 1, out, args)
+
+
+def _lose_writer(fleet: Fleet, n: int, gen: int, out: dict[str, Any], args: Any) -> None:
+    """Kill the agent that writes the live-nodes digest (agent/cluster/_livenodes.py; under
+    etcd the first to claim it): the part's claims at its loss, and the time to agree."""
+    store = client(fleet.config, n + 1)
+    try:
+        kv = store.get(f"{ROOT}/live/writer")
+    finally:
+        store.close()
+    writer = int(kv.value.split()[0])
+    dead = {n - 1, n - 2} if args.lease_loss else {n - 1}
+    watcher = next(i % n for i in range(writer + 1, writer + n) if i % n not in dead)
+    before = fleet.status(gen - 1)
+    t_loss = fleet.lose(writer, watcher, peer=True)
+    agreed = fleet.wait_agreed(gen, f"agreement after losing the writer {writer}", args.timeout_s)
+    # the claims come after the agreement (the vacancy is seen by each reader's watch)
+    claims = lambda st: st["kinds"].get("txn /live/writer", 0)  # noqa: E731
+    fleet.wait("a new writer", lambda st: claims(st) > claims(before), args.timeout_s)
+    time.sleep(1.0)  # the claims in flight land: a count, not a wait for a condition
+    after = fleet.status(gen)
+    out["writer"] = writer
+    out["writer_loss_to_agreement_s"] = max(t - t_loss for t in agreed)
+    out["writer_loss_claims"] = claims(after) - claims(before)
 
 
 def _lose(
@@ -245,6 +274,11 @@ def main() -> None:
         "as a real node's workers do (8 for a node of 8 GPUs)",
     )
     p.add_argument("--lease-loss", action="store_true", help="also a silent node's loss")
+    p.add_argument(
+        "--writer-loss",
+        action="store_true",
+        help="etcd: also the loss of the agent writing the live-nodes digest (its claims)",
+    )
     p.add_argument(
         "--store-nice",
         type=int,
