@@ -6,7 +6,9 @@ answer (a worker out of format, a relay that ends mid-wait)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -277,3 +279,43 @@ def test_no_relay_there_means_the_store() -> None:
     assert client.arrive([], put, 1) is None
     assert not client.ask_await(Await(f"{ROOT}agreed/0.", f"{ROOT}agreed/0.0", "e", 1))
     assert client.reply(0.1) is BROKEN
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
+    reason="needs root and a system python to run a process as another user",
+)
+def test_a_process_of_another_user_is_not_served() -> None:
+    """An abstract socket's name is listed in /proc/net/unix for anyone on the host, and
+    what the relay writes goes in with the node's lease: another user is hung up on."""
+    store = MemoryStore()
+    relay = ArrivalRelay(store, ROOT)
+    line = (
+        b'{"v":1,"op":"arrive","key":"/stalwart/j/rt/000000000000.0/000001","value":"{}",'
+        b'"guard":[],"peers":1}\n'
+    )
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "s.settimeout(20)\n"
+        "s.connect('\\0' + sys.argv[1])\n"
+        "try:\n"
+        "    s.sendall(sys.stdin.buffer.read())\n"
+        "    got = s.recv(100)\n"
+        "except OSError:\n"
+        "    got = b''\n"
+        "sys.stdout.write(repr(got))\n"
+    )
+    try:
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", script, relay.address[1:]],  # (the venv's: not theirs)
+            input=line,
+            capture_output=True,
+            timeout=60,
+            user=65534,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"b''"  # hung up on, nothing answered
+        assert store.range(ROOT).kvs == []  # nothing written
+    finally:
+        relay.close()

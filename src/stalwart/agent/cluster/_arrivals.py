@@ -12,7 +12,10 @@ others that long at most; each
 guard kept apart (the same for a node's workers at one generation); and the workers
 waiting for one agreement share one watch, whose answer each receives.
 
-A thread of its own serves the socket, so a worker never waits on the agent's loop.
+A thread of its own serves the socket, so a worker never waits on the agent's loop. Only
+a process of the agent's own user is served (``SO_PEERCRED``): an abstract socket's name
+can be listed by anyone on the host, and what comes in is written with this node's
+lease.
 What the relay cannot do it says so (an arrival's store error, a broken watch), and the
 worker asks the store itself, as it does with no relay.
 """
@@ -27,7 +30,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from stalwart.agent.cluster._relay import listen_local
+from stalwart.agent.cluster._relay import listen_local, own_user
 from stalwart.coordinator import CompactedError, Compare, Put, Store, StoreError
 from stalwart.coordinator.arrivals import MAX_LINE, Arrive, Await, encode, parse_request
 from stalwart.logs import get_logger
@@ -155,6 +158,9 @@ class ArrivalRelay:
                 sock, _ = self._sock.accept()
             except OSError:  # none waiting, or closed
                 return
+            if not own_user(sock):  # abstract names are listable (/proc/net/unix): a
+                sock.close()  # process of another user must not write through our lease
+                continue
             sock.settimeout(_SEND_S)  # a reply that does not fit waits this long at most
             conn = _Conn(sock)
             self._sel.register(sock, selectors.EVENT_READ, conn)

@@ -21,11 +21,13 @@ does a worker whose relay ended or never opened.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import socket
+import struct
 import threading
 
-__all__ = ["GenerationRelay", "listen_local"]
+__all__ = ["GenerationRelay", "listen_local", "own_user"]
 
 _BACKLOG = 128  # workers connecting between two tends (a node's restart: 8, or 72 and spares)
 
@@ -44,6 +46,17 @@ def listen_local(kind: str, backlog: int) -> tuple[socket.socket, str]:
         sock.close()
         raise
     return sock, "@" + name
+
+
+def own_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of ``sock`` runs as this agent's user
+    (``SO_PEERCRED``): an abstract socket's name is listed in /proc/net/unix for anyone
+    on the host, so its random part keeps no one out."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    return bool(struct.unpack("3i", creds)[1] == os.getuid())
 
 
 class GenerationRelay:
@@ -87,6 +100,9 @@ class GenerationRelay:
                 conn, _ = self._sock.accept()
             except OSError:  # none waiting (BlockingIOError), or the socket closed
                 return
+            if not own_user(conn):  # another user's process hears nothing of ours
+                conn.close()
+                continue
             conn.setblocking(False)
             self._workers.append(conn)
 
