@@ -40,7 +40,7 @@ __all__ = ["ArrivalRelay"]
 _log = get_logger(__name__)
 _BACKLOG = 128  # a node's workers, a restart's and its spares'
 _SEND_S = 2.0  # a worker that does not read its reply for this long is dropped
-_WAIT_S = 1.0  # a shared watch looks for its waiters' going this often
+_WAIT_S = 5.0  # a shared watch's long-poll, as a worker's own; then it looks for hang-ups
 _LINGER_S = 0.02  # the longest an arrival waits for its node's other workers' to join it
 _DONE = 64  # finished waits kept for a worker that asks after the answer came
 
