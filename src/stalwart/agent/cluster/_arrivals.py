@@ -76,7 +76,6 @@ class _SharedWait:
 
     def __init__(self, relay: ArrivalRelay, req: Await) -> None:
         self.req = req
-        self.answer: bytes | None = None
         self.waiters: list[_Conn] = []
         self._relay = relay
         self._thread = threading.Thread(
