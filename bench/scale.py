@@ -187,6 +187,7 @@ def _lose_writer(fleet: Fleet, n: int, gen: int, out: dict[str, Any], args: Any)
     after = fleet.status(gen)
     out["writer"] = writer
     out["writer_loss_to_agreement_s"] = max(t - t_loss for t in agreed)
+    out["writer_loss_to_bump_s"] = after["bumped_at"] - t_loss
     out["writer_loss_claims"] = claims(after) - claims(before)
 
 
