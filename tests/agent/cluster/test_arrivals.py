@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from _load import wait_until
 
 from stalwart.agent.cluster._arrivals import ArrivalRelay
 from stalwart.coordinator import Compare, Coordinator, CoordinatorConfig, MemoryStore, Put
@@ -47,6 +48,32 @@ class _Counting(MemoryStore):
         return super().watch(prefix, start_revision)
 
 
+def _member(
+    store: MemoryStore,
+    coord: Coordinator,
+    rank: int,
+    n: int,
+    held: dict[str, Any],
+    gen_min: int,
+    relay: RelayedArrivals | None,
+) -> Agreement:
+    """One worker's ``agree``: ``held``, its snapshot steps and last step done."""
+    info = {**held, "rank": rank}
+    return agree(
+        store,
+        coord,
+        "j",
+        rank,
+        n,
+        info,
+        use_memory=True,
+        disk_step=None,
+        min_generation=gen_min,
+        timeout_s=60.0,
+        relay=relay,
+    )
+
+
 def _agree_nodes(
     store: MemoryStore, relays: list[ArrivalRelay | None], per: int, gen_min: int = 1
 ) -> list[Agreement]:
@@ -60,20 +87,7 @@ def _agree_nodes(
     ]
 
     def join(rank: int) -> Agreement:
-        info = {"steps": [3, 4], "done": 4, "rank": rank}
-        return agree(
-            store,
-            coord,
-            "j",
-            rank,
-            n,
-            info,
-            use_memory=True,
-            disk_step=None,
-            min_generation=gen_min,
-            timeout_s=60.0,
-            relay=clients[rank],
-        )
+        return _member(store, coord, rank, n, {"steps": [3, 4], "done": 4}, gen_min, clients[rank])
 
     try:
         with ThreadPoolExecutor(n, thread_name_prefix="worker") as pool:
@@ -229,43 +243,16 @@ def test_a_relay_that_ends_mid_wait_leaves_the_workers_on_the_store() -> None:
     relay = ArrivalRelay(store, ROOT)
     coord = Coordinator(store, CoordinatorConfig(job_id="j"))
     clients = [RelayedArrivals(relay.address) for _ in range(3)]
-    arrived = threading.Event()
 
-    def member(rank: int) -> Agreement:
-        return agree(
-            store,
-            coord,
-            "j",
-            rank,
-            4,
-            {"steps": [5], "done": 5, "rank": rank},
-            use_memory=True,
-            disk_step=None,
-            min_generation=1,
-            timeout_s=60.0,
-            relay=clients[rank - 1],
-        )
-
+    held = {"steps": [5], "done": 5}
     try:
         with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(member, r) for r in (1, 2, 3)]
-            deadline = 100
-            while len(store.range(f"{ROOT}rt/").kvs) < 3 and deadline:
-                arrived.wait(0.05)
-                deadline -= 1
+            futures = [
+                pool.submit(_member, store, coord, r, 4, held, 1, clients[r - 1]) for r in (1, 2, 3)
+            ]
+            assert wait_until(lambda: len(store.range(f"{ROOT}rt/").kvs) == 3, 30)
             relay.close()  # mid-wait: their relay ends
-            own = agree(
-                store,
-                coord,
-                "j",
-                0,
-                4,
-                {"steps": [5], "done": 5, "rank": 0},
-                use_memory=True,
-                disk_step=None,
-                min_generation=1,
-                timeout_s=60.0,
-            )
+            own = _member(store, coord, 0, 4, held, 1, None)
             got = [f.result(timeout=60) for f in futures]
         assert {(a.generation, a.target) for a in [own, *got]} == {(1, 5)}
     finally:

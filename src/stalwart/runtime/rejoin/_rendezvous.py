@@ -30,9 +30,9 @@ from stalwart.coordinator import (
     TxnResult,
     generation_end,
 )
-from stalwart.coordinator.arrivals import Await
+from stalwart.coordinator.arrivals import Await, Outcome
 from stalwart.errors import CheckpointNotFoundError, FencedError
-from stalwart.runtime.rejoin._arrivals import RelayedArrivals
+from stalwart.runtime.rejoin._arrivals import BROKEN, RelayedArrivals
 
 __all__ = [
     "Agreement",
@@ -231,12 +231,7 @@ def agree(
             continue
         if rank != 0:  # rank 0 gathers and publishes; the others watch one key
             until = (deadline, timeout_s)
-            start = arrived.revision + 1
-            got = (
-                _await(store, coord, result, gen, start, until)
-                if relay is None
-                else _await_relayed(relay, store, coord, result, gen, start, until)
-            )
+            got = _await(store, coord, result, gen, arrived.revision + 1, until, relay)
             if got is None:
                 continue  # the generation moved on: start over at the new one
             return _from_record(got, gen, _reader(store, prefix))
@@ -267,22 +262,14 @@ def _arrive(
 
 
 def _await_relayed(
-    relay: RelayedArrivals,
-    store: Store,
-    coord: Coordinator,
-    key: str,
-    gen: int,
-    start: int,
-    until: tuple[float, float],
-) -> dict[str, Any] | None:
-    """:func:`_await` through the agent's one watch for its node's workers; the
-    generation is read as often (every ``_MEMBER_IDLE_S``), and what the relay cannot
-    answer (its watch broke, the agent gone) is awaited from the store directly."""
+    relay: RelayedArrivals, coord: Coordinator, req: Await, gen: int, until: tuple[float, float]
+) -> dict[str, Any] | Outcome | None:
+    """:func:`_await` through the agent's one watch for its node's workers, the
+    generation read as often (every ``_MEMBER_IDLE_S``); :data:`BROKEN` where the relay
+    cannot answer (its watch broke, the agent gone): the caller watches the store."""
     deadline, timeout_s = until
-    agreed = key.rsplit("/", 1)[0]
-    prefix, end = f"{agreed}/{gen:012d}.", f"{agreed}/{generation_end(gen)}"
-    if not relay.ask_await(Await(prefix, key, end, start)):
-        return _await(store, coord, key, gen, start, until)
+    if not relay.ask_await(req):
+        return BROKEN
     next_check = time.monotonic() + _MEMBER_IDLE_S
     while True:
         now = time.monotonic()
@@ -304,7 +291,7 @@ def _await_relayed(
         if got.end:
             return None
         relay.hang_up()
-        return _await(store, coord, key, gen, start, until)
+        return BROKEN
 
 
 def _from_record(
@@ -365,6 +352,7 @@ def _await(
     gen: int,
     start: int,
     until: tuple[float, float],
+    relay: RelayedArrivals | None = None,
 ) -> dict[str, Any] | None:
     """Rank 0's published agreement at ``key`` (None: the generation moved on), from a
     watch on ``agreed/<gen>.`` from revision ``start``, the one after this member's
@@ -380,6 +368,10 @@ def _await(
     deadline, timeout_s = until
     agreed = key.rsplit("/", 1)[0]  # .../agreed
     prefix, end = f"{agreed}/{gen:012d}.", f"{agreed}/{generation_end(gen)}"
+    if relay is not None:  # the agent's one watch for its node (runtime/rejoin/_arrivals.py)
+        got = _await_relayed(relay, coord, Await(prefix, key, end, start), gen, until)
+        if not isinstance(got, Outcome):
+            return got
     next_check = time.monotonic() + _MEMBER_IDLE_S
     try:
         with store.watch(prefix, start) as watch:
